@@ -1,0 +1,9 @@
+#include "src/core/error.hpp"
+
+namespace strata::core {
+
+void check_failed(const char* expr, const char* file, int line, const std::string& msg) {
+  throw Error(ErrorKind::runtime, fmt::format("internal check `{}` failed at {}:{}: {}", expr, file, line, msg));
+}
+
+}  // namespace strata::core

@@ -1,0 +1,77 @@
+#include "src/core/memory.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "src/core/error.hpp"
+
+namespace strata::core {
+
+const char* category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::params: return "params";
+    case MemCategory::grads: return "grads";
+    case MemCategory::optimizer: return "optimizer";
+    case MemCategory::activations: return "activations";
+    case MemCategory::workspace: return "workspace";
+    case MemCategory::comm: return "comm";
+    case MemCategory::count: break;
+  }
+  return "?";
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+std::string MemoryTracker::breakdown() const {
+  std::string s;
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    if (!s.empty()) s += ", ";
+    s += fmt::format("{} {}", category_name(static_cast<MemCategory>(i)), format_bytes(double(current_[i])));
+  }
+  return s;
+}
+
+void* MemoryTracker::allocate(MemCategory c, std::size_t bytes, std::string_view what) {
+  if (limit_ != 0 && total_current_ + bytes > limit_) {
+    throw Error(ErrorKind::runtime,
+                fmt::format("out of memory: {} ({}) needs {} but {} of the {} limit (backend.memory_limit) "
+                            "is in use [{}]",
+                            what, category_name(c), format_bytes(double(bytes)), format_bytes(double(total_current_)),
+                            format_bytes(double(limit_)), breakdown()));
+  }
+  // 64-byte alignment: a cache line, and what vector kernels want.
+  std::size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
+  if (rounded != 0 && p == nullptr) {
+    runtime_error("host allocation of {} for {} failed", format_bytes(double(bytes)), what);
+  }
+  if (p != nullptr) std::memset(p, 0, rounded);
+  current_[idx(c)] += bytes;
+  total_current_ += bytes;
+  if (current_[idx(c)] > peak_[idx(c)]) peak_[idx(c)] = current_[idx(c)];
+  if (total_current_ > total_peak_) total_peak_ = total_current_;
+  return p;
+}
+
+void MemoryTracker::release(MemCategory c, void* p, std::size_t bytes) {
+  std::free(p);
+  current_[idx(c)] -= bytes;
+  total_current_ -= bytes;
+}
+
+void MemoryTracker::reset_peaks() {
+  peak_ = current_;
+  total_peak_ = total_current_;
+}
+
+}  // namespace strata::core

@@ -1,0 +1,101 @@
+// Memory accounting: every buffer of a run comes from a MemoryTracker and is
+// tagged with a category, so that the report can state current and peak bytes
+// per category and the state-seam strategies (ZeRO, offload) can be checked
+// against their analytical figures to the byte.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace strata::core {
+
+enum class MemCategory : int { params = 0, grads, optimizer, activations, workspace, comm, count };
+inline constexpr int kNumMemCategories = static_cast<int>(MemCategory::count);
+
+const char* category_name(MemCategory c);
+
+class MemoryTracker {
+ public:
+  // limit_bytes == 0 means no limit. A request that would take the tracked
+  // total over the limit fails with the per-category breakdown, as a device
+  // of that size would.
+  explicit MemoryTracker(std::size_t limit_bytes = 0) : limit_(limit_bytes) {}
+  MemoryTracker(const MemoryTracker&) = delete;
+  MemoryTracker& operator=(const MemoryTracker&) = delete;
+
+  void* allocate(MemCategory c, std::size_t bytes, std::string_view what);
+  void release(MemCategory c, void* p, std::size_t bytes);
+
+  std::size_t current(MemCategory c) const { return current_[idx(c)]; }
+  std::size_t peak(MemCategory c) const { return peak_[idx(c)]; }
+  std::size_t total_current() const { return total_current_; }
+  std::size_t total_peak() const { return total_peak_; }
+  std::size_t limit() const { return limit_; }
+  void set_limit(std::size_t bytes) { limit_ = bytes; }
+  // Start of a measurement window (a step): peaks restart from what is held now.
+  void reset_peaks();
+  // "params 1.2 MiB, grads 1.2 MiB, ..." for error messages and dry runs.
+  std::string breakdown() const;
+
+ private:
+  static int idx(MemCategory c) { return static_cast<int>(c); }
+  std::size_t limit_;
+  std::array<std::size_t, kNumMemCategories> current_{};
+  std::array<std::size_t, kNumMemCategories> peak_{};
+  std::size_t total_current_ = 0;
+  std::size_t total_peak_ = 0;
+};
+
+// "1.50 MiB": bytes in binary units for people.
+std::string format_bytes(double bytes);
+
+// An owning, tracked, 64-byte aligned array of T. Move-only; returns its bytes
+// to the tracker when destroyed.
+template <typename T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(MemoryTracker& tracker, MemCategory c, std::size_t n, std::string_view what)
+      : tracker_(&tracker), category_(c), n_(n) {
+    data_ = static_cast<T*>(tracker.allocate(c, n * sizeof(T), what));
+  }
+  ~Buffer() { reset(); }
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      tracker_ = std::exchange(o.tracker_, nullptr);
+      category_ = o.category_;
+      data_ = std::exchange(o.data_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void reset() {
+    if (data_ != nullptr) tracker_->release(category_, data_, n_ * sizeof(T));
+    data_ = nullptr;
+    n_ = 0;
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return n_ * sizeof(T); }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+  MemCategory category() const { return category_; }
+
+ private:
+  MemoryTracker* tracker_ = nullptr;
+  MemCategory category_ = MemCategory::workspace;
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+}  // namespace strata::core

@@ -1,0 +1,79 @@
+// The resolved configuration of a run: what a deck says after defaults,
+// overrides and validation. Section and key names follow the deck exactly
+// (docs/decks.md), since sweeps and tests address keys as "section.key".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace strata::deck {
+
+struct RunSection {
+  std::string name = "run";
+  int steps = 10;
+  int warmup_steps = 2;         // excluded from timing figures
+  std::uint64_t seed = 1234;
+  std::string output;           // report path; default results/<name>.h5
+  bool profile = true;          // per-layer timeline spans
+  int log_every = 1;            // print a table row every N steps (0: never)
+};
+
+struct ModelSection {
+  std::string kind = "gpt";
+  int layers = 2;
+  int d_model = 64;
+  int heads = 4;
+  int ffn_mult = 4;
+  int vocab = 256;
+  int seq_len = 64;
+};
+
+struct DataSection {
+  std::string source = "synthetic";  // "synthetic" | "text"
+  std::string path;                  // file for source = "text" (byte-level tokens)
+  int global_batch = 8;              // sequences per optimizer step
+  int micro_batch = 8;               // sequences per forward/backward
+};
+
+struct ParallelSection {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int ep = 1;
+  int zero = 0;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  bool sequence_parallel = false;
+  std::string offload = "none";
+};
+
+struct OptimSection {
+  double lr = 3e-4;
+  std::string schedule = "constant";  // "constant" | "cosine"
+  int warmup = 0;                     // linear warm-up steps of the lr schedule
+  double min_lr = 0.0;                // cosine floor
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 0.0;             // 0: no clipping
+};
+
+struct BackendSection {
+  std::string device = "cpu";
+  std::string precision = "fp32";
+  int threads = 0;                    // 0: OMP_NUM_THREADS or all cores
+  std::uint64_t memory_limit = 0;     // bytes; 0: no limit
+  double peak_tflops = 0.0;           // 0: measure an sgemm at start-up
+};
+
+struct Config {
+  RunSection run;
+  ModelSection model;
+  DataSection data;
+  ParallelSection parallel;
+  OptimSection optim;
+  BackendSection backend;
+};
+
+}  // namespace strata::deck

@@ -1,0 +1,30 @@
+// Decks: TOML input files that describe a run. A deck is parsed, overridden by
+// `--set section.key=value`, and validated against one table of known keys
+// (types, defaults, allowed values, ranges). Any error names the file, line,
+// key, what was expected and what is allowed, and is an input error (exit 2).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "src/deck/config.hpp"
+
+namespace strata::deck {
+
+struct Deck {
+  std::string path;                     // where the text came from
+  std::string text;                     // the deck exactly as read
+  std::vector<std::string> overrides;   // "section.key=value", in order
+  Config config;                        // resolved and validated
+  std::string resolved_toml;            // every key with its final value, as TOML
+};
+
+// Reads the file (input error if it cannot be read) and resolves it.
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
+// Same, from text already in memory (what other ranks do after a broadcast).
+Deck parse_deck(const std::string& path, const std::string& text, const std::vector<std::string>& overrides);
+
+// The documented key table, one line per key: "section.key  type  default  allowed  doc".
+std::vector<std::string> describe_keys();
+
+}  // namespace strata::deck

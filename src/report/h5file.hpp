@@ -1,0 +1,69 @@
+// The HDF5 report file, written with parallel HDF5 (MPI-IO) from the first
+// day. Every call here is collective over the communicator: HDF5 creates
+// objects and writes metadata collectively, so every rank makes each call
+// with the same names and values; only table rows differ per rank.
+//
+// The file is written under a temporary name beside the final path and
+// renamed when it is complete, so a crashed run never leaves a file that
+// poses as a complete report.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "src/report/table.hpp"
+
+namespace strata::report {
+
+class H5File {
+ public:
+  // Collective. Creates the parent directory if needed and the temporary
+  // file "<final_path>.partial". Throws a runtime error naming the path if
+  // the file cannot be created.
+  H5File(MPI_Comm comm, const std::string& final_path);
+  ~H5File();  // closes and removes the temporary file if never published
+  H5File(const H5File&) = delete;
+  H5File& operator=(const H5File&) = delete;
+
+  // Attributes on an object ("/" for the root, or a group path). Writing an
+  // existing attribute replaces it (the status goes running -> complete).
+  void set_attr(const std::string& object, const std::string& name, const std::string& value);
+  void set_attr(const std::string& object, const std::string& name, std::int64_t value);
+  void set_attr(const std::string& object, const std::string& name, double value);
+
+  // Creates a group (and its parents) if it does not exist.
+  void create_group(const std::string& path);
+
+  // A scalar dataset "<group>/<name>" with attributes "unit" and "doc".
+  void write_scalar(const std::string& group, const std::string& name, double value, const std::string& unit,
+                    const std::string& doc);
+  void write_scalar(const std::string& group, const std::string& name, const std::string& value,
+                    const std::string& doc);
+
+  // A 1-D float dataset "<group>/<name>" with a "shape" attribute giving the
+  // logical shape; rank 0's data is written (used for weight exports).
+  void write_array(const std::string& group, const std::string& name, const float* data, std::int64_t n,
+                   const std::vector<std::int64_t>& shape);
+
+  // The table as the 1-D compound dataset "/<table.name()>": every rank's
+  // rows at the exclusive prefix sum of the row counts. Dataset attributes:
+  // "doc", and per column "unit:<column>" and "doc:<column>".
+  void write_table(const Table& table);
+
+  // Flushes, closes and renames the temporary file to the final path.
+  void publish();
+
+  const std::string& final_path() const { return final_path_; }
+  const std::string& temp_path() const { return temp_path_; }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  std::string final_path_, temp_path_;
+  std::int64_t file_ = -1;  // hid_t
+  bool published_ = false;
+};
+
+}  // namespace strata::report
