@@ -1,0 +1,137 @@
+// Pointwise kernels: bias, GELU, residual adds, scaling, zeroing and the
+// sum of squares behind gradient-norm clipping. All are memory-bound, so the
+// aim is one pass over memory, vector instructions, and threads once the
+// array is big enough to pay for waking them.
+#include <omp.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/kernels.hpp"
+
+namespace strata::kernels {
+namespace {
+
+// Below this many elements a parallel region costs more than the loop.
+constexpr std::int64_t kParallelMin = 1 << 16;
+
+// exp(x) to within 2 ulp, vectorisable. glibc's expf stays scalar without
+// -ffast-math (about 9x slower here), so the loops that need exp use this
+// plain-arithmetic version instead: x = n ln2 + r with |r| <= ln2/2, a Cephes
+// polynomial for exp(r), and 2^n written into the exponent bits. |x| is clamped
+// to 87 so that the result stays a normal float (exp(-87) = 1.6e-38 stands in
+// for smaller values); the clamp works on the bit pattern because GCC will not
+// vectorise a float compare-and-select under the default -ftrapping-math.
+// NaN stays NaN. (The same helper is repeated in cross_entropy.cpp.)
+inline float exp_vec(float x) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+  std::uint32_t mag = bits & 0x7fffffffu;
+  constexpr std::uint32_t kLimit = 0x42ae0000u;  // 87.0f
+  mag = (mag > 0x7f800000u || mag < kLimit) ? mag : kLimit;
+  x = std::bit_cast<float>((bits & 0x80000000u) | mag);
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;  // ln2 split in two so that n * hi is exact
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const std::int32_t two_n = (static_cast<std::int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(two_n);
+}
+
+constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+}  // namespace
+
+void bias_add(float* out, const float* bias, int N, int C) {
+#pragma omp parallel for schedule(static) if (std::int64_t(N) * C >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    float* row = out + std::int64_t(n) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) row[c] += bias[c];
+  }
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int C) {
+  // Each thread owns a slice of columns, so no two threads write one dbias
+  // element; partial sums are in double because N may be tens of thousands.
+#pragma omp parallel if (std::int64_t(N) * C >= kParallelMin)
+  {
+    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+    const int c_begin = int(std::int64_t(C) * it / nt), c_end = int(std::int64_t(C) * (it + 1) / nt);
+    constexpr int kBlock = 64;
+    for (int c0 = c_begin; c0 < c_end; c0 += kBlock) {
+      const int width = (c_end - c0 < kBlock) ? c_end - c0 : kBlock;
+      double acc[kBlock] = {};
+      for (int n = 0; n < N; ++n) {
+        const float* row = dout + std::int64_t(n) * C + c0;
+#pragma omp simd
+        for (int c = 0; c < width; ++c) acc[c] += row[c];
+      }
+      for (int c = 0; c < width; ++c) dbias[c0 + c] += float(acc[c]);
+    }
+  }
+}
+
+// GELU with the tanh approximation, written through the identity
+// 0.5 (1 + tanh(u)) = sigmoid(2u): out = x / (1 + exp(-2u)). The sigmoid form
+// has no cancellation for small u, unlike 1 - 2 / (exp(2u) + 1).
+void gelu_forward(float* out, const float* inp, std::int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluS * (x + kGeluA * x * x * x);
+    out[i] = x / (1.0f + exp_vec(-2.0f * u));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+  // d/dx [x sigmoid(2u)] = sig + x * 2 u' sig (1 - sig), with 1 - sig = e sig
+  // computed without subtracting from 1.
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = kGeluS * (x + kGeluA * x * x * x);
+    const float du = kGeluS * (1.0f + 3.0f * kGeluA * x * x);
+    const float e = exp_vec(-2.0f * u);
+    const float sig = 1.0f / (1.0f + e);
+    const float grad = sig + 2.0f * x * du * (e * sig) * sig;
+    dinp[i] += grad * dout[i];
+  }
+}
+
+void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void add_inplace(float* y, const float* x, std::int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void scale_inplace(float* x, float s, std::int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void fill_zero(float* x, std::int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) x[i] = 0.0f;
+}
+
+double sum_squares(const float* x, std::int64_t n) {
+  double acc = 0.0;
+#pragma omp parallel for simd schedule(static) reduction(+ : acc) if (n >= kParallelMin)
+  for (std::int64_t i = 0; i < n; ++i) acc += double(x[i]) * double(x[i]);
+  return acc;
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,93 @@
+// LayerNorm over the last dimension, forward and backward, with the same
+// arithmetic as llm.c: mean and biased variance per row, rstd saved for the
+// backward pass, float throughout except the column sums of dweight/dbias.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/kernels.hpp"
+
+namespace strata::kernels {
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) if (std::int64_t(N) * C >= (1 << 15))
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    float* y = out + std::int64_t(n) * C;
+    float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= C;
+    // Two passes (mean, then squared deviations) rather than E[x^2] - m^2,
+    // which cancels badly when |mean| >> std.
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    const float s = 1.0f / std::sqrt(v + eps);
+#pragma omp simd
+    for (int c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  const bool parallel = std::int64_t(N) * C >= (1 << 15);
+  // dinp: rows are independent.
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    const float* dy = dout + std::int64_t(n) * C;
+    float* dx = dinp + std::int64_t(n) * C;
+    const float m = mean[n], s = rstd[n];
+    // dnorm = dy * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+    for (int c = 0; c < C; ++c) {
+      const float norm = (x[c] - m) * s;
+      const float dnorm = dy[c] * weight[c];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= C;
+    dnorm_norm_mean /= C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) {
+      const float norm = (x[c] - m) * s;
+      const float dnorm = dy[c] * weight[c];
+      dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+  }
+  // dweight and dbias sum over rows: each thread owns a slice of columns so
+  // that no element has two writers, and sums in double over the N rows.
+#pragma omp parallel if (parallel)
+  {
+    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+    const int c_begin = int(std::int64_t(C) * it / nt), c_end = int(std::int64_t(C) * (it + 1) / nt);
+    constexpr int kBlock = 64;
+    for (int c0 = c_begin; c0 < c_end; c0 += kBlock) {
+      const int width = (c_end - c0 < kBlock) ? c_end - c0 : kBlock;
+      double dw[kBlock] = {}, db[kBlock] = {};
+      for (int n = 0; n < N; ++n) {
+        const float* x = inp + std::int64_t(n) * C + c0;
+        const float* dy = dout + std::int64_t(n) * C + c0;
+        const float m = mean[n], s = rstd[n];
+#pragma omp simd
+        for (int c = 0; c < width; ++c) {
+          dw[c] += double((x[c] - m) * s * dy[c]);
+          db[c] += double(dy[c]);
+        }
+      }
+      for (int c = 0; c < width; ++c) {
+        dweight[c0 + c] += float(dw[c]);
+        dbias[c0 + c] += float(db[c]);
+      }
+    }
+  }
+}
+
+}  // namespace strata::kernels

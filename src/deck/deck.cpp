@@ -1,0 +1,482 @@
+// Deck parsing and validation: TOML text -> typed keys (via the key table) ->
+// --set overrides -> cross-key checks -> what this build can run. Every error
+// names where the value came from (FILE:LINE or the --set text) and the key.
+#include "src/deck/deck.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include "src/core/error.hpp"
+#include "src/deck/keys.hpp"
+
+namespace strata::deck {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string trim(std::string_view s) {
+  const char* ws = " \t\r\n";
+  auto b = s.find_first_not_of(ws);
+  if (b == std::string_view::npos) return "";
+  auto e = s.find_last_not_of(ws);
+  return std::string(s.substr(b, e - b + 1));
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
+std::string describe_node(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "string " + toml_quote(*n.value<std::string>());
+    case toml::node_type::integer: return fmt::format("integer {}", *n.value<std::int64_t>());
+    case toml::node_type::floating_point: return "float " + toml_literal(*n.value<double>());
+    case toml::node_type::boolean: return *n.value<bool>() ? "boolean true" : "boolean false";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+// The node as the key's type, or why it is not one ("expects an integer, got ...").
+std::variant<Value, std::string> typed_value(const KeySpec& key, const toml::node& node) {
+  auto mismatch = [&] { return fmt::format("expects {}, got {}", expected_phrase(key.type), describe_node(node)); };
+  switch (key.type) {
+    case KeyType::integer:
+      // A float is refused even when whole (4.0): a count written as a float is
+      // usually a slip, and silently truncating 4.5 would be worse.
+      if (auto v = node.value_exact<std::int64_t>()) return Value(*v);
+      return mismatch();
+    case KeyType::unsigned_:
+      if (auto v = node.value_exact<std::int64_t>()) {
+        if (*v < 0) return fmt::format("must be >= 0, got {}", *v);
+        return Value(static_cast<std::uint64_t>(*v));
+      }
+      return mismatch();
+    case KeyType::bytes:
+      if (auto v = node.value_exact<std::int64_t>()) {
+        if (*v < 0) return fmt::format("must be >= 0, got {}", *v);
+        return Value(static_cast<std::uint64_t>(*v));
+      }
+      if (auto s = node.value_exact<std::string>()) {
+        auto bytes = parse_bytes(*s);
+        if (auto* n = std::get_if<std::uint64_t>(&bytes)) return Value(*n);
+        return "expects a byte count: " + std::get<std::string>(bytes);
+      }
+      return mismatch();
+    case KeyType::floating:
+      if (auto v = node.value_exact<double>()) return Value(*v);
+      if (auto v = node.value_exact<std::int64_t>()) return Value(static_cast<double>(*v));
+      return mismatch();
+    case KeyType::boolean:
+      if (auto v = node.value_exact<bool>()) return Value(*v);
+      return mismatch();
+    case KeyType::string:
+      if (auto v = node.value_exact<std::string>()) return Value(*v);
+      return mismatch();
+  }
+  return mismatch();
+}
+
+std::vector<std::string> names_in_section(std::string_view section) {
+  std::vector<std::string> out;
+  for (const KeySpec& k : key_table())
+    if (k.section == section) out.emplace_back(k.name);
+  return out;
+}
+
+std::vector<std::string> all_sections() {
+  std::vector<std::string> out;
+  for (std::string_view s : section_names()) out.emplace_back(s);
+  return out;
+}
+
+std::vector<std::string> all_full_names() {
+  std::vector<std::string> out;
+  for (const KeySpec& k : key_table()) out.push_back(k.full_name());
+  return out;
+}
+
+// Sections that have a key of this name ("steps" -> "run").
+std::vector<std::string> sections_with_key(std::string_view name) {
+  std::vector<std::string> out;
+  for (const KeySpec& k : key_table())
+    if (k.name == name) out.emplace_back(k.section);
+  return out;
+}
+
+// Builds a Config from defaults, the deck and overrides, collecting every error
+// so that one run of the tool reports all the mistakes in a deck at once.
+class Resolver {
+ public:
+  explicit Resolver(std::string path) : path_(std::move(path)) {}
+
+  Config config;
+
+  void apply_file(const toml::table& root);
+  void apply_override(const std::string& text, int index);
+  void check_cross_keys();
+  void check_text_source();
+  void throw_if_errors();
+
+  // Where a key's value came from, inside a message that already names the
+  // file: "line 7", "--set model.heads=8" or "default".
+  std::string at(const std::string& key) const {
+    auto it = origin_.find(key);
+    if (it == origin_.end()) return "default";
+    return it->second.line ? fmt::format("line {}", it->second.line) : it->second.where;
+  }
+  // The place to start a message about several keys ("deck.toml:7" or the
+  // --set text): the first of them that was set explicitly, else the file.
+  std::string primary(std::initializer_list<std::string> keys) const {
+    for (const std::string& k : keys)
+      if (auto it = origin_.find(k); it != origin_.end()) return it->second.where;
+    return path_;
+  }
+  // "model.heads = 8 (line 7)"
+  std::string show(const std::string& key) const {
+    auto dot = key.find('.');
+    const KeySpec* spec = find_key(key.substr(0, dot), key.substr(dot + 1));
+    return fmt::format("{} = {} ({})", key, toml_literal(spec->get(config)), at(key));
+  }
+  void error(std::string msg) { add_error(kCrossPhase, cross_count_++, 0, std::move(msg)); }
+
+ private:
+  static constexpr int kFilePhase = 0, kOverridePhase = 1, kCrossPhase = 2;
+
+  void add_error(int phase, long a, long b, std::string msg) {
+    errors_.push_back({std::make_tuple(phase, a, b), std::move(msg)});
+  }
+  std::string file_where(const toml::source_region& src) const {
+    return src.begin.line ? fmt::format("{}:{}", path_, src.begin.line) : path_;
+  }
+  void apply(const KeySpec& spec, const toml::node& node, const std::string& where, long line, int phase, long a,
+             long b);
+  void apply_section(std::string_view section, const toml::table& table);
+
+  std::string path_;
+  struct Origin {
+    std::string where;  // "deck.toml:7" or "--set model.heads=8"
+    long line = 0;      // 0 for an override
+  };
+  std::map<std::string, Origin> origin_;
+  std::vector<std::pair<std::tuple<int, long, long>, std::string>> errors_;
+  long cross_count_ = 0;
+};
+
+void Resolver::apply(const KeySpec& spec, const toml::node& node, const std::string& where, long line, int phase,
+                     long a, long b) {
+  auto typed = typed_value(spec, node);
+  if (auto* why = std::get_if<std::string>(&typed)) {
+    add_error(phase, a, b, fmt::format("{}: key '{}' {}", where, spec.full_name(), *why));
+    return;
+  }
+  const Value& value = std::get<Value>(typed);
+  if (auto why = check_value(spec, value)) {
+    add_error(phase, a, b, fmt::format("{}: key '{}' {}", where, spec.full_name(), *why));
+    return;
+  }
+  spec.set(config, value);
+  origin_[spec.full_name()] = Origin{where, line};
+}
+
+void Resolver::apply_file(const toml::table& root) {
+  const std::vector<std::string> sections = all_sections();
+  for (auto&& [k, node] : root) {
+    const std::string name(k.str());
+    const toml::source_region& src = k.source();
+    const std::string where = file_where(src);
+    auto fail = [&](std::string msg) { add_error(kFilePhase, src.begin.line, src.begin.column, where + ": " + msg); };
+
+    if (std::find(sections.begin(), sections.end(), name) == sections.end()) {
+      if (!node.is_table()) {
+        // A key written above the first [section] header.
+        std::vector<std::string> homes = sections_with_key(name);
+        if (!homes.empty())
+          fail(fmt::format("key '{}' is outside any section; it belongs under [{}]", name, homes.front()));
+        else
+          fail(fmt::format("key '{}' is outside any section; keys go under a [section]: {}", name, join(sections, ", ")));
+      } else if (auto near = closest_name(name, sections)) {
+        fail(fmt::format("unknown section '{}' (did you mean '{}'?)", name, *near));
+      } else {
+        fail(fmt::format("unknown section '{}'; known sections: {}", name, join(sections, ", ")));
+      }
+      continue;
+    }
+    if (!node.is_table()) {
+      fail(fmt::format("'{}' must be a section ([{}]), got {}", name, name, describe_node(node)));
+      continue;
+    }
+    apply_section(name, *node.as_table());
+  }
+}
+
+void Resolver::apply_section(std::string_view section, const toml::table& table) {
+  const std::vector<std::string> known = names_in_section(section);
+  for (auto&& [k, node] : table) {
+    const std::string name(k.str());
+    const toml::source_region& src = k.source().begin.line ? k.source() : node.source();
+    const std::string where = file_where(src);
+    const KeySpec* spec = find_key(section, name);
+    if (!spec) {
+      std::string msg = fmt::format("{}: unknown key '{}.{}'", where, section, name);
+      std::vector<std::string> homes = sections_with_key(name);
+      if (auto near = closest_name(name, known))
+        msg += fmt::format(" (did you mean '{}'?)", *near);
+      else if (!homes.empty())
+        msg += fmt::format(": '{}' belongs in [{}]", name, homes.front());
+      else
+        msg += fmt::format("; known keys in [{}]: {}", section, join(known, ", "));
+      add_error(kFilePhase, src.begin.line, src.begin.column, std::move(msg));
+      continue;
+    }
+    apply(*spec, node, where, src.begin.line, kFilePhase, src.begin.line, src.begin.column);
+  }
+}
+
+void Resolver::apply_override(const std::string& text, int index) {
+  const std::string where = "--set " + text;
+  auto fail = [&](std::string msg) { add_error(kOverridePhase, index, 0, where + ": " + msg); };
+  const auto eq = text.find('=');
+  const std::string name = trim(text.substr(0, eq));
+  if (eq == std::string::npos || name.empty()) {
+    fail("expected section.key=value, e.g. --set model.layers=4");
+    return;
+  }
+  const auto dot = name.find('.');
+  const KeySpec* spec = dot == std::string::npos ? nullptr : find_key(name.substr(0, dot), name.substr(dot + 1));
+  if (!spec) {
+    std::string msg = fmt::format("unknown key '{}'", name);
+    const std::vector<std::string> sections = all_sections();
+    const std::string section = dot == std::string::npos ? "" : name.substr(0, dot);
+    if (auto near = closest_name(name, all_full_names()))
+      msg += fmt::format(" (did you mean '{}'?)", *near);
+    else if (std::find(sections.begin(), sections.end(), section) != sections.end())
+      msg += fmt::format("; known keys in [{}]: {}", section, join(names_in_section(section), ", "));
+    else
+      msg += fmt::format("; keys are written section.key, with sections {}", join(sections, ", "));
+    fail(std::move(msg));
+    return;
+  }
+
+  // The value is TOML when it parses as one (4, 1e-3, true, "quoted"); anything
+  // else is taken as a bare string, so --set data.source=text works. A string
+  // key takes the text as written even when it looks like a number or a bool
+  // (--set run.name=2024 names the run "2024").
+  const std::string raw = trim(text.substr(eq + 1));
+  toml::table parsed;
+  const toml::node* node = nullptr;
+  try {
+    parsed = toml::parse("x = " + raw);
+    if (parsed.size() == 1) node = parsed.get("x");
+  } catch (const toml::parse_error&) {
+    node = nullptr;
+  }
+  toml::value<std::string> bare(raw);
+  if (!node || (spec->type == KeyType::string && !node->is_string())) node = &bare;
+  apply(*spec, *node, where, 0, kOverridePhase, index, 0);
+}
+
+void Resolver::check_cross_keys() {
+  const Config& c = config;
+  if (c.model.d_model % c.model.heads != 0)
+    error(fmt::format("{}: {} is not a multiple of {}: each head takes d_model / heads channels",
+                      primary({"model.d_model", "model.heads"}), show("model.d_model"), show("model.heads")));
+  if (c.data.global_batch % c.data.micro_batch != 0)
+    error(fmt::format("{}: {} is not a multiple of {}: a step accumulates global_batch / micro_batch micro-batches",
+                      primary({"data.global_batch", "data.micro_batch"}), show("data.global_batch"),
+                      show("data.micro_batch")));
+  if (c.run.warmup_steps >= c.run.steps)
+    error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
+                      "step must remain",
+                      primary({"run.warmup_steps", "run.steps"}), show("run.warmup_steps"), show("run.steps")));
+  if (c.data.source == "text") check_text_source();
+}
+
+// A text source reads the file's bytes as tokens. A relative data.path is
+// looked up in the current directory first, then next to the deck; the path
+// that opened is written back, so the resolved deck names the file actually
+// read and re-resolves to it.
+void Resolver::check_text_source() {
+  Config& c = config;
+  if (c.model.vocab < 256)
+    error(fmt::format("{}: {} needs model.vocab >= 256 (text is read as byte-level tokens); got {}",
+                      primary({"model.vocab", "data.source"}), show("data.source"), show("model.vocab")));
+  if (c.data.path.empty()) {
+    error(fmt::format("{}: {} requires data.path, the text file to read", primary({"data.source", "data.path"}),
+                      show("data.source")));
+    return;
+  }
+  const std::string where = primary({"data.path", "data.source"});
+  const fs::path given(c.data.path);
+  std::vector<fs::path> candidates{given};
+  const fs::path deck_dir = fs::path(path_).parent_path();
+  if (given.is_relative() && !deck_dir.empty()) {
+    fs::path beside_deck = (deck_dir / given).lexically_normal();
+    if (beside_deck != given.lexically_normal()) candidates.push_back(std::move(beside_deck));
+  }
+
+  std::error_code ec;
+  const fs::path* found = nullptr;
+  for (const fs::path& p : candidates)
+    if (fs::exists(p, ec)) {
+      found = &p;
+      break;
+    }
+  if (!found) {
+    std::vector<std::string> looked;
+    for (const fs::path& p : candidates) looked.push_back(toml_quote(p.string()));
+    error(fmt::format("{}: {}: no such file (looked for {})", where, show("data.path"), join(looked, " and ")));
+    return;
+  }
+  if (fs::is_directory(*found, ec)) {
+    error(fmt::format("{}: {}: {} is a directory, not a text file", where, show("data.path"), found->string()));
+    return;
+  }
+  std::FILE* f = std::fopen(found->c_str(), "rb");
+  if (!f) {
+    error(fmt::format("{}: {}: cannot read {}: {}", where, show("data.path"), found->string(), std::strerror(errno)));
+    return;
+  }
+  std::fclose(f);
+  const auto size = fs::file_size(*found, ec);
+  const auto need = static_cast<std::uintmax_t>(c.model.seq_len) + 1;
+  if (ec || size <= need) {
+    error(fmt::format("{}: {}: the file has {} bytes; {} needs more than {} (one sequence and its next-token "
+                      "targets)",
+                      where, show("data.path"), ec ? 0 : size, show("model.seq_len"), need));
+    return;
+  }
+  c.data.path = found->string();
+}
+
+void Resolver::throw_if_errors() {
+  if (errors_.empty()) return;
+  std::stable_sort(errors_.begin(), errors_.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<std::string> lines;
+  for (const auto& e : errors_) lines.push_back(e.second);
+  core::input_error("{}", join(lines, "\n"));
+}
+
+// Layouts the deck format describes but this build cannot run: until the
+// distributed runtime lands, one rank runs the whole model. This is the one
+// place to relax as each strategy arrives; the key table already accepts the
+// full range of every parallel key.
+void check_supported_by_this_build(Resolver& r) {
+  const ParallelSection& p = r.config.parallel;
+  constexpr const char* kOnly =
+      "this build runs only dp = tp = pp = ep = 1, zero = 0, virtual_stages = 1, sequence_parallel = false, "
+      "offload = \"none\" (the distributed runtime is not built yet)";
+  auto refuse = [&](const std::string& key, bool unsupported) {
+    if (!unsupported) return;
+    const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
+    r.error(fmt::format("{}: {} = {}: {}", r.primary({key}), key, value, kOnly));
+  };
+  refuse("parallel.dp", p.dp != 1);
+  refuse("parallel.tp", p.tp != 1);
+  refuse("parallel.pp", p.pp != 1);
+  refuse("parallel.ep", p.ep != 1);
+  refuse("parallel.zero", p.zero != 0);
+  refuse("parallel.virtual_stages", p.virtual_stages != 1);
+  refuse("parallel.sequence_parallel", p.sequence_parallel);
+  refuse("parallel.offload", p.offload != "none");
+}
+
+std::string resolved_toml(const Config& c) {
+  std::string out = "# Resolved deck: every key with its final value (defaults, deck, --set).\n";
+  std::string_view section;
+  for (const KeySpec& k : key_table()) {
+    if (k.section != section) {
+      out += fmt::format("{}[{}]\n", section.empty() ? "" : "\n", k.section);
+      section = k.section;
+    }
+    out += fmt::format("{} = {}\n", k.name, toml_literal(k.get(c)));
+  }
+  return out;
+}
+
+}  // namespace
+
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) core::input_error("{}: cannot read deck: it is a directory", path);
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) core::input_error("{}: cannot read deck: {}", path, std::strerror(errno));
+  std::string text;
+  char buf[1 << 14];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed) core::input_error("{}: cannot read deck: read error", path);
+  return parse_deck(path, text, overrides);
+}
+
+Deck parse_deck(const std::string& path, const std::string& text, const std::vector<std::string>& overrides) {
+  Deck deck;
+  deck.path = path;
+  deck.text = text;
+  deck.overrides = overrides;
+
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    core::input_error("{}:{}:{}: TOML syntax error: {}", path, e.source().begin.line, e.source().begin.column,
+                      e.description());
+  }
+
+  Resolver r(path);
+  r.apply_file(root);
+  for (std::size_t i = 0; i < overrides.size(); ++i) r.apply_override(overrides[i], static_cast<int>(i));
+  // Cross-key checks read the final values, so they wait until every key is valid.
+  r.throw_if_errors();
+  r.check_cross_keys();
+  check_supported_by_this_build(r);
+  r.throw_if_errors();
+
+  deck.config = r.config;
+  deck.resolved_toml = resolved_toml(deck.config);
+  return deck;
+}
+
+std::vector<std::string> describe_keys() {
+  struct Row {
+    std::string name, type, def, allowed, doc;
+  };
+  const Config defaults;
+  std::vector<Row> rows;
+  std::size_t w[4] = {0, 0, 0, 0};
+  for (const KeySpec& k : key_table()) {
+    Row row{k.full_name(), std::string(type_name(k.type)), toml_literal(k.get(defaults)), describe_allowed(k),
+            std::string(k.doc)};
+    w[0] = std::max(w[0], row.name.size());
+    w[1] = std::max(w[1], row.type.size());
+    w[2] = std::max(w[2], row.def.size());
+    w[3] = std::max(w[3], row.allowed.size());
+    rows.push_back(std::move(row));
+  }
+  std::vector<std::string> out;
+  for (const Row& r : rows)
+    out.push_back(fmt::format("{:<{}}  {:<{}}  {:<{}}  {:<{}}  {}", r.name, w[0], r.type, w[1], r.def, w[2],
+                              r.allowed, w[3], r.doc));
+  return out;
+}
+
+}  // namespace strata::deck

@@ -23,7 +23,10 @@ class H5File {
   // file "<final_path>.partial". Throws a runtime error naming the path if
   // the file cannot be created.
   H5File(MPI_Comm comm, const std::string& final_path);
-  ~H5File();  // closes and removes the temporary file if never published
+  // Closes and removes the temporary file if never published. (If publish()
+  // closed the file but could not rename it, the complete temporary file is
+  // kept and publish() threw an error naming it.)
+  ~H5File();
   H5File(const H5File&) = delete;
   H5File& operator=(const H5File&) = delete;
 

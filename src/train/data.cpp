@@ -1,0 +1,77 @@
+#include "src/train/data.hpp"
+
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "models/init.hpp"
+#include "src/core/error.hpp"
+
+namespace strata::train {
+
+using models::mix64;
+
+namespace {
+
+// Uniform token ids: a check of throughput and of parity, not of learning
+// (the loss cannot fall below log V on noise).
+class SyntheticData final : public DataSource {
+ public:
+  SyntheticData(std::uint64_t seed, int vocab) : seed_(seed), vocab_(vocab) {}
+  void sample(std::int64_t index, int T, std::int32_t* out) const override {
+    const std::uint64_t base = mix64(seed_ ^ mix64(std::uint64_t(index)));
+    for (int t = 0; t <= T; ++t) out[t] = std::int32_t(mix64(base + std::uint64_t(t)) % std::uint64_t(vocab_));
+  }
+  std::string describe() const override { return fmt::format("synthetic (uniform ids < {})", vocab_); }
+
+ private:
+  std::uint64_t seed_;
+  int vocab_;
+};
+
+// Byte-level text: sample i is the window of T + 1 bytes at a keyed offset.
+class TextData final : public DataSource {
+ public:
+  TextData(std::uint64_t seed, const std::string& path) : seed_(seed), path_(path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) core::input_error("data.path: cannot read '{}'", path);
+    bytes_.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  void sample(std::int64_t index, int T, std::int32_t* out) const override {
+    const std::uint64_t windows = bytes_.size() - std::uint64_t(T);  // offsets 0 .. size - T - 1
+    STRATA_CHECK(bytes_.size() > std::size_t(T), "text shorter than a sequence");
+    const std::uint64_t off = mix64(seed_ ^ mix64(std::uint64_t(index))) % windows;
+    for (int t = 0; t <= T; ++t) out[t] = std::int32_t(static_cast<unsigned char>(bytes_[off + t]));
+  }
+  std::string describe() const override { return fmt::format("text '{}' ({} bytes)", path_, bytes_.size()); }
+
+ private:
+  std::uint64_t seed_;
+  std::string path_;
+  std::vector<char> bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<DataSource> make_data_source(const deck::Config& config) {
+  // The data stream has its own key, so changing the model does not change the data.
+  const std::uint64_t seed = mix64(config.run.seed ^ 0xda7aULL);
+  if (config.data.source == "text") return std::make_unique<TextData>(seed, config.data.path);
+  return std::make_unique<SyntheticData>(seed, config.model.vocab);
+}
+
+void fill_batch(const DataSource& data, std::int64_t first_sample, int B, int T, std::int32_t* tokens,
+                std::int32_t* targets) {
+  std::vector<std::int32_t> buf(std::size_t(T) + 1);
+  for (int b = 0; b < B; ++b) {
+    data.sample(first_sample + b, T, buf.data());
+    for (int t = 0; t < T; ++t) {
+      tokens[std::size_t(b) * T + t] = buf[t];
+      targets[std::size_t(b) * T + t] = buf[t + 1];
+    }
+  }
+}
+
+}  // namespace strata::train

@@ -1,0 +1,132 @@
+#include "src/train/run_report.hpp"
+
+#include <algorithm>
+
+namespace strata::train {
+
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Summary summarise(const std::vector<StepRecord>& steps, const std::vector<MemoryRecord>& memory,
+                  double model_flops_per_step, double peak_flops) {
+  Summary s;
+  std::vector<double> times, rates;
+  for (const auto& r : steps) {
+    if (r.warmup) continue;
+    times.push_back(r.step_time);
+    rates.push_back(r.tokens_per_s);
+  }
+  s.measured_steps = int(times.size());
+  s.step_time = median(times);
+  s.tokens_per_s = median(rates);
+  s.model_flops_per_step = model_flops_per_step;
+  s.flops_per_s = s.step_time > 0 ? model_flops_per_step / s.step_time : 0;
+  s.mfu = peak_flops > 0 ? s.flops_per_s / peak_flops : 0;
+  if (!steps.empty()) {
+    s.initial_loss = steps.front().loss;
+    s.final_loss = steps.back().loss;
+  }
+  for (const auto& m : memory) {
+    auto& p = s.peak_bytes[int(m.category)];
+    p = std::max(p, m.peak);
+  }
+  for (auto b : s.peak_bytes) s.peak_total += b;
+  return s;
+}
+
+void write_provenance(report::H5File& f, const Provenance& p) {
+  f.set_attr("/", "schema", kSchemaName);
+  f.set_attr("/", "schema_version", kSchemaVersion);
+  f.set_attr("/", "strata_version", STRATA_VERSION);
+  f.set_attr("/", "git_commit", STRATA_GIT_COMMIT);
+  f.set_attr("/", "command_line", p.command_line);
+  f.set_attr("/", "start_time", p.start_time);
+  f.set_attr("/", "hosts", p.hosts);
+  f.set_attr("/", "world_size", std::int64_t(p.world_size));
+  f.set_attr("/", "slurm_job_id", p.slurm_job_id);
+  f.set_attr("/", "deck_path", p.deck_path);
+  f.set_attr("/", "deck", p.deck_text);
+  f.set_attr("/", "resolved_config", p.resolved_config);
+  f.set_attr("/", "backend", p.backend);
+  f.set_attr("/", "threads", std::int64_t(p.threads));
+  f.set_attr("/", "data", p.data);
+  f.set_attr("/", "simulated", std::int64_t(0));
+  f.set_attr("/", "status", "running");
+}
+
+void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& steps,
+                  const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline) {
+  report::Table st("steps", "one row per optimizer step and rank");
+  st.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_i64("step", "1", "0-based optimizer step")
+      .col_i64("warmup", "1", "1 if the step is a warm-up step, excluded from timing summaries")
+      .col_f64("loss", "nats", "mean cross-entropy over the global batch")
+      .col_f64("lr", "1", "learning rate used by this step")
+      .col_f64("grad_norm", "1", "global L2 norm of the gradient before clipping")
+      .col_i64("clipped", "1", "1 if the gradient was scaled down by optim.grad_clip")
+      .col_f64("step_time", "s", "wall time of the step: data, forward, backward, optimizer")
+      .col_f64("tokens", "tokens", "tokens in the global batch (global_batch x seq_len)")
+      .col_f64("tokens_per_s", "tokens/s", "tokens / step_time")
+      .col_f64("model_flops", "FLOP", "model FLOPs of the step (forward + backward, no recomputation)")
+      .col_f64("flops_per_s", "FLOP/s", "model_flops / step_time")
+      .col_f64("mfu", "1", "flops_per_s / peak FLOP/s (see /summary/peak_flops)");
+  for (const auto& r : steps)
+    st.add_row({std::int64_t(rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
+                std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
+                r.mfu});
+  f.write_table(st);
+
+  report::Table mem("memory", "tracked bytes per step, rank and category");
+  mem.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_i64("step", "1", "0-based optimizer step")
+      .col_str("category", 16, "", "params, grads, optimizer, activations, workspace or comm")
+      .col_i64("current_bytes", "B", "bytes held at the end of the step")
+      .col_i64("peak_bytes", "B", "largest bytes held at any moment of the step");
+  for (const auto& m : memory)
+    mem.add_row({std::int64_t(rank), std::int64_t(m.step), std::string(core::category_name(m.category)),
+                 std::int64_t(m.current), std::int64_t(m.peak)});
+  f.write_table(mem);
+
+  report::Table tl("timeline", "compute spans per rank: forward and backward per layer, optimizer per step");
+  tl.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_i64("step", "1", "0-based optimizer step")
+      .col_i64("micro_batch", "1", "micro-batch within the step (0 for the optimizer)")
+      .col_i64("layer", "1", "0 embedding, 1..L transformer blocks, L+1 final norm, head and loss, -1 optimizer")
+      .col_str("phase", 12, "", "forward, backward or optimizer")
+      .col_f64("start", "s", "start, seconds since the run's clock origin")
+      .col_f64("end", "s", "end, seconds since the run's clock origin");
+  if (timeline != nullptr)
+    for (const auto& s : timeline->spans())
+      tl.add_row({std::int64_t(rank), std::int64_t(s.step), std::int64_t(s.micro_batch), std::int64_t(s.layer),
+                  std::string(prof::phase_name(s.phase)), s.start, s.end});
+  f.write_table(tl);
+}
+
+void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
+  const std::string g = "/summary";
+  f.create_group(g);
+  f.write_scalar(g, "measured_steps", double(s.measured_steps), "1", "steps after warm-up that the figures use");
+  f.write_scalar(g, "tokens_per_s", s.tokens_per_s, "tokens/s", "median tokens/s over measured steps");
+  f.write_scalar(g, "step_time", s.step_time, "s", "median step time over measured steps");
+  f.write_scalar(g, "model_flops_per_step", s.model_flops_per_step, "FLOP",
+                 "model FLOPs per step, counted from the layers (Megatron's formula for a dense GPT)");
+  f.write_scalar(g, "flops_per_s", s.flops_per_s, "FLOP/s", "model_flops_per_step / step_time");
+  f.write_scalar(g, "peak_flops", p.peak_flops, "FLOP/s", "peak that MFU is measured against; see peak_source");
+  f.write_scalar(g, "peak_source", p.peak_source, "where peak_flops comes from: the deck or a measured sgemm");
+  f.write_scalar(g, "mfu", s.mfu, "1", "model FLOPs utilisation: flops_per_s / peak_flops");
+  f.write_scalar(g, "initial_loss", s.initial_loss, "nats", "loss of step 0");
+  f.write_scalar(g, "final_loss", s.final_loss, "nats", "loss of the last step");
+  f.write_scalar(g, "parameters", double(p.parameters), "1", "number of model parameters");
+  for (int c = 0; c < core::kNumMemCategories; ++c) {
+    const auto cat = core::category_name(core::MemCategory(c));
+    f.write_scalar(g, std::string("peak_bytes_") + cat, double(s.peak_bytes[c]), "B",
+                   std::string("largest ") + cat + " bytes held on any step (rank 0)");
+  }
+  f.write_scalar(g, "peak_bytes_total", double(s.peak_total), "B", "sum of the per-category peaks (rank 0)");
+}
+
+}  // namespace strata::train

@@ -1,0 +1,76 @@
+#include "src/train/trainer.hpp"
+
+#include <cmath>
+
+#include "kernels/kernels.hpp"
+#include "src/prof/clock.hpp"
+#include "src/train/lr_schedule.hpp"
+
+namespace strata::train {
+
+models::GptConfig gpt_config(const deck::ModelSection& m) {
+  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len};
+}
+
+Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
+                 double peak_flops)
+    : cfg_(config), timeline_(timeline), peak_flops_(peak_flops) {
+  const auto gc = gpt_config(cfg_.model);
+  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len;
+  micro_batches_ = cfg_.data.global_batch / B;
+  model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
+  model_ = std::make_unique<models::Gpt>(gc, B, tracker, cfg_.run.seed);
+  models::AdamWSettings s{float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
+                          float(cfg_.optim.weight_decay)};
+  optimizer_ = std::make_unique<models::AdamW>(model_->registry(), 0, model_->registry().numel(), s, tracker);
+  data_ = make_data_source(cfg_);
+  tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");
+  targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "targets");
+  if (timeline_ != nullptr && timeline_->enabled())
+    timeline_->reserve(std::size_t(cfg_.run.steps) * (micro_batches_ * 2 * (gc.layers + 2) + 1));
+}
+
+StepRecord Trainer::step(int step) {
+  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len;
+  const double t0 = prof::now_seconds();
+  StepRecord r;
+  r.step = step;
+  r.warmup = step < cfg_.run.warmup_steps;
+
+  model_->zero_grads();
+  double loss_sum = 0;
+  for (int mb = 0; mb < micro_batches_; ++mb) {
+    if (timeline_ != nullptr) timeline_->set_position(step, mb);
+    const std::int64_t first = std::int64_t(step) * cfg_.data.global_batch + std::int64_t(mb) * B;
+    fill_batch(*data_, first, B, T, tokens_.data(), targets_.data());
+    loss_sum += model_->forward(tokens_.data(), targets_.data(), timeline_);
+    model_->backward(tokens_.data(), targets_.data(), 1.0f / float(micro_batches_), timeline_);
+  }
+  r.loss = loss_sum / micro_batches_;
+
+  {
+    prof::ScopedSpan span(timeline_, -1, prof::Phase::optimizer);
+    const std::int64_t n = model_->registry().numel();
+    r.grad_norm = std::sqrt(kernels::sum_squares(model_->grads(), n));
+    // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+    if (cfg_.optim.grad_clip > 0) {
+      const double coef = cfg_.optim.grad_clip / (r.grad_norm + 1e-6);
+      if (coef < 1.0) {
+        kernels::scale_inplace(model_->grads(), float(coef), n);
+        r.clipped = true;
+      }
+    }
+    r.lr = learning_rate(cfg_.optim, step, cfg_.run.steps);
+    optimizer_->update(model_->params(), model_->grads(), float(r.lr), step + 1);
+  }
+
+  r.step_time = prof::now_seconds() - t0;
+  r.tokens = double(cfg_.data.global_batch) * T;
+  r.tokens_per_s = r.tokens / r.step_time;
+  r.model_flops = model_flops_per_step_;
+  r.flops_per_s = r.model_flops / r.step_time;
+  r.mfu = peak_flops_ > 0 ? r.flops_per_s / peak_flops_ : 0.0;
+  return r;
+}
+
+}  // namespace strata::train

@@ -1,0 +1,872 @@
+// Unit tests of the CPU kernels. Every kernel is compared with a plain
+// double-precision reference written here; every backward kernel is also
+// checked against central finite differences of that reference, and against
+// the accumulate (+=) convention of kernels.hpp. Inputs are random with a
+// fresh seed per run, printed on failure: rerun with STRATA_TEST_SEED=<seed>.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.hpp"
+
+namespace k = strata::kernels;
+
+namespace {
+
+using Vec = std::vector<float>;
+using DVec = std::vector<double>;
+using IVec = std::vector<std::int32_t>;
+
+// Tolerances, in the form |got - want| <= rtol * |want| + floor * max|want|.
+//
+// Float kernel vs double reference: a float result that sums K terms carries
+// about K * 2^-24 relative error at worst (K <= ~70 here, so ~4e-6), plus one
+// rounding; 1e-5 leaves a little room. The floor (1e-6 of the largest value)
+// covers entries that are small only because of cancellation, where a relative
+// bound is meaningless.
+constexpr double kRtol = 1e-5;
+constexpr double kFloor = 1e-6;
+// Float backward vs finite differences of the double reference. With h = 1e-5
+// in double, truncation (~h^2) and rounding (~1e-16 / h) errors are < 1e-9,
+// so the difference is the float backward's own error, the same size as
+// above: this is the same 1e-5 test, not a looser one.
+constexpr double kFdH = 1e-5;
+// The double reference backward vs finite differences: both are exact to
+// ~1e-9, so this checks the reference itself.
+constexpr double kRefRtol = 1e-7;
+constexpr double kRefFloor = 1e-8;
+
+unsigned test_seed() {
+  if (const char* s = std::getenv("STRATA_TEST_SEED")) return unsigned(std::strtoul(s, nullptr, 10));
+  return std::random_device{}();
+}
+
+// A seeded generator whose seed shows up in every failure message of the
+// test and in the XML report.
+#define SEEDED_RNG(rng)                                                                                     \
+  const unsigned rng##_seed = test_seed();                                                                \
+  SCOPED_TRACE(::testing::Message() << "seed " << rng##_seed << " (rerun with STRATA_TEST_SEED=" << rng##_seed \
+                                    << ")");                                                              \
+  ::testing::Test::RecordProperty("seed", std::to_string(rng##_seed));                                    \
+  std::mt19937 rng(rng##_seed)
+
+Vec uniform(std::mt19937& g, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+IVec randint(std::mt19937& g, std::size_t n, int lo, int hi) {
+  std::uniform_int_distribution<int> d(lo, hi);
+  IVec v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+DVec to_double(const Vec& v) { return DVec(v.begin(), v.end()); }
+
+double max_abs(const DVec& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+::testing::AssertionResult all_close(const float* got, const double* want, std::size_t n, double rtol,
+                                     double floor) {
+  double scale = 0.0;
+  for (std::size_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(want[i]));
+  std::size_t bad = 0, first = 0;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double err = std::fabs(double(got[i]) - want[i]);
+    const double tol = rtol * std::fabs(want[i]) + floor * scale;
+    if (!(err <= tol)) {
+      if (bad == 0) first = i;
+      ++bad;
+    }
+    if (tol > 0) worst = std::max(worst, err / tol);
+  }
+  if (std::getenv("KX_VERBOSE")) fprintf(stderr, "KXWORST %s %g\n", ::testing::UnitTest::GetInstance()->current_test_info()->name(), worst);
+  if (bad == 0) return ::testing::AssertionSuccess() << "worst error/tolerance " << worst;
+  return ::testing::AssertionFailure() << bad << " of " << n << " elements out of tolerance (rtol " << rtol
+                                       << ", floor " << floor << " * " << scale << "); first at " << first
+                                       << ": got " << got[first] << ", want " << want[first]
+                                       << "; worst error/tolerance " << worst;
+}
+
+::testing::AssertionResult all_close(const Vec& got, const DVec& want, double rtol = kRtol,
+                                     double floor = kFloor) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size mismatch";
+  return all_close(got.data(), want.data(), got.size(), rtol, floor);
+}
+
+// Indices to perturb: all of them when few (and not forced to sample), else
+// a random subset of 60.
+std::vector<std::size_t> fd_indices(std::mt19937& g, std::size_t n, bool sample = false) {
+  std::vector<std::size_t> idx(n);
+  std::iota(idx.begin(), idx.end(), std::size_t(0));
+  if (sample || n > 600) {
+    std::shuffle(idx.begin(), idx.end(), g);
+    idx.resize(std::min<std::size_t>(n, 60));
+  }
+  return idx;
+}
+
+// Compares a float gradient (and its double reference) with central
+// differences of `loss` with respect to x, at the given indices.
+void check_fd(const char* what, DVec& x, const Vec& grad, const DVec& grad_ref, const std::function<double()>& loss,
+              const std::vector<std::size_t>& idx) {
+  SCOPED_TRACE(what);
+  Vec got;
+  DVec want, ref;
+  for (std::size_t i : idx) {
+    const double x0 = x[i];
+    x[i] = x0 + kFdH;
+    const double lp = loss();
+    x[i] = x0 - kFdH;
+    const double lm = loss();
+    x[i] = x0;
+    want.push_back((lp - lm) / (2 * kFdH));
+    got.push_back(grad[i]);
+    ref.push_back(grad_ref[i]);
+  }
+  EXPECT_TRUE(all_close(got, want, kRtol, kFloor)) << "float backward vs finite differences";
+  double scale = max_abs(want), worst = 0.0;
+  for (std::size_t j = 0; j < want.size(); ++j) {
+    const double err = std::fabs(ref[j] - want[j]);
+    worst = std::max(worst, err / (kRefRtol * std::fabs(want[j]) + kRefFloor * scale));
+  }
+  if (std::getenv("KX_VERBOSE")) fprintf(stderr, "KXREF %s %g\n", what, worst);
+  EXPECT_LE(worst, 1.0) << "double reference backward vs finite differences (error/tolerance)";
+}
+
+double dot(const DVec& a, const DVec& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// ---------------------------------------------------------------- references
+
+void ref_matmul(bool ta, bool tb, int M, int N, int K, double alpha, const DVec& A, int lda, const DVec& B, int ldb,
+                double beta, DVec& C, int ldc) {
+  for (int i = 0; i < M; ++i) {
+    for (int j = 0; j < N; ++j) {
+      double s = 0.0;
+      for (int p = 0; p < K; ++p) {
+        const double a = ta ? A[std::size_t(p) * lda + i] : A[std::size_t(i) * lda + p];
+        const double b = tb ? B[std::size_t(j) * ldb + p] : B[std::size_t(p) * ldb + j];
+        s += a * b;
+      }
+      C[std::size_t(i) * ldc + j] = alpha * s + beta * C[std::size_t(i) * ldc + j];
+    }
+  }
+}
+
+void ref_layernorm_forward(DVec& out, DVec& mean, DVec& rstd, const DVec& x, const DVec& w, const DVec& b, int N,
+                           int C, double eps) {
+  for (int n = 0; n < N; ++n) {
+    const double* xr = &x[std::size_t(n) * C];
+    double m = 0.0, v = 0.0;
+    for (int c = 0; c < C; ++c) m += xr[c];
+    m /= C;
+    for (int c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+    v /= C;
+    const double s = 1.0 / std::sqrt(v + eps);
+    for (int c = 0; c < C; ++c) out[std::size_t(n) * C + c] = (xr[c] - m) * s * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+void ref_layernorm_backward(DVec& dx, DVec& dw, DVec& db, const DVec& dy, const DVec& x, const DVec& w, int N, int C,
+                            double eps) {
+  DVec out(x.size()), mean(N), rstd(N);
+  ref_layernorm_forward(out, mean, rstd, x, w, DVec(C, 0.0), N, C, eps);
+  for (int n = 0; n < N; ++n) {
+    const std::size_t o = std::size_t(n) * C;
+    double a = 0.0, bsum = 0.0;
+    for (int c = 0; c < C; ++c) {
+      const double norm = (x[o + c] - mean[n]) * rstd[n];
+      a += dy[o + c] * w[c];
+      bsum += dy[o + c] * w[c] * norm;
+      dw[c] += dy[o + c] * norm;
+      db[c] += dy[o + c];
+    }
+    a /= C;
+    bsum /= C;
+    for (int c = 0; c < C; ++c) {
+      const double norm = (x[o + c] - mean[n]) * rstd[n];
+      dx[o + c] += (dy[o + c] * w[c] - a - norm * bsum) * rstd[n];
+    }
+  }
+}
+
+// GELU in double. 0.5 (1 + tanh(u)) is evaluated as sigmoid(2u): the same
+// function, but without the cancellation of 1 + tanh(u) -> 0 in the negative
+// tail (at x = -7 that cancellation already costs double 15% of the value).
+// Gelu.ReferenceMatchesTanhForm checks the identity where tanh is accurate.
+double ref_gelu(double x) {
+  const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  return x / (1.0 + std::exp(-2.0 * u));
+}
+double ref_gelu_grad(double x) {
+  const double s = std::sqrt(2.0 / M_PI);
+  const double u = s * (x + 0.044715 * x * x * x);
+  const double e = std::exp(-2.0 * u), sig = 1.0 / (1.0 + e);
+  // 0.5 (1 - tanh^2 u) = 2 sig (1 - sig), and 1 - sig = e sig.
+  return sig + x * 2.0 * sig * (e * sig) * s * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+void ref_attention_forward(DVec& out, DVec& probs, const DVec& qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        double* p = &probs[((std::size_t(b) * NH + h) * T + t) * T];
+        const double* q = &qkv[(std::size_t(b) * T + t) * C3 + h * hs];
+        double m = -std::numeric_limits<double>::infinity();
+        for (int j = 0; j < T; ++j) {
+          if (j > t) {
+            p[j] = 0.0;
+            continue;
+          }
+          const double* kk = &qkv[(std::size_t(b) * T + j) * C3 + C + h * hs];
+          double s = 0.0;
+          for (int i = 0; i < hs; ++i) s += q[i] * kk[i];
+          p[j] = s * scale;
+          m = std::max(m, p[j]);
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= t; ++j) sum += (p[j] = std::exp(p[j] - m));
+        for (int j = 0; j <= t; ++j) p[j] /= sum;
+        double* y = &out[(std::size_t(b) * T + t) * C + h * hs];
+        for (int i = 0; i < hs; ++i) {
+          double s = 0.0;
+          for (int j = 0; j <= t; ++j) s += p[j] * qkv[(std::size_t(b) * T + j) * C3 + 2 * C + h * hs + i];
+          y[i] = s;
+        }
+      }
+}
+
+void ref_attention_backward(DVec& dqkv, const DVec& dout, const DVec& qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  DVec out(std::size_t(B) * T * C), probs(std::size_t(B) * NH * T * T);
+  ref_attention_forward(out, probs, qkv, B, T, C, NH);
+  DVec dp(T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const double* p = &probs[((std::size_t(b) * NH + h) * T + t) * T];
+        const double* dy = &dout[(std::size_t(b) * T + t) * C + h * hs];
+        auto at = [&](int row, int part) { return (std::size_t(b) * T + row) * C3 + part * C + h * hs; };
+        for (int j = 0; j <= t; ++j) {
+          double s = 0.0;
+          for (int i = 0; i < hs; ++i) s += dy[i] * qkv[at(j, 2) + i];
+          dp[j] = s;
+          for (int i = 0; i < hs; ++i) dqkv[at(j, 2) + i] += p[j] * dy[i];
+        }
+        double d = 0.0;
+        for (int j = 0; j <= t; ++j) d += p[j] * dp[j];
+        for (int j = 0; j <= t; ++j) {
+          const double ds = p[j] * (dp[j] - d) * scale;
+          for (int i = 0; i < hs; ++i) {
+            dqkv[at(t, 0) + i] += ds * qkv[at(j, 1) + i];
+            dqkv[at(j, 1) + i] += ds * qkv[at(t, 0) + i];
+          }
+        }
+      }
+}
+
+double ref_ce_loss(const double* x, int V, int target) {
+  double m = x[0];
+  for (int i = 1; i < V; ++i) m = std::max(m, x[i]);
+  double s = 0.0;
+  for (int i = 0; i < V; ++i) s += std::exp(x[i] - m);
+  return m + std::log(s) - x[target];
+}
+
+// ------------------------------------------------------------------- runtime
+
+TEST(Runtime, ThreadsAndName) {
+  const int before = k::num_threads();
+  k::set_num_threads(3);
+  EXPECT_EQ(k::num_threads(), 3);
+  k::set_num_threads(1);
+  EXPECT_EQ(k::num_threads(), 1);
+  k::set_num_threads(before);
+  EXPECT_EQ(k::num_threads(), before);
+  EXPECT_STREQ(k::backend_name(), "cpu/openblas-openmp");
+}
+
+// -------------------------------------------------------------------- matmul
+
+TEST(Matmul, AllTransposesAgainstDouble) {
+  SEEDED_RNG(rng);
+  const int M = 13, N = 17, K = 19;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      SCOPED_TRACE(::testing::Message() << "trans_a " << ta << " trans_b " << tb);
+      // Stored shapes, each with a leading dimension larger than needed.
+      const int a_rows = ta ? K : M, a_cols = ta ? M : K, lda = a_cols + 3;
+      const int b_rows = tb ? N : K, b_cols = tb ? K : N, ldb = b_cols + 2;
+      const int ldc = N + 5;
+      Vec A = uniform(rng, std::size_t(a_rows) * lda), B = uniform(rng, std::size_t(b_rows) * ldb);
+      Vec C = uniform(rng, std::size_t(M) * ldc);
+      const float alpha = 0.7f, beta = -1.3f;
+      DVec Cref = to_double(C);
+      ref_matmul(ta, tb, M, N, K, alpha, to_double(A), lda, to_double(B), ldb, beta, Cref, ldc);
+      k::matmul(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+      // The padding columns of C are compared too: they must be untouched.
+      EXPECT_TRUE(all_close(C, Cref));
+    }
+  }
+}
+
+TEST(Matmul, BetaZeroIgnoresGarbageInC) {
+  // Kernels pass uninitialised scratch as C with beta = 0.
+  SEEDED_RNG(rng);
+  const int M = 9, N = 11, K = 5;
+  Vec A = uniform(rng, M * K), B = uniform(rng, K * N);
+  Vec C(M * N, std::numeric_limits<float>::quiet_NaN());
+  DVec Cref(M * N, 0.0);
+  ref_matmul(false, false, M, N, K, 1.0, to_double(A), K, to_double(B), N, 0.0, Cref, N);
+  k::matmul(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+  EXPECT_TRUE(all_close(C, Cref));
+}
+
+TEST(Matmul, StridedBatchedBothThreadingPaths) {
+  SEEDED_RNG(rng);
+  const int M = 7, N = 10, K = 6, batch = 5;
+  const int lda = M + 1, ldb = K + 2, ldc = N + 3;  // A stored transposed (K x M), B transposed (N x K)
+  const std::int64_t sa = std::int64_t(K) * lda + 4, sb = std::int64_t(N) * ldb + 1, sc = std::int64_t(M) * ldc + 2;
+  Vec A = uniform(rng, sa * batch), B = uniform(rng, sb * batch), C0 = uniform(rng, sc * batch);
+  DVec Cref = to_double(C0);
+  const DVec Ad = to_double(A), Bd = to_double(B);
+  for (int i = 0; i < batch; ++i) {
+    DVec Ai(Ad.begin() + i * sa, Ad.begin() + (i + 1) * sa), Bi(Bd.begin() + i * sb, Bd.begin() + (i + 1) * sb);
+    DVec Ci(Cref.begin() + i * sc, Cref.begin() + (i + 1) * sc);
+    ref_matmul(true, true, M, N, K, 0.5, Ai, lda, Bi, ldb, 2.0, Ci, ldc);
+    std::copy(Ci.begin(), Ci.end(), Cref.begin() + i * sc);
+  }
+  const int before = k::num_threads();
+  for (int threads : {1, 2, 3}) {  // 1: serial loop; 2, 3: parallel over the batch
+    SCOPED_TRACE(::testing::Message() << "threads " << threads);
+    k::set_num_threads(threads);
+    Vec C = C0;
+    k::matmul_strided_batched(true, true, M, N, K, 0.5f, A.data(), lda, sa, B.data(), ldb, sb, 2.0f, C.data(), ldc,
+                              sc, batch);
+    EXPECT_TRUE(all_close(C, Cref));
+  }
+  k::set_num_threads(before);
+}
+
+// ---------------------------------------------------------------------- bias
+
+TEST(Bias, ForwardBackwardAgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  const int N = 14, C = 12;
+  Vec x = uniform(rng, N * C), bias = uniform(rng, C), R = uniform(rng, N * C);
+  Vec out = x;
+  k::bias_add(out.data(), bias.data(), N, C);
+  DVec want(N * C);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) want[n * C + c] = double(x[n * C + c]) + bias[c];
+  EXPECT_TRUE(all_close(out, want));
+
+  // L = sum((x + bias) * R): dbias = column sums of R.
+  DVec dref(C, 0.0);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) dref[c] += R[n * C + c];
+  Vec dbias(C, 0.0f);
+  k::bias_backward(dbias.data(), R.data(), N, C);
+  EXPECT_TRUE(all_close(dbias, dref));
+  DVec xd = to_double(x), bd = to_double(bias), Rd = to_double(R);
+  auto loss = [&] {
+    double s = 0.0;
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < C; ++c) s += (xd[n * C + c] + bd[c]) * Rd[n * C + c];
+    return s;
+  };
+  check_fd("dbias", bd, dbias, dref, loss, fd_indices(rng, C));
+
+  // Accumulates: twice onto a non-zero start.
+  Vec g0 = uniform(rng, C), g = g0;
+  k::bias_backward(g.data(), R.data(), N, C);
+  k::bias_backward(g.data(), R.data(), N, C);
+  DVec want2(C);
+  for (int c = 0; c < C; ++c) want2[c] = g0[c] + 2 * dref[c];
+  EXPECT_TRUE(all_close(g, want2));
+}
+
+TEST(Bias, BackwardLargeEnoughForThreads) {
+  SEEDED_RNG(rng);
+  const int N = 517, C = 131;  // past the threshold for the column-split parallel path
+  const int before = k::num_threads();
+  k::set_num_threads(3);
+  Vec R = uniform(rng, std::size_t(N) * C), dbias(C, 0.0f);
+  k::bias_backward(dbias.data(), R.data(), N, C);
+  k::set_num_threads(before);
+  DVec dref(C, 0.0);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) dref[c] += R[std::size_t(n) * C + c];
+  // Double accumulation: the only error is the final rounding to float.
+  EXPECT_TRUE(all_close(dbias, dref, 1e-7, 1e-7));
+}
+
+// ---------------------------------------------------------------- layernorm
+
+void layernorm_case(std::mt19937& rng, int N, int C, bool with_fd) {
+  const float eps = 1e-5f;
+  // Offset and scaled rows: a non-zero mean is where a one-pass variance fails.
+  Vec x = uniform(rng, std::size_t(N) * C, 1.0f, 3.0f), w = uniform(rng, C, 0.5f, 1.5f), b = uniform(rng, C);
+  Vec R = uniform(rng, std::size_t(N) * C);
+  Vec out(x.size()), mean(N), rstd(N);
+  k::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+  DVec xd = to_double(x), wd = to_double(w), bd = to_double(b), Rd = to_double(R);
+  DVec oref(x.size()), mref(N), sref(N);
+  ref_layernorm_forward(oref, mref, sref, xd, wd, bd, N, C, eps);
+  EXPECT_TRUE(all_close(out, oref));
+  EXPECT_TRUE(all_close(mean, mref));
+  EXPECT_TRUE(all_close(rstd, sref));
+
+  DVec dxr(x.size(), 0.0), dwr(C, 0.0), dbr(C, 0.0);
+  ref_layernorm_backward(dxr, dwr, dbr, Rd, xd, wd, N, C, eps);
+  Vec dx(x.size(), 0.0f), dw(C, 0.0f), db(C, 0.0f);
+  k::layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                        C);
+  EXPECT_TRUE(all_close(dx, dxr));
+  EXPECT_TRUE(all_close(dw, dwr));
+  EXPECT_TRUE(all_close(db, dbr));
+
+  if (with_fd) {
+    auto loss = [&] {
+      DVec o(xd.size()), m(N), s(N);
+      ref_layernorm_forward(o, m, s, xd, wd, bd, N, C, eps);
+      return dot(o, Rd);
+    };
+    check_fd("dinp", xd, dx, dxr, loss, fd_indices(rng, xd.size()));
+    check_fd("dweight", wd, dw, dwr, loss, fd_indices(rng, wd.size()));
+    check_fd("dbias", bd, db, dbr, loss, fd_indices(rng, bd.size()));
+  }
+
+  // Accumulates into all three outputs.
+  Vec gx = uniform(rng, x.size()), gw = uniform(rng, C), gb = uniform(rng, C);
+  DVec wx(x.size()), ww(C), wb(C);
+  for (std::size_t i = 0; i < x.size(); ++i) wx[i] = gx[i] + 2 * dxr[i];
+  for (int c = 0; c < C; ++c) ww[c] = gw[c] + 2 * dwr[c], wb[c] = gb[c] + 2 * dbr[c];
+  for (int rep = 0; rep < 2; ++rep)
+    k::layernorm_backward(gx.data(), gw.data(), gb.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                          C);
+  EXPECT_TRUE(all_close(gx, wx));
+  EXPECT_TRUE(all_close(gw, ww));
+  EXPECT_TRUE(all_close(gb, wb));
+}
+
+TEST(LayerNorm, AgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  layernorm_case(rng, 14, 12, true);
+}
+
+TEST(LayerNorm, LargeEnoughForThreads) {
+  SEEDED_RNG(rng);
+  const int before = k::num_threads();
+  k::set_num_threads(3);
+  layernorm_case(rng, 331, 101, false);
+  k::set_num_threads(before);
+}
+
+// --------------------------------------------------------------------- GELU
+
+void gelu_case(std::mt19937& rng, std::size_t n, bool with_fd) {
+  // Wide enough to reach both tails, plus exact zeros.
+  Vec x = uniform(rng, n, -7.0f, 7.0f), R = uniform(rng, n);
+  x[0] = 0.0f;
+  x[1] = -12.0f;  // far tail: exp(-2u) saturates
+  x[2] = 12.0f;
+  Vec y(n);
+  k::gelu_forward(y.data(), x.data(), std::int64_t(n));
+  DVec yref(n), gref(n);
+  for (std::size_t i = 0; i < n; ++i) yref[i] = ref_gelu(x[i]), gref[i] = ref_gelu_grad(x[i]) * R[i];
+  EXPECT_TRUE(all_close(y, yref));
+
+  Vec dx(n, 0.0f);
+  k::gelu_backward(dx.data(), x.data(), R.data(), std::int64_t(n));
+  EXPECT_TRUE(all_close(dx, gref));
+
+  if (with_fd) {
+    DVec xd = to_double(x), Rd = to_double(R);
+    auto loss = [&] {
+      double s = 0.0;
+      for (std::size_t i = 0; i < n; ++i) s += ref_gelu(xd[i]) * Rd[i];
+      return s;
+    };
+    check_fd("dinp", xd, dx, gref, loss, fd_indices(rng, n));
+  }
+
+  Vec g0 = uniform(rng, n), g = g0;
+  k::gelu_backward(g.data(), x.data(), R.data(), std::int64_t(n));
+  k::gelu_backward(g.data(), x.data(), R.data(), std::int64_t(n));
+  DVec want(n);
+  for (std::size_t i = 0; i < n; ++i) want[i] = g0[i] + 2 * gref[i];
+  EXPECT_TRUE(all_close(g, want));
+}
+
+TEST(Gelu, ReferenceMatchesTanhForm) {
+  const double s = std::sqrt(2.0 / M_PI);
+  for (double x = -3.0; x <= 3.0; x += 0.01) {
+    const double t = std::tanh(s * (x + 0.044715 * x * x * x));
+    EXPECT_NEAR(ref_gelu(x), 0.5 * x * (1.0 + t), 1e-14);
+    const double grad = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * s * (1.0 + 3.0 * 0.044715 * x * x);
+    EXPECT_NEAR(ref_gelu_grad(x), grad, 1e-14);
+  }
+}
+
+TEST(Gelu, AgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  gelu_case(rng, 301, true);
+}
+
+TEST(Gelu, LargeEnoughForThreads) {
+  SEEDED_RNG(rng);
+  const int before = k::num_threads();
+  k::set_num_threads(3);
+  gelu_case(rng, 70001, false);
+  k::set_num_threads(before);
+}
+
+TEST(Gelu, RelativeAccuracyInTheNegativeTail) {
+  // The floor of all_close would hide errors in tiny outputs; the tail of
+  // GELU (down to about -9, where exp(-2u) stays below its clamp) must be
+  // right relative to its own size.
+  Vec x;
+  for (float v = -9.0f; v <= 0.0f; v += 0.0625f) x.push_back(v);
+  Vec y(x.size()), d(x.size(), 0.0f), ones(x.size(), 1.0f);
+  k::gelu_forward(y.data(), x.data(), std::int64_t(x.size()));
+  k::gelu_backward(d.data(), x.data(), ones.data(), std::int64_t(x.size()));
+  DVec yref(x.size()), dref(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) yref[i] = ref_gelu(x[i]), dref[i] = ref_gelu_grad(x[i]);
+  EXPECT_TRUE(all_close(y, yref, kRtol, 0.0));
+  // The derivative crosses zero near x = -0.75; allow the floor there only.
+  EXPECT_TRUE(all_close(d, dref, kRtol, 1e-7));
+}
+
+// -------------------------------------------------------------- elementwise
+
+TEST(Elementwise, ResidualAddScaleFillAgainstDouble) {
+  SEEDED_RNG(rng);
+  for (std::size_t n : {std::size_t(37), std::size_t(70001)}) {  // below and above the threads threshold
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    Vec a = uniform(rng, n), b = uniform(rng, n);
+    DVec sum(n), scaled(n);
+    for (std::size_t i = 0; i < n; ++i) sum[i] = double(a[i]) + b[i], scaled[i] = double(a[i]) * -0.37;
+
+    Vec out(n);
+    k::residual_forward(out.data(), a.data(), b.data(), std::int64_t(n));
+    EXPECT_TRUE(all_close(out, sum));
+    Vec alias_a = a, alias_b = b;  // out may be a or b
+    k::residual_forward(alias_a.data(), alias_a.data(), b.data(), std::int64_t(n));
+    k::residual_forward(alias_b.data(), a.data(), alias_b.data(), std::int64_t(n));
+    EXPECT_TRUE(all_close(alias_a, sum));
+    EXPECT_TRUE(all_close(alias_b, sum));
+
+    Vec y = a;
+    k::add_inplace(y.data(), b.data(), std::int64_t(n));
+    EXPECT_TRUE(all_close(y, sum));
+
+    Vec s = a;
+    k::scale_inplace(s.data(), -0.37f, std::int64_t(n));
+    EXPECT_TRUE(all_close(s, scaled));
+
+    Vec z = a;
+    k::fill_zero(z.data(), std::int64_t(n));
+    EXPECT_TRUE(std::all_of(z.begin(), z.end(), [](float v) { return v == 0.0f; }));
+  }
+}
+
+TEST(Elementwise, SumSquaresInDouble) {
+  SEEDED_RNG(rng);
+  for (std::size_t n : {std::size_t(37), std::size_t(100003)}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    Vec x = uniform(rng, n, -3.0f, 3.0f);
+    x[n / 2] = 1e-20f;  // squares below float range must still count
+    double want = 0.0;
+    for (float v : x) want += double(v) * double(v);
+    // Only the order of a double summation differs: ~n * 2^-53.
+    EXPECT_NEAR(k::sum_squares(x.data(), std::int64_t(n)), want, 1e-12 * want);
+  }
+  // 1e-30 squared underflows in float but not in double.
+  Vec tiny(1000, 1e-30f);
+  EXPECT_NEAR(k::sum_squares(tiny.data(), 1000), 1000 * double(1e-30f) * double(1e-30f), 1e-72);
+}
+
+// ---------------------------------------------------------------- attention
+
+struct AttentionShape {
+  int B, T, C, NH;
+};
+
+void attention_case(std::mt19937& rng, AttentionShape s, bool fd_all) {
+  const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+  SCOPED_TRACE(::testing::Message() << "B " << B << " T " << T << " C " << C << " NH " << NH);
+  const std::size_t nqkv = std::size_t(B) * T * 3 * C, nout = std::size_t(B) * T * C,
+                    nprobs = std::size_t(B) * NH * T * T;
+  Vec qkv = uniform(rng, nqkv, -1.5f, 1.5f), R = uniform(rng, nout);
+  // Scratch starts as garbage: the kernels must overwrite it.
+  Vec out(nout, std::numeric_limits<float>::quiet_NaN()), probs(nprobs, std::numeric_limits<float>::quiet_NaN());
+  k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH);
+  DVec qd = to_double(qkv), Rd = to_double(R);
+  DVec oref(nout), pref(nprobs);
+  ref_attention_forward(oref, pref, qd, B, T, C, NH);
+  EXPECT_TRUE(all_close(out, oref));
+  EXPECT_TRUE(all_close(probs, pref));
+
+  DVec dref(nqkv, 0.0);
+  ref_attention_backward(dref, Rd, qd, B, T, C, NH);
+  Vec dqkv(nqkv, 0.0f), scratch(nprobs, std::numeric_limits<float>::quiet_NaN());
+  k::attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), probs.data(), B, T, C, NH);
+  EXPECT_TRUE(all_close(dqkv, dref));
+
+  auto loss = [&] {
+    DVec o(nout), p(nprobs);
+    ref_attention_forward(o, p, qd, B, T, C, NH);
+    return dot(o, Rd);
+  };
+  check_fd("dqkv", qd, dqkv, dref, loss, fd_indices(rng, nqkv, !fd_all));
+
+  Vec g0 = uniform(rng, nqkv), g = g0;
+  for (int rep = 0; rep < 2; ++rep)
+    k::attention_backward(g.data(), scratch.data(), R.data(), qkv.data(), probs.data(), B, T, C, NH);
+  DVec want(nqkv);
+  for (std::size_t i = 0; i < nqkv; ++i) want[i] = g0[i] + 2 * dref[i];
+  EXPECT_TRUE(all_close(g, want));
+}
+
+TEST(Attention, SmallAgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  attention_case(rng, {2, 7, 12, 3}, true);  // hs = 4, one row block
+}
+
+TEST(Attention, SeveralRowBlocks) {
+  SEEDED_RNG(rng);
+  attention_case(rng, {2, 67, 10, 2}, false);  // T past one block of 64 rows, hs = 5
+}
+
+TEST(Attention, OneHeadRunsSerially) {
+  SEEDED_RNG(rng);
+  attention_case(rng, {1, 9, 6, 1}, true);  // B * NH = 1 < threads: the other threading path
+}
+
+TEST(Attention, CausalMask) {
+  SEEDED_RNG(rng);
+  const int B = 2, T = 9, C = 12, NH = 3, C3 = 3 * C;
+  Vec qkv = uniform(rng, std::size_t(B) * T * C3, -1.5f, 1.5f);
+  Vec out(std::size_t(B) * T * C), probs(std::size_t(B) * NH * T * T);
+  k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH);
+  for (int bh = 0; bh < B * NH; ++bh)
+    for (int t = 0; t < T; ++t) {
+      double row = 0.0;
+      for (int j = 0; j < T; ++j) {
+        const float p = probs[(std::size_t(bh) * T + t) * T + j];
+        if (j > t) {
+          EXPECT_EQ(p, 0.0f) << "above the diagonal at " << t << ", " << j;
+        }
+        row += p;
+      }
+      EXPECT_NEAR(row, 1.0, 1e-6);
+    }
+  // Changing q, k and v of every position after t0 leaves rows 0..t0 bitwise unchanged.
+  for (int t0 = 0; t0 < T - 1; ++t0) {
+    Vec changed = qkv;
+    std::uniform_real_distribution<float> d(-5.0f, 5.0f);
+    for (int b = 0; b < B; ++b)
+      for (int t = t0 + 1; t < T; ++t)
+        for (int c = 0; c < C3; ++c) changed[(std::size_t(b) * T + t) * C3 + c] = d(rng);
+    Vec out2(out.size()), probs2(probs.size());
+    k::attention_forward(out2.data(), probs2.data(), changed.data(), B, T, C, NH);
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t <= t0; ++t)
+        for (int c = 0; c < C; ++c) {
+          const std::size_t i = (std::size_t(b) * T + t) * C + c;
+          ASSERT_EQ(out[i], out2[i]) << "out at b " << b << " t " << t << " depends on positions > " << t0;
+        }
+  }
+}
+
+// ---------------------------------------------------------------- embedding
+
+void embedding_case(std::mt19937& rng, int B, int T, int C, int V, bool with_fd) {
+  IVec tokens = randint(rng, std::size_t(B) * T, 0, V - 1);
+  tokens[1] = tokens[0];  // a repeated token: two writers to one dwte row
+  Vec wte = uniform(rng, std::size_t(V) * C), wpe = uniform(rng, std::size_t(T) * C),
+      R = uniform(rng, std::size_t(B) * T * C);
+  Vec out(std::size_t(B) * T * C);
+  k::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  DVec ted = to_double(wte), ped = to_double(wpe), Rd = to_double(R);
+  auto forward = [&](DVec& o) {
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c) {
+          const std::size_t n = std::size_t(b) * T + t;
+          o[n * C + c] = ted[std::size_t(tokens[n]) * C + c] + ped[std::size_t(t) * C + c];
+        }
+  };
+  DVec oref(out.size());
+  forward(oref);
+  EXPECT_TRUE(all_close(out, oref));
+
+  DVec dte_ref(wte.size(), 0.0), dpe_ref(wpe.size(), 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < C; ++c) {
+        const std::size_t n = std::size_t(b) * T + t;
+        dte_ref[std::size_t(tokens[n]) * C + c] += Rd[n * C + c];
+        dpe_ref[std::size_t(t) * C + c] += Rd[n * C + c];
+      }
+  Vec dte(wte.size(), 0.0f), dpe(wpe.size(), 0.0f);
+  k::embedding_backward(dte.data(), dpe.data(), R.data(), tokens.data(), B, T, C);
+  EXPECT_TRUE(all_close(dte, dte_ref));
+  EXPECT_TRUE(all_close(dpe, dpe_ref));
+
+  if (with_fd) {
+    auto loss = [&] {
+      DVec o(out.size());
+      forward(o);
+      return dot(o, Rd);
+    };
+    check_fd("dwte", ted, dte, dte_ref, loss, fd_indices(rng, ted.size()));
+    check_fd("dwpe", ped, dpe, dpe_ref, loss, fd_indices(rng, ped.size()));
+  }
+
+  Vec g0 = uniform(rng, wte.size()), p0 = uniform(rng, wpe.size()), g = g0, p = p0;
+  for (int rep = 0; rep < 2; ++rep) k::embedding_backward(g.data(), p.data(), R.data(), tokens.data(), B, T, C);
+  DVec wg(g.size()), wp(p.size());
+  for (std::size_t i = 0; i < g.size(); ++i) wg[i] = g0[i] + 2 * dte_ref[i];
+  for (std::size_t i = 0; i < p.size(); ++i) wp[i] = p0[i] + 2 * dpe_ref[i];
+  EXPECT_TRUE(all_close(g, wg));
+  EXPECT_TRUE(all_close(p, wp));
+}
+
+TEST(Embedding, AgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  embedding_case(rng, 2, 7, 12, 37, true);
+}
+
+TEST(Embedding, LargeEnoughForThreads) {
+  SEEDED_RNG(rng);
+  const int before = k::num_threads();
+  k::set_num_threads(3);
+  embedding_case(rng, 3, 113, 97, 41, false);  // few tokens: many repeats
+  k::set_num_threads(before);
+}
+
+// ------------------------------------------------------------ cross-entropy
+
+void cross_entropy_case(std::mt19937& rng, int N, int V, bool with_fd) {
+  Vec logits = uniform(rng, std::size_t(N) * V, -4.0f, 4.0f);
+  // One row with a large offset and spread: needs the max subtraction.
+  for (int i = 0; i < V; ++i) logits[i] = logits[i] * 20.0f + 1000.0f;
+  IVec targets = randint(rng, N, 0, V - 1);
+  const float dloss = 1.0f / N;
+  DVec ld = to_double(logits);
+
+  Vec losses(N);
+  k::softmax_cross_entropy_forward(losses.data(), logits.data(), targets.data(), N, V);
+  DVec lref(N);
+  for (int n = 0; n < N; ++n) lref[n] = ref_ce_loss(&ld[std::size_t(n) * V], V, targets[n]);
+  // A loss is a difference of two O(1000) numbers on the offset row: the
+  // relative bound uses the size of the terms, not of the (small) loss.
+  for (int n = 0; n < N; ++n) {
+    const double terms = std::fabs(ld[std::size_t(n) * V + targets[n]]) + lref[n];
+    EXPECT_NEAR(losses[n], lref[n], kRtol * terms) << "row " << n;
+  }
+
+  DVec gref(logits.size());
+  for (int n = 0; n < N; ++n) {
+    const double* x = &ld[std::size_t(n) * V];
+    const double lse = ref_ce_loss(x, V, 0) + x[0];
+    for (int i = 0; i < V; ++i) gref[std::size_t(n) * V + i] = (std::exp(x[i] - lse) - (i == targets[n])) * dloss;
+  }
+  // WRITES: garbage already in dlogits must not leak in.
+  Vec dlogits(logits.size(), std::numeric_limits<float>::quiet_NaN());
+  k::softmax_cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), dloss, N, V);
+  EXPECT_TRUE(all_close(dlogits, gref));
+  Vec again = dlogits;
+  k::softmax_cross_entropy_backward(again.data() /* written, not added to */, logits.data(), targets.data(), dloss,
+                                    N, V);
+  EXPECT_EQ(again, dlogits);
+  // In place: dlogits == logits gives the same bits as separate buffers.
+  Vec inplace = logits;
+  k::softmax_cross_entropy_backward(inplace.data(), inplace.data(), targets.data(), dloss, N, V);
+  EXPECT_EQ(inplace, dlogits);
+
+  if (with_fd) {
+    auto loss = [&] {
+      double s = 0.0;
+      for (int n = 0; n < N; ++n) s += dloss * ref_ce_loss(&ld[std::size_t(n) * V], V, targets[n]);
+      return s;
+    };
+    check_fd("dlogits", ld, dlogits, gref, loss, fd_indices(rng, ld.size()));
+  }
+}
+
+TEST(CrossEntropy, AgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  cross_entropy_case(rng, 14, 37, true);
+}
+
+TEST(CrossEntropy, LargeEnoughForThreads) {
+  SEEDED_RNG(rng);
+  const int before = k::num_threads();
+  k::set_num_threads(3);
+  cross_entropy_case(rng, 29, 1201, false);
+  k::set_num_threads(before);
+}
+
+// -------------------------------------------------------------------- AdamW
+
+void adamw_case(std::mt19937& rng, float beta1) {
+  const std::size_t n = 1003;
+  const float lr = 1e-2f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+  SCOPED_TRACE(::testing::Message() << "beta1 " << beta1);
+  Vec p = uniform(rng, n), m(n, 0.0f), v(n, 0.0f);
+  DVec pd = to_double(p), md(n, 0.0), vd(n, 0.0);
+  for (int step = 1; step <= 3; ++step) {
+    Vec g = uniform(rng, n, -2.0f, 2.0f);
+    k::adamw_update(p.data(), g.data(), m.data(), v.data(), std::int64_t(n), lr, beta1, beta2, eps, wd, step);
+    // The header's formula, in double, with the same float hyperparameters.
+    const double b1 = beta1, b2 = beta2;
+    for (std::size_t i = 0; i < n; ++i) {
+      pd[i] *= 1.0 - double(lr) * double(wd);
+      md[i] = b1 * md[i] + (1 - b1) * g[i];
+      vd[i] = b2 * vd[i] + (1 - b2) * double(g[i]) * g[i];
+      pd[i] -= double(lr) / (1 - std::pow(b1, step)) * md[i] /
+               (std::sqrt(vd[i]) / std::sqrt(1 - std::pow(b2, step)) + double(eps));
+    }
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    // A handful of float roundings per element per step, on O(1) values.
+    EXPECT_TRUE(all_close(m, md, 1e-6, 1e-7));
+    EXPECT_TRUE(all_close(v, vd, 1e-6, 1e-7));
+    EXPECT_TRUE(all_close(p, pd, 1e-6, 1e-7));
+  }
+}
+
+TEST(AdamW, ThreeStepsAgainstDouble) {
+  SEEDED_RNG(rng);
+  adamw_case(rng, 0.9f);
+  adamw_case(rng, 0.3f);  // 1 - beta1 >= 0.5: the other branch of torch's lerp
+}
+
+}  // namespace

@@ -1,0 +1,158 @@
+// The GPT model's bookkeeping: parameter count, exact memory accounting, the
+// FLOP count against Megatron's formula, layout-independent initialisation,
+// and the optimizer's state size. Numerical correctness of the model as a
+// whole is the PyTorch parity test's job (tests/python).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "models/gpt.hpp"
+#include "models/init.hpp"
+#include "models/optimizer.hpp"
+#include "src/core/error.hpp"
+
+using namespace strata;
+using core::MemCategory;
+
+namespace {
+
+models::GptConfig cfg(int L, int C, int NH, int V, int T, int fm = 4) {
+  return models::GptConfig{L, C, NH, fm, V, T};
+}
+
+// Parameters of a GPT-2 layout with tied head, counted by hand.
+std::int64_t analytic_params(const models::GptConfig& c) {
+  const std::int64_t C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len, L = c.layers;
+  const std::int64_t block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
+  return V * C + T * C + L * block + 2 * C;
+}
+
+}  // namespace
+
+TEST(Model, ParameterCountMatchesFormula) {
+  for (auto c : {cfg(1, 8, 2, 11, 5), cfg(3, 24, 4, 37, 9, 3), cfg(4, 256, 4, 256, 128)}) {
+    EXPECT_EQ(models::gpt_registry(c).numel(), analytic_params(c));
+  }
+}
+
+TEST(Model, RegistryViewsAreContiguousAndDisjoint) {
+  const auto r = models::gpt_registry(cfg(2, 16, 4, 23, 7));
+  std::int64_t expect = 0;
+  for (const auto& s : r.specs()) {
+    EXPECT_EQ(s.offset, expect) << s.name;
+    std::int64_t n = 1;
+    for (auto d : s.shape) n *= d;
+    EXPECT_EQ(n, s.numel) << s.name;
+    expect += s.numel;
+  }
+  EXPECT_EQ(expect, r.numel());
+  EXPECT_THROW(r.find("h.9.ln1.weight"), core::Error);
+}
+
+// Params 4 Psi, grads 4 Psi, AdamW state 8 Psi bytes exactly; activations and
+// workspace exactly what the plan (and the dry-run estimate) says.
+TEST(Model, MemoryAccountingIsExact) {
+  const auto c = cfg(2, 32, 4, 61, 12);
+  const int B = 3;
+  core::MemoryTracker tracker;
+  models::Gpt m(c, B, tracker, 1);
+  models::AdamW opt(m.registry(), 0, m.registry().numel(), {}, tracker);
+  const std::uint64_t psi = std::uint64_t(analytic_params(c));
+  EXPECT_EQ(tracker.current(MemCategory::params), 4 * psi);
+  EXPECT_EQ(tracker.current(MemCategory::grads), 4 * psi);
+  EXPECT_EQ(tracker.current(MemCategory::optimizer), 8 * psi);
+  std::uint64_t act = 0, ws = 0;
+  for (const auto& b : models::gpt_activation_plan(c, B))
+    (b.category == MemCategory::activations ? act : ws) += 4 * std::uint64_t(b.numel);
+  EXPECT_EQ(tracker.current(MemCategory::activations), act);
+  EXPECT_EQ(tracker.current(MemCategory::workspace), ws);
+  EXPECT_EQ(tracker.current(MemCategory::comm), 0u);
+}
+
+TEST(Model, MemoryLimitRefusesWithBreakdown) {
+  core::MemoryTracker tracker(1000);
+  try {
+    models::Gpt m(cfg(2, 32, 4, 61, 12), 2, tracker, 1);
+    FAIL() << "expected an out-of-memory error";
+  } catch (const core::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("backend.memory_limit"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("params"), std::string::npos) << msg;
+    EXPECT_EQ(e.exit_code(), 1);
+  }
+  EXPECT_EQ(tracker.total_current(), 0u);  // nothing leaked by the failed construction
+}
+
+// Megatron (Narayanan et al. 2021): 72 B s l h^2 (1 + s / 6h + V / 12 h l).
+TEST(Model, FlopsEqualMegatronFormula) {
+  for (auto c : {cfg(4, 256, 4, 256, 128), cfg(24, 1024, 16, 50304, 2048), cfg(3, 40, 5, 97, 33)}) {
+    for (int B : {1, 8}) {
+      const double h = c.d_model, s = c.seq_len, l = c.layers, V = c.vocab;
+      const double megatron = 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l));
+      EXPECT_NEAR(models::gpt_model_flops(c, B) / megatron, 1.0, 1e-12);
+    }
+  }
+}
+
+// Any slice of a parameter initialised alone equals the same slice of the
+// whole: what lets a sharded layout build identical weights.
+TEST(Model, InitialisationIsKeyedByNameAndIndex) {
+  const auto r = models::gpt_registry(cfg(2, 16, 4, 23, 7));
+  const auto& w = r.find("h.1.mlp.fc.weight");
+  std::vector<float> full(w.numel), part(w.numel);
+  models::init_param(full.data(), w, 42, 0, w.numel);
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 5; ++trial) {
+    const std::int64_t lo = rng() % w.numel, n = 1 + rng() % (w.numel - lo);
+    models::init_param(part.data(), w, 42, lo, n);
+    for (std::int64_t k = 0; k < n; ++k) ASSERT_EQ(part[k], full[lo + k]);
+  }
+  // A different name or seed gives different numbers; the scale is the one asked for.
+  std::vector<float> other(w.numel);
+  models::init_param(other.data(), r.find("h.0.mlp.fc.weight"), 42, 0, w.numel);
+  EXPECT_NE(other[0], full[0]);
+  double sum = 0, sq = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double x = models::keyed_normal(3, 99, i);
+    sum += x;
+    sq += x * x;
+  }
+  EXPECT_NEAR(sum / n, 0.0, 0.01);
+  EXPECT_NEAR(std::sqrt(sq / n), 1.0, 0.01);
+}
+
+TEST(Model, TwoModelsFromOneSeedAreIdentical) {
+  core::MemoryTracker t1, t2;
+  models::Gpt a(cfg(2, 16, 4, 23, 7), 2, t1, 5), b(cfg(2, 16, 4, 23, 7), 1, t2, 5);
+  for (std::int64_t i = 0; i < a.registry().numel(); ++i) ASSERT_EQ(a.params()[i], b.params()[i]);
+}
+
+// The optimizer's range hook: updating [begin, end) in two halves is the same
+// as updating the whole buffer at once (what ZeRO's shards will rely on).
+TEST(Model, AdamWOverSlicesEqualsWhole) {
+  const auto c = cfg(1, 8, 2, 11, 5);
+  core::MemoryTracker tracker;
+  models::Gpt m(c, 1, tracker, 3);
+  const auto& r = m.registry();
+  const std::int64_t n = r.numel(), half = n / 2 + 3;
+  std::vector<float> p1(m.params(), m.params() + n), p2 = p1, g(n);
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> nd;
+  for (auto& x : g) x = nd(rng);
+  models::AdamWSettings s{0.9f, 0.95f, 1e-8f, 0.1f};
+  models::AdamW whole(r, 0, n, s, tracker), lo(r, 0, half, s, tracker), hi(r, half, n, s, tracker);
+  for (int step = 1; step <= 3; ++step) {
+    whole.update(p1.data(), g.data(), 1e-2f, step);
+    lo.update(p2.data(), g.data(), 1e-2f, step);
+    hi.update(p2.data() + half, g.data() + half, 1e-2f, step);
+  }
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(p1[i], p2[i]) << i;
+  // Decay applies to matrices only: a LayerNorm gain with zero gradient stays 1.
+  std::vector<float> p3(m.params(), m.params() + n), zero(n, 0.0f);
+  models::AdamW d(r, 0, n, s, tracker);
+  d.update(p3.data(), zero.data(), 1e-1f, 1);
+  EXPECT_EQ(p3[r.find("h.0.ln1.weight").offset], 1.0f);
+  EXPECT_LT(std::fabs(p3[r.find("wte").offset]), std::fabs(m.params()[r.find("wte").offset]));
+}

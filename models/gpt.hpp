@@ -1,0 +1,95 @@
+// A GPT decoder (GPT-2 layout): token and position embeddings, pre-LayerNorm
+// blocks of causal self-attention and an MLP, a final LayerNorm, and a
+// language-model head tied to the token embedding. One forward and one
+// backward over a micro-batch, llm.c style: every activation the backward
+// pass needs is a named buffer below, allocated once from the tracker.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/param_registry.hpp"
+#include "src/core/memory.hpp"
+#include "src/prof/timeline.hpp"
+
+namespace strata::models {
+
+struct GptConfig {
+  int layers = 2;
+  int d_model = 64;
+  int heads = 4;
+  int ffn_mult = 4;
+  int vocab = 256;
+  int seq_len = 64;
+  int ffn() const { return ffn_mult * d_model; }
+};
+
+// The parameters of a GPT, in flat-buffer order (embeddings, blocks, final norm).
+ParamRegistry gpt_registry(const GptConfig& c);
+
+// One buffer the model allocates per micro-batch shape: its name, element
+// count and category. The same list drives allocation and the dry-run
+// estimate, so the two cannot disagree.
+struct BufferPlan {
+  std::string name;
+  std::int64_t numel;
+  core::MemCategory category;
+};
+std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch);
+
+// Forward matmul FLOPs of one micro-batch of B sequences, per layer:
+// [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
+// T x T scores (as Megatron's formula does), not only the causal half.
+std::vector<double> gpt_forward_flops(const GptConfig& c, int B);
+// Model FLOPs of forward + backward over B sequences: 3x the forward.
+double gpt_model_flops(const GptConfig& c, int B);
+
+class Gpt {
+ public:
+  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, std::uint64_t seed);
+
+  const GptConfig& config() const { return c_; }
+  int micro_batch() const { return B_; }
+  const ParamRegistry& registry() const { return reg_; }
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* params() const { return params_.data(); }
+  const float* grads() const { return grads_.data(); }
+  float* param(const std::string& name) { return params_.data() + reg_.find(name).offset; }
+  float* grad(const std::string& name) { return grads_.data() + reg_.find(name).offset; }
+
+  // tokens and targets are [B, T]. Returns the mean cross-entropy over B*T.
+  float forward(const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl = nullptr);
+  // Backward of (mean loss * loss_scale) for the last forward; parameter
+  // gradients accumulate into grads() (loss_scale = 1 / micro-batches gives
+  // the mean over a global batch).
+  void backward(const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
+                prof::Timeline* tl = nullptr);
+  void zero_grads();
+
+ private:
+  struct LayerParams {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  };
+  LayerParams layer_view(float* base, int l) const;
+  static constexpr int kParamsPerLayer = 12;
+  float* act(const char* name);
+
+  GptConfig c_;
+  int B_;
+  ParamRegistry reg_;
+  core::Buffer<float> params_, grads_;
+  // Offsets of each block's 12 parameters, in LayerParams order, resolved once.
+  std::vector<std::array<std::int64_t, kParamsPerLayer>> layer_offsets_;
+  std::vector<BufferPlan> plan_;
+  std::vector<core::Buffer<float>> acts_;
+  // Activation pointers, resolved once from the plan.
+  float *encoded_, *ln1_, *ln1_mean_, *ln1_rstd_, *qkv_, *atty_, *att_, *res2_, *ln2_, *ln2_mean_, *ln2_rstd_,
+      *fch_, *fch_gelu_, *res3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+  // Backward scratch (workspace).
+  float *dres_, *dbuf_, *dqkv_, *dprobs_, *dfch_, *dgelu_;
+};
+
+}  // namespace strata::models

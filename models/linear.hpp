@@ -1,0 +1,27 @@
+// The linear layer y = x W^T + b with W stored [out, in] as torch.nn.Linear
+// stores it, forward and backward. It is the unit that tensor parallelism
+// will split (column-parallel: rows of W; row-parallel: columns of W).
+#pragma once
+
+#include "kernels/kernels.hpp"
+
+namespace strata::models {
+
+// out[N, OC] = (accumulate ? out : 0) + inp[N, IC] W[OC, IC]^T + b[OC]
+inline void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
+                           int OC, bool accumulate = false) {
+  kernels::matmul(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, accumulate ? 1.0f : 0.0f, out, OC);
+  if (bias != nullptr) kernels::bias_add(out, bias, N, OC);
+}
+
+// dweight += dout^T inp; dbias += colsum(dout);
+// dinp = (accumulate_dinp ? dinp : 0) + dout W (skipped when dinp is null).
+inline void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                            const float* weight, int N, int IC, int OC, bool accumulate_dinp = false) {
+  if (dinp != nullptr)
+    kernels::matmul(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, accumulate_dinp ? 1.0f : 0.0f, dinp, IC);
+  kernels::matmul(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  if (dbias != nullptr) kernels::bias_backward(dbias, dout, N, OC);
+}
+
+}  // namespace strata::models

@@ -1,0 +1,36 @@
+// AdamW over a model's flat parameter buffer, parameter by parameter so that
+// each named view gets its own weight decay (matrices decay; biases and norm
+// gains do not, as GPT-2 and most recipes do). An element range [begin, end)
+// restricts the update to a slice of the flat buffer: the hook a sharded
+// optimizer (ZeRO) uses to update only its own shard.
+#pragma once
+
+#include <cstdint>
+
+#include "models/param_registry.hpp"
+#include "src/core/memory.hpp"
+
+namespace strata::models {
+
+struct AdamWSettings {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+};
+
+class AdamW {
+ public:
+  // Optimizer state (m and v) for the elements [begin, end) of the flat
+  // buffer described by `registry`: 8 bytes per element, category optimizer.
+  AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end, const AdamWSettings& s,
+        core::MemoryTracker& tracker);
+  // params and grads point at element `begin` of their flat buffers.
+  // `step` counts from 1 (bias correction).
+  void update(float* params, const float* grads, float lr, int step);
+
+ private:
+  const ParamRegistry& reg_;
+  std::int64_t begin_, end_;
+  AdamWSettings s_;
+  core::Buffer<float> m_, v_;
+};
+
+}  // namespace strata::models

@@ -1,0 +1,29 @@
+// STRATA_CHECK_MPI: MPI return codes are checked, never ignored. A failing
+// call becomes a runtime strata::core::Error naming the call, the place and
+// MPI's own text for the code. Header-only so any layer that talks MPI can use it.
+#pragma once
+
+#include <mpi.h>
+
+#include "src/core/error.hpp"
+
+namespace strata::comm {
+
+// Codes are only returned (rather than aborting inside MPI) where the
+// communicator's error handler is MPI_ERRORS_RETURN; the check is right either way.
+[[noreturn]] inline void mpi_failed(int code, const char* expr, const char* file, int line) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+  core::runtime_error("MPI call `{}` failed at {}:{}: {} (code {})", expr, file, line,
+                      len > 0 ? std::string(text, len) : std::string("unknown error"), code);
+}
+
+}  // namespace strata::comm
+
+#define STRATA_CHECK_MPI(expr)                                                      \
+  do {                                                                              \
+    const int strata_mpi_rc_ = (expr);                                              \
+    if (strata_mpi_rc_ != MPI_SUCCESS)                                              \
+      ::strata::comm::mpi_failed(strata_mpi_rc_, #expr, __FILE__, __LINE__);        \
+  } while (0)

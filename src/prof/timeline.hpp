@@ -1,0 +1,74 @@
+// The per-rank timeline: forward, backward and optimizer spans with their
+// step, micro-batch and layer, stamped with the profiling clock. Recording a
+// span is a clock read and a push into a pre-reserved vector, so profiling
+// stays cheap; when disabled nothing is read at all.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "src/prof/clock.hpp"
+
+namespace strata::prof {
+
+enum class Phase : std::int8_t { forward = 0, backward = 1, optimizer = 2 };
+const char* phase_name(Phase p);
+
+struct Span {
+  std::int32_t step;
+  std::int32_t micro_batch;
+  std::int32_t layer;  // 0 embedding, 1..L blocks, L+1 head and loss, -1 whole-model work
+  Phase phase;
+  double start;        // seconds since the timeline's origin
+  double end;
+};
+
+class Timeline {
+ public:
+  explicit Timeline(bool enabled = true) : enabled_(enabled), origin_(now_seconds()) {}
+  bool enabled() const { return enabled_; }
+  void set_position(int step, int micro_batch) { step_ = step; micro_batch_ = micro_batch; }
+  void reserve(std::size_t n) { spans_.reserve(n); }
+  double origin() const { return origin_; }
+  // Only meaningful when enabled; callers skip the clock read otherwise.
+  void record(int layer, Phase phase, double start, double end) {
+    spans_.push_back(Span{step_, micro_batch_, layer, phase, start - origin_, end - origin_});
+  }
+  const std::vector<Span>& spans() const { return spans_; }
+
+ private:
+  bool enabled_;
+  double origin_;
+  int step_ = 0, micro_batch_ = 0;
+  std::vector<Span> spans_;
+};
+
+// Records [construction, destruction) as one span when the timeline is on.
+class ScopedSpan {
+ public:
+  ScopedSpan(Timeline* tl, int layer, Phase phase)
+      : tl_(tl != nullptr && tl->enabled() ? tl : nullptr), layer_(layer), phase_(phase),
+        start_(tl_ ? now_seconds() : 0.0) {}
+  ~ScopedSpan() {
+    if (tl_) tl_->record(layer_, phase_, start_, now_seconds());
+  }
+  ScopedSpan(const ScopedSpan&) = delete;
+  ScopedSpan& operator=(const ScopedSpan&) = delete;
+
+ private:
+  Timeline* tl_;
+  int layer_;
+  Phase phase_;
+  double start_;
+};
+
+inline const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+}  // namespace strata::prof

@@ -1,0 +1,189 @@
+#include "src/train/run.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernels/kernels.hpp"
+#include "models/gpt.hpp"
+#include "src/comm/mpi_check.hpp"
+#include "src/core/error.hpp"
+#include "src/core/memory.hpp"
+#include "src/train/peak.hpp"
+#include "src/train/run_report.hpp"
+#include "src/train/trainer.hpp"
+
+namespace strata::train {
+
+namespace {
+
+std::string iso_time_utc() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// Every rank's processor name, unique, in rank order.
+std::string gather_hosts(MPI_Comm comm) {
+  int size = 1;
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  STRATA_CHECK_MPI(MPI_Get_processor_name(name, &len));
+  std::vector<char> all(std::size_t(size) * MPI_MAX_PROCESSOR_NAME);
+  STRATA_CHECK_MPI(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                                 MPI_CHAR, comm));
+  std::string out;
+  std::set<std::string> seen;
+  for (int r = 0; r < size; ++r) {
+    std::string h(&all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME]);
+    if (seen.insert(h).second) out += (out.empty() ? "" : ",") + h;
+  }
+  return out;
+}
+
+// The layout must use every rank: dp x tp x pp == world.
+void check_world(const deck::Config& c, int world) {
+  const auto& p = c.parallel;
+  const int needed = p.dp * p.tp * p.pp;
+  if (needed != world)
+    core::input_error("parallel layout dp {} x tp {} x pp {} = {} rank(s), but the job has {} rank(s); "
+                      "launch with mpiexec -n {} or change [parallel]",
+                      p.dp, p.tp, p.pp, needed, world, needed);
+}
+
+void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_batch, std::int64_t params) {
+  fmt::print("# resolved configuration ({})\n{}\n", deck.path, deck.resolved_toml);
+  fmt::print("parameters: {} ({:.3f} M)\n", params, double(params) / 1e6);
+  std::uint64_t per_cat[core::kNumMemCategories] = {};
+  per_cat[int(core::MemCategory::params)] = 4 * std::uint64_t(params);
+  per_cat[int(core::MemCategory::grads)] = 4 * std::uint64_t(params);
+  per_cat[int(core::MemCategory::optimizer)] = 8 * std::uint64_t(params);
+  for (const auto& b : models::gpt_activation_plan(gc, micro_batch)) per_cat[int(b.category)] += 4 * b.numel;
+  per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len;  // tokens, targets
+  std::uint64_t total = 0;
+  fmt::print("memory estimate per rank:\n");
+  for (int c = 0; c < core::kNumMemCategories; ++c) {
+    fmt::print("  {:<12} {:>14} B  {:>12}\n", core::category_name(core::MemCategory(c)), per_cat[c],
+               core::format_bytes(double(per_cat[c])));
+    total += per_cat[c];
+  }
+  fmt::print("  {:<12} {:>14} B  {:>12}\n", "total", total, core::format_bytes(double(total)));
+  const auto limit = deck.config.backend.memory_limit;
+  if (limit != 0)
+    fmt::print("backend.memory_limit {}: {}\n", core::format_bytes(double(limit)),
+               total <= limit ? "fits" : "DOES NOT FIT");
+}
+
+void print_step(const StepRecord& r) {
+  fmt::print("{:>6} {:>10.5f} {:>10.3e} {:>10.4f} {:>10.2f} {:>12.0f} {:>8.2f}{}\n", r.step, r.loss, r.lr,
+             r.grad_norm, r.step_time * 1e3, r.tokens_per_s, 100.0 * r.mfu, r.warmup ? "  (warm-up)" : "");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+std::string report_path(const deck::Deck& deck, const RunOptions& options) {
+  if (!options.output.empty()) return options.output;
+  if (!deck.config.run.output.empty()) return deck.config.run.output;
+  return "results/" + deck.config.run.name + ".h5";
+}
+
+int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
+  const deck::Config& cfg = deck.config;
+  int rank = 0, world = 1;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
+  check_world(cfg, world);
+
+  if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
+  const models::GptConfig gc = gpt_config(cfg.model);
+  const std::int64_t params = models::gpt_registry(gc).numel();
+
+  if (options.dry_run) {
+    if (rank == 0) print_plan(deck, gc, cfg.data.micro_batch, params);
+    return 0;
+  }
+
+  Provenance prov;
+  prov.command_line = options.command_line;
+  prov.start_time = iso_time_utc();
+  prov.hosts = gather_hosts(comm);
+  prov.world_size = world;
+  if (const char* j = std::getenv("SLURM_JOB_ID")) prov.slurm_job_id = j;
+  prov.deck_path = deck.path;
+  prov.deck_text = deck.text;
+  prov.resolved_config = deck.resolved_toml;
+  prov.backend = kernels::backend_name();
+  prov.threads = kernels::num_threads();
+  prov.parameters = params;
+
+  const Peak peak = resolve_peak(cfg.backend.peak_tflops);
+  prov.peak_flops = peak.flops_per_s;
+  prov.peak_source = peak.source;
+
+  report::H5File file(comm, report_path(deck, options));
+  write_provenance(file, prov);
+
+  core::MemoryTracker tracker(cfg.backend.memory_limit);
+  prof::Timeline timeline(cfg.run.profile);
+  std::vector<StepRecord> steps;
+  std::vector<MemoryRecord> memory;
+  auto finish = [&](const char* status) {
+    write_tables(file, rank, steps, memory, cfg.run.profile ? &timeline : nullptr);
+    write_summary(file, summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), peak.flops_per_s),
+                  prov);
+    file.set_attr("/", "status", status);
+  };
+
+  try {
+    Trainer trainer(cfg, tracker, &timeline, peak.flops_per_s);
+    file.set_attr("/", "data", trainer.data().describe());
+    if (rank == 0) {
+      fmt::print("strata {} | {} | {} rank(s) | {} thread(s) | {:.3f} M parameters | data: {}\n", STRATA_VERSION,
+                 prov.backend, world, prov.threads, double(params) / 1e6, trainer.data().describe());
+      fmt::print("peak {:.1f} GFLOP/s ({}) | global batch {} = {} x micro-batch {} | seq {}\n",
+                 peak.flops_per_s / 1e9, peak.source, cfg.data.global_batch, trainer.micro_batches(),
+                 cfg.data.micro_batch, cfg.model.seq_len);
+      fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n", "step", "loss", "lr", "grad_norm", "time_ms",
+                 "tokens/s", "MFU%");
+    }
+    for (int s = 0; s < cfg.run.steps; ++s) {
+      tracker.reset_peaks();
+      steps.push_back(trainer.step(s));
+      for (int c = 0; c < core::kNumMemCategories; ++c) {
+        const auto cat = core::MemCategory(c);
+        memory.push_back({s, cat, tracker.current(cat), tracker.peak(cat)});
+      }
+      const int every = cfg.run.log_every;
+      if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
+    }
+  } catch (const core::Error& e) {
+    file.set_attr("/", "error", e.what());
+    finish("failed");
+    file.publish();
+    throw;
+  }
+  finish("complete");
+  file.publish();
+
+  if (rank == 0) {
+    const Summary s = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), peak.flops_per_s);
+    fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%\n",
+               s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu);
+    std::string mem;
+    for (int c = 0; c < core::kNumMemCategories; ++c)
+      mem += fmt::format("{}{} {}", c ? ", " : "", core::category_name(core::MemCategory(c)),
+                         core::format_bytes(double(s.peak_bytes[c])));
+    fmt::print("peak memory: {}\nreport: {}\n", mem, file.final_path());
+  }
+  return 0;
+}
+
+}  // namespace strata::train

@@ -1,0 +1,28 @@
+// Running a deck: the SPMD entry point behind `strata run`. Validates the
+// layout against the world, sets up threads, the memory tracker and the peak,
+// trains, prints a per-step table and a summary on rank 0, and writes the
+// HDF5 report (status "complete", or "failed" with what it had).
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+#include "src/deck/deck.hpp"
+
+namespace strata::train {
+
+struct RunOptions {
+  std::string output;        // overrides run.output when not empty
+  bool dry_run = false;      // validate and print the plan; write nothing
+  std::string command_line;
+};
+
+// Returns the process exit status (0). Throws core::Error on failure.
+int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm);
+
+// The report path a deck resolves to: --output, else run.output, else
+// results/<run.name>.h5.
+std::string report_path(const deck::Deck& deck, const RunOptions& options);
+
+}  // namespace strata::train

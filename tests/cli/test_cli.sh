@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# End-to-end tests of the `strata` command: a run writes a complete,
+# self-describing report; --dry-run, --help and --version; every kind of bad
+# input exits with status 2, names what is wrong, and writes nothing.
+#
+# usage: test_cli.sh STRATA SOURCE_DIR WORK_DIR PYTHON
+set -uo pipefail
+strata=$1 src=$2 work=$3 py=$4
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+cat > tiny.toml <<'DECK'
+[run]
+name = "tiny"
+steps = 4
+warmup_steps = 1
+seed = 3
+[model]
+layers = 2
+d_model = 16
+heads = 2
+vocab = 256
+seq_len = 16
+[data]
+source = "text"
+path = "/usr/share/common-licenses/GPL-3"
+global_batch = 4
+micro_batch = 2
+[backend]
+threads = 1
+peak_tflops = 0.05
+DECK
+
+# --- a good run ---
+if mpiexec -n 1 "$strata" run tiny.toml --output out/tiny.h5 > run.log 2>&1; then ok "run exits 0"; else bad "run exits 0"; cat run.log; fi
+[[ -f out/tiny.h5 && ! -e out/tiny.h5.partial ]] && ok "report published, no partial file" || bad "report published"
+grep -q "summary:" run.log && ok "summary printed" || bad "summary printed"
+if "$py" "$src/tests/python/check_report.py" out/tiny.h5 --steps 4 --layers 2 > check.log 2>&1; then ok "report schema"; else bad "report schema"; cat check.log; fi
+# Also without mpiexec (a singleton MPI program) and with --set.
+if "$strata" run tiny.toml --set run.steps=2 --set run.name=single > single.log 2>&1 && [[ -f results/single.h5 ]]; then
+  ok "singleton run with --set and default output"; else bad "singleton run"; cat single.log; fi
+
+# --- dry run, help, version ---
+if "$strata" run tiny.toml --dry-run --output out/dry.h5 > dry.log 2>&1 && grep -q "parameters:" dry.log \
+   && grep -q "optimizer" dry.log && [[ ! -e out/dry.h5 ]]; then ok "dry run prints plan, writes nothing"; else bad "dry run"; cat dry.log; fi
+"$strata" --help > help.log 2>&1 && grep -q "run" help.log && ok "--help" || bad "--help"
+"$strata" --version > version.log 2>&1 && grep -q "strata" version.log && ok "--version" || bad "--version"
+
+# --- bad input: exit 2, message names the problem, nothing written ---
+expect_input_error() {  # name, expected substring, then the command
+  local name=$1 want=$2; shift 2
+  rm -rf out_bad
+  "$@" > bad.log 2>&1
+  local rc=$?
+  if [[ $rc -eq 2 ]] && grep -qF -- "$want" bad.log && [[ ! -e out_bad ]]; then ok "bad input: $name"
+  else bad "bad input: $name (rc $rc, want '$want')"; cat bad.log; fi
+}
+deck_with() {  # file, sed expression
+  sed "$2" tiny.toml > "$1"
+}
+deck_with unknown.toml 's/^layers = 2/layerz = 2/'
+expect_input_error "unknown key" "layers" "$strata" run unknown.toml --output out_bad/x.h5
+expect_input_error "unknown key names line" "unknown.toml:8" "$strata" run unknown.toml --output out_bad/x.h5
+deck_with wrongtype.toml 's/^d_model = 16/d_model = "sixteen"/'
+expect_input_error "wrong type" "d_model" "$strata" run wrongtype.toml --output out_bad/x.h5
+deck_with range.toml 's/^steps = 4/steps = 0/'
+expect_input_error "out of range" "run.steps" "$strata" run range.toml --output out_bad/x.h5
+deck_with heads.toml 's/^heads = 2/heads = 3/'
+expect_input_error "d_model % heads" "heads" "$strata" run heads.toml --output out_bad/x.h5
+deck_with batch.toml 's/^micro_batch = 2/micro_batch = 3/'
+expect_input_error "global_batch % micro_batch" "micro_batch" "$strata" run batch.toml --output out_bad/x.h5
+deck_with nodata.toml 's|^path = .*|path = "/nonexistent/corpus.txt"|'
+expect_input_error "missing data file" "/nonexistent/corpus.txt" "$strata" run nodata.toml --output out_bad/x.h5
+expect_input_error "missing deck" "nothere.toml" "$strata" run nothere.toml --output out_bad/x.h5
+expect_input_error "bad --set key" "--set" "$strata" run tiny.toml --set model.layerz=3 --output out_bad/x.h5
+expect_input_error "bad --set value" "model.layers" "$strata" run tiny.toml --set model.layers=-1 --output out_bad/x.h5
+expect_input_error "unknown flag" "--frobnicate" "$strata" run tiny.toml --frobnicate
+expect_input_error "layout refused" "parallel" "$strata" run tiny.toml --set parallel.dp=2 --output out_bad/x.h5
+expect_input_error "more ranks than the layout" "rank" mpiexec -n 2 "$strata" run tiny.toml --output out_bad/x.h5
+
+# --- a run that fails leaves a report marked failed, never a complete-looking one ---
+"$strata" run tiny.toml --set backend.memory_limit=64KiB --output out/oom.h5 > oom.log 2>&1
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "memory_limit" oom.log && [[ -f out/oom.h5 ]] \
+   && "$py" -c "import h5py,sys; f=h5py.File('out/oom.h5'); sys.exit(0 if f.attrs['status']=='failed' else 1)"; then
+  ok "out of memory: exit 1, report status failed"
+else bad "out of memory (rc $rc)"; cat oom.log; fi
+
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]

@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Checks that a strata report is complete and self-describing (schema v1):
+root provenance, the /steps, /memory and /timeline tables with a rank column
+and a unit on every column, and the /summary figures.
+
+usage: check_report.py REPORT.h5 --steps N --layers L
+"""
+import argparse
+import sys
+
+import h5py
+import numpy as np
+
+ROOT_ATTRS = ["schema", "schema_version", "strata_version", "git_commit", "command_line", "start_time", "hosts",
+              "world_size", "deck", "resolved_config", "status"]
+TABLES = {
+    "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "tokens_per_s", "model_flops", "mfu"],
+    "memory": ["rank", "step", "category", "current_bytes", "peak_bytes"],
+    "timeline": ["rank", "step", "micro_batch", "layer", "phase", "start", "end"],
+}
+SUMMARY = ["tokens_per_s", "step_time", "model_flops_per_step", "mfu", "peak_flops", "final_loss"]
+
+
+def text(x):
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("report")
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--layers", type=int, required=True)
+    a = ap.parse_args()
+    errors = []
+    with h5py.File(a.report, "r") as f:
+        for k in ROOT_ATTRS:
+            if k not in f.attrs:
+                errors.append(f"root attribute {k} missing")
+        if text(f.attrs.get("schema", "")) != "strata-report" or int(f.attrs.get("schema_version", 0)) != 1:
+            errors.append("schema is not strata-report v1")
+        if text(f.attrs.get("status", "")) != "complete":
+            errors.append(f"status is {f.attrs.get('status')}")
+        for name, cols in TABLES.items():
+            if name not in f:
+                errors.append(f"table /{name} missing")
+                continue
+            d = f[name]
+            for c in cols:
+                if c not in d.dtype.names:
+                    errors.append(f"/{name} lacks column {c}")
+            for c in d.dtype.names:
+                if f"unit:{c}" not in d.attrs:
+                    errors.append(f"/{name} column {c} has no unit attribute")
+        steps = f["steps"][...]
+        if len(steps) != a.steps:
+            errors.append(f"/steps has {len(steps)} rows, expected {a.steps}")
+        if not np.all(np.isfinite(steps["loss"])) or not np.all(steps["tokens_per_s"] > 0):
+            errors.append("/steps has non-finite losses or non-positive throughput")
+        mem = f["memory"][...]
+        cats = {text(c) for c in mem["category"]}
+        if cats != {"params", "grads", "optimizer", "activations", "workspace", "comm"}:
+            errors.append(f"/memory categories {cats}")
+        p = mem[[text(c) == "params" for c in mem["category"]]]["current_bytes"]
+        o = mem[[text(c) == "optimizer" for c in mem["category"]]]["current_bytes"]
+        if not np.all(o == 2 * p):
+            errors.append("optimizer bytes are not 2x parameter bytes (AdamW, fp32)")
+        tl = f["timeline"][...]
+        expect = {"forward", "backward", "optimizer"}
+        if {text(x) for x in tl["phase"]} != expect:
+            errors.append("timeline phases differ from forward/backward/optimizer")
+        if tl["layer"].max() != a.layers + 1 or not np.all(tl["end"] >= tl["start"]):
+            errors.append("timeline layers or spans wrong")
+        for k in SUMMARY:
+            if f"summary/{k}" not in f:
+                errors.append(f"/summary/{k} missing")
+            elif "unit" not in f[f"summary/{k}"].attrs and k != "peak_source":
+                errors.append(f"/summary/{k} has no unit")
+    for e in errors:
+        print("FAIL", e)
+    print("report ok" if not errors else f"{len(errors)} problems")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+#!/usr/bin/python3
+"""PyTorch parity for strata's GPT.
+
+Builds the same GPT in PyTorch (float64, the reference), loads strata's
+initial weights from the export tool's HDF5 file, and checks on the same
+batches: the step-0 loss and every parameter gradient, then a short AdamW
+run (gradient accumulation, clipping, cosine schedule with warm-up) through
+strata's real trainer: per-step loss, gradient norm and the final weights.
+
+usage: test_pytorch_parity.py STRATA_EXPORT_GPT WORKDIR
+"""
+import math
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(1)
+TOL = 1e-4  # relative error bound for fp32 strata against the float64 reference
+
+
+def load(h5, group):
+    return {name: torch.tensor(np.asarray(ds[...]).reshape(tuple(ds.attrs["shape"])), dtype=torch.float64)
+            for name, ds in h5[group].items()}
+
+
+def parse_config(text):
+    if isinstance(text, bytes):
+        text = text.decode()
+    cfg, section = {}, None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line.strip("[]")
+        elif "=" in line:
+            k, v = (x.strip() for x in line.split("=", 1))
+            cfg[f"{section}.{k}"] = v.strip('"')
+    return cfg
+
+
+class Gpt:
+    """The GPT of models/gpt.cpp, written with torch ops over named tensors."""
+
+    def __init__(self, params, layers, heads):
+        self.p, self.L, self.NH = params, layers, heads
+
+    def block(self, x, l):
+        p = lambda n: self.p[f"h.{l}.{n}"]
+        B, T, C = x.shape
+        hs = C // self.NH
+        h = F.layer_norm(x, (C,), p("ln1.weight"), p("ln1.bias"), 1e-5)
+        qkv = F.linear(h, p("attn.qkv.weight"), p("attn.qkv.bias"))
+        q, k, v = (t.view(B, T, self.NH, hs).transpose(1, 2) for t in qkv.split(C, dim=2))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + F.linear(y, p("attn.proj.weight"), p("attn.proj.bias"))
+        h = F.layer_norm(x, (C,), p("ln2.weight"), p("ln2.bias"), 1e-5)
+        h = F.gelu(F.linear(h, p("mlp.fc.weight"), p("mlp.fc.bias")), approximate="tanh")
+        return x + F.linear(h, p("mlp.proj.weight"), p("mlp.proj.bias"))
+
+    def loss(self, tokens, targets):
+        T = tokens.shape[1]
+        x = self.p["wte"][tokens] + self.p["wpe"][:T]
+        for l in range(self.L):
+            x = self.block(x, l)
+        x = F.layer_norm(x, (x.shape[-1],), self.p["lnf.weight"], self.p["lnf.bias"], 1e-5)
+        logits = x @ self.p["wte"].T
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def rel(a, b):
+    return float((a - b).norm() / max(b.norm(), 1e-30))
+
+
+def main():
+    tool, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    out = os.path.join(work, "export.h5")
+    subprocess.run([tool, out], check=True)
+    failures = []
+
+    def check(what, err, bound=TOL):
+        ok = err <= bound
+        print(f"{'ok  ' if ok else 'FAIL'} {what:<44} err {err:.2e} (bound {bound:.0e})")
+        if not ok:
+            failures.append(what)
+
+    with h5py.File(out, "r") as h5:
+        cfg = parse_config(h5.attrs["resolved_config"])
+        init, final = load(h5, "/initial"), load(h5, "/final")
+        tokens = torch.tensor(np.asarray(h5["/batches/tokens"][...]).reshape(h5["/batches/tokens"].attrs["shape"]),
+                              dtype=torch.long)
+        targets = torch.tensor(np.asarray(h5["/batches/targets"][...]).reshape(h5["/batches/targets"].attrs["shape"]),
+                               dtype=torch.long)
+        loss0 = float(h5["/step0/loss"][()])
+        grads = {k[len("grad."):]: torch.tensor(np.asarray(v[...]).reshape(tuple(v.attrs["shape"])), dtype=torch.float64)
+                 for k, v in h5["/step0"].items() if k.startswith("grad.")}
+        traj = {k: np.asarray(h5["/trajectory"][k][...], dtype=np.float64) for k in ("loss", "lr", "grad_norm")}
+
+    L, NH = int(cfg["model.layers"]), int(cfg["model.heads"])
+    steps, G, mb = int(cfg["run.steps"]), int(cfg["data.global_batch"]), int(cfg["data.micro_batch"])
+    lr, warmup, min_lr = float(cfg["optim.lr"]), int(cfg["optim.warmup"]), float(cfg["optim.min_lr"])
+    clip = float(cfg["optim.grad_clip"])
+    assert cfg["optim.schedule"] == "cosine"
+
+    params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    model = Gpt(params, L, NH)
+
+    # Step 0: loss and every gradient.
+    loss = model.loss(tokens[0], targets[0])
+    loss.backward()
+    check("step 0 loss", abs(loss0 - loss.item()) / abs(loss.item()))
+    for name, p in params.items():
+        check(f"step 0 grad {name}", rel(grads[name], p.grad))
+
+    # The trainer's run: AdamW with decay on matrices only (2-D parameters),
+    # gradient accumulation over micro-batches, clipping, cosine schedule.
+    params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
+    model = Gpt(params, L, NH)
+    decay = [p for p in params.values() if p.dim() == 2]
+    no_decay = [p for p in params.values() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(cfg["optim.weight_decay"])},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(float(cfg["optim.beta1"]), float(cfg["optim.beta2"])),
+                            eps=float(cfg["optim.eps"]))
+
+    def schedule(s):
+        if s < warmup:
+            return lr * (s + 1) / warmup
+        progress = min(1.0, (s - warmup) / max(1, steps - warmup))
+        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+    for s in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for k in range(G // mb):
+            l = model.loss(tokens[s, k * mb:(k + 1) * mb], targets[s, k * mb:(k + 1) * mb]) / (G // mb)
+            l.backward()
+            total += l.item()
+        norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), clip if clip > 0 else float("inf")))
+        for g in opt.param_groups:
+            g["lr"] = schedule(s)
+        opt.step()
+        check(f"step {s} loss", abs(traj["loss"][s] - total) / abs(total))
+        check(f"step {s} grad norm", abs(traj["grad_norm"][s] - norm) / norm)
+        check(f"step {s} lr", abs(traj["lr"][s] - schedule(s)) / schedule(s))
+    # The key bias of attention has an exactly zero gradient: adding q.b_k
+    # shifts a whole row of scores, and softmax ignores shifts. Numerically it
+    # is rounding noise (~1e-12 in fp32), which Adam's m / (sqrt(v) + eps)
+    # turns into updates of a small absolute size; so the key slice is checked
+    # for being noise-sized in both runs (below 1e-5 absolute after these
+    # steps) and the query and value slices by relative error as everything else.
+    C = int(cfg["model.d_model"])
+    for name, p in params.items():
+        ref, got = p.detach(), final[name]
+        if name.endswith("attn.qkv.bias"):
+            g = grads[name]
+            key_noise = float(g[C:2 * C].abs().max() / g.abs().max())
+            check(f"step 0 {name} key slice / max (~0)", key_noise, 1e-6)
+            check(f"final {name} query+value", rel(torch.cat([got[:C], got[2 * C:]]),
+                                                   torch.cat([ref[:C], ref[2 * C:]])))
+            check(f"final {name} key, absolute", float((got[C:2 * C] - ref[C:2 * C]).abs().max()), 1e-5)
+        else:
+            check(f"final {name}", rel(got, ref))
+
+    print(f"{len(failures)} failed" if failures else "all parity checks passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
