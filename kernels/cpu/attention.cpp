@@ -3,13 +3,17 @@
 // head's columns of out; the backward pass runs the same products transposed.
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/kernels.hpp"
+#include "kernels/cpu/vec_math.hpp"
 
 namespace strata::kernels {
 namespace {
+
+using cpu::exp_vec;
 
 // Rows of S are produced in blocks; block [r0, r1) only needs keys 0..r1-1,
 // so the products skip most of the (all-zero) upper triangle: about half the
@@ -44,13 +48,16 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
       for (int t = 0; t < T; ++t) {
         float* row = att + std::int64_t(t) * T;
         float m = row[0];
-        for (int j = 1; j <= t; ++j) m = row[j] > m ? row[j] : m;
+#pragma omp simd reduction(max : m)
+        for (int j = 0; j <= t; ++j) m = row[j] > m ? row[j] : m;
         float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
         for (int j = 0; j <= t; ++j) {
-          row[j] = std::exp(row[j] - m);
+          row[j] = exp_vec(row[j] - m);
           sum += row[j];
         }
         const float inv = 1.0f / sum;
+#pragma omp simd
         for (int j = 0; j <= t; ++j) row[j] *= inv;
         for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
       }
@@ -63,8 +70,8 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
   }
 }
 
-void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, const float* qkv,
-                        const float* probs, int B, int T, int C, int NH) {
+void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, const float* qkv, const float* probs,
+                        int B, int T, int C, int NH) {
   const int hs = C / NH;
   const int C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -89,15 +96,17 @@ void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, c
         matmul(false, true, r1 - r0, r1, hs, 1.0f, dy + std::int64_t(r0) * C, C, v, C3, 0.0f,
                datt + std::int64_t(r0) * T, T);
         // dv += P^T dout
-        matmul(true, false, r1, hs, r1 - r0, 1.0f, att + std::int64_t(r0) * T, T, dy + std::int64_t(r0) * C, C,
-               1.0f, dv, C3);
+        matmul(true, false, r1, hs, r1 - r0, 1.0f, att + std::int64_t(r0) * T, T, dy + std::int64_t(r0) * C, C, 1.0f,
+               dv, C3);
       }
       // Softmax backward: dS = P * (dP - sum_j dP_j P_j), zero above the diagonal.
       for (int t = 0; t < T; ++t) {
         const float* p = att + std::int64_t(t) * T;
         float* d = datt + std::int64_t(t) * T;
         float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
         for (int j = 0; j <= t; ++j) dot += d[j] * p[j];
+#pragma omp simd
         for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
         for (int j = t + 1; j < T; ++j) d[j] = 0.0f;
       }
@@ -106,8 +115,8 @@ void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, c
         // dq += scale dS k ; dk += scale dS^T q
         matmul(false, false, r1 - r0, hs, r1, scale, datt + std::int64_t(r0) * T, T, k, C3, 1.0f,
                dq + std::int64_t(r0) * C3, C3);
-        matmul(true, false, r1, hs, r1 - r0, scale, datt + std::int64_t(r0) * T, T, q + std::int64_t(r0) * C3, C3,
-               1.0f, dk, C3);
+        matmul(true, false, r1, hs, r1 - r0, scale, datt + std::int64_t(r0) * T, T, q + std::int64_t(r0) * C3, C3, 1.0f,
+               dk, C3);
       }
     }
   }

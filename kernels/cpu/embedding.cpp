@@ -24,8 +24,7 @@ void embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
   }
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T,
-                        int C) {
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T, int C) {
   // A token may repeat within the batch, so rows of dwte can have several
   // writers. Splitting the channels (not the rows) among threads keeps every
   // element single-writer and the summation order fixed: results do not

@@ -10,8 +10,8 @@
 
 namespace strata::kernels {
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C, float eps) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps) {
 #pragma omp parallel for schedule(static) if (std::int64_t(N) * C >= (1 << 15))
   for (int n = 0; n < N; ++n) {
     const float* x = inp + std::int64_t(n) * C;

@@ -10,15 +10,15 @@
 
 namespace strata::kernels {
 
-void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K,
-              alpha, A, lda, B, ldb, beta, C, ldc);
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+            int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
+              A, lda, B, ldb, beta, C, ldc);
 }
 
-void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-                            int lda, std::int64_t stride_a, const float* B, int ldb, std::int64_t stride_b,
-                            float beta, float* C, int ldc, std::int64_t stride_c, int batch) {
+void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                            std::int64_t stride_a, const float* B, int ldb, std::int64_t stride_b, float beta, float* C,
+                            int ldc, std::int64_t stride_c, int batch) {
   // Small products gain little from OpenBLAS's own threads (it synchronises on
   // every call), while the batch is embarrassingly parallel: hand whole
   // products to threads instead. Inside an active parallel region the OpenMP
@@ -28,8 +28,7 @@ void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, flo
   const bool over_batch = threads > 1 && !omp_in_parallel() && batch >= threads && flops < 64.0e6;
 #pragma omp parallel for schedule(static) if (over_batch)
   for (int i = 0; i < batch; ++i) {
-    matmul(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c,
-           ldc);
+    matmul(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c, ldc);
   }
 }
 

@@ -61,6 +61,9 @@ int run_command(const std::string& deck_path, const std::vector<std::string>& se
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  // Errors come back as return codes that STRATA_CHECK_MPI turns into
+  // messages, instead of MPI's default abort without context.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -85,7 +88,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version are "successes"; every real parse error is bad input.
-    const int code = app.exit(e, rank == 0 ? std::cout : std::cerr, rank == 0 ? std::cerr : std::cerr);
+    std::ostringstream quiet;  // only rank 0 speaks
+    const int code = rank == 0 ? app.exit(e) : app.exit(e, quiet, quiet);
     MPI_Finalize();
     return code == 0 ? 0 : 2;
   }

@@ -200,7 +200,9 @@ H5File::~H5File() {
   MPI_Finalized(&finalized);
   if (finalized) return;  // too late for a collective; the ".partial" name still marks the file incomplete
   // Destructors must not throw: MPI errors here are ignored, the removal is
-  // best effort (the name already says the file is incomplete).
+  // best effort (the name already says the file is incomplete). Like every
+  // call here this is collective: a rank unwinding alone would wait in it,
+  // which is why one rank's error ends the job with MPI_Abort.
   MPI_Barrier(comm_);
   if (rank_ == 0) std::remove(temp_path_.c_str());
   MPI_Barrier(comm_);

@@ -62,7 +62,7 @@ deck_with() {  # file, sed expression
 }
 deck_with unknown.toml 's/^layers = 2/layerz = 2/'
 expect_input_error "unknown key" "layers" "$strata" run unknown.toml --output out_bad/x.h5
-expect_input_error "unknown key names line" "unknown.toml:8" "$strata" run unknown.toml --output out_bad/x.h5
+expect_input_error "unknown key names line" "unknown.toml:7" "$strata" run unknown.toml --output out_bad/x.h5
 deck_with wrongtype.toml 's/^d_model = 16/d_model = "sixteen"/'
 expect_input_error "wrong type" "d_model" "$strata" run wrongtype.toml --output out_bad/x.h5
 deck_with range.toml 's/^steps = 4/steps = 0/'
@@ -84,7 +84,7 @@ expect_input_error "more ranks than the layout" "rank" mpiexec -n 2 "$strata" ru
 "$strata" run tiny.toml --set backend.memory_limit=64KiB --output out/oom.h5 > oom.log 2>&1
 rc=$?
 if [[ $rc -eq 1 ]] && grep -q "memory_limit" oom.log && [[ -f out/oom.h5 ]] \
-   && "$py" -c "import h5py,sys; f=h5py.File('out/oom.h5'); sys.exit(0 if f.attrs['status']=='failed' else 1)"; then
+   && "$py" -c "import h5py,sys; f=h5py.File('out/oom.h5'); s=f.attrs['status']; sys.exit(0 if (s.decode() if isinstance(s, bytes) else s)=='failed' else 1)"; then
   ok "out of memory: exit 1, report status failed"
 else bad "out of memory (rc $rc)"; cat oom.log; fi
 

@@ -48,7 +48,7 @@ Table rank_table(int rank, int rows) {
   t.col_i64("rank", "1", "MPI rank that wrote the row")
       .col_i64("row", "1", "row index on its rank")
       .col_f64("value", "s", "rank + row / 10")
-      .col_str("tag", 12, "1", "r<rank>-<row>");
+      .col_str("tag", 12, "", "r<rank>-<row>");
   for (int i = 0; i < rows; ++i)
     t.add_row({std::int64_t{rank}, std::int64_t{i}, rank + i / 10.0, tag(rank, i)});
   return t;

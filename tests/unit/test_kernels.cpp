@@ -28,11 +28,12 @@ using IVec = std::vector<std::int32_t>;
 
 // Tolerances, in the form |got - want| <= rtol * |want| + floor * max|want|.
 //
-// Float kernel vs double reference: a float result that sums K terms carries
-// about K * 2^-24 relative error at worst (K <= ~70 here, so ~4e-6), plus one
-// rounding; 1e-5 leaves a little room. The floor (1e-6 of the largest value)
-// covers entries that are small only because of cancellation, where a relative
-// bound is meaningless.
+// Float kernel vs double reference: a float sum of K terms errs by up to
+// K * 2^-24 of the sum of |terms|; with K <= ~130 here and rounding errors of
+// random sign, the observed worst error stays below half of 1e-5 over
+// hundreds of seeds (the closest: LayerNorm rows with |mean| > std, and the
+// GELU tail). The floor (1e-6 of the largest value) covers entries that are
+// small only through cancellation, where a relative bound means nothing.
 constexpr double kRtol = 1e-5;
 constexpr double kFloor = 1e-6;
 // Float backward vs finite differences of the double reference. With h = 1e-5
@@ -52,11 +53,11 @@ unsigned test_seed() {
 
 // A seeded generator whose seed shows up in every failure message of the
 // test and in the XML report.
-#define SEEDED_RNG(rng)                                                                                     \
-  const unsigned rng##_seed = test_seed();                                                                \
+#define SEEDED_RNG(rng)                                                                                        \
+  const unsigned rng##_seed = test_seed();                                                                     \
   SCOPED_TRACE(::testing::Message() << "seed " << rng##_seed << " (rerun with STRATA_TEST_SEED=" << rng##_seed \
-                                    << ")");                                                              \
-  ::testing::Test::RecordProperty("seed", std::to_string(rng##_seed));                                    \
+                                    << ")");                                                                   \
+  ::testing::Test::RecordProperty("seed", std::to_string(rng##_seed));                                         \
   std::mt19937 rng(rng##_seed)
 
 Vec uniform(std::mt19937& g, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
@@ -81,8 +82,7 @@ double max_abs(const DVec& v) {
   return m;
 }
 
-::testing::AssertionResult all_close(const float* got, const double* want, std::size_t n, double rtol,
-                                     double floor) {
+::testing::AssertionResult all_close(const float* got, const double* want, std::size_t n, double rtol, double floor) {
   double scale = 0.0;
   for (std::size_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(want[i]));
   std::size_t bad = 0, first = 0;
@@ -96,16 +96,13 @@ double max_abs(const DVec& v) {
     }
     if (tol > 0) worst = std::max(worst, err / tol);
   }
-  if (std::getenv("KX_VERBOSE")) fprintf(stderr, "KXWORST %s %g\n", ::testing::UnitTest::GetInstance()->current_test_info()->name(), worst);
   if (bad == 0) return ::testing::AssertionSuccess() << "worst error/tolerance " << worst;
   return ::testing::AssertionFailure() << bad << " of " << n << " elements out of tolerance (rtol " << rtol
-                                       << ", floor " << floor << " * " << scale << "); first at " << first
-                                       << ": got " << got[first] << ", want " << want[first]
-                                       << "; worst error/tolerance " << worst;
+                                       << ", floor " << floor << " * " << scale << "); first at " << first << ": got "
+                                       << got[first] << ", want " << want[first] << "; worst error/tolerance " << worst;
 }
 
-::testing::AssertionResult all_close(const Vec& got, const DVec& want, double rtol = kRtol,
-                                     double floor = kFloor) {
+::testing::AssertionResult all_close(const Vec& got, const DVec& want, double rtol = kRtol, double floor = kFloor) {
   if (got.size() != want.size()) return ::testing::AssertionFailure() << "size mismatch";
   return all_close(got.data(), want.data(), got.size(), rtol, floor);
 }
@@ -125,7 +122,7 @@ std::vector<std::size_t> fd_indices(std::mt19937& g, std::size_t n, bool sample 
 // Compares a float gradient (and its double reference) with central
 // differences of `loss` with respect to x, at the given indices.
 void check_fd(const char* what, DVec& x, const Vec& grad, const DVec& grad_ref, const std::function<double()>& loss,
-              const std::vector<std::size_t>& idx) {
+              const std::vector<std::size_t>& idx, double ref_floor = kRefFloor) {
   SCOPED_TRACE(what);
   Vec got;
   DVec want, ref;
@@ -144,9 +141,8 @@ void check_fd(const char* what, DVec& x, const Vec& grad, const DVec& grad_ref, 
   double scale = max_abs(want), worst = 0.0;
   for (std::size_t j = 0; j < want.size(); ++j) {
     const double err = std::fabs(ref[j] - want[j]);
-    worst = std::max(worst, err / (kRefRtol * std::fabs(want[j]) + kRefFloor * scale));
+    worst = std::max(worst, err / (kRefRtol * std::fabs(want[j]) + ref_floor * scale));
   }
-  if (std::getenv("KX_VERBOSE")) fprintf(stderr, "KXREF %s %g\n", what, worst);
   EXPECT_LE(worst, 1.0) << "double reference backward vs finite differences (error/tolerance)";
 }
 
@@ -173,8 +169,8 @@ void ref_matmul(bool ta, bool tb, int M, int N, int K, double alpha, const DVec&
   }
 }
 
-void ref_layernorm_forward(DVec& out, DVec& mean, DVec& rstd, const DVec& x, const DVec& w, const DVec& b, int N,
-                           int C, double eps) {
+void ref_layernorm_forward(DVec& out, DVec& mean, DVec& rstd, const DVec& x, const DVec& w, const DVec& b, int N, int C,
+                           double eps) {
   for (int n = 0; n < N; ++n) {
     const double* xr = &x[std::size_t(n) * C];
     double m = 0.0, v = 0.0;
@@ -366,8 +362,8 @@ TEST(Matmul, StridedBatchedBothThreadingPaths) {
     SCOPED_TRACE(::testing::Message() << "threads " << threads);
     k::set_num_threads(threads);
     Vec C = C0;
-    k::matmul_strided_batched(true, true, M, N, K, 0.5f, A.data(), lda, sa, B.data(), ldb, sb, 2.0f, C.data(), ldc,
-                              sc, batch);
+    k::matmul_strided_batched(true, true, M, N, K, 0.5f, A.data(), lda, sa, B.data(), ldb, sb, 2.0f, C.data(), ldc, sc,
+                              batch);
     EXPECT_TRUE(all_close(C, Cref));
   }
   k::set_num_threads(before);
@@ -445,8 +441,7 @@ void layernorm_case(std::mt19937& rng, int N, int C, bool with_fd) {
   DVec dxr(x.size(), 0.0), dwr(C, 0.0), dbr(C, 0.0);
   ref_layernorm_backward(dxr, dwr, dbr, Rd, xd, wd, N, C, eps);
   Vec dx(x.size(), 0.0f), dw(C, 0.0f), db(C, 0.0f);
-  k::layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
-                        C);
+  k::layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
   EXPECT_TRUE(all_close(dx, dxr));
   EXPECT_TRUE(all_close(dw, dwr));
   EXPECT_TRUE(all_close(db, dbr));
@@ -804,8 +799,8 @@ void cross_entropy_case(std::mt19937& rng, int N, int V, bool with_fd) {
   k::softmax_cross_entropy_backward(dlogits.data(), logits.data(), targets.data(), dloss, N, V);
   EXPECT_TRUE(all_close(dlogits, gref));
   Vec again = dlogits;
-  k::softmax_cross_entropy_backward(again.data() /* written, not added to */, logits.data(), targets.data(), dloss,
-                                    N, V);
+  k::softmax_cross_entropy_backward(again.data() /* written, not added to */, logits.data(), targets.data(), dloss, N,
+                                    V);
   EXPECT_EQ(again, dlogits);
   // In place: dlogits == logits gives the same bits as separate buffers.
   Vec inplace = logits;
@@ -818,7 +813,10 @@ void cross_entropy_case(std::mt19937& rng, int N, int V, bool with_fd) {
       for (int n = 0; n < N; ++n) s += dloss * ref_ce_loss(&ld[std::size_t(n) * V], V, targets[n]);
       return s;
     };
-    check_fd("dlogits", ld, dlogits, gref, loss, fd_indices(rng, ld.size()));
+    // The offset row puts terms of size ~1000 into the loss: each evaluation
+    // rounds at ~1e-13 absolute, i.e. ~1e-8 after dividing by 2h, which is
+    // ~1e-7 of the largest gradient here (dloss = 1/N).
+    check_fd("dlogits", ld, dlogits, gref, loss, fd_indices(rng, ld.size()), 1e-6);
   }
 }
 

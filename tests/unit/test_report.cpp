@@ -129,7 +129,7 @@ Table sample_table() {
   Table t("steps", "one row per training step");
   t.col_i64("rank", "1", "MPI rank that wrote the row")
       .col_f64("time", "s", "wall time of the step")
-      .col_str("op", 8, "1", "what ran");
+      .col_str("op", 8, "", "what ran");
   t.add_row({std::int64_t{0}, 0.5, std::string("fwd")});
   t.add_row({std::int64_t{0}, 1.25, std::string("backward")});  // exactly 8 bytes: no terminator needed
   t.add_row({std::int64_t{0}, -3.0, std::string("")});
@@ -212,6 +212,7 @@ TEST_F(ReportTest, TableRoundTrip) {
   EXPECT_EQ(read_str_attr(dset.id, "unit:time"), "s");
   EXPECT_EQ(read_str_attr(dset.id, "unit:rank"), "1");
   EXPECT_EQ(read_str_attr(dset.id, "doc:op"), "what ran");
+  EXPECT_EQ(read_str_attr(dset.id, "unit:op"), "");  // strings have no unit
 
   // The file type is packed, little-endian and fixed-width.
   hid_t type = H5Dget_type(dset.id);
@@ -231,7 +232,7 @@ TEST_F(ReportTest, EmptyTable) {
   {
     H5File f(MPI_COMM_WORLD, path.string());
     Table t("comm", "no communication happened");
-    t.col_i64("rank", "1", "rank").col_str("op", 16, "1", "collective");
+    t.col_i64("rank", "1", "rank").col_str("op", 16, "", "collective");
     f.write_table(t);
     f.publish();
   }
