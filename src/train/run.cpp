@@ -164,7 +164,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       const int every = cfg.run.log_every;
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
     }
-  } catch (const core::Error& e) {
+  } catch (const std::exception& e) {
+    // Whatever stopped the run, the report says so and keeps what it had.
     file.set_attr("/", "error", e.what());
     finish("failed");
     file.publish();
