@@ -99,21 +99,34 @@ double gpt_model_flops(const GptConfig& c, int B) {
   return 3.0 * sum;  // backward = 2x forward (input and weight gradients)
 }
 
-Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, std::uint64_t seed)
+std::vector<Unit> gpt_units(const ParamRegistry& reg, int layers) {
+  std::vector<Unit> u;
+  u.push_back({reg.find("wte").offset, reg.find("wpe").offset + reg.find("wpe").numel});
+  for (int l = 0; l < layers; ++l) {
+    const auto& first = reg.find(lname(l, "ln1.weight"));
+    const auto& last = reg.find(lname(l, "mlp.proj.bias"));
+    u.push_back({first.offset, last.offset + last.numel});
+  }
+  u.push_back({reg.find("lnf.weight").offset, reg.numel()});
+  return u;
+}
+
+Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker)
     : c_(config), B_(micro_batch), reg_(gpt_registry(config)) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
-  params_ = core::Buffer<float>(tracker, MemCategory::params, reg_.numel(), "parameters");
-  grads_ = core::Buffer<float>(tracker, MemCategory::grads, reg_.numel(), "gradients");
-  for (const auto& s : reg_.specs()) init_param(params_.data() + s.offset, s, seed, 0, s.numel);
-
+  units_ = gpt_units(reg_, c_.layers);
   static const char* kLayerParams[kParamsPerLayer] = {
       "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
       "ln2.weight", "ln2.bias", "mlp.fc.weight",   "mlp.fc.bias",   "mlp.proj.weight",  "mlp.proj.bias"};
   for (int l = 0; l < c_.layers; ++l) {
     std::array<std::int64_t, kParamsPerLayer> o{};
-    for (int k = 0; k < kParamsPerLayer; ++k) o[k] = reg_.find(lname(l, kLayerParams[k])).offset;
+    for (int k = 0; k < kParamsPerLayer; ++k) o[k] = reg_.find(lname(l, kLayerParams[k])).offset - units_[l + 1].begin;
     layer_offsets_.push_back(o);
   }
+  wte_off_ = reg_.find("wte").offset - units_[0].begin;
+  wpe_off_ = reg_.find("wpe").offset - units_[0].begin;
+  lnfw_off_ = reg_.find("lnf.weight").offset - units_[c_.layers + 1].begin;
+  lnfb_off_ = reg_.find("lnf.bias").offset - units_[c_.layers + 1].begin;
 
   plan_ = gpt_activation_plan(c_, B_);
   for (const auto& p : plan_) acts_.emplace_back(tracker, p.category, p.numel, p.name);
@@ -140,20 +153,21 @@ Gpt::LayerParams Gpt::layer_view(float* base, int l) const {
           base + o[6], base + o[7], base + o[8], base + o[9], base + o[10], base + o[11]};
 }
 
-void Gpt::zero_grads() { kernels::fill_zero(grads_.data(), std::int64_t(grads_.size())); }
-
-float Gpt::forward(const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
+float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
   const int B = B_, T = c_.seq_len, C = c_.d_model, F = c_.ffn(), V = c_.vocab, NH = c_.heads, L = c_.layers;
   const int N = B * T;
   const std::int64_t NC = std::int64_t(N) * C;
-  float* wte = param("wte");
   {
     ScopedSpan s(tl, 0, Phase::forward);
-    kernels::embedding_forward(encoded_, tokens, wte, param("wpe"), B, T, C);
+    float* u0 = st.acquire_params(0);
+    st.prefetch(1);
+    kernels::embedding_forward(encoded_, tokens, u0 + wte_off_, u0 + wpe_off_, B, T, C);
+    st.release_params(0);
   }
   for (int l = 0; l < L; ++l) {
     ScopedSpan s(tl, l + 1, Phase::forward);
-    LayerParams p = layer_view(params_.data(), l);
+    LayerParams p = layer_view(st.acquire_params(l + 1), l);
+    st.prefetch(l + 2);
     const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NC;
     float* ln1 = ln1_ + l * NC;
     float* qkv = qkv_ + l * NC * 3;
@@ -176,10 +190,14 @@ float Gpt::forward(const std::int32_t* tokens, const std::int32_t* targets, prof
     kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * F);
     std::memcpy(res3, res2, sizeof(float) * NC);
     linear_forward(res3, fch_gelu, p.fcproj_w, p.fcproj_b, N, F, C, /*accumulate=*/true);
+    st.release_params(l + 1);
   }
   ScopedSpan s(tl, L + 1, Phase::forward);
+  // The head's units stay acquired until its backward, which comes next.
+  float* uf = st.acquire_params(L + 1);
+  float* wte = st.acquire_params(0) + wte_off_;
   const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NC;
-  kernels::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xL, param("lnf.weight"), param("lnf.bias"), N, C);
+  kernels::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xL, uf + lnfw_off_, uf + lnfb_off_, N, C);
   linear_forward(logits_, lnf_, wte, nullptr, N, C, V);  // tied head: logits = lnf wte^T
   kernels::softmax_cross_entropy_forward(losses_, logits_, targets, N, V);
   double sum = 0;
@@ -187,26 +205,38 @@ float Gpt::forward(const std::int32_t* tokens, const std::int32_t* targets, prof
   return float(sum / N);
 }
 
-void Gpt::backward(const std::int32_t* tokens, const std::int32_t* targets, float loss_scale, prof::Timeline* tl) {
+void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
+                   prof::Timeline* tl) {
   const int B = B_, T = c_.seq_len, C = c_.d_model, F = c_.ffn(), V = c_.vocab, NH = c_.heads, L = c_.layers;
   const int N = B * T;
   const std::int64_t NC = std::int64_t(N) * C;
-  float* wte = param("wte");
-  float* dwte = grad("wte");
+  float* dwte = st.grads(0) + wte_off_;
   {
     ScopedSpan s(tl, L + 1, Phase::backward);
+    // Acquired by the forward pass: these return the same pointers.
+    float* uf = st.acquire_params(L + 1);
+    float* wte = st.acquire_params(0) + wte_off_;
+    st.prefetch(L);  // the last block's backward comes next
+    float* gf = st.grads(L + 1);
     float* dlogits = logits_;  // in place
     kernels::softmax_cross_entropy_backward(dlogits, logits_, targets, loss_scale / float(N), N, V);
     linear_backward(dbuf_, dwte, nullptr, dlogits, lnf_, wte, N, C, V);
     const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NC;
     kernels::fill_zero(dres_, NC);
-    kernels::layernorm_backward(dres_, grad("lnf.weight"), grad("lnf.bias"), dbuf_, xL, param("lnf.weight"),
-                                lnf_mean_, lnf_rstd_, N, C);
+    kernels::layernorm_backward(dres_, gf + lnfw_off_, gf + lnfb_off_, dbuf_, xL, uf + lnfw_off_, lnf_mean_,
+                                lnf_rstd_, N, C);
+    // Twice: once for this backward's acquire, once for the forward's.
+    for (int k = 0; k < 2; ++k) {
+      st.release_params(L + 1);
+      st.release_params(0);
+    }
+    st.grads_done(L + 1);
   }
   for (int l = L - 1; l >= 0; --l) {
     ScopedSpan s(tl, l + 1, Phase::backward);
-    LayerParams p = layer_view(params_.data(), l);
-    LayerParams g = layer_view(grads_.data(), l);
+    LayerParams p = layer_view(st.acquire_params(l + 1), l);
+    if (l > 0) st.prefetch(l);
+    LayerParams g = layer_view(st.grads(l + 1), l);
     const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NC;
     const float* ln1 = ln1_ + l * NC;
     const float* qkv = qkv_ + l * NC * 3;
@@ -231,9 +261,13 @@ void Gpt::backward(const std::int32_t* tokens, const std::int32_t* targets, floa
     linear_backward(dbuf_, g.qkv_w, g.qkv_b, dqkv_, ln1, p.qkv_w, N, C, 3 * C);
     kernels::layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_, x, p.ln1_w, ln1_mean_ + l * N, ln1_rstd_ + l * N,
                                 N, C);
+    st.release_params(l + 1);
+    st.grads_done(l + 1);
   }
   ScopedSpan s(tl, 0, Phase::backward);
-  kernels::embedding_backward(dwte, grad("wpe"), dres_, tokens, B, T, C);
+  // The embedding's backward needs no parameters, only the token ids.
+  kernels::embedding_backward(dwte, st.grads(0) + wpe_off_, dres_, tokens, B, T, C);
+  st.grads_done(0);
 }
 
 }  // namespace strata::models

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/param_registry.hpp"
+#include "models/state.hpp"
 #include "src/core/memory.hpp"
 #include "src/prof/timeline.hpp"
 
@@ -46,43 +47,49 @@ std::vector<double> gpt_forward_flops(const GptConfig& c, int B);
 // Model FLOPs of forward + backward over B sequences: 3x the forward.
 double gpt_model_flops(const GptConfig& c, int B);
 
+// The units of the state seam: 0 the embeddings (wte, wpe), 1..L the blocks,
+// L+1 the final norm; contiguous and in flat-buffer order.
+std::vector<Unit> gpt_units(const ParamRegistry& reg, int layers);
+
 class Gpt {
  public:
-  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, std::uint64_t seed);
+  // Allocates the activations and backward scratch of one micro-batch shape.
+  // Parameters and gradients live in a ParamState (the state seam).
+  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker);
 
   const GptConfig& config() const { return c_; }
   int micro_batch() const { return B_; }
   const ParamRegistry& registry() const { return reg_; }
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  const float* params() const { return params_.data(); }
-  const float* grads() const { return grads_.data(); }
-  float* param(const std::string& name) { return params_.data() + reg_.find(name).offset; }
-  float* grad(const std::string& name) { return grads_.data() + reg_.find(name).offset; }
+  const std::vector<Unit>& units() const { return units_; }
 
   // tokens and targets are [B, T]. Returns the mean cross-entropy over B*T.
-  float forward(const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl = nullptr);
-  // Backward of (mean loss * loss_scale) for the last forward; parameter
-  // gradients accumulate into grads() (loss_scale = 1 / micro-batches gives
-  // the mean over a global batch).
-  void backward(const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
+  // Every forward is followed by a backward (the head's parameters stay
+  // acquired from one to the other).
+  float forward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets,
                 prof::Timeline* tl = nullptr);
-  void zero_grads();
+  // Backward of (mean loss * loss_scale) for the last forward; parameter
+  // gradients accumulate into the state's gradients (loss_scale = 1 /
+  // micro-batches gives the mean over a global batch).
+  void backward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
+                prof::Timeline* tl = nullptr);
 
  private:
   struct LayerParams {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
   };
-  LayerParams layer_view(float* base, int l) const;
   static constexpr int kParamsPerLayer = 12;
+  // Views into block l's unit (its first element at `unit_base`).
+  LayerParams layer_view(float* unit_base, int l) const;
   float* act(const char* name);
 
   GptConfig c_;
   int B_;
   ParamRegistry reg_;
-  core::Buffer<float> params_, grads_;
-  // Offsets of each block's 12 parameters, in LayerParams order, resolved once.
+  std::vector<Unit> units_;
+  // Unit-relative offsets of each block's 12 parameters, in LayerParams order;
+  // of wte and wpe in unit 0 and of lnf's weight and bias in unit L+1.
   std::vector<std::array<std::int64_t, kParamsPerLayer>> layer_offsets_;
+  std::int64_t wte_off_ = 0, wpe_off_ = 0, lnfw_off_ = 0, lnfb_off_ = 0;
   std::vector<BufferPlan> plan_;
   std::vector<core::Buffer<float>> acts_;
   // Activation pointers, resolved once from the plan.

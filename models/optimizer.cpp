@@ -7,10 +7,10 @@
 namespace strata::models {
 
 AdamW::AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end, const AdamWSettings& s,
-             core::MemoryTracker& tracker)
+             core::MemoryTracker& tracker, std::int64_t capacity)
     : reg_(registry), begin_(begin), end_(end), s_(s),
-      m_(tracker, core::MemCategory::optimizer, std::size_t(end - begin), "adamw.m"),
-      v_(tracker, core::MemCategory::optimizer, std::size_t(end - begin), "adamw.v") {}
+      m_(tracker, core::MemCategory::optimizer, std::size_t(capacity < 0 ? end - begin : capacity), "adamw.m"),
+      v_(tracker, core::MemCategory::optimizer, std::size_t(capacity < 0 ? end - begin : capacity), "adamw.v") {}
 
 void AdamW::update(float* params, const float* grads, float lr, int step) {
   for (const auto& spec : reg_.specs()) {

@@ -20,8 +20,10 @@ class AdamW {
  public:
   // Optimizer state (m and v) for the elements [begin, end) of the flat
   // buffer described by `registry`: 8 bytes per element, category optimizer.
+  // `capacity` >= end - begin sizes the state when a shard is padded (ZeRO
+  // keeps state for its whole padded shard so every rank holds the same bytes).
   AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end, const AdamWSettings& s,
-        core::MemoryTracker& tracker);
+        core::MemoryTracker& tracker, std::int64_t capacity = -1);
   // params and grads point at element `begin` of their flat buffers.
   // `step` counts from 1 (bias correction).
   void update(float* params, const float* grads, float lr, int step);

@@ -41,6 +41,7 @@ struct ParallelSection {
   int pp = 1;
   int ep = 1;
   int zero = 0;
+  double bucket_mb = 25.0;  // MiB, as PyTorch DDP's bucket_cap_mb
   std::string schedule = "1f1b";
   int virtual_stages = 1;
   bool sequence_parallel = false;

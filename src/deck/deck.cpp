@@ -302,6 +302,11 @@ void Resolver::check_cross_keys() {
     error(fmt::format("{}: {} is not a multiple of {}: a step accumulates global_batch / micro_batch micro-batches",
                       primary({"data.global_batch", "data.micro_batch"}), show("data.global_batch"),
                       show("data.micro_batch")));
+  else if (c.data.global_batch % (c.data.micro_batch * c.parallel.dp) != 0)
+    error(fmt::format("{}: {} is not a multiple of {} x {}: each data-parallel rank takes global_batch / dp "
+                      "sequences in whole micro-batches",
+                      primary({"data.global_batch", "data.micro_batch", "parallel.dp"}), show("data.global_batch"),
+                      show("parallel.dp"), show("data.micro_batch")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",
@@ -374,25 +379,25 @@ void Resolver::throw_if_errors() {
   core::input_error("{}", join(lines, "\n"));
 }
 
-// Layouts the deck format describes but this build cannot run: until the
-// distributed runtime lands, one rank runs the whole model. This is the one
-// place to relax as each strategy arrives; the key table already accepts the
-// full range of every parallel key.
+// Layouts the deck format describes but this build cannot run yet: data
+// parallelism and every ZeRO stage run; tensor, pipeline and expert
+// parallelism and offload do not. This is the one place to relax as each
+// strategy arrives; the key table already accepts the full range of every
+// parallel key.
 void check_supported_by_this_build(Resolver& r) {
   const ParallelSection& p = r.config.parallel;
   constexpr const char* kOnly =
-      "this build runs only dp = tp = pp = ep = 1, zero = 0, virtual_stages = 1, sequence_parallel = false, "
-      "offload = \"none\" (the distributed runtime is not built yet)";
+      "this build runs data parallelism (any dp, zero = 0..3) with tp = pp = ep = 1, virtual_stages = 1, "
+      "sequence_parallel = false, offload = \"none\" (tensor, pipeline and expert parallelism and offload are "
+      "not built yet)";
   auto refuse = [&](const std::string& key, bool unsupported) {
     if (!unsupported) return;
     const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
     r.error(fmt::format("{}: {} = {}: {}", r.primary({key}), key, value, kOnly));
   };
-  refuse("parallel.dp", p.dp != 1);
   refuse("parallel.tp", p.tp != 1);
   refuse("parallel.pp", p.pp != 1);
   refuse("parallel.ep", p.ep != 1);
-  refuse("parallel.zero", p.zero != 0);
   refuse("parallel.virtual_stages", p.virtual_stages != 1);
   refuse("parallel.sequence_parallel", p.sequence_parallel);
   refuse("parallel.offload", p.offload != "none");

@@ -14,6 +14,7 @@
 #include "src/comm/mpi_check.hpp"
 #include "src/core/error.hpp"
 #include "src/core/memory.hpp"
+#include "src/mesh/mesh.hpp"
 #include "src/train/peak.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
@@ -81,6 +82,33 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
                total <= limit ? "fits" : "DOES NOT FIT");
 }
 
+// Every rank's bytes per category at the end of the last step, and peaks,
+// printed by rank 0: the per-rank memory that ZeRO is about.
+void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memory, int last_step) {
+  int rank = 0, size = 1;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
+  constexpr int K = core::kNumMemCategories;
+  std::vector<double> mine(2 * K, 0.0), all(std::size_t(2 * K) * size);
+  for (const auto& m : memory) {
+    const int c = int(m.category);
+    if (m.step == last_step) mine[c] = double(m.current);
+    mine[K + c] = std::max(mine[K + c], double(m.peak));
+  }
+  STRATA_CHECK_MPI(MPI_Gather(mine.data(), 2 * K, MPI_DOUBLE, all.data(), 2 * K, MPI_DOUBLE, 0, comm));
+  if (rank != 0) return;
+  fmt::print("memory per rank (held at the end / peak during a step):\n  {:>4}", "rank");
+  for (int c = 0; c < K; ++c) fmt::print(" {:>23}", core::category_name(core::MemCategory(c)));
+  fmt::print("\n");
+  for (int r = 0; r < size; ++r) {
+    fmt::print("  {:>4}", r);
+    for (int c = 0; c < K; ++c)
+      fmt::print(" {:>23}", fmt::format("{} / {}", core::format_bytes(all[std::size_t(r) * 2 * K + c]),
+                                         core::format_bytes(all[std::size_t(r) * 2 * K + K + c])));
+    fmt::print("\n");
+  }
+}
+
 void print_step(const StepRecord& r) {
   fmt::print("{:>6} {:>10.5f} {:>10.3e} {:>10.4f} {:>10.2f} {:>12.0f} {:>8.2f}{}\n", r.step, r.loss, r.lr,
              r.grad_norm, r.step_time * 1e3, r.tokens_per_s, 100.0 * r.mfu, r.warmup ? "  (warm-up)" : "");
@@ -106,8 +134,17 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   const models::GptConfig gc = gpt_config(cfg.model);
   const std::int64_t params = models::gpt_registry(gc).numel();
 
+  const mesh::Layout layout{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp};
+  prof::Timeline timeline(cfg.run.profile);
+  comm::CommLog log(timeline.origin());
+  mesh::Mesh mesh(comm, layout, log);
+
   if (options.dry_run) {
-    if (rank == 0) print_plan(deck, gc, cfg.data.micro_batch, params);
+    const std::string table = mesh.table();
+    if (rank == 0) {
+      print_plan(deck, gc, cfg.data.micro_batch, params);
+      fmt::print("process mesh (pp {} x dp {} x tp {}):\n{}", layout.pp, layout.dp, layout.tp, table);
+    }
     return 0;
   }
 
@@ -131,23 +168,27 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   report::H5File file(comm, report_path(deck, options));
   write_provenance(file, prov);
 
+  prov.layout = fmt::format("pp {} x dp {} x tp {}", layout.pp, layout.dp, layout.tp);
   core::MemoryTracker tracker(cfg.backend.memory_limit);
-  prof::Timeline timeline(cfg.run.profile);
   std::vector<StepRecord> steps;
   std::vector<MemoryRecord> memory;
   auto finish = [&](const char* status) {
-    write_tables(file, rank, steps, memory, cfg.run.profile ? &timeline : nullptr);
+    write_tables(file, rank, steps, memory, cfg.run.profile ? &timeline : nullptr, &log);
+    write_comm_summary(file, rank, aggregate_comm(log, cfg.run.warmup_steps));
     write_summary(file, summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), peak.flops_per_s),
                   prov);
     file.set_attr("/", "status", status);
   };
 
   try {
-    Trainer trainer(cfg, tracker, &timeline, peak.flops_per_s);
+    Trainer trainer(cfg, tracker, &timeline, peak.flops_per_s, &mesh.dp());
+    prov.strategy = trainer.strategy().name();
+    prov.padding_elements = trainer.strategy().padding_elements();
     file.set_attr("/", "data", trainer.data().describe());
     if (rank == 0) {
-      fmt::print("strata {} | {} | {} rank(s) | {} thread(s) | {:.3f} M parameters | data: {}\n", STRATA_VERSION,
-                 prov.backend, world, prov.threads, double(params) / 1e6, trainer.data().describe());
+      fmt::print("strata {} | {} | {} rank(s): {} | {} | {} thread(s) | {:.3f} M parameters | data: {}\n",
+                 STRATA_VERSION, prov.backend, world, prov.layout, prov.strategy, prov.threads, double(params) / 1e6,
+                 trainer.data().describe());
       fmt::print("peak {:.1f} GFLOP/s ({}) | global batch {} = {} x micro-batch {} | seq {}\n",
                  peak.flops_per_s / 1e9, peak.source, cfg.data.global_batch, trainer.micro_batches(),
                  cfg.data.micro_batch, cfg.model.seq_len);
@@ -155,6 +196,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                  "tokens/s", "MFU%");
     }
     for (int s = 0; s < cfg.run.steps; ++s) {
+      log.set_step(s);
       tracker.reset_peaks();
       steps.push_back(trainer.step(s));
       for (int c = 0; c < core::kNumMemCategories; ++c) {
@@ -165,7 +207,15 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
     }
   } catch (const std::exception& e) {
-    // Whatever stopped the run, the report says so and keeps what it had.
+    if (world > 1) {
+      // Other ranks may be waiting in a collective, and closing the report is
+      // one: end the job here with this rank's message instead of hanging.
+      // The report stays a .partial file, never a complete-looking one.
+      fmt::print(stderr, "strata: rank {} failed: {}\n", rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(comm, 1);
+    }
+    // One rank: the report says what stopped the run and keeps what it had.
     file.set_attr("/", "error", e.what());
     finish("failed");
     file.publish();
@@ -174,15 +224,22 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   finish("complete");
   file.publish();
 
+  const Summary s = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), peak.flops_per_s);
+  print_memory_per_rank(comm, memory, cfg.run.steps - 1);
+  const auto aggs = aggregate_comm(log, cfg.run.warmup_steps);
   if (rank == 0) {
-    const Summary s = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), peak.flops_per_s);
     fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%\n",
                s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu);
-    std::string mem;
-    for (int c = 0; c < core::kNumMemCategories; ++c)
-      mem += fmt::format("{}{} {}", c ? ", " : "", core::category_name(core::MemCategory(c)),
-                         core::format_bytes(double(s.peak_bytes[c])));
-    fmt::print("peak memory: {}\nreport: {}\n", mem, file.final_path());
+    if (!aggs.empty()) {
+      fmt::print("communication on rank 0 over {} measured steps:\n", s.measured_steps);
+      fmt::print("  {:<6} {:<15} {:>3} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n", "calls",
+                 "bytes", "time_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
+      for (const auto& a : aggs)
+        fmt::print("  {:<6} {:<15} {:>3} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis, a.op,
+                   a.group_size, a.count, a.bytes, a.time * 1e3, a.algbw() / 1e9, a.busbw() / 1e9,
+                   a.time > 0 ? 100.0 * (1.0 - a.wait / a.time) : 0.0);
+    }
+    fmt::print("report: {}\n", file.final_path());
   }
   return 0;
 }

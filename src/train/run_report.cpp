@@ -59,7 +59,8 @@ void write_provenance(report::H5File& f, const Provenance& p) {
 }
 
 void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& steps,
-                  const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline) {
+                  const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline,
+                  const comm::CommLog* comm) {
   report::Table st("steps", "one row per optimizer step and rank");
   st.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
@@ -104,6 +105,73 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       tl.add_row({std::int64_t(rank), std::int64_t(s.step), std::int64_t(s.micro_batch), std::int64_t(s.layer),
                   std::string(prof::phase_name(s.phase)), s.start, s.end});
   f.write_table(tl);
+
+  report::Table cm("comm", "one row per communication call on this rank");
+  cm.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_i64("step", "1", "0-based optimizer step")
+      .col_str("op", 16, "", "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all(v), send, recv, barrier")
+      .col_str("axis", 8, "", "mesh axis of the communicator: world, dp, tp or pp")
+      .col_i64("group_size", "1", "ranks in the communicator the call ran on")
+      .col_i64("bytes", "B",
+               "all_reduce: the buffer; reduce_scatter: the whole input; all_gather: the whole output; "
+               "others: what this rank sends")
+      .col_i64("nonblocking", "1", "1 for a non-blocking call (start when issued, end when seen complete)")
+      .col_f64("start", "s", "when the call was issued, seconds since the run's clock origin")
+      .col_f64("end", "s", "when the call was known complete, seconds since the run's clock origin")
+      .col_f64("wait", "s", "time this rank was blocked by the call: all of it if blocking, else inside wait/test");
+  if (comm != nullptr)
+    for (const auto& r : comm->records())
+      cm.add_row({std::int64_t(rank), std::int64_t(r.step), std::string(r.op), std::string(r.axis),
+                  std::int64_t(r.group_size), r.bytes, std::int64_t(r.nonblocking), r.start, r.end, r.wait});
+  f.write_table(cm);
+}
+
+double busbw_factor(const std::string& op, int n) {
+  if (n <= 1) return 0;
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" || op == "all_to_allv")
+    return double(n - 1) / n;
+  return 1.0;
+}
+
+double CommAggregate::busbw() const { return algbw() * busbw_factor(op, group_size); }
+
+std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step) {
+  std::vector<CommAggregate> out;
+  for (const auto& r : log.records()) {
+    if (r.step < first_step) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const CommAggregate& a) {
+      return a.axis == r.axis && a.op == r.op && a.group_size == r.group_size;
+    });
+    if (it == out.end()) {
+      out.push_back({std::string(r.axis), std::string(r.op), r.group_size});
+      it = out.end() - 1;
+    }
+    it->count += 1;
+    it->bytes += double(r.bytes);
+    it->time += r.end - r.start;
+    it->wait += r.wait;
+  }
+  return out;
+}
+
+void write_comm_summary(report::H5File& f, int rank, const std::vector<CommAggregate>& aggs) {
+  report::Table t("summary/comm", "per rank, axis and op over the measured steps (warm-up excluded)");
+  t.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_str("axis", 8, "", "mesh axis")
+      .col_str("op", 16, "", "operation")
+      .col_i64("group_size", "1", "ranks in the group (n of the bus-bandwidth factor)")
+      .col_i64("count", "1", "calls")
+      .col_f64("bytes", "B", "bytes summed over calls (per-call convention of /comm)")
+      .col_f64("time", "s", "summed call durations, end - start")
+      .col_f64("wait", "s", "summed time blocked (exposed communication)")
+      .col_f64("hidden_fraction", "1", "1 - wait / time: share of the communication time overlapped with compute")
+      .col_f64("algbw", "B/s", "bytes / time")
+      .col_f64("busbw", "B/s", "algbw x nccl-tests factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n");
+  for (const auto& a : aggs)
+    t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.count, a.bytes, a.time, a.wait,
+               a.time > 0 ? 1.0 - a.wait / a.time : 0.0, a.algbw(), a.busbw()});
+  f.write_table(t);
 }
 
 void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
@@ -121,6 +189,10 @@ void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
   f.write_scalar(g, "initial_loss", s.initial_loss, "nats", "loss of step 0");
   f.write_scalar(g, "final_loss", s.final_loss, "nats", "loss of the last step");
   f.write_scalar(g, "parameters", double(p.parameters), "1", "number of model parameters");
+  f.write_scalar(g, "layout", p.layout, "process mesh: pp x dp x tp");
+  f.write_scalar(g, "strategy", p.strategy, "state strategy: dp, zero1, zero2 or zero3");
+  f.write_scalar(g, "padding_elements", double(p.padding_elements), "1",
+                 "elements added so that ZeRO shards are equal (per dp group; 0 for dp)");
   for (int c = 0; c < core::kNumMemCategories; ++c) {
     const auto cat = core::category_name(core::MemCategory(c));
     f.write_scalar(g, std::string("peak_bytes_") + cat, double(s.peak_bytes[c]), "B",

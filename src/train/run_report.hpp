@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "src/comm/comm_log.hpp"
 #include "src/core/memory.hpp"
 #include "src/prof/timeline.hpp"
 #include "src/report/h5file.hpp"
@@ -33,6 +34,9 @@ struct Provenance {
   std::int64_t parameters = 0;
   double peak_flops = 0;
   std::string peak_source;
+  std::string layout;          // "pp 1 x dp 2 x tp 1"
+  std::string strategy;        // "dp", "zero1", ...
+  std::int64_t padding_elements = 0;
 };
 
 struct MemoryRecord {
@@ -59,7 +63,25 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
 
 void write_provenance(report::H5File& f, const Provenance& p);
 void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& steps,
-                  const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline);
+                  const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline,
+                  const comm::CommLog* comm);
+
+// Per axis and op over this rank's records: what /summary/comm holds.
+struct CommAggregate {
+  std::string axis, op;
+  int group_size = 0;
+  std::int64_t count = 0;
+  double bytes = 0;
+  double time = 0;       // summed end - start
+  double wait = 0;       // summed time blocked
+  double algbw() const { return time > 0 ? bytes / time : 0; }
+  double busbw() const;  // algbw x the nccl-tests factor of the op
+};
+// The nccl-tests bus-bandwidth factor: all_reduce 2(n-1)/n, all_gather and
+// reduce_scatter (n-1)/n, all_to_all (n-1)/n, others 1.
+double busbw_factor(const std::string& op, int n);
+std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step);
+void write_comm_summary(report::H5File& f, int rank, const std::vector<CommAggregate>& aggs);
 void write_summary(report::H5File& f, const Summary& s, const Provenance& p);
 
 }  // namespace strata::train

@@ -9,11 +9,12 @@
 #include <vector>
 
 #include "models/gpt.hpp"
-#include "models/optimizer.hpp"
+#include "src/comm/communicator.hpp"
 #include "src/core/memory.hpp"
 #include "src/deck/config.hpp"
 #include "src/prof/timeline.hpp"
 #include "src/train/data.hpp"
+#include "strategies/state_strategy.hpp"
 
 namespace strata::train {
 
@@ -36,12 +37,16 @@ models::GptConfig gpt_config(const deck::ModelSection& m);
 
 class Trainer {
  public:
-  Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops);
+  // dp: the data-parallel communicator (nullptr on a single rank). Each dp
+  // rank takes global_batch / dp sequences of every step.
+  Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
+          comm::Communicator* dp = nullptr);
 
   // Runs 0-based optimizer step `step` and returns its record.
   StepRecord step(int step);
 
   models::Gpt& model() { return *model_; }
+  strategies::StateStrategy& strategy() { return *strategy_; }
   const DataSource& data() const { return *data_; }
   int micro_batches() const { return micro_batches_; }
   double model_flops_per_step() const { return model_flops_per_step_; }
@@ -50,10 +55,12 @@ class Trainer {
   const deck::Config& cfg_;
   prof::Timeline* timeline_;
   double peak_flops_;
-  int micro_batches_;
+  comm::Communicator* dp_;
+  int dp_size_ = 1, dp_rank_ = 0;
+  int micro_batches_;  // per rank and step
   double model_flops_per_step_;
   std::unique_ptr<models::Gpt> model_;
-  std::unique_ptr<models::AdamW> optimizer_;
+  std::unique_ptr<strategies::StateStrategy> strategy_;
   std::unique_ptr<DataSource> data_;
   core::Buffer<std::int32_t> tokens_, targets_;
 };

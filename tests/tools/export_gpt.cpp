@@ -21,10 +21,10 @@
 
 using namespace strata;
 
-static void export_params(report::H5File& f, const std::string& group, const models::Gpt& m) {
+static void export_flat(report::H5File& f, const std::string& group, const std::string& prefix,
+                        const models::ParamRegistry& reg, const float* flat) {
   f.create_group(group);
-  for (const auto& s : m.registry().specs())
-    f.write_array(group, s.name, m.params() + s.offset, s.numel, s.shape);
+  for (const auto& s : reg.specs()) f.write_array(group, prefix + s.name, flat + s.offset, s.numel, s.shape);
 }
 
 int main(int argc, char** argv) {
@@ -46,11 +46,12 @@ int main(int argc, char** argv) {
     core::MemoryTracker tracker;
     train::Trainer trainer(c, tracker, nullptr, 0.0);
     models::Gpt& m = trainer.model();
+    const auto& reg = m.registry();
     const int B = c.data.micro_batch, T = c.model.seq_len, G = c.data.global_batch;
 
     report::H5File f(MPI_COMM_WORLD, argv[1]);
     f.set_attr("/", "resolved_config", d.resolved_toml);
-    export_params(f, "/initial", m);
+    export_flat(f, "/initial", "", reg, trainer.strategy().full_params().data());
 
     // Every step's global batch, as the trainer will draw it.
     std::vector<float> toks, tgts;
@@ -64,20 +65,19 @@ int main(int argc, char** argv) {
     f.write_array("/batches", "tokens", toks.data(), std::int64_t(toks.size()), {c.run.steps, G, T});
     f.write_array("/batches", "targets", tgts.data(), std::int64_t(tgts.size()), {c.run.steps, G, T});
 
-    // Step 0's loss and gradients, before any clipping.
-    m.zero_grads();
+    // Step 0's loss and gradients, before any clipping, on a replicated copy
+    // of the same initial weights.
+    models::ReplicatedState st(reg, m.units(), tracker, c.run.seed);
     double loss0 = 0;
     const int nmb = G / B;
     for (int mb = 0; mb < nmb; ++mb) {
       std::vector<std::int32_t> a(std::size_t(B) * T), b(std::size_t(B) * T);
       train::fill_batch(trainer.data(), std::int64_t(mb) * B, B, T, a.data(), b.data());
-      loss0 += m.forward(a.data(), b.data()) / nmb;
-      m.backward(a.data(), b.data(), 1.0f / float(nmb));
+      loss0 += m.forward(st, a.data(), b.data()) / nmb;
+      m.backward(st, a.data(), b.data(), 1.0f / float(nmb));
     }
-    f.create_group("/step0");
+    export_flat(f, "/step0", "grad.", reg, st.grads());
     f.write_scalar("/step0", "loss", loss0, "nats", "mean loss of step 0");
-    for (const auto& s : m.registry().specs())
-      f.write_array("/step0", "grad." + s.name, m.grads() + s.offset, s.numel, s.shape);
 
     std::vector<float> losses, lrs, norms;
     for (int s = 0; s < c.run.steps; ++s) {
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     f.write_array("/trajectory", "loss", losses.data(), std::int64_t(losses.size()), {c.run.steps});
     f.write_array("/trajectory", "lr", lrs.data(), std::int64_t(lrs.size()), {c.run.steps});
     f.write_array("/trajectory", "grad_norm", norms.data(), std::int64_t(norms.size()), {c.run.steps});
-    export_params(f, "/final", m);
+    export_flat(f, "/final", "", reg, trainer.strategy().full_params().data());
     f.set_attr("/", "status", "complete");
     f.publish();
   } catch (const core::Error& e) {

@@ -76,7 +76,7 @@ const std::vector<std::string> kAllKeys = {
     "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every",
     "model.kind", "model.layers", "model.d_model", "model.heads", "model.ffn_mult", "model.vocab", "model.seq_len",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
-    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.zero", "parallel.schedule",
+    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.zero", "parallel.bucket_mb", "parallel.schedule",
     "parallel.virtual_stages", "parallel.sequence_parallel", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps", "optim.grad_clip",
@@ -359,13 +359,17 @@ TEST_F(DeckTest, RelativeDataPathIsFoundNextToTheDeck) {
 }
 
 TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
-  load_error("[parallel]\ndp = 2\n", {"deck.toml:2: parallel.dp = 2: this build runs only dp = tp = pp = ep = 1"});
+  load_error("[parallel]\ntp = 2\n", {"deck.toml:2: parallel.tp = 2: this build runs data parallelism"});
   load_error("[parallel]\npp = 4\nschedule = \"interleaved\"\n", {"deck.toml:2: parallel.pp = 4:"});
-  load_error("[parallel]\nzero = 2\n", {"deck.toml:2: parallel.zero = 2:", "zero = 0"});
   load_error("[parallel]\noffload = \"host\"\n", {"deck.toml:2: parallel.offload = \"host\":"});
   load_error("[parallel]\nsequence_parallel = true\n", {"deck.toml:2: parallel.sequence_parallel = true:"});
   load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2:"});
   load_error("", {"--set parallel.tp=2: parallel.tp = 2:"}, {"parallel.tp=2"});
+  // Data parallelism and every ZeRO stage run; the global batch must split over dp.
+  EXPECT_NO_THROW(load("[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\ndp = 4\nzero = 3\n"));
+  load_error("[data]\nglobal_batch = 8\nmicro_batch = 4\n[parallel]\ndp = 4\n",
+             {"data.global_batch = 8", "parallel.dp = 4", "data.micro_batch = 4"});
+  load_error("[parallel]\nbucket_mb = 0\n", {"deck.toml:2: key 'parallel.bucket_mb' must be > 0"});
   // The layout keys themselves accept the full design range.
   load_error("[parallel]\ndp = 0\n", {"deck.toml:2: key 'parallel.dp' must be >= 1, got 0"});
 }

@@ -56,7 +56,8 @@ TEST(Model, MemoryAccountingIsExact) {
   const auto c = cfg(2, 32, 4, 61, 12);
   const int B = 3;
   core::MemoryTracker tracker;
-  models::Gpt m(c, B, tracker, 1);
+  models::Gpt m(c, B, tracker);
+  models::ReplicatedState st(m.registry(), m.units(), tracker, 1);
   models::AdamW opt(m.registry(), 0, m.registry().numel(), {}, tracker);
   const std::uint64_t psi = std::uint64_t(analytic_params(c));
   EXPECT_EQ(tracker.current(MemCategory::params), 4 * psi);
@@ -73,7 +74,8 @@ TEST(Model, MemoryAccountingIsExact) {
 TEST(Model, MemoryLimitRefusesWithBreakdown) {
   core::MemoryTracker tracker(1000);
   try {
-    models::Gpt m(cfg(2, 32, 4, 61, 12), 2, tracker, 1);
+    models::Gpt m(cfg(2, 32, 4, 61, 12), 2, tracker);
+    models::ReplicatedState st(m.registry(), m.units(), tracker, 1);
     FAIL() << "expected an out-of-memory error";
   } catch (const core::Error& e) {
     const std::string msg = e.what();
@@ -123,10 +125,24 @@ TEST(Model, InitialisationIsKeyedByNameAndIndex) {
   EXPECT_NEAR(std::sqrt(sq / n), 1.0, 0.01);
 }
 
-TEST(Model, TwoModelsFromOneSeedAreIdentical) {
-  core::MemoryTracker t1, t2;
-  models::Gpt a(cfg(2, 16, 4, 23, 7), 2, t1, 5), b(cfg(2, 16, 4, 23, 7), 1, t2, 5);
-  for (std::int64_t i = 0; i < a.registry().numel(); ++i) ASSERT_EQ(a.params()[i], b.params()[i]);
+TEST(Model, InitialisingAnyRangeMatchesTheWhole) {
+  const auto r = models::gpt_registry(cfg(2, 16, 4, 23, 7));
+  std::vector<float> whole(r.numel()), part(r.numel());
+  models::init_flat_range(r, 5, 0, r.numel(), whole.data());
+  // Ranges that cut through parameters, as shards do.
+  const std::int64_t cuts[] = {0, 7, 1000, 1001, r.numel() / 2, r.numel()};
+  for (int k = 0; k + 1 < 6; ++k) models::init_flat_range(r, 5, cuts[k], cuts[k + 1], part.data() + cuts[k]);
+  for (std::int64_t i = 0; i < r.numel(); ++i) ASSERT_EQ(whole[i], part[i]) << i;
+}
+
+TEST(Model, UnitsTileTheFlatBuffer) {
+  const auto r = models::gpt_registry(cfg(3, 16, 4, 23, 7));
+  const auto u = models::gpt_units(r, 3);
+  ASSERT_EQ(u.size(), 5u);
+  EXPECT_EQ(u.front().begin, 0);
+  EXPECT_EQ(u.back().end, r.numel());
+  for (std::size_t i = 1; i < u.size(); ++i) EXPECT_EQ(u[i].begin, u[i - 1].end);
+  EXPECT_EQ(u[0].end, r.find("h.0.ln1.weight").offset);
 }
 
 // The optimizer's range hook: updating [begin, end) in two halves is the same
@@ -134,10 +150,11 @@ TEST(Model, TwoModelsFromOneSeedAreIdentical) {
 TEST(Model, AdamWOverSlicesEqualsWhole) {
   const auto c = cfg(1, 8, 2, 11, 5);
   core::MemoryTracker tracker;
-  models::Gpt m(c, 1, tracker, 3);
+  models::Gpt m(c, 1, tracker);
+  models::ReplicatedState st(m.registry(), m.units(), tracker, 3);
   const auto& r = m.registry();
   const std::int64_t n = r.numel(), half = n / 2 + 3;
-  std::vector<float> p1(m.params(), m.params() + n), p2 = p1, g(n);
+  std::vector<float> p1(st.params(), st.params() + n), p2 = p1, g(n);
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> nd;
   for (auto& x : g) x = nd(rng);
@@ -150,9 +167,9 @@ TEST(Model, AdamWOverSlicesEqualsWhole) {
   }
   for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(p1[i], p2[i]) << i;
   // Decay applies to matrices only: a LayerNorm gain with zero gradient stays 1.
-  std::vector<float> p3(m.params(), m.params() + n), zero(n, 0.0f);
+  std::vector<float> p3(st.params(), st.params() + n), zero(n, 0.0f);
   models::AdamW d(r, 0, n, s, tracker);
   d.update(p3.data(), zero.data(), 1e-1f, 1);
   EXPECT_EQ(p3[r.find("h.0.ln1.weight").offset], 1.0f);
-  EXPECT_LT(std::fabs(p3[r.find("wte").offset]), std::fabs(m.params()[r.find("wte").offset]));
+  EXPECT_LT(std::fabs(p3[r.find("wte").offset]), std::fabs(st.params()[r.find("wte").offset]));
 }

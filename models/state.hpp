@@ -1,0 +1,65 @@
+// The state seam: where a model's parameters and gradients live. The model
+// is written against this interface only: it acquires a unit's parameters
+// before using them and releases them after, hints which unit comes next,
+// and says when a unit's gradients of the current micro-batch are complete.
+// A strategy decides what that costs: nothing (replicated), a bucketed
+// all-reduce (DP), a reduce-scatter (ZeRO 1, 2), a gather on demand (ZeRO 3).
+//
+// A unit is a contiguous range of the flat parameter layout (for the GPT:
+// 0 the embeddings, 1..L the blocks, L+1 the final norm). Inside a unit,
+// parameters sit at their registry offset minus the unit's begin.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "models/param_registry.hpp"
+#include "src/core/memory.hpp"
+
+namespace strata::models {
+
+struct Unit {
+  std::int64_t begin = 0, end = 0;  // flat element range
+  std::int64_t size() const { return end - begin; }
+};
+
+class ParamState {
+ public:
+  virtual ~ParamState() = default;
+  // The unit's parameters, valid until the matching release.
+  virtual float* acquire_params(int unit) = 0;
+  virtual void release_params(int unit) = 0;
+  // The unit will be acquired next: a strategy may start fetching it.
+  virtual void prefetch(int unit) {}
+  // Where the unit's gradients accumulate (+=); valid until grads_done(unit).
+  virtual float* grads(int unit) = 0;
+  // The current micro-batch has added all of its contributions to the unit.
+  virtual void grads_done(int unit) {}
+};
+
+// Parameters of `spec` between flat elements [begin, end), initialised into
+// out[0 .. end-begin) by the layout-independent keyed initialisation.
+void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t begin, std::int64_t end, float* out);
+
+// The trivial state: every parameter and gradient held whole on this rank,
+// no communication. The single-rank run, and the base of data parallelism.
+class ReplicatedState : public ParamState {
+ public:
+  ReplicatedState(const ParamRegistry& reg, std::vector<Unit> units, core::MemoryTracker& tracker,
+                  std::uint64_t seed);
+  float* acquire_params(int unit) override { return params_.data() + units_[unit].begin; }
+  void release_params(int) override {}
+  float* grads(int unit) override { return grads_.data() + units_[unit].begin; }
+
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  std::int64_t numel() const { return std::int64_t(params_.size()); }
+  const std::vector<Unit>& units() const { return units_; }
+  void zero_grads();
+
+ protected:
+  std::vector<Unit> units_;
+  core::Buffer<float> params_, grads_;
+};
+
+}  // namespace strata::models

@@ -1,0 +1,55 @@
+// The communication log of one rank: one record per call that passed through
+// a profiled communicator. The trainer sets the current step; the report
+// writes the records as the /comm table and aggregates them per axis and op.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::comm {
+
+struct CommRecord {
+  std::int32_t step;
+  std::string op;        // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all",
+                         // "all_to_allv", "send", "recv", "barrier"
+  std::string axis;      // the communicator's axis
+  std::int32_t group_size;
+  std::int64_t bytes;    // see docs/report-schema.md: all_reduce the buffer; reduce_scatter the
+                         // whole input; all_gather the whole output; all_to_all(v) what this rank sends
+  bool nonblocking;
+  double start;          // s since the log's origin: when the call was issued
+  double end;            // when it was known complete (blocking: returned; non-blocking: wait/test saw it done)
+  double wait;           // s spent blocked: the whole call if blocking, else the time inside wait()/test()
+};
+
+class CommLog {
+ public:
+  explicit CommLog(double origin) : origin_(origin) {}
+  void set_step(int step) { step_ = step; }
+  int step() const { return step_; }
+  // Optional, before the first step: room for n records, with its pages
+  // touched now. Otherwise the log's growth (copies, and a page fault per new
+  // page) is most of what a record costs (bench_comm --reserve shows it).
+  void reserve(std::size_t n) {
+    const std::size_t size = records_.size();
+    if (n <= size) return;
+    records_.resize(n);
+    records_.resize(size);
+  }
+  double origin() const { return origin_; }
+  // Appends a record and returns its index (non-blocking calls fill in end and wait later).
+  std::size_t add(CommRecord r) {
+    records_.push_back(std::move(r));
+    return records_.size() - 1;
+  }
+  CommRecord& at(std::size_t i) { return records_[i]; }
+  const std::vector<CommRecord>& records() const { return records_; }
+
+ private:
+  double origin_;
+  int step_ = 0;
+  std::vector<CommRecord> records_;
+};
+
+}  // namespace strata::comm

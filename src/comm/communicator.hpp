@@ -1,0 +1,65 @@
+// The communicator interface: every collective and point-to-point transfer a
+// strategy issues goes through it, on one axis of the mesh (world, dp, tp,
+// pp). An MPI implementation (mpi_communicator.hpp) does the work; a
+// profiling decorator (profiled_communicator.hpp) records every call, so that
+// the report's /comm table sees all traffic. A later NCCL backend implements
+// the same interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace strata::comm {
+
+enum class DType { f32, f64, i32, i64 };
+std::size_t dtype_size(DType t);
+enum class ReduceOp { sum, max, min };
+
+// A non-blocking operation in flight. wait() blocks until it completes;
+// test() polls (and drives progress). Destroying an unfinished request waits.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+// Counts are in elements. Buffers of "in place" operations are noted.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& axis() const = 0;  // "world", "dp", "tp", "pp", ...
+
+  // buf[count] is reduced over the group in place.
+  virtual void all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) = 0;
+  // send[size() * recv_count] is reduced; rank r receives block r in recv[recv_count].
+  virtual void reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t, ReduceOp op) = 0;
+  // recv[size() * send_count] = concatenation of every rank's send[send_count];
+  // send may alias recv + rank() * send_count (in place).
+  virtual void all_gather(const void* send, void* recv, std::int64_t send_count, DType t) = 0;
+  virtual void broadcast(void* buf, std::int64_t count, DType t, int root) = 0;
+  // Block p of send (count_per_peer elements) goes to rank p.
+  virtual void all_to_all(const void* send, void* recv, std::int64_t count_per_peer, DType t) = 0;
+  // Counts and displacements in elements, one per rank of the group.
+  virtual void all_to_allv(const void* send, const std::int64_t* send_counts, const std::int64_t* send_displs,
+                           void* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
+                           DType t) = 0;
+  virtual void send(const void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
+  virtual void recv(void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
+  virtual void barrier() = 0;
+
+  // Non-blocking forms (MPI-3), so communication can overlap computation.
+  virtual RequestPtr iall_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) = 0;
+  virtual RequestPtr ireduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t,
+                                     ReduceOp op) = 0;
+  virtual RequestPtr iall_gather(const void* send, void* recv, std::int64_t send_count, DType t) = 0;
+  virtual RequestPtr ibroadcast(void* buf, std::int64_t count, DType t, int root) = 0;
+  virtual RequestPtr isend(const void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
+  virtual RequestPtr irecv(void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
+};
+
+}  // namespace strata::comm

@@ -1,0 +1,163 @@
+// ProfiledCommunicator: stamps each call with the profiling clock around the
+// inner call. Non-blocking calls return a request wrapper that completes the
+// record (end, time spent inside wait/test) when it first sees the operation done.
+#include "src/comm/profiled_communicator.hpp"
+
+#include <cstdio>
+#include <exception>
+
+#include "src/prof/clock.hpp"
+
+namespace strata::comm {
+
+namespace {
+
+std::int64_t bytes_of(std::int64_t count, DType t) { return count * std::int64_t(dtype_size(t)); }
+
+// Refers to its record by index: the log's vector may reallocate meanwhile.
+class ProfiledRequest : public Request {
+ public:
+  ProfiledRequest(RequestPtr inner, CommLog& log, std::size_t index)
+      : inner_(std::move(inner)), log_(log), index_(index) {}
+  ProfiledRequest(const ProfiledRequest&) = delete;
+  ProfiledRequest& operator=(const ProfiledRequest&) = delete;
+
+  ~ProfiledRequest() override {
+    if (done_) return;
+    // Destroying an unfinished request waits (the contract); record that wait
+    // too, but a destructor must not throw.
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "strata: waiting on an unfinished %s request failed: %s\n",
+                   log_.at(index_).op.c_str(), e.what());
+    }
+  }
+
+  void wait() override {
+    if (done_) return;
+    const double t0 = prof::now_seconds();
+    inner_->wait();
+    finish(t0, prof::now_seconds(), true);
+  }
+
+  bool test() override {
+    if (done_) return true;
+    const double t0 = prof::now_seconds();
+    const bool complete = inner_->test();
+    finish(t0, prof::now_seconds(), complete);
+    return complete;
+  }
+
+ private:
+  void finish(double t0, double t1, bool complete) {
+    CommRecord& r = log_.at(index_);
+    r.wait += t1 - t0;
+    if (complete) {
+      r.end = t1 - log_.origin();
+      done_ = true;
+    }
+  }
+
+  RequestPtr inner_;
+  CommLog& log_;
+  std::size_t index_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+ProfiledCommunicator::ProfiledCommunicator(std::unique_ptr<Communicator> inner, CommLog& log)
+    : inner_(std::move(inner)), log_(log), rank_(inner_->rank()), size_(inner_->size()) {}
+
+template <typename F>
+void ProfiledCommunicator::blocking(const char* op, std::int64_t bytes, F&& call) {
+  const double t0 = prof::now_seconds();
+  call();
+  const double t1 = prof::now_seconds();
+  const double o = log_.origin();
+  log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, false, t0 - o, t1 - o, t1 - t0});
+}
+
+template <typename F>
+RequestPtr ProfiledCommunicator::nonblocking(const char* op, std::int64_t bytes, F&& call) {
+  const double t0 = prof::now_seconds();
+  RequestPtr inner = call();
+  const double start = t0 - log_.origin();
+  // end = start until the request is seen complete, so end >= start always holds.
+  const std::size_t i = log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0});
+  return std::make_unique<ProfiledRequest>(std::move(inner), log_, i);
+}
+
+void ProfiledCommunicator::all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) {
+  blocking("all_reduce", bytes_of(count, t), [&] { inner_->all_reduce(buf, count, t, op); });
+}
+
+void ProfiledCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t,
+                                          ReduceOp op) {
+  blocking("reduce_scatter", bytes_of(recv_count * size_, t),
+           [&] { inner_->reduce_scatter(send, recv, recv_count, t, op); });
+}
+
+void ProfiledCommunicator::all_gather(const void* send, void* recv, std::int64_t send_count, DType t) {
+  blocking("all_gather", bytes_of(send_count * size_, t), [&] { inner_->all_gather(send, recv, send_count, t); });
+}
+
+void ProfiledCommunicator::broadcast(void* buf, std::int64_t count, DType t, int root) {
+  blocking("broadcast", bytes_of(count, t), [&] { inner_->broadcast(buf, count, t, root); });
+}
+
+void ProfiledCommunicator::all_to_all(const void* send, void* recv, std::int64_t count_per_peer, DType t) {
+  blocking("all_to_all", bytes_of(count_per_peer * size_, t),
+           [&] { inner_->all_to_all(send, recv, count_per_peer, t); });
+}
+
+void ProfiledCommunicator::all_to_allv(const void* send, const std::int64_t* send_counts,
+                                       const std::int64_t* send_displs, void* recv, const std::int64_t* recv_counts,
+                                       const std::int64_t* recv_displs, DType t) {
+  std::int64_t sent = 0;
+  for (int p = 0; p < size_; ++p) sent += send_counts[p];
+  blocking("all_to_allv", bytes_of(sent, t),
+           [&] { inner_->all_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t); });
+}
+
+void ProfiledCommunicator::send(const void* buf, std::int64_t count, DType t, int peer, int tag) {
+  blocking("send", bytes_of(count, t), [&] { inner_->send(buf, count, t, peer, tag); });
+}
+
+void ProfiledCommunicator::recv(void* buf, std::int64_t count, DType t, int peer, int tag) {
+  blocking("recv", bytes_of(count, t), [&] { inner_->recv(buf, count, t, peer, tag); });
+}
+
+void ProfiledCommunicator::barrier() {
+  blocking("barrier", 0, [&] { inner_->barrier(); });
+}
+
+RequestPtr ProfiledCommunicator::iall_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) {
+  return nonblocking("all_reduce", bytes_of(count, t), [&] { return inner_->iall_reduce(buf, count, t, op); });
+}
+
+RequestPtr ProfiledCommunicator::ireduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t,
+                                                 ReduceOp op) {
+  return nonblocking("reduce_scatter", bytes_of(recv_count * size_, t),
+                     [&] { return inner_->ireduce_scatter(send, recv, recv_count, t, op); });
+}
+
+RequestPtr ProfiledCommunicator::iall_gather(const void* send, void* recv, std::int64_t send_count, DType t) {
+  return nonblocking("all_gather", bytes_of(send_count * size_, t),
+                     [&] { return inner_->iall_gather(send, recv, send_count, t); });
+}
+
+RequestPtr ProfiledCommunicator::ibroadcast(void* buf, std::int64_t count, DType t, int root) {
+  return nonblocking("broadcast", bytes_of(count, t), [&] { return inner_->ibroadcast(buf, count, t, root); });
+}
+
+RequestPtr ProfiledCommunicator::isend(const void* buf, std::int64_t count, DType t, int peer, int tag) {
+  return nonblocking("send", bytes_of(count, t), [&] { return inner_->isend(buf, count, t, peer, tag); });
+}
+
+RequestPtr ProfiledCommunicator::irecv(void* buf, std::int64_t count, DType t, int peer, int tag) {
+  return nonblocking("recv", bytes_of(count, t), [&] { return inner_->irecv(buf, count, t, peer, tag); });
+}
+
+}  // namespace strata::comm

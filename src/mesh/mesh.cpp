@@ -1,0 +1,158 @@
+// The process mesh: rank <-> (pp, dp, tp) with tp fastest, and one profiled
+// MPI communicator per axis, split from a private duplicate of the world so
+// the mesh's traffic never matches messages of other code on the same world.
+#include "src/mesh/mesh.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "src/comm/mpi_check.hpp"
+#include "src/comm/mpi_communicator.hpp"
+#include "src/comm/profiled_communicator.hpp"
+#include "src/core/error.hpp"
+
+namespace strata::mesh {
+
+Coords coords_of(const Layout& l, int rank) {
+  STRATA_CHECK(rank >= 0 && rank < l.world(), "rank {} outside a world of {}", rank, l.world());
+  return Coords{rank / (l.tp * l.dp), (rank / l.tp) % l.dp, rank % l.tp};
+}
+
+int rank_of(const Layout& l, const Coords& c) {
+  STRATA_CHECK(c.pp >= 0 && c.pp < l.pp && c.dp >= 0 && c.dp < l.dp && c.tp >= 0 && c.tp < l.tp,
+               "coordinates (pp {}, dp {}, tp {}) outside layout pp {} x dp {} x tp {}", c.pp, c.dp, c.tp, l.pp, l.dp,
+               l.tp);
+  return (c.pp * l.dp + c.dp) * l.tp + c.tp;
+}
+
+namespace {
+
+enum class Axis { dp, tp, pp };
+
+// World ranks of the group along `axis` through `c`, in group-rank order.
+std::vector<int> group_members(const Layout& l, Coords c, Axis axis) {
+  std::vector<int> out;
+  const int n = axis == Axis::dp ? l.dp : axis == Axis::tp ? l.tp : l.pp;
+  for (int i = 0; i < n; ++i) {
+    (axis == Axis::dp ? c.dp : axis == Axis::tp ? c.tp : c.pp) = i;
+    out.push_back(rank_of(l, c));
+  }
+  return out;
+}
+
+// "dp{0,2}"; a group is an arithmetic progression of ranks, so long ones are
+// shortened to "dp{0,2,..,30}" and a table for thousands of ranks stays readable.
+std::string group_text(const char* name, const std::vector<int>& m) {
+  std::string s = fmt::format("{}{{", name);
+  if (m.size() <= 4) {
+    for (std::size_t i = 0; i < m.size(); ++i) s += fmt::format("{}{}", i ? "," : "", m[i]);
+  } else {
+    s += fmt::format("{},{},..,{}", m[0], m[1], m.back());
+  }
+  return s + "}";
+}
+
+// MPI_Comm_split by colour (the other coordinates) with key (this axis's
+// coordinate), so the group rank equals the coordinate along the axis.
+MPI_Comm split(MPI_Comm world, int color, int key) {
+  MPI_Comm c = MPI_COMM_NULL;
+  STRATA_CHECK_MPI(MPI_Comm_split(world, color, key, &c));
+  STRATA_CHECK_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+  return c;
+}
+
+std::unique_ptr<comm::Communicator> profiled(MPI_Comm c, const char* axis, comm::CommLog& log) {
+  return std::make_unique<comm::ProfiledCommunicator>(std::make_unique<comm::MpiCommunicator>(c, axis), log);
+}
+
+void free_comm(MPI_Comm& c) {
+  if (c != MPI_COMM_NULL) MPI_Comm_free(&c);  // best effort: called from a destructor or while unwinding
+  c = MPI_COMM_NULL;
+}
+
+}  // namespace
+
+Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log) : layout_(l) {
+  int size = 0;
+  STRATA_CHECK_MPI(MPI_Comm_size(world, &size));
+  STRATA_CHECK_MPI(MPI_Comm_rank(world, &rank_));
+  // Every rank sees the same size and layout, so every rank throws here
+  // together and none is left waiting in the splits below.
+  if (l.pp < 1 || l.dp < 1 || l.tp < 1)
+    core::runtime_error("mesh: layout pp {} x dp {} x tp {} has an axis below 1", l.pp, l.dp, l.tp);
+  if (l.world() != size)
+    core::runtime_error("mesh: layout pp {} x dp {} x tp {} = {} rank(s), but the world has {}: need pp*dp*tp == world",
+                        l.pp, l.dp, l.tp, l.world(), size);
+  coords_ = coords_of(l, rank_);
+  const Coords& c = coords_;
+  try {
+    STRATA_CHECK_MPI(MPI_Comm_dup(world, &world_comm_));
+    STRATA_CHECK_MPI(MPI_Comm_set_errhandler(world_comm_, MPI_ERRORS_RETURN));
+    dp_comm_ = split(world_comm_, c.pp * l.tp + c.tp, c.dp);
+    tp_comm_ = split(world_comm_, c.pp * l.dp + c.dp, c.tp);
+    pp_comm_ = split(world_comm_, c.dp * l.tp + c.tp, c.pp);
+    world_ = profiled(world_comm_, "world", log);
+    dp_ = profiled(dp_comm_, "dp", log);
+    tp_ = profiled(tp_comm_, "tp", log);
+    pp_ = profiled(pp_comm_, "pp", log);
+  } catch (...) {
+    // The destructor does not run for a half-built object.
+    world_.reset(), dp_.reset(), tp_.reset(), pp_.reset();
+    free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
+    throw;
+  }
+}
+
+Mesh::~Mesh() {
+  world_.reset(), dp_.reset(), tp_.reset(), pp_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // the handles died with MPI
+  free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
+}
+
+std::string Mesh::table() const {
+  const int n = layout_.world();
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  STRATA_CHECK_MPI(MPI_Get_processor_name(name, &len));
+  std::vector<char> all(std::size_t(n) * MPI_MAX_PROCESSOR_NAME);
+  // Raw MPI, not the profiled world: setup traffic is not part of a step.
+  STRATA_CHECK_MPI(
+      MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world_comm_));
+
+  struct Row {
+    std::string host, dp, tp, pp;
+    Coords c;
+  };
+  std::vector<Row> rows(n);
+  std::size_t wh = 4, wd = 8, wt = 8;  // at least the headers' widths
+  for (int r = 0; r < n; ++r) {
+    const char* h = &all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME];
+    Row& row = rows[r];
+    row.c = coords_of(layout_, r);
+    row.host.assign(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+    row.dp = group_text("dp", group_members(layout_, row.c, Axis::dp));
+    row.tp = group_text("tp", group_members(layout_, row.c, Axis::tp));
+    row.pp = group_text("pp", group_members(layout_, row.c, Axis::pp));
+    wh = std::max(wh, row.host.size());
+    wd = std::max(wd, row.dp.size());
+    wt = std::max(wt, row.tp.size());
+  }
+  const std::size_t wr = std::max<std::size_t>(4, fmt::formatted_size("{}", n - 1));
+  const std::size_t wc =
+      std::max<std::size_t>(2, fmt::formatted_size("{}", std::max({layout_.pp, layout_.dp, layout_.tp}) - 1));
+  std::string out = fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}  {}\n", "rank", wr, "host", wh,
+                                "pp", wc, "dp", wc, "tp", wc, "dp group", wd, "tp group", wt, "pp group");
+  for (int r = 0; r < n; ++r) {
+    const Row& row = rows[r];
+    out += fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}  {}\n", r, wr, row.host, wh, row.c.pp,
+                       wc, row.c.dp, wc, row.c.tp, wc, row.dp, wd, row.tp, wt, row.pp);
+  }
+  return out;
+}
+
+}  // namespace strata::mesh

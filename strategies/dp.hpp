@@ -1,0 +1,46 @@
+// Data parallelism (zero = 0): parameters, gradients and optimizer state
+// replicated on every rank (16 bytes per parameter with fp32 AdamW). The flat
+// gradient buffer is cut into buckets from its end, since the backward pass
+// completes gradients from the last unit to the first; during the last
+// micro-batch's backward each bucket's all-reduce is launched non-blocking as
+// soon as every unit it covers is done, and waited for before the optimizer.
+#pragma once
+
+#include "models/state.hpp"
+#include "strategies/state_strategy.hpp"
+
+namespace strata::strategies {
+
+class DataParallel final : public StateStrategy, public models::ReplicatedState {
+ public:
+  DataParallel(const StateConfig& cfg, const models::Gpt& model, comm::Communicator* dp,
+               core::MemoryTracker& tracker);
+
+  std::string name() const override { return "dp"; }
+  models::ParamState& state() override { return *this; }
+  void begin_step() override;
+  void begin_micro_batch(bool last) override { last_ = last; }
+  double finish_gradients() override;
+  void update(float coef, float lr, int step) override;
+  std::vector<float> full_params() override;
+  std::int64_t padding_elements() const override { return 0; }
+
+  void grads_done(int unit) override;
+
+  struct Bucket {
+    std::int64_t begin, end;  // flat element range
+  };
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  void launch_ready(std::int64_t watermark);
+
+  comm::Communicator* dp_;
+  models::AdamW optimizer_;
+  std::vector<Bucket> buckets_;       // buckets_[0] is the last range of the buffer
+  std::vector<comm::RequestPtr> in_flight_;
+  std::size_t launched_ = 0;          // buckets_[0 .. launched_) have been launched this step
+  bool last_ = true;
+};
+
+}  // namespace strata::strategies

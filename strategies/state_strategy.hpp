@@ -1,0 +1,54 @@
+// The state seam, seen from the trainer: a strategy owns the parameters,
+// gradients and optimizer state of a run and decides where they live and how
+// they are synchronised over the data-parallel group. "dp" (zero = 0) keeps
+// everything replicated and all-reduces gradient buckets during the backward
+// pass; "zero" (stages 1, 2, 3) shards optimizer state, then gradients, then
+// parameters. Adding a strategy is adding a file and a line in the factory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/gpt.hpp"
+#include "models/optimizer.hpp"
+#include "src/comm/communicator.hpp"
+#include "src/core/memory.hpp"
+
+namespace strata::strategies {
+
+struct StateConfig {
+  int zero = 0;                              // 0: data parallel; 1, 2, 3: ZeRO stage
+  std::int64_t bucket_bytes = 25 << 20;      // DP all-reduce bucket (PyTorch DDP's default)
+  models::AdamWSettings adamw;
+  std::uint64_t seed = 0;
+};
+
+class StateStrategy {
+ public:
+  virtual ~StateStrategy() = default;
+  virtual std::string name() const = 0;
+  // What the model reads parameters from and writes gradients to.
+  virtual models::ParamState& state() = 0;
+  // Start of an optimizer step: gradients to zero.
+  virtual void begin_step() = 0;
+  // Before each micro-batch; `last`: its backward completes the step's gradients.
+  virtual void begin_micro_batch(bool last) = 0;
+  // After the last backward: completes gradient synchronisation and returns
+  // the squared L2 norm of the global gradient, equal on every rank.
+  virtual double finish_gradients() = 0;
+  // Scales the gradients by coef (clipping; 1 for none), applies AdamW with
+  // lr at 1-based `step`, and leaves parameters ready for the next forward.
+  virtual void update(float coef, float lr, int step) = 0;
+  // The whole parameter vector in registry layout on every rank (collective).
+  virtual std::vector<float> full_params() = 0;
+  // Elements added so that every shard has the same size (0 for dp).
+  virtual std::int64_t padding_elements() const = 0;
+};
+
+// dp: the data-parallel communicator, or nullptr for a single rank.
+std::unique_ptr<StateStrategy> make_state_strategy(const StateConfig& cfg, const models::Gpt& model,
+                                                   comm::Communicator* dp, core::MemoryTracker& tracker);
+
+}  // namespace strata::strategies

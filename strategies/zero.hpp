@@ -1,0 +1,87 @@
+// ZeRO (Rajbhandari et al., 2020), stages 1 to 3, sharded per unit as FSDP
+// does: each unit's flat range is padded to a multiple of N (the dp size) and
+// rank r owns block r of every unit, so every collective is a plain
+// reduce-scatter or all-gather of one unit. Per rank, with S = sum over units
+// of ceil(unit / N) elements (S = Psi / N when N divides every unit):
+//   stage 1: params 4 N S, grads 4 N S, optimizer 8 S   (8 Psi + 8 Psi / N)
+//   stage 2: params 4 N S, grads 4 S,   optimizer 8 S   (4 Psi + 12 Psi / N)
+//   stage 3: params 4 S,   grads 4 S,   optimizer 8 S   (16 Psi / N)
+// plus, while in use, gathered units (params) and unreduced unit gradients
+// and reduce-scatter outputs (comm).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/state.hpp"
+#include "strategies/state_strategy.hpp"
+
+namespace strata::strategies {
+
+class Zero final : public StateStrategy, public models::ParamState {
+ public:
+  Zero(const StateConfig& cfg, const models::Gpt& model, comm::Communicator* dp, core::MemoryTracker& tracker);
+  ~Zero() override;
+
+  std::string name() const override { return "zero" + std::to_string(stage_); }
+  models::ParamState& state() override { return *this; }
+  void begin_step() override;
+  void begin_micro_batch(bool last) override { last_ = last; }
+  double finish_gradients() override;
+  void update(float coef, float lr, int step) override;
+  std::vector<float> full_params() override;
+  std::int64_t padding_elements() const override { return std::int64_t(n_) * shard_total_ - reg_.numel(); }
+
+  float* acquire_params(int unit) override;
+  void release_params(int unit) override;
+  void prefetch(int unit) override;
+  float* grads(int unit) override;
+  void grads_done(int unit) override;
+
+ private:
+  struct UnitShard {
+    std::int64_t size;        // elements of the unit
+    std::int64_t shard;       // ceil(size / N)
+    std::int64_t q;           // offset of this unit's shard in the shard buffers
+    std::int64_t own_begin;   // flat range this rank owns (may be empty)
+    std::int64_t own_end;
+  };
+  // A reduce-scatter in flight: the unit's gradient contribution (stage 2, 3)
+  // and the block that comes back.
+  struct Pending {
+    int unit;
+    core::Buffer<float> input;   // empty for stage 1 (the input is the full gradient buffer)
+    core::Buffer<float> output;
+    comm::RequestPtr request;
+  };
+  // A gathered unit (stage 3).
+  struct Gathered {
+    core::Buffer<float> data;
+    comm::RequestPtr request;    // set while a prefetch is in flight
+    int refs = 0;
+  };
+
+  float* own_params(int u);      // this rank's block of unit u's parameters
+  float* own_grads(int u);       // this rank's block of unit u's gradients
+  void launch_reduce_scatter(int u, core::Buffer<float> input, const float* src);
+  void complete(Pending& p);
+  void poll();
+
+  int stage_;
+  const models::ParamRegistry& reg_;
+  std::vector<models::Unit> units_;
+  comm::Communicator* dp_;
+  core::MemoryTracker& tracker_;
+  int n_ = 1, r_ = 0;
+  std::vector<UnitShard> us_;
+  std::int64_t shard_total_ = 0;
+  core::Buffer<float> params_full_, grads_full_;     // stages 1-2 (params), stage 1 (grads): padded N*S
+  core::Buffer<float> params_shard_, grads_shard_;   // stage 3 (params), stages 2-3 (grads): S
+  std::vector<std::unique_ptr<models::AdamW>> optimizers_;  // one per unit shard
+  std::vector<core::Buffer<float>> unit_grads_;      // stages 2-3: this micro-batch's unreduced unit gradients
+  std::vector<Gathered> gathered_;                   // stage 3
+  std::vector<Pending> pending_;
+  bool last_ = true;
+};
+
+}  // namespace strata::strategies

@@ -1,0 +1,543 @@
+// Tests of the communication layer under MPI (2, 3 and 4 ranks): every
+// collective and its non-blocking form on the world and on each mesh axis,
+// with exact integer-valued data; the mesh's groups; the profiling log.
+// All ranks run every test body identically (see mpi_main.cpp): no ASSERT.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/comm/comm_log.hpp"
+#include "src/comm/mpi_communicator.hpp"
+#include "src/comm/profiled_communicator.hpp"
+#include "src/core/error.hpp"
+#include "src/mesh/mesh.hpp"
+#include "src/prof/clock.hpp"
+
+namespace {
+
+using namespace strata;
+using comm::DType;
+using comm::ReduceOp;
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// A private copy of the world that returns error codes, as the Mesh makes.
+struct DupWorld {
+  MPI_Comm c = MPI_COMM_NULL;
+  DupWorld() {
+    MPI_Comm_dup(MPI_COMM_WORLD, &c);
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  }
+  ~DupWorld() { MPI_Comm_free(&c); }
+};
+
+// Small integers, different per seed, rank and index: sums of a few of them
+// are exact in float, so results compare with ==.
+int val(int seed, int r, int i) { return (seed * 31 + r * 131 + i * 17 + (r * i) % 5) % 29 - 14; }
+
+// Every layout pp x dp x tp whose product is the world size.
+std::vector<mesh::Layout> layouts_of(int n) {
+  std::vector<mesh::Layout> out;
+  for (int pp = 1; pp <= n; ++pp)
+    for (int dp = 1; dp <= n; ++dp)
+      if (n % (pp * dp) == 0) out.push_back(mesh::Layout{pp, dp, n / (pp * dp)});
+  return out;
+}
+
+void check_all_reduce(comm::Communicator& c, int seed) {
+  const int n = c.size(), r = c.rank(), count = 257;
+  std::vector<float> a(count), b(count);
+  std::vector<std::int64_t> big(count);
+  std::vector<double> lo(count);
+  std::vector<std::int32_t> ints(count);
+  for (int i = 0; i < count; ++i) {
+    a[i] = b[i] = float(val(seed, r, i));
+    big[i] = std::int64_t(val(seed, r, i)) * (std::int64_t(1) << 40) + r;  // beyond 32 bits
+    lo[i] = val(seed, r, i) + 0.5;
+    ints[i] = val(seed, r, i);
+  }
+  c.all_reduce(a.data(), count, DType::f32, ReduceOp::sum);
+  c.iall_reduce(b.data(), count, DType::f32, ReduceOp::sum)->wait();
+  c.all_reduce(big.data(), count, DType::i64, ReduceOp::max);
+  c.all_reduce(lo.data(), count, DType::f64, ReduceOp::min);
+  auto req = c.iall_reduce(ints.data(), count, DType::i32, ReduceOp::sum);
+  while (!req->test()) {
+  }
+  int bad = 0;
+  for (int i = 0; i < count; ++i) {
+    int sum = 0, mn = INT_MAX;
+    std::int64_t mx = INT64_MIN;
+    for (int p = 0; p < n; ++p) {
+      sum += val(seed, p, i);
+      mn = std::min(mn, val(seed, p, i));
+      mx = std::max(mx, std::int64_t(val(seed, p, i)) * (std::int64_t(1) << 40) + p);
+    }
+    bad += a[i] != float(sum);
+    bad += b[i] != float(sum);
+    bad += big[i] != mx;
+    bad += lo[i] != mn + 0.5;
+    bad += ints[i] != sum;
+  }
+  EXPECT_EQ(bad, 0) << "all_reduce on " << c.axis();
+}
+
+void check_reduce_scatter(comm::Communicator& c, int seed) {
+  const int n = c.size(), r = c.rank(), k = 7;
+  std::vector<float> send(n * k), recv(k, -99.f);
+  std::vector<double> dsend(n * k), drecv(k, -99.0);
+  for (int j = 0; j < n * k; ++j) send[j] = float(dsend[j] = val(seed, r, j));
+  c.reduce_scatter(send.data(), recv.data(), k, DType::f32, ReduceOp::sum);
+  c.ireduce_scatter(dsend.data(), drecv.data(), k, DType::f64, ReduceOp::sum)->wait();
+  int bad = 0;
+  for (int i = 0; i < k; ++i) {
+    int sum = 0;
+    for (int p = 0; p < n; ++p) sum += val(seed, p, r * k + i);
+    bad += recv[i] != float(sum);
+    bad += drecv[i] != double(sum);
+  }
+  EXPECT_EQ(bad, 0) << "reduce_scatter on " << c.axis();
+}
+
+void check_all_gather(comm::Communicator& c, int seed) {
+  const int n = c.size(), r = c.rank(), k = 5;
+  std::vector<float> send(k), out(n * k, -99.f), in(n * k, -99.f);
+  std::vector<std::int64_t> iin(n * k, -99), iout(n * k, -99);
+  for (int i = 0; i < k; ++i) {
+    send[i] = in[r * k + i] = float(val(seed, r, i));
+    iin[r * k + i] = val(seed, r, i);
+  }
+  c.all_gather(send.data(), out.data(), k, DType::f32);
+  c.all_gather(in.data() + r * k, in.data(), k, DType::f32);  // in place
+  c.iall_gather(iin.data() + r * k, iin.data(), k, DType::i64)->wait();  // in place
+  c.iall_gather(iin.data() + r * k, iout.data(), k, DType::i64)->wait();  // out of place
+  int bad = 0;
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i < k; ++i) {
+      const int want = val(seed, p, i);
+      bad += out[p * k + i] != float(want);
+      bad += in[p * k + i] != float(want);
+      bad += iin[p * k + i] != want;
+      bad += iout[p * k + i] != want;
+    }
+  EXPECT_EQ(bad, 0) << "all_gather on " << c.axis();
+}
+
+void check_broadcast(comm::Communicator& c, int seed) {
+  const int n = c.size(), r = c.rank(), k = 9, root = n - 1;
+  std::vector<float> a(k, -99.f);
+  std::vector<std::int32_t> b(k, -99);
+  for (int i = 0; i < k; ++i) {
+    if (r == root) a[i] = float(val(seed, root, i));
+    if (r == 0) b[i] = val(seed + 1, 0, i);
+  }
+  c.broadcast(a.data(), k, DType::f32, root);
+  c.ibroadcast(b.data(), k, DType::i32, 0)->wait();
+  int bad = 0;
+  for (int i = 0; i < k; ++i) {
+    bad += a[i] != float(val(seed, root, i));
+    bad += b[i] != val(seed + 1, 0, i);
+  }
+  EXPECT_EQ(bad, 0) << "broadcast on " << c.axis();
+}
+
+// Element i of what rank s sends to rank d.
+std::int64_t code(int seed, int s, int d, int i) { return seed * 100000 + s * 1000 + d * 100 + i; }
+
+void check_all_to_all(comm::Communicator& c, int seed) {
+  const int n = c.size(), r = c.rank(), k = 3;
+  std::vector<float> send(n * k), recv(n * k, -1.f);
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i < k; ++i) send[p * k + i] = float(code(seed, r, p, i));
+  c.all_to_all(send.data(), recv.data(), k, DType::f32);
+  int bad = 0;
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i < k; ++i) bad += recv[p * k + i] != float(code(seed, p, r, i));
+  EXPECT_EQ(bad, 0) << "all_to_all on " << c.axis();
+}
+
+// Uneven counts, zeros included, with gaps between blocks so that the
+// displacements matter; the gaps must stay untouched.
+void check_all_to_allv(comm::Communicator& c, int seed) {
+  const int n = c.size(), r = c.rank();
+  auto cnt = [&](int s, int d) { return (s + 2 * d + seed) % 4; };
+  std::vector<std::int64_t> sc(n), sd(n), rc(n), rd(n);
+  std::int64_t stotal = 0, rtotal = 0;
+  for (int p = 0; p < n; ++p) {
+    sc[p] = cnt(r, p), sd[p] = stotal, stotal += sc[p] + 1;
+    rc[p] = cnt(p, r), rd[p] = rtotal, rtotal += rc[p] + 2;
+  }
+  const std::int64_t gap = -7;
+  std::vector<std::int64_t> send(stotal, gap), recv(rtotal, gap);
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i < sc[p]; ++i) send[sd[p] + i] = code(seed, r, p, i);
+  c.all_to_allv(send.data(), sc.data(), sd.data(), recv.data(), rc.data(), rd.data(), DType::i64);
+  std::vector<std::int64_t> want(rtotal, gap);
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i < rc[p]; ++i) want[rd[p] + i] = code(seed, p, r, i);
+  EXPECT_EQ(recv, want) << "all_to_allv on " << c.axis();
+}
+
+// A ring: each rank sends to the next and receives from the previous. Even
+// ranks send first, odd ranks receive first, so blocking calls cannot cycle.
+void check_ring(comm::Communicator& c, int seed) {
+  const int n = c.size(), r = c.rank(), k = 11;
+  if (n < 2) return;  // same on every rank of the group
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<double> out(k), in(k, -99.0), in2(k, -99.0);
+  for (int i = 0; i < k; ++i) out[i] = val(seed, r, i);
+  if (r % 2 == 0) {
+    c.send(out.data(), k, DType::f64, next, 5);
+    c.recv(in.data(), k, DType::f64, prev, 5);
+  } else {
+    c.recv(in.data(), k, DType::f64, prev, 5);
+    c.send(out.data(), k, DType::f64, next, 5);
+  }
+  auto rr = c.irecv(in2.data(), k, DType::f64, prev, 6);
+  auto sr = c.isend(out.data(), k, DType::f64, next, 6);
+  while (!rr->test()) {
+  }
+  sr->wait();
+  int bad = 0;
+  for (int i = 0; i < k; ++i) {
+    bad += in[i] != double(val(seed, prev, i));
+    bad += in2[i] != double(val(seed, prev, i));
+  }
+  EXPECT_EQ(bad, 0) << "send/recv ring on " << c.axis();
+}
+
+void check_collectives(comm::Communicator& c, int seed) {
+  check_all_reduce(c, seed);
+  check_reduce_scatter(c, seed);
+  check_all_gather(c, seed);
+  check_broadcast(c, seed);
+  check_all_to_all(c, seed);
+  check_all_to_allv(c, seed);
+  check_ring(c, seed);
+  c.barrier();
+}
+
+TEST(Mesh, CoordsRoundTrip) {
+  for (const mesh::Layout l : {mesh::Layout{1, 1, 1}, mesh::Layout{1, 1, 4}, mesh::Layout{4, 1, 1},
+                               mesh::Layout{1, 4, 1}, mesh::Layout{2, 3, 4}, mesh::Layout{3, 1, 2},
+                               mesh::Layout{2, 2, 2}}) {
+    std::vector<int> seen(l.world(), 0);
+    for (int r = 0; r < l.world(); ++r) {
+      const mesh::Coords c = mesh::coords_of(l, r);
+      EXPECT_TRUE(c.pp >= 0 && c.pp < l.pp && c.dp >= 0 && c.dp < l.dp && c.tp >= 0 && c.tp < l.tp);
+      EXPECT_EQ(mesh::rank_of(l, c), r);
+      for (int pp = 0; pp < l.pp; ++pp)
+        for (int dp = 0; dp < l.dp; ++dp)
+          for (int tp = 0; tp < l.tp; ++tp) seen[mesh::rank_of(l, mesh::Coords{pp, dp, tp})]++;
+    }
+    for (int r = 0; r < l.world(); ++r) EXPECT_EQ(seen[r], l.world());  // a bijection
+  }
+  // tp varies fastest, then dp, then pp.
+  const mesh::Layout l{2, 3, 4};
+  const mesh::Coords c1 = mesh::coords_of(l, 1), c4 = mesh::coords_of(l, 4), c12 = mesh::coords_of(l, 12);
+  EXPECT_TRUE(c1.tp == 1 && c1.dp == 0 && c1.pp == 0);
+  EXPECT_TRUE(c4.tp == 0 && c4.dp == 1 && c4.pp == 0);
+  EXPECT_TRUE(c12.tp == 0 && c12.dp == 0 && c12.pp == 1);
+  EXPECT_THROW(mesh::coords_of(l, 24), core::Error);
+}
+
+TEST(Comm, WorldCollectives) {
+  DupWorld w;
+  comm::MpiCommunicator c(w.c, "world");
+  EXPECT_EQ(c.size(), world_size());
+  EXPECT_EQ(c.rank(), world_rank());
+  EXPECT_EQ(c.axis(), "world");
+  check_collectives(c, 1);
+  check_collectives(c, 2);
+}
+
+TEST(Comm, CountsBeyondIntAreRefused) {
+  DupWorld w;
+  comm::MpiCommunicator c(w.c, "world");
+  const std::int64_t huge = std::int64_t(INT_MAX) + 1;
+  // Refused before MPI is called, on every rank alike: nothing is touched.
+  EXPECT_THROW(c.all_reduce(nullptr, huge, DType::f32, ReduceOp::sum), core::Error);
+  EXPECT_THROW(c.all_reduce(nullptr, -1, DType::f32, ReduceOp::sum), core::Error);
+  EXPECT_THROW(c.iall_gather(nullptr, nullptr, huge, DType::f64), core::Error);
+  EXPECT_THROW(c.send(nullptr, huge, DType::i32, 0, 0), core::Error);
+  const int n = c.size();
+  std::vector<std::int64_t> counts(n, 0), displs(n, 0);
+  counts[n - 1] = huge;
+  EXPECT_THROW(c.all_to_allv(nullptr, counts.data(), displs.data(), nullptr, displs.data(), displs.data(), DType::f32),
+               core::Error);
+  c.barrier();  // still usable
+}
+
+TEST(Comm, MpiErrorsBecomeExceptions) {
+  DupWorld w;
+  comm::MpiCommunicator c(w.c, "world");
+  float x = 0;
+  // An invalid root fails argument checking on every rank: an exception naming the call.
+  std::string msg;
+  try {
+    c.broadcast(&x, 1, DType::f32, c.size() + 3);
+  } catch (const core::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("MPI_Bcast"), std::string::npos) << msg;
+  // A shorter message than expected is an error, not stale data.
+  const int n = c.size(), r = c.rank();
+  if (n > 1) {
+    float buf[5] = {1, 2, 3, 4, 5};
+    if (r == 0) c.send(buf, 3, DType::f32, 1, 9);
+    if (r == 1) {
+      EXPECT_THROW(c.recv(buf, 5, DType::f32, 0, 9), core::Error);
+    }
+  }
+  c.barrier();
+}
+
+TEST(Mesh, AxesCollectives) {
+  const int n = world_size(), me = world_rank();
+  for (const mesh::Layout& l : layouts_of(n)) {
+    SCOPED_TRACE(testing::Message() << "layout pp " << l.pp << " dp " << l.dp << " tp " << l.tp);
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh m(MPI_COMM_WORLD, l, log);
+    const mesh::Coords c = mesh::coords_of(l, me);
+    EXPECT_EQ(m.rank(), me);
+    EXPECT_TRUE(m.coords().pp == c.pp && m.coords().dp == c.dp && m.coords().tp == c.tp);
+    EXPECT_EQ(m.dp().size(), l.dp);
+    EXPECT_EQ(m.tp().size(), l.tp);
+    EXPECT_EQ(m.pp().size(), l.pp);
+    EXPECT_EQ(m.world().size(), n);
+    EXPECT_EQ(m.dp().rank(), c.dp);
+    EXPECT_EQ(m.tp().rank(), c.tp);
+    EXPECT_EQ(m.pp().rank(), c.pp);
+    EXPECT_EQ(m.world().rank(), me);
+
+    // Group membership: the world ranks of each group, in group-rank order.
+    struct Axis {
+      comm::Communicator& comm;
+      const char* name;
+    };
+    for (Axis a : {Axis{m.world(), "world"}, Axis{m.dp(), "dp"}, Axis{m.tp(), "tp"}, Axis{m.pp(), "pp"}}) {
+      EXPECT_EQ(a.comm.axis(), a.name);
+      const int g = a.comm.size();
+      std::vector<std::int32_t> members(g, -1);
+      std::int32_t self = me;
+      a.comm.all_gather(&self, members.data(), 1, DType::i32);
+      std::vector<std::int32_t> want(g);
+      for (int i = 0; i < g; ++i) {
+        mesh::Coords x = c;
+        if (a.name == std::string("dp")) x.dp = i;
+        if (a.name == std::string("tp")) x.tp = i;
+        if (a.name == std::string("pp")) x.pp = i;
+        want[i] = a.name == std::string("world") ? i : mesh::rank_of(l, x);
+      }
+      EXPECT_EQ(members, want) << "members of " << a.name;
+      check_collectives(a.comm, 3);
+    }
+    // Every call went into the log, under the axis it was issued on.
+    std::size_t dp = 0, tp = 0, pp = 0, world = 0;
+    for (const comm::CommRecord& rec : log.records()) {
+      dp += rec.axis == "dp", tp += rec.axis == "tp", pp += rec.axis == "pp", world += rec.axis == "world";
+      EXPECT_EQ(rec.group_size, rec.axis == "dp"   ? l.dp
+                                : rec.axis == "tp" ? l.tp
+                                : rec.axis == "pp" ? l.pp
+                                                   : n);
+    }
+    // Per axis: 16 calls in check_collectives plus the membership gather, and
+    // the ring's 4 where the group has more than one rank.
+    auto calls = [](int g) { return std::size_t(17 + (g > 1 ? 4 : 0)); };
+    EXPECT_EQ(dp, calls(l.dp));
+    EXPECT_EQ(tp, calls(l.tp));
+    EXPECT_EQ(pp, calls(l.pp));
+    EXPECT_EQ(world, calls(n));
+    EXPECT_EQ(log.records().size(), dp + tp + pp + world);
+  }
+}
+
+TEST(Mesh, Table) {
+  const int n = world_size(), me = world_rank();
+  const mesh::Layout l = n % 2 == 0 ? mesh::Layout{1, n / 2, 2} : mesh::Layout{n, 1, 1};
+  comm::CommLog log(0.0);
+  mesh::Mesh m(MPI_COMM_WORLD, l, log);
+  const std::string t = m.table();
+  // The same text on every rank: compare with rank 0's.
+  int len = int(t.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::string t0(len, '\0');
+  if (me == 0) t0 = t;
+  MPI_Bcast(t0.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+  EXPECT_EQ(t, t0);
+  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), n + 1) << t;
+  if (n == 4) {
+    EXPECT_NE(t.find("dp{0,2}"), std::string::npos) << t;
+    EXPECT_NE(t.find("tp{2,3}"), std::string::npos) << t;
+    EXPECT_NE(t.find("pp{3}"), std::string::npos) << t;
+  }
+  if (me == 0) std::printf("%s", t.c_str());
+}
+
+TEST(Mesh, LayoutNotMatchingTheWorldThrowsEverywhere) {
+  const int n = world_size();
+  comm::CommLog log(0.0);
+  std::string msg;
+  try {
+    mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, 1, n + 1}, log);
+  } catch (const core::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("world"), std::string::npos) << msg;
+  EXPECT_THROW(mesh::Mesh(MPI_COMM_WORLD, mesh::Layout{0, 1, n}, log), core::Error);
+  EXPECT_TRUE(log.records().empty());
+  MPI_Barrier(MPI_COMM_WORLD);  // every rank got here: nobody hangs in a split
+}
+
+TEST(Profiling, OneRecordPerCallWithBytes) {
+  DupWorld w;
+  comm::CommLog log(prof::now_seconds());
+  log.set_step(3);
+  comm::ProfiledCommunicator c(std::make_unique<comm::MpiCommunicator>(w.c, "world"), log);
+  const int n = c.size(), r = c.rank();
+  EXPECT_EQ(c.axis(), "world");
+  std::vector<double> buf(64 * n, 1.0), out(64 * n);
+  std::vector<std::int64_t> counts(n), displs(n);
+  std::int64_t sent = 0;
+  for (int p = 0; p < n; ++p) counts[p] = displs[p] = p;  // p elements to/from p, from offset p (overlap-free: p <= 2p)
+  for (int p = 0; p < n; ++p) sent += counts[p];
+  // Each rank sends p elements to rank p, so it receives r from each.
+  std::vector<std::int64_t> rcounts(n, r), rdispls(n);
+  for (int p = 0; p < n; ++p) rdispls[p] = p * r;
+
+  struct Want {
+    const char* op;
+    std::int64_t bytes;
+    bool nonblocking;
+  };
+  std::vector<Want> want;
+  c.all_reduce(buf.data(), 10, DType::f64, ReduceOp::sum), want.push_back({"all_reduce", 80, false});
+  c.reduce_scatter(buf.data(), out.data(), 4, DType::f64, ReduceOp::sum),
+      want.push_back({"reduce_scatter", 32 * n, false});
+  c.all_gather(buf.data(), out.data(), 4, DType::f64), want.push_back({"all_gather", 32 * n, false});
+  c.broadcast(buf.data(), 6, DType::f64, 0), want.push_back({"broadcast", 48, false});
+  c.all_to_all(buf.data(), out.data(), 2, DType::f64), want.push_back({"all_to_all", 16 * n, false});
+  c.all_to_allv(buf.data(), counts.data(), displs.data(), out.data(), rcounts.data(), rdispls.data(), DType::f64);
+  want.push_back({"all_to_allv", 8 * sent, false});
+  c.barrier(), want.push_back({"barrier", 0, false});
+  c.iall_reduce(buf.data(), 5, DType::f32, ReduceOp::max)->wait(), want.push_back({"all_reduce", 20, true});
+  c.ireduce_scatter(buf.data(), out.data(), 3, DType::f64, ReduceOp::sum)->wait(),
+      want.push_back({"reduce_scatter", 24 * n, true});
+  c.iall_gather(buf.data(), out.data(), 3, DType::f64)->wait(), want.push_back({"all_gather", 24 * n, true});
+  c.ibroadcast(buf.data(), 7, DType::i32, n - 1)->wait(), want.push_back({"broadcast", 28, true});
+  if (n > 1) {
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    auto rr = c.irecv(out.data(), 3, DType::f64, prev, 1);
+    auto sr = c.isend(buf.data(), 3, DType::f64, next, 1);
+    rr->wait(), sr->wait();
+    want.push_back({"recv", 24, true}), want.push_back({"send", 24, true});
+    if (r == 0) {
+      c.send(buf.data(), 2, DType::i64, 1, 2), want.push_back({"send", 16, false});
+    } else if (r == 1) {
+      c.recv(out.data(), 2, DType::i64, 0, 2), want.push_back({"recv", 16, false});
+    }
+  }
+  const auto& recs = log.records();
+  EXPECT_EQ(recs.size(), want.size());
+  for (std::size_t i = 0; i < std::min(recs.size(), want.size()); ++i) {
+    const comm::CommRecord& rec = recs[i];
+    SCOPED_TRACE(testing::Message() << "record " << i << " (" << want[i].op << ")");
+    EXPECT_EQ(rec.op, want[i].op);
+    EXPECT_EQ(rec.bytes, want[i].bytes);
+    EXPECT_EQ(rec.nonblocking, want[i].nonblocking);
+    EXPECT_EQ(rec.axis, "world");
+    EXPECT_EQ(rec.group_size, n);
+    EXPECT_EQ(rec.step, 3);
+    EXPECT_GE(rec.start, 0.0);
+    EXPECT_GE(rec.end, rec.start);
+    EXPECT_GE(rec.wait, 0.0);
+    if (!rec.nonblocking) {
+      EXPECT_NEAR(rec.wait, rec.end - rec.start, 1e-9);
+    }
+    if (i > 0) {
+      EXPECT_GE(rec.start, recs[i - 1].start);
+    }
+  }
+}
+
+TEST(Profiling, NonblockingRecordCompletesOnWaitOrTest) {
+  DupWorld w;
+  comm::CommLog log(prof::now_seconds());
+  comm::ProfiledCommunicator c(std::make_unique<comm::MpiCommunicator>(w.c, "world"), log);
+  std::vector<float> a(1000, 1.f), b(1000, 2.f), d(1000, 3.f);
+
+  auto r1 = c.iall_reduce(a.data(), 1000, DType::f32, ReduceOp::sum);
+  EXPECT_EQ(log.records().size(), 1u);
+  EXPECT_TRUE(log.records()[0].nonblocking);
+  EXPECT_EQ(log.records()[0].wait, 0.0);  // nothing waited yet
+  r1->wait();
+  const comm::CommRecord after_wait = log.records()[0];
+  EXPECT_GE(after_wait.end, after_wait.start);
+  EXPECT_GE(after_wait.wait, 0.0);
+  EXPECT_LE(after_wait.wait, after_wait.end - after_wait.start + 1e-9);
+  r1->wait();  // a second wait changes nothing
+  r1->test();
+  EXPECT_EQ(log.records()[0].end, after_wait.end);
+  EXPECT_EQ(log.records()[0].wait, after_wait.wait);
+
+  // Through test(): end is set when test() first reports completion.
+  auto r2 = c.iall_reduce(b.data(), 1000, DType::f32, ReduceOp::sum);
+  int polls = 0;
+  while (!r2->test()) ++polls;
+  const comm::CommRecord after_test = log.records()[1];
+  EXPECT_GE(after_test.end, after_test.start);
+  EXPECT_GT(after_test.wait, 0.0);
+  EXPECT_TRUE(r2->test());
+  EXPECT_EQ(log.records()[1].end, after_test.end);
+
+  // Destroying an unfinished request waits, and the record is completed.
+  {
+    auto r3 = c.iall_reduce(d.data(), 1000, DType::f32, ReduceOp::sum);
+  }
+  EXPECT_GE(log.records()[2].end, log.records()[2].start);
+  const float n = float(c.size());
+  EXPECT_EQ(a[0], n);
+  EXPECT_EQ(b[999], 2 * n);
+  EXPECT_EQ(d[500], 3 * n);
+}
+
+TEST(Profiling, ReserveKeepsTheRecords) {
+  comm::CommLog log(0.0);
+  log.add(comm::CommRecord{1, "barrier", "world", 2, 0, false, 0.5, 0.75, 0.25});
+  log.reserve(1000);
+  EXPECT_EQ(log.records().size(), 1u);
+  EXPECT_GE(log.records().capacity(), 1000u);
+  EXPECT_EQ(log.records()[0].op, "barrier");
+  EXPECT_EQ(log.records()[0].end, 0.75);
+  EXPECT_EQ(log.add(comm::CommRecord{1, "send", "pp", 2, 8, true, 1.0, 1.0, 0.0}), 1u);
+}
+
+TEST(Profiling, WrapsEveryCollectiveExactly) {
+  DupWorld w;
+  comm::CommLog log(prof::now_seconds());
+  comm::ProfiledCommunicator c(std::make_unique<comm::MpiCommunicator>(w.c, "world"), log);
+  check_collectives(c, 4);
+  for (const comm::CommRecord& rec : log.records()) {
+    EXPECT_EQ(rec.axis, "world");
+    EXPECT_GE(rec.end, rec.start);
+    EXPECT_GE(rec.wait, 0.0);
+  }
+  EXPECT_GE(log.records().size(), 15u);
+}
+
+}  // namespace
