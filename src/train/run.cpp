@@ -162,7 +162,11 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.parameters = params;
 
   const Peak peak = resolve_peak(cfg.backend.peak_tflops);
-  prov.peak_flops = peak.flops_per_s;
+  // MFU compares the job's model FLOP/s with the summed peak of its ranks
+  // (each measured at once, so ranks sharing a node share its cores).
+  double job_peak = peak.flops_per_s;
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &job_peak, 1, MPI_DOUBLE, MPI_SUM, comm));
+  prov.peak_flops = job_peak;
   prov.peak_source = peak.source;
 
   report::H5File file(comm, report_path(deck, options));
@@ -175,13 +179,18 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   auto finish = [&](const char* status) {
     write_tables(file, rank, steps, memory, cfg.run.profile ? &timeline : nullptr, &log);
     write_comm_summary(file, rank, aggregate_comm(log, cfg.run.warmup_steps));
-    write_summary(file, summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), peak.flops_per_s),
+    write_summary(file, summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak),
                   prov);
     file.set_attr("/", "status", status);
   };
 
   try {
-    Trainer trainer(cfg, tracker, &timeline, peak.flops_per_s, &mesh.dp());
+    Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp());
+    // Room for every record up front: a growing log would pay page faults
+    // inside the measured calls. Per micro-batch a unit has at most a gather,
+    // a prefetch and a reduce-scatter; per step, buckets and a few scalars.
+    const std::size_t units = trainer.model().units().size();
+    log.reserve(std::size_t(cfg.run.steps) * (3 * units * std::size_t(trainer.micro_batches()) + units + 64));
     prov.strategy = trainer.strategy().name();
     prov.padding_elements = trainer.strategy().padding_elements();
     file.set_attr("/", "data", trainer.data().describe());
@@ -189,8 +198,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       fmt::print("strata {} | {} | {} rank(s): {} | {} | {} thread(s) | {:.3f} M parameters | data: {}\n",
                  STRATA_VERSION, prov.backend, world, prov.layout, prov.strategy, prov.threads, double(params) / 1e6,
                  trainer.data().describe());
-      fmt::print("peak {:.1f} GFLOP/s ({}) | global batch {} = {} x micro-batch {} | seq {}\n",
-                 peak.flops_per_s / 1e9, peak.source, cfg.data.global_batch, trainer.micro_batches(),
+      fmt::print("peak {:.1f} GFLOP/s per rank ({}) | global batch {} = dp {} x {} x micro-batch {} | seq {}\n",
+                 job_peak / world / 1e9, peak.source, cfg.data.global_batch, cfg.parallel.dp, trainer.micro_batches(),
                  cfg.data.micro_batch, cfg.model.seq_len);
       fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n", "step", "loss", "lr", "grad_norm", "time_ms",
                  "tokens/s", "MFU%");
@@ -224,7 +233,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   finish("complete");
   file.publish();
 
-  const Summary s = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), peak.flops_per_s);
+  const Summary s = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak);
   print_memory_per_rank(comm, memory, cfg.run.steps - 1);
   const auto aggs = aggregate_comm(log, cfg.run.warmup_steps);
   if (rank == 0) {

@@ -183,8 +183,8 @@ void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
   f.write_scalar(g, "model_flops_per_step", s.model_flops_per_step, "FLOP",
                  "model FLOPs per step, counted from the layers (Megatron's formula for a dense GPT)");
   f.write_scalar(g, "flops_per_s", s.flops_per_s, "FLOP/s", "model_flops_per_step / step_time");
-  f.write_scalar(g, "peak_flops", p.peak_flops, "FLOP/s", "peak that MFU is measured against; see peak_source");
-  f.write_scalar(g, "peak_source", p.peak_source, "where peak_flops comes from: the deck or a measured sgemm");
+  f.write_scalar(g, "peak_flops", p.peak_flops, "FLOP/s", "peak that MFU is measured against: the sum of every rank's peak (peak_source)");
+  f.write_scalar(g, "peak_source", p.peak_source, "where the per-rank peak comes from: the deck, or an sgemm measured on every rank at once");
   f.write_scalar(g, "mfu", s.mfu, "1", "model FLOPs utilisation: flops_per_s / peak_flops");
   f.write_scalar(g, "initial_loss", s.initial_loss, "nats", "loss of step 0");
   f.write_scalar(g, "final_loss", s.final_loss, "nats", "loss of the last step");

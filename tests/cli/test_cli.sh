@@ -42,6 +42,14 @@ if "$py" "$src/tests/python/check_report.py" out/tiny.h5 --steps 4 --layers 2 > 
 if "$strata" run tiny.toml --set run.steps=2 --set run.name=single > single.log 2>&1 && [[ -f results/single.h5 ]]; then
   ok "singleton run with --set and default output"; else bad "singleton run"; cat single.log; fi
 
+# --- two ranks, data parallel with ZeRO stage 2: every rank writes its own rows ---
+if mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=2 --output out/dp2.h5 > dp2.log 2>&1 \
+   && grep -q "reduce_scatter" dp2.log && grep -q "memory per rank" dp2.log; then ok "2-rank ZeRO-2 run prints memory per rank and comm"
+else bad "2-rank ZeRO-2 run"; cat dp2.log; fi
+if "$py" "$src/tests/python/check_report.py" out/dp2.h5 --steps 4 --layers 2 --world 2 > check2.log 2>&1; then ok "2-rank report"; else bad "2-rank report"; cat check2.log; fi
+if mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --dry-run > dry2.log 2>&1 && grep -q "dp{0,1}" dry2.log; then
+  ok "dry run prints the process mesh"; else bad "dry run mesh"; cat dry2.log; fi
+
 # --- dry run, help, version ---
 if "$strata" run tiny.toml --dry-run --output out/dry.h5 > dry.log 2>&1 && grep -q "parameters:" dry.log \
    && grep -q "optimizer" dry.log && [[ ! -e out/dry.h5 ]]; then ok "dry run prints plan, writes nothing"; else bad "dry run"; cat dry.log; fi
@@ -82,6 +90,7 @@ expect_input_error "dp does not fit the world" "dp 2" "$strata" run tiny.toml --
 expect_input_error "zero stage out of range" "parallel.zero" "$strata" run tiny.toml --set parallel.zero=4 --output out_bad/x.h5
 expect_input_error "bucket of 0" "parallel.bucket_mb" "$strata" run tiny.toml --set parallel.bucket_mb=0 --output out_bad/x.h5
 expect_input_error "more ranks than the layout" "rank" mpiexec -n 2 "$strata" run tiny.toml --output out_bad/x.h5
+expect_input_error "dp 3 on 4 ranks" "dp 3" mpiexec -n 4 "$strata" run tiny.toml --set parallel.dp=3 --set data.global_batch=6 --output out_bad/x.h5
 
 # --- a run that fails leaves a report marked failed, never a complete-looking one ---
 "$strata" run tiny.toml --set backend.memory_limit=64KiB --output out/oom.h5 > oom.log 2>&1

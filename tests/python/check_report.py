@@ -17,6 +17,8 @@ TABLES = {
     "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "tokens_per_s", "model_flops", "mfu"],
     "memory": ["rank", "step", "category", "current_bytes", "peak_bytes"],
     "timeline": ["rank", "step", "micro_batch", "layer", "phase", "start", "end"],
+    "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait"],
+    "summary/comm": ["rank", "axis", "op", "group_size", "count", "bytes", "time", "wait", "algbw", "busbw"],
 }
 SUMMARY = ["tokens_per_s", "step_time", "model_flops_per_step", "mfu", "peak_flops", "final_loss"]
 
@@ -30,6 +32,7 @@ def main():
     ap.add_argument("report")
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--layers", type=int, required=True)
+    ap.add_argument("--world", type=int, default=1, help="ranks: each writes its own rows")
     a = ap.parse_args()
     errors = []
     with h5py.File(a.report, "r") as f:
@@ -52,18 +55,39 @@ def main():
                 if f"unit:{c}" not in d.attrs:
                     errors.append(f"/{name} column {c} has no unit attribute")
         steps = f["steps"][...]
-        if len(steps) != a.steps:
-            errors.append(f"/steps has {len(steps)} rows, expected {a.steps}")
+        if len(steps) != a.steps * a.world:
+            errors.append(f"/steps has {len(steps)} rows, expected {a.steps} x {a.world} ranks")
+        if sorted(set(steps["rank"])) != list(range(a.world)):
+            errors.append(f"/steps ranks {sorted(set(steps['rank']))}")
+        if a.world > 1:
+            comm = f["comm"][...]
+            if len(comm) == 0 or sorted(set(comm["rank"])) != list(range(a.world)):
+                errors.append("/comm lacks rows of some rank")
+            if not np.all(comm["end"] >= comm["start"]) or not np.all(comm["wait"] >= 0):
+                errors.append("/comm has spans that end before they start")
+            # The loss is the same number on every rank of the group.
+            for s in range(a.steps):
+                l = steps["loss"][steps["step"] == s]
+                if l.max() != l.min():
+                    errors.append(f"step {s}: ranks disagree on the loss")
         if not np.all(np.isfinite(steps["loss"])) or not np.all(steps["tokens_per_s"] > 0):
             errors.append("/steps has non-finite losses or non-positive throughput")
         mem = f["memory"][...]
         cats = {text(c) for c in mem["category"]}
         if cats != {"params", "grads", "optimizer", "activations", "workspace", "comm"}:
             errors.append(f"/memory categories {cats}")
-        p = mem[[text(c) == "params" for c in mem["category"]]]["current_bytes"]
-        o = mem[[text(c) == "optimizer" for c in mem["category"]]]["current_bytes"]
-        if not np.all(o == 2 * p):
-            errors.append("optimizer bytes are not 2x parameter bytes (AdamW, fp32)")
+        # Held bytes at the end of every step: the ZeRO paper's figures for
+        # fp32 AdamW, with the stated shard padding (psi_p = psi + padding).
+        psi = int(f["summary/parameters"][()])
+        psi_p = psi + int(f["summary/padding_elements"][()])
+        n = a.world
+        expect = {"dp": (4 * psi, 4 * psi, 8 * psi), "zero1": (4 * psi_p, 4 * psi_p, 8 * psi_p // n),
+                  "zero2": (4 * psi_p, 4 * psi_p // n, 8 * psi_p // n),
+                  "zero3": (4 * psi_p // n, 4 * psi_p // n, 8 * psi_p // n)}[text(f["summary/strategy"][()])]
+        for cat, want in zip(("params", "grads", "optimizer"), expect):
+            held = mem[[text(c) == cat for c in mem["category"]]]["current_bytes"]
+            if not np.all(held == want):
+                errors.append(f"{cat} bytes {sorted(set(held))} differ from the analytical {want}")
         tl = f["timeline"][...]
         expect = {"forward", "backward", "optimizer"}
         if {text(x) for x in tl["phase"]} != expect:
