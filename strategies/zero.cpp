@@ -12,7 +12,8 @@ namespace strata::strategies {
 using core::MemCategory;
 
 Zero::Zero(const StateConfig& cfg, const models::Gpt& model, comm::Communicator* dp, core::MemoryTracker& tracker)
-    : stage_(cfg.zero), reg_(model.registry()), units_(model.units()), dp_(dp), tracker_(tracker) {
+    : stage_(cfg.zero), reg_(model.registry()), units_(model.units()), dp_(dp), tracker_(tracker),
+      bucket_bytes_(cfg.bucket_bytes) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {
     n_ = dp_->size();
@@ -111,6 +112,7 @@ void Zero::launch_reduce_scatter(int u, core::Buffer<float> input, const float* 
   const auto& s = us_[u];
   Pending p{u, std::move(input),
             core::Buffer<float>(tracker_, MemCategory::comm, std::size_t(s.shard), "reduce-scatter output"), nullptr};
+  in_flight_bytes_ += std::int64_t(p.input.bytes());
   if (n_ > 1)
     p.request = dp_->ireduce_scatter(src, p.output.data(), s.shard, comm::DType::f32, comm::ReduceOp::sum);
   else
@@ -130,6 +132,15 @@ void Zero::grads_done(int u) {
     launch_reduce_scatter(u, std::move(b), src);
   }
   poll();
+  // Bound the unreduced gradients held at once, as DeepSpeed's reduce bucket
+  // does: past parallel.bucket_mb, wait for the oldest reduce-scatters.
+  while (in_flight_bytes_ > bucket_bytes_ && pending_.size() > 1) pop_front();
+}
+
+void Zero::pop_front() {
+  complete(pending_.front());
+  in_flight_bytes_ -= std::int64_t(pending_.front().input.bytes());
+  pending_.erase(pending_.begin());
 }
 
 void Zero::complete(Pending& p) {
@@ -143,17 +154,13 @@ void Zero::complete(Pending& p) {
 
 void Zero::poll() {
   // Complete in launch order, so the sums are the same whatever the timing.
-  while (!pending_.empty() && (!pending_.front().request || pending_.front().request->test())) {
-    complete(pending_.front());
-    pending_.erase(pending_.begin());
-  }
+  while (!pending_.empty() && (!pending_.front().request || pending_.front().request->test())) pop_front();
   for (auto& p : pending_)
     if (p.request) p.request->test();  // MPICH progresses only inside MPI calls
 }
 
 double Zero::finish_gradients() {
-  for (auto& p : pending_) complete(p);
-  pending_.clear();
+  while (!pending_.empty()) pop_front();
   double sq = 0;
   for (std::size_t u = 0; u < us_.size(); ++u)
     sq += kernels::sum_squares(own_grads(int(u)), us_[u].own_end - us_[u].own_begin);

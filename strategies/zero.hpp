@@ -66,6 +66,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   void launch_reduce_scatter(int u, core::Buffer<float> input, const float* src);
   void complete(Pending& p);
   void poll();
+  void pop_front();
 
   int stage_;
   const models::ParamRegistry& reg_;
@@ -81,6 +82,8 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::vector<core::Buffer<float>> unit_grads_;      // stages 2-3: this micro-batch's unreduced unit gradients
   std::vector<Gathered> gathered_;                   // stage 3
   std::vector<Pending> pending_;
+  std::int64_t in_flight_bytes_ = 0;  // unreduced gradient bytes held by pending_ (stages 2, 3)
+  std::int64_t bucket_bytes_;         // the most of those before the oldest is waited for
   bool last_ = true;
 };
 
