@@ -82,11 +82,16 @@ void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, c
 
 // ---- token + position embedding ----
 // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]
+// Vocabulary-parallel: wte holds rows [v_begin, v_begin + v_count) of the
+// table, and a token outside them contributes 0; wpe may be null (added
+// later, once, after the partial rows are summed over the ranks).
+// v_count < 0: the whole table.
 void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C);
-// dwte[tokens[b,t], :] += dout[b, t, :]; dwpe[t, :] += dout[b, t, :]
+                       int C, int v_begin = 0, int v_count = -1);
+// dwte[tokens[b,t] - v_begin, :] += dout[b, t, :] for local tokens;
+// dwpe[t, :] += dout[b, t, :] unless dwpe is null.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T,
-                        int C);
+                        int C, int v_begin = 0, int v_count = -1);
 
 // ---- fused softmax cross-entropy ----
 // losses[n] = logsumexp(logits[n, :]) - logits[n, targets[n]]
@@ -96,6 +101,24 @@ void softmax_cross_entropy_forward(float* losses, const float* logits, const std
 // WRITES dlogits, which may be the same pointer as logits.
 void softmax_cross_entropy_backward(float* dlogits, const float* logits, const std::int32_t* targets, float dloss,
                                     int N, int V);
+
+// ---- vocabulary-parallel cross-entropy, in pieces ----
+// A rank holds the logit columns [v_begin, v_begin + V) of N rows; the
+// caller combines the pieces across ranks (max and sums all-reduced), so no
+// rank ever holds full-vocabulary logits. With one rank (v_begin 0) they
+// compose to the fused kernels above.
+// m[n] = max_i logits[n, i]
+void row_max(float* m, const float* logits, int N, int V);
+// s[n] = sum_i exp(logits[n, i] - m[n])
+void row_exp_sum(float* s, const float* logits, const float* m, int N, int V);
+// x[n] = logits[n, targets[n] - v_begin] when the target is local, else 0.
+void pick_target_logits(float* x, const float* logits, const std::int32_t* targets, int v_begin, int N, int V);
+// losses[n] = m[n] + log(s[n]) - x[n]   (m, s and x combined over the ranks)
+void cross_entropy_from_parts(float* losses, const float* m, const float* s, const float* x, int N);
+// dlogits[n, i] = (exp(logits[n, i] - m[n]) / s[n] - [targets[n] == v_begin + i]) * dloss
+// WRITES dlogits, which may be the same pointer as logits.
+void softmax_cross_entropy_backward_sharded(float* dlogits, const float* logits, const float* m, const float* s,
+                                            const std::int32_t* targets, int v_begin, float dloss, int N, int V);
 
 // ---- AdamW (Loshchilov & Hutter), as torch.optim.AdamW computes it ----
 // step t >= 1:

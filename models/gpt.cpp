@@ -20,26 +20,31 @@ using prof::ScopedSpan;
 
 static std::string lname(int l, const char* what) { return "h." + std::to_string(l) + "." + what; }
 
-ParamRegistry gpt_registry(const GptConfig& c) {
+ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank) {
   const std::int64_t C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len;
   // GPT-2's initialisation: N(0, 0.02) for matrices, the residual output
   // projections scaled by 1/sqrt(2 L) so the stream's variance stays bounded.
   const float std = 0.02f, res_std = 0.02f / std::sqrt(2.0f * float(c.layers));
+  // Megatron's split: the embedding by vocabulary rows; QKV (three sections)
+  // and the first MLP linear by output rows (column-parallel); the two output
+  // projections by input columns (row-parallel). Norms and the row-parallel
+  // biases are whole on every rank.
+  const TpSlice rows{0, 1, tp_size, tp_rank}, qkv_rows{0, 3, tp_size, tp_rank}, cols{1, 1, tp_size, tp_rank};
   ParamRegistry r;
-  r.add("wte", {V, C}, Init::normal, std, true);
+  r.add("wte", {V, C}, Init::normal, std, true, rows);
   r.add("wpe", {T, C}, Init::normal, std, true);
   for (int l = 0; l < c.layers; ++l) {
     r.add(lname(l, "ln1.weight"), {C}, Init::ones, 0, false);
     r.add(lname(l, "ln1.bias"), {C}, Init::zeros, 0, false);
-    r.add(lname(l, "attn.qkv.weight"), {3 * C, C}, Init::normal, std, true);
-    r.add(lname(l, "attn.qkv.bias"), {3 * C}, Init::zeros, 0, false);
-    r.add(lname(l, "attn.proj.weight"), {C, C}, Init::normal, res_std, true);
+    r.add(lname(l, "attn.qkv.weight"), {3 * C, C}, Init::normal, std, true, qkv_rows);
+    r.add(lname(l, "attn.qkv.bias"), {3 * C}, Init::zeros, 0, false, qkv_rows);
+    r.add(lname(l, "attn.proj.weight"), {C, C}, Init::normal, res_std, true, cols);
     r.add(lname(l, "attn.proj.bias"), {C}, Init::zeros, 0, false);
     r.add(lname(l, "ln2.weight"), {C}, Init::ones, 0, false);
     r.add(lname(l, "ln2.bias"), {C}, Init::zeros, 0, false);
-    r.add(lname(l, "mlp.fc.weight"), {F, C}, Init::normal, std, true);
-    r.add(lname(l, "mlp.fc.bias"), {F}, Init::zeros, 0, false);
-    r.add(lname(l, "mlp.proj.weight"), {C, F}, Init::normal, res_std, true);
+    r.add(lname(l, "mlp.fc.weight"), {F, C}, Init::normal, std, true, rows);
+    r.add(lname(l, "mlp.fc.bias"), {F}, Init::zeros, 0, false, rows);
+    r.add(lname(l, "mlp.proj.weight"), {C, F}, Init::normal, res_std, true, cols);
     r.add(lname(l, "mlp.proj.bias"), {C}, Init::zeros, 0, false);
   }
   r.add("lnf.weight", {C}, Init::ones, 0, false);
@@ -47,8 +52,10 @@ ParamRegistry gpt_registry(const GptConfig& c) {
   return r;
 }
 
-std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B) {
-  const std::int64_t L = c.layers, C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len, NH = c.heads;
+std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp) {
+  // Per tensor-parallel rank: heads, hidden units and vocabulary are 1/tp.
+  const std::int64_t L = c.layers, C = c.d_model, F = c.ffn() / tp, V = c.vocab / tp, T = c.seq_len,
+                     NH = c.heads / tp, Ct = c.d_model / tp;
   const std::int64_t N = B * T;
   const auto A = MemCategory::activations, W = MemCategory::workspace;
   return {
@@ -56,8 +63,8 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B) {
       {"ln1", L * N * C, A},
       {"ln1_mean", L * N, A},
       {"ln1_rstd", L * N, A},
-      {"qkv", L * N * 3 * C, A},
-      {"atty", L * N * C, A},
+      {"qkv", L * N * 3 * Ct, A},
+      {"atty", L * N * Ct, A},
       {"att", L * B * NH * T * T, A},
       {"res2", L * N * C, A},
       {"ln2", L * N * C, A},
@@ -69,11 +76,14 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B) {
       {"lnf", N * C, A},
       {"lnf_mean", N, A},
       {"lnf_rstd", N, A},
-      {"logits", N * V, A},  // overwritten in place by dlogits in backward
+      {"logits", N * V, A},  // this rank's vocabulary columns; overwritten in place by dlogits
       {"losses", N, A},
+      {"ce_max", N, A},      // row maximum, sum of exponentials and target logit over the whole vocabulary
+      {"ce_sum", N, A},
+      {"ce_target", N, A},
       {"dres", N * C, W},
       {"dbuf", N * C, W},
-      {"dqkv", N * 3 * C, W},
+      {"dqkv", N * 3 * Ct, W},
       {"dprobs", B * NH * T * T, W},
       {"dfch", N * F, W},
       {"dgelu", N * F, W},
@@ -111,9 +121,11 @@ std::vector<Unit> gpt_units(const ParamRegistry& reg, int layers) {
   return u;
 }
 
-Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker)
-    : c_(config), B_(micro_batch), reg_(gpt_registry(config)) {
+Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp)
+    : c_(config), B_(micro_batch), tp_(tp), reg_(gpt_registry(config, tp.size, tp.rank)) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
+  STRATA_CHECK(c_.heads % tp_.size == 0 && c_.vocab % tp_.size == 0, "heads {} and vocab {} over tp {}", c_.heads,
+               c_.vocab, tp_.size);
   units_ = gpt_units(reg_, c_.layers);
   static const char* kLayerParams[kParamsPerLayer] = {
       "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
@@ -128,7 +140,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker)
   lnfw_off_ = reg_.find("lnf.weight").offset - units_[c_.layers + 1].begin;
   lnfb_off_ = reg_.find("lnf.bias").offset - units_[c_.layers + 1].begin;
 
-  plan_ = gpt_activation_plan(c_, B_);
+  plan_ = gpt_activation_plan(c_, B_, tp_.size);
   for (const auto& p : plan_) acts_.emplace_back(tracker, p.category, p.numel, p.name);
   encoded_ = act("encoded");
   ln1_ = act("ln1"), ln1_mean_ = act("ln1_mean"), ln1_rstd_ = act("ln1_rstd");
@@ -137,6 +149,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker)
   fch_ = act("fch"), fch_gelu_ = act("fch_gelu"), res3_ = act("res3");
   lnf_ = act("lnf"), lnf_mean_ = act("lnf_mean"), lnf_rstd_ = act("lnf_rstd");
   logits_ = act("logits"), losses_ = act("losses");
+  ce_max_ = act("ce_max"), ce_sum_ = act("ce_sum"), ce_target_ = act("ce_target");
   dres_ = act("dres"), dbuf_ = act("dbuf"), dqkv_ = act("dqkv"), dprobs_ = act("dprobs");
   dfch_ = act("dfch"), dgelu_ = act("dgelu");
 }
@@ -147,6 +160,10 @@ float* Gpt::act(const char* name) {
   core::runtime_error("no activation buffer '{}'", name);
 }
 
+void Gpt::tp_sum(float* x, std::int64_t n) {
+  if (tp_.size > 1) tp_.comm->all_reduce(x, n, comm::DType::f32, comm::ReduceOp::sum);
+}
+
 Gpt::LayerParams Gpt::layer_view(float* base, int l) const {
   const auto& o = layer_offsets_[l];
   return {base + o[0], base + o[1], base + o[2], base + o[3], base + o[4],  base + o[5],
@@ -154,14 +171,25 @@ Gpt::LayerParams Gpt::layer_view(float* base, int l) const {
 }
 
 float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
-  const int B = B_, T = c_.seq_len, C = c_.d_model, F = c_.ffn(), V = c_.vocab, NH = c_.heads, L = c_.layers;
+  // Local sizes: this tensor-parallel rank's heads (Ct channels of q, k, v),
+  // MLP hidden units (Ft) and vocabulary rows [v0, v0 + Vt).
+  const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
+  const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_.rank * Vt;
   const int N = B * T;
   const std::int64_t NC = std::int64_t(N) * C;
   {
     ScopedSpan s(tl, 0, Phase::forward);
     float* u0 = st.acquire_params(0);
     st.prefetch(1);
-    kernels::embedding_forward(encoded_, tokens, u0 + wte_off_, u0 + wpe_off_, B, T, C);
+    if (tp == 1) {
+      kernels::embedding_forward(encoded_, tokens, u0 + wte_off_, u0 + wpe_off_, B, T, C);
+    } else {
+      // Vocabulary-parallel: each rank looks up the rows it holds, the sum
+      // over ranks is the lookup, then the (whole) position rows are added.
+      kernels::embedding_forward(encoded_, tokens, u0 + wte_off_, nullptr, B, T, C, v0, Vt);
+      tp_sum(encoded_, NC);
+      for (int b = 0; b < B; ++b) kernels::add_inplace(encoded_ + std::int64_t(b) * T * C, u0 + wpe_off_, std::int64_t(T) * C);
+    }
     st.release_params(0);
   }
   for (int l = 0; l < L; ++l) {
@@ -170,26 +198,31 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     st.prefetch(l + 2);
     const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NC;
     float* ln1 = ln1_ + l * NC;
-    float* qkv = qkv_ + l * NC * 3;
-    float* atty = atty_ + l * NC;
-    float* att = att_ + std::int64_t(l) * B * NH * T * T;
+    float* qkv = qkv_ + std::int64_t(l) * N * 3 * Ct;
+    float* atty = atty_ + std::int64_t(l) * N * Ct;
+    float* att = att_ + std::int64_t(l) * B * NHt * T * T;
     float* res2 = res2_ + l * NC;
     float* ln2 = ln2_ + l * NC;
-    float* fch = fch_ + std::int64_t(l) * N * F;
-    float* fch_gelu = fch_gelu_ + std::int64_t(l) * N * F;
+    float* fch = fch_ + std::int64_t(l) * N * Ft;
+    float* fch_gelu = fch_gelu_ + std::int64_t(l) * N * Ft;
     float* res3 = res3_ + l * NC;
 
     kernels::layernorm_forward(ln1, ln1_mean_ + l * N, ln1_rstd_ + l * N, x, p.ln1_w, p.ln1_b, N, C);
-    linear_forward(qkv, ln1, p.qkv_w, p.qkv_b, N, C, 3 * C);
-    kernels::attention_forward(atty, att, qkv, B, T, C, NH);
-    // res2 = x + atty Wp^T + bp, accumulated straight into the residual copy.
-    std::memcpy(res2, x, sizeof(float) * NC);
-    linear_forward(res2, atty, p.proj_w, p.proj_b, N, C, C, /*accumulate=*/true);
+    linear_forward(qkv, ln1, p.qkv_w, p.qkv_b, N, C, 3 * Ct);  // column-parallel: this rank's heads
+    kernels::attention_forward(atty, att, qkv, B, T, Ct, NHt);
+    // Row-parallel output projection: partial sums over this rank's heads,
+    // summed over the ranks (g), then the bias and the residual, once.
+    linear_forward(dbuf_, atty, p.proj_w, nullptr, N, Ct, C);
+    tp_sum(dbuf_, NC);
+    kernels::residual_forward(res2, x, dbuf_, NC);
+    kernels::bias_add(res2, p.proj_b, N, C);
     kernels::layernorm_forward(ln2, ln2_mean_ + l * N, ln2_rstd_ + l * N, res2, p.ln2_w, p.ln2_b, N, C);
-    linear_forward(fch, ln2, p.fc_w, p.fc_b, N, C, F);
-    kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * F);
-    std::memcpy(res3, res2, sizeof(float) * NC);
-    linear_forward(res3, fch_gelu, p.fcproj_w, p.fcproj_b, N, F, C, /*accumulate=*/true);
+    linear_forward(fch, ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
+    kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * Ft);
+    linear_forward(dbuf_, fch_gelu, p.fcproj_w, nullptr, N, Ft, C);  // row-parallel
+    tp_sum(dbuf_, NC);
+    kernels::residual_forward(res3, res2, dbuf_, NC);
+    kernels::bias_add(res3, p.fcproj_b, N, C);
     st.release_params(l + 1);
   }
   ScopedSpan s(tl, L + 1, Phase::forward);
@@ -198,8 +231,17 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   float* wte = st.acquire_params(0) + wte_off_;
   const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NC;
   kernels::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xL, uf + lnfw_off_, uf + lnfb_off_, N, C);
-  linear_forward(logits_, lnf_, wte, nullptr, N, C, V);  // tied head: logits = lnf wte^T
-  kernels::softmax_cross_entropy_forward(losses_, logits_, targets, N, V);
+  linear_forward(logits_, lnf_, wte, nullptr, N, C, Vt);  // tied head: this rank's vocabulary columns
+  // Vocabulary-parallel cross-entropy: the row maximum, the sum of
+  // exponentials and the target's logit are combined over the ranks; no rank
+  // holds the whole vocabulary's logits.
+  kernels::row_max(ce_max_, logits_, N, Vt);
+  if (tp > 1) tp_.comm->all_reduce(ce_max_, N, comm::DType::f32, comm::ReduceOp::max);
+  kernels::row_exp_sum(ce_sum_, logits_, ce_max_, N, Vt);
+  tp_sum(ce_sum_, N);
+  kernels::pick_target_logits(ce_target_, logits_, targets, v0, N, Vt);
+  tp_sum(ce_target_, N);
+  kernels::cross_entropy_from_parts(losses_, ce_max_, ce_sum_, ce_target_, N);
   double sum = 0;
   for (int i = 0; i < N; ++i) sum += losses_[i];
   return float(sum / N);
@@ -207,7 +249,8 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
 
 void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
                    prof::Timeline* tl) {
-  const int B = B_, T = c_.seq_len, C = c_.d_model, F = c_.ffn(), V = c_.vocab, NH = c_.heads, L = c_.layers;
+  const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
+  const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_.rank * Vt;
   const int N = B * T;
   const std::int64_t NC = std::int64_t(N) * C;
   float* dwte = st.grads(0) + wte_off_;
@@ -219,8 +262,10 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     st.prefetch(L);  // the last block's backward comes next
     float* gf = st.grads(L + 1);
     float* dlogits = logits_;  // in place
-    kernels::softmax_cross_entropy_backward(dlogits, logits_, targets, loss_scale / float(N), N, V);
-    linear_backward(dbuf_, dwte, nullptr, dlogits, lnf_, wte, N, C, V);
+    kernels::softmax_cross_entropy_backward_sharded(dlogits, logits_, ce_max_, ce_sum_, targets, v0,
+                                                    loss_scale / float(N), N, Vt);
+    linear_backward(dbuf_, dwte, nullptr, dlogits, lnf_, wte, N, C, Vt);
+    tp_sum(dbuf_, NC);  // f: the head's input gradient from every rank's vocabulary columns
     const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NC;
     kernels::fill_zero(dres_, NC);
     kernels::layernorm_backward(dres_, gf + lnfw_off_, gf + lnfb_off_, dbuf_, xL, uf + lnfw_off_, lnf_mean_,
@@ -239,34 +284,39 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     LayerParams g = layer_view(st.grads(l + 1), l);
     const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NC;
     const float* ln1 = ln1_ + l * NC;
-    const float* qkv = qkv_ + l * NC * 3;
-    const float* atty = atty_ + l * NC;
-    const float* att = att_ + std::int64_t(l) * B * NH * T * T;
+    const float* qkv = qkv_ + std::int64_t(l) * N * 3 * Ct;
+    const float* atty = atty_ + std::int64_t(l) * N * Ct;
+    const float* att = att_ + std::int64_t(l) * B * NHt * T * T;
     const float* res2 = res2_ + l * NC;
     const float* ln2 = ln2_ + l * NC;
-    const float* fch = fch_ + std::int64_t(l) * N * F;
-    const float* fch_gelu = fch_gelu_ + std::int64_t(l) * N * F;
+    const float* fch = fch_ + std::int64_t(l) * N * Ft;
+    const float* fch_gelu = fch_gelu_ + std::int64_t(l) * N * Ft;
 
     // MLP branch: dres_ holds d(res3); the identity path leaves it as d(res2).
-    linear_backward(dgelu_, g.fcproj_w, g.fcproj_b, dres_, fch_gelu, p.fcproj_w, N, F, C);
-    kernels::fill_zero(dfch_, std::int64_t(N) * F);
-    kernels::gelu_backward(dfch_, fch, dgelu_, std::int64_t(N) * F);
-    linear_backward(dbuf_, g.fc_w, g.fc_b, dfch_, ln2, p.fc_w, N, C, F);
+    // The row-parallel projection's input gradient needs no communication
+    // (g's backward is the identity); the column-parallel input's does (f).
+    linear_backward(dgelu_, g.fcproj_w, g.fcproj_b, dres_, fch_gelu, p.fcproj_w, N, Ft, C);
+    kernels::fill_zero(dfch_, std::int64_t(N) * Ft);
+    kernels::gelu_backward(dfch_, fch, dgelu_, std::int64_t(N) * Ft);
+    linear_backward(dbuf_, g.fc_w, g.fc_b, dfch_, ln2, p.fc_w, N, C, Ft);
+    tp_sum(dbuf_, NC);
     kernels::layernorm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_, res2, p.ln2_w, ln2_mean_ + l * N,
                                 ln2_rstd_ + l * N, N, C);
     // Attention branch: dres_ now holds d(res2).
-    linear_backward(dbuf_, g.proj_w, g.proj_b, dres_, atty, p.proj_w, N, C, C);
-    kernels::fill_zero(dqkv_, NC * 3);
-    kernels::attention_backward(dqkv_, dprobs_, dbuf_, qkv, att, B, T, C, NH);
-    linear_backward(dbuf_, g.qkv_w, g.qkv_b, dqkv_, ln1, p.qkv_w, N, C, 3 * C);
+    linear_backward(dbuf_, g.proj_w, g.proj_b, dres_, atty, p.proj_w, N, Ct, C);
+    kernels::fill_zero(dqkv_, std::int64_t(N) * 3 * Ct);
+    kernels::attention_backward(dqkv_, dprobs_, dbuf_, qkv, att, B, T, Ct, NHt);
+    linear_backward(dbuf_, g.qkv_w, g.qkv_b, dqkv_, ln1, p.qkv_w, N, C, 3 * Ct);
+    tp_sum(dbuf_, NC);
     kernels::layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_, x, p.ln1_w, ln1_mean_ + l * N, ln1_rstd_ + l * N,
                                 N, C);
     st.release_params(l + 1);
     st.grads_done(l + 1);
   }
   ScopedSpan s(tl, 0, Phase::backward);
-  // The embedding's backward needs no parameters, only the token ids.
-  kernels::embedding_backward(dwte, st.grads(0) + wpe_off_, dres_, tokens, B, T, C);
+  // The embedding's backward needs no parameters, only the token ids; each
+  // rank scatters into the vocabulary rows it holds.
+  kernels::embedding_backward(dwte, st.grads(0) + wpe_off_, dres_, tokens, B, T, C, v0, Vt);
   st.grads_done(0);
 }
 

@@ -12,6 +12,7 @@
 
 #include "models/param_registry.hpp"
 #include "models/state.hpp"
+#include "src/comm/communicator.hpp"
 #include "src/core/memory.hpp"
 #include "src/prof/timeline.hpp"
 
@@ -27,8 +28,18 @@ struct GptConfig {
   int ffn() const { return ffn_mult * d_model; }
 };
 
-// The parameters of a GPT, in flat-buffer order (embeddings, blocks, final norm).
-ParamRegistry gpt_registry(const GptConfig& c);
+// Tensor parallelism (Megatron-LM): the layer seam's parallel context. With
+// size > 1 attention heads, the MLP's hidden units and the vocabulary are
+// split over the group; every collective goes through `comm` (the tp axis).
+struct TensorParallel {
+  comm::Communicator* comm = nullptr;  // null: one rank
+  int size = 1;
+  int rank = 0;
+};
+
+// The parameters of a GPT, in flat-buffer order (embeddings, blocks, final
+// norm), as tensor-parallel rank `tp_rank` of `tp_size` holds them.
+ParamRegistry gpt_registry(const GptConfig& c, int tp_size = 1, int tp_rank = 0);
 
 // One buffer the model allocates per micro-batch shape: its name, element
 // count and category. The same list drives allocation and the dry-run
@@ -38,7 +49,7 @@ struct BufferPlan {
   std::int64_t numel;
   core::MemCategory category;
 };
-std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch);
+std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch, int tp_size = 1);
 
 // Forward matmul FLOPs of one micro-batch of B sequences, per layer:
 // [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
@@ -55,12 +66,13 @@ class Gpt {
  public:
   // Allocates the activations and backward scratch of one micro-batch shape.
   // Parameters and gradients live in a ParamState (the state seam).
-  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker);
+  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp = {});
 
   const GptConfig& config() const { return c_; }
   int micro_batch() const { return B_; }
   const ParamRegistry& registry() const { return reg_; }
   const std::vector<Unit>& units() const { return units_; }
+  const TensorParallel& tp() const { return tp_; }
 
   // tokens and targets are [B, T]. Returns the mean cross-entropy over B*T.
   // Every forward is followed by a backward (the head's parameters stay
@@ -81,9 +93,13 @@ class Gpt {
   // Views into block l's unit (its first element at `unit_base`).
   LayerParams layer_view(float* unit_base, int l) const;
   float* act(const char* name);
+  // Megatron's g in the forward pass and f in the backward pass: the sum of
+  // the tensor-parallel ranks' partial results (nothing with one rank).
+  void tp_sum(float* x, std::int64_t n);
 
   GptConfig c_;
   int B_;
+  TensorParallel tp_;
   ParamRegistry reg_;
   std::vector<Unit> units_;
   // Unit-relative offsets of each block's 12 parameters, in LayerParams order;
@@ -94,7 +110,7 @@ class Gpt {
   std::vector<core::Buffer<float>> acts_;
   // Activation pointers, resolved once from the plan.
   float *encoded_, *ln1_, *ln1_mean_, *ln1_rstd_, *qkv_, *atty_, *att_, *res2_, *ln2_, *ln2_mean_, *ln2_rstd_,
-      *fch_, *fch_gelu_, *res3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_;
+      *fch_, *fch_gelu_, *res3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_, *ce_max_, *ce_sum_, *ce_target_;
   // Backward scratch (workspace).
   float *dres_, *dbuf_, *dqkv_, *dprobs_, *dfch_, *dgelu_;
 };

@@ -41,7 +41,7 @@ void init_param(float* out, const ParamSpec& spec, std::uint64_t seed, std::int6
       const std::uint64_t h = hash_name(spec.name);
 #pragma omp parallel for schedule(static)
       for (std::int64_t k = 0; k < count; ++k)
-        out[k] = float(spec.init_std * keyed_normal(seed, h, begin + k));
+        out[k] = float(spec.init_std * keyed_normal(seed, h, spec.global_index(begin + k)));
       break;
     }
   }

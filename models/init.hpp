@@ -16,7 +16,9 @@ std::uint64_t hash_name(std::string_view name);
 // Standard normal for key (seed, name_hash, index), by Box-Muller.
 double keyed_normal(std::uint64_t seed, std::uint64_t name_hash, std::int64_t index);
 
-// Fills out[k] with element (begin + k) of parameter `spec`, k < count.
+// Fills out[k] with local element (begin + k) of parameter `spec`, k < count:
+// the value of its global element, so a tensor-parallel shard holds exactly
+// its slice of the whole tensor.
 void init_param(float* out, const ParamSpec& spec, std::uint64_t seed, std::int64_t begin, std::int64_t count);
 
 }  // namespace strata::models

@@ -12,20 +12,41 @@ namespace strata::models {
 
 enum class Init { normal, zeros, ones };
 
+// How a tensor-parallel rank's tensor relates to the whole: along dimension
+// `split_dim` the local tensor is `sections` blocks, block k being part
+// `part` of `parts` of section k of the global tensor (the fused QKV weight
+// has three sections, q, k and v, each split by heads). parts == 1: the
+// tensor is whole on every rank (replicated over tp).
+struct TpSlice {
+  int split_dim = 0;
+  int sections = 1;
+  int parts = 1;
+  int part = 0;
+};
+
 struct ParamSpec {
   std::string name;
-  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> shape;         // local
+  std::vector<std::int64_t> global_shape;  // of the whole tensor
+  TpSlice tp;
   std::int64_t offset = 0;  // elements from the start of the flat buffer
   std::int64_t numel = 0;
   Init init = Init::zeros;
   float init_std = 0.0f;    // for Init::normal
   bool decay = false;       // AdamW weight decay applies (matrices, not biases or norms)
+
+  bool replicated() const { return tp.parts == 1; }
+  // Index in the whole tensor of local element `local` (row-major).
+  std::int64_t global_index(std::int64_t local) const;
 };
 
 class ParamRegistry {
  public:
   // Appends a parameter after the previous one and returns its index.
-  int add(std::string name, std::vector<std::int64_t> shape, Init init, float init_std, bool decay);
+  // `global_shape` is the whole tensor; with a split `tp`, this rank holds
+  // global_shape[split_dim] / parts of it along split_dim.
+  int add(std::string name, std::vector<std::int64_t> global_shape, Init init, float init_std, bool decay,
+          TpSlice tp = {});
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec& at(int i) const { return specs_[i]; }
   const ParamSpec& find(const std::string& name) const;  // runtime error if absent

@@ -23,6 +23,18 @@ ReplicatedState::ReplicatedState(const ParamRegistry& reg, std::vector<Unit> uni
   init_flat_range(reg, seed, 0, reg.numel(), params_.data());
 }
 
+double grad_sum_squares(const ParamRegistry& reg, const float* grads, std::int64_t begin, std::int64_t end,
+                        int tp_size) {
+  double sq = 0;
+  for (const auto& s : reg.specs()) {
+    const std::int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo >= hi) continue;
+    const double part = kernels::sum_squares(grads + (lo - begin), hi - lo);
+    sq += s.replicated() && tp_size > 1 ? part / tp_size : part;
+  }
+  return sq;
+}
+
 void ReplicatedState::zero_grads() { kernels::fill_zero(grads_.data(), std::int64_t(grads_.size())); }
 
 }  // namespace strata::models

@@ -41,6 +41,13 @@ class ParamState {
 // out[0 .. end-begin) by the layout-independent keyed initialisation.
 void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t begin, std::int64_t end, float* out);
 
+// Sum of squares of the gradients of flat elements [begin, end) (`grads`
+// points at element begin). A parameter that is whole on each of `tp_size`
+// tensor-parallel ranks counts 1/tp_size, so the sum of the results over the
+// tp group is the global squared norm, every element counted once.
+double grad_sum_squares(const ParamRegistry& reg, const float* grads, std::int64_t begin, std::int64_t end,
+                        int tp_size);
+
 // The trivial state: every parameter and gradient held whole on this rank,
 // no communication. The single-rank run, and the base of data parallelism.
 class ReplicatedState : public ParamState {

@@ -9,7 +9,7 @@ namespace strata::strategies {
 DataParallel::DataParallel(const StateConfig& cfg, const models::Gpt& model, comm::Communicator* dp,
                            core::MemoryTracker& tracker)
     : models::ReplicatedState(model.registry(), model.units(), tracker, cfg.seed),
-      dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
+      reg_(model.registry()), tp_size_(cfg.tp_size), dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
       optimizer_(model.registry(), 0, model.registry().numel(), cfg.adamw, tracker) {
   const std::int64_t n = numel();
   const std::int64_t per = std::max<std::int64_t>(1, cfg.bucket_bytes / std::int64_t(sizeof(float)));
@@ -44,7 +44,7 @@ double DataParallel::finish_gradients() {
     for (auto& r : in_flight_) r->wait();
     in_flight_.clear();
   }
-  return kernels::sum_squares(grads_.data(), numel());
+  return models::grad_sum_squares(reg_, grads_.data(), 0, numel(), tp_size_);
 }
 
 void DataParallel::update(float coef, float lr, int step) {

@@ -35,6 +35,8 @@ class DataParallel final : public StateStrategy, public models::ReplicatedState 
  private:
   void launch_ready(std::int64_t watermark);
 
+  const models::ParamRegistry& reg_;
+  int tp_size_;
   comm::Communicator* dp_;
   models::AdamW optimizer_;
   std::vector<Bucket> buckets_;       // buckets_[0] is the last range of the buffer

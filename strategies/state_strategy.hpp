@@ -23,6 +23,7 @@ struct StateConfig {
   std::int64_t bucket_bytes = 25 << 20;      // DP all-reduce bucket (PyTorch DDP's default)
   models::AdamWSettings adamw;
   std::uint64_t seed = 0;
+  int tp_size = 1;                           // tensor-parallel ranks (for the gradient norm's weights)
 };
 
 class StateStrategy {
@@ -36,7 +37,9 @@ class StateStrategy {
   // Before each micro-batch; `last`: its backward completes the step's gradients.
   virtual void begin_micro_batch(bool last) = 0;
   // After the last backward: completes gradient synchronisation and returns
-  // the squared L2 norm of the global gradient, equal on every rank.
+  // this tensor-parallel rank's share of the squared global gradient norm
+  // (models::grad_sum_squares), equal on every rank of the dp group; the
+  // trainer sums it over the tp group.
   virtual double finish_gradients() = 0;
   // Scales the gradients by coef (clipping; 1 for none), applies AdamW with
   // lr at 1-based `step`, and leaves parameters ready for the next forward.

@@ -13,7 +13,7 @@ using core::MemCategory;
 
 Zero::Zero(const StateConfig& cfg, const models::Gpt& model, comm::Communicator* dp, core::MemoryTracker& tracker)
     : stage_(cfg.zero), reg_(model.registry()), units_(model.units()), dp_(dp), tracker_(tracker),
-      bucket_bytes_(cfg.bucket_bytes) {
+      tp_size_(cfg.tp_size), bucket_bytes_(cfg.bucket_bytes) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {
     n_ = dp_->size();
@@ -163,7 +163,7 @@ double Zero::finish_gradients() {
   while (!pending_.empty()) pop_front();
   double sq = 0;
   for (std::size_t u = 0; u < us_.size(); ++u)
-    sq += kernels::sum_squares(own_grads(int(u)), us_[u].own_end - us_[u].own_begin);
+    sq += models::grad_sum_squares(reg_, own_grads(int(u)), us_[u].own_begin, us_[u].own_end, tp_size_);
   if (n_ > 1) dp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
   return sq;
 }

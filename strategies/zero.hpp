@@ -74,6 +74,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   comm::Communicator* dp_;
   core::MemoryTracker& tracker_;
   int n_ = 1, r_ = 0;
+  int tp_size_;
   std::vector<UnitShard> us_;
   std::int64_t shard_total_ = 0;
   core::Buffer<float> params_full_, grads_full_;     // stages 1-2 (params), stage 1 (grads): padded N*S

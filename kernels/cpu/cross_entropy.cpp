@@ -13,7 +13,7 @@ namespace {
 
 using cpu::exp_vec;
 
-float row_max(const float* x, int V) {
+float max_of(const float* x, int V) {
   float m = x[0];
 #pragma omp simd reduction(max : m)
   for (int i = 0; i < V; ++i) m = x[i] > m ? x[i] : m;
@@ -49,7 +49,7 @@ void softmax_cross_entropy_forward(float* losses, const float* logits, const std
 #pragma omp parallel for schedule(static) if (std::int64_t(N) * V >= (1 << 15))
   for (int n = 0; n < N; ++n) {
     const float* x = logits + std::int64_t(n) * V;
-    const float m = row_max(x, V);
+    const float m = max_of(x, V);
     const double sum = exp_sum<false>(x, m, V, nullptr);
     losses[n] = float(double(m) + std::log(sum) - double(x[targets[n]]));
   }
@@ -63,12 +63,50 @@ void softmax_cross_entropy_backward(float* dlogits, const float* logits, const s
   for (int n = 0; n < N; ++n) {
     const float* x = logits + std::int64_t(n) * V;
     float* dx = dlogits + std::int64_t(n) * V;
-    const float m = row_max(x, V);
+    const float m = max_of(x, V);
     const double sum = exp_sum<true>(x, m, V, dx);
     const float scale = float(double(dloss) / sum);
 #pragma omp simd
     for (int i = 0; i < V; ++i) dx[i] *= scale;
     dx[targets[n]] -= dloss;
+  }
+}
+
+// The vocabulary-parallel pieces: the same passes as the fused kernels, with
+// the row statistics coming from outside (combined over the tensor-parallel
+// ranks) instead of from the local row.
+void row_max(float* m, const float* logits, int N, int V) {
+  for (int n = 0; n < N; ++n) m[n] = max_of(logits + std::int64_t(n) * V, V);
+}
+
+void row_exp_sum(float* s, const float* logits, const float* m, int N, int V) {
+#pragma omp parallel for schedule(static) if (std::int64_t(N) * V >= (1 << 15))
+  for (int n = 0; n < N; ++n) s[n] = float(exp_sum<false>(logits + std::int64_t(n) * V, m[n], V, nullptr));
+}
+
+void pick_target_logits(float* x, const float* logits, const std::int32_t* targets, int v_begin, int N, int V) {
+  for (int n = 0; n < N; ++n) {
+    const int t = targets[n] - v_begin;
+    x[n] = (t >= 0 && t < V) ? logits[std::int64_t(n) * V + t] : 0.0f;
+  }
+}
+
+void cross_entropy_from_parts(float* losses, const float* m, const float* s, const float* x, int N) {
+  for (int n = 0; n < N; ++n) losses[n] = float(double(m[n]) + std::log(double(s[n])) - double(x[n]));
+}
+
+void softmax_cross_entropy_backward_sharded(float* dlogits, const float* logits, const float* m, const float* s,
+                                            const std::int32_t* targets, int v_begin, float dloss, int N, int V) {
+#pragma omp parallel for schedule(static) if (std::int64_t(N) * V >= (1 << 15))
+  for (int n = 0; n < N; ++n) {
+    const float* x = logits + std::int64_t(n) * V;
+    float* dx = dlogits + std::int64_t(n) * V;
+    const float scale = float(double(dloss) / double(s[n]));
+    const float mn = m[n];
+#pragma omp simd
+    for (int i = 0; i < V; ++i) dx[i] = exp_vec(x[i] - mn) * scale;
+    const int t = targets[n] - v_begin;
+    if (t >= 0 && t < V) dx[t] -= dloss;
   }
 }
 

@@ -10,21 +10,31 @@
 namespace strata::kernels {
 
 void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C) {
+                       int C, int v_begin, int v_count) {
 #pragma omp parallel for collapse(2) schedule(static) if (std::int64_t(B) * T * C >= (1 << 15))
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const std::int64_t n = std::int64_t(b) * T + t;
-      const float* te = wte + std::int64_t(tokens[n]) * C;
-      const float* pe = wpe + std::int64_t(t) * C;
+      const int row = tokens[n] - v_begin;
       float* y = out + n * C;
+      if (v_count >= 0 && (row < 0 || row >= v_count)) {
+        for (int c = 0; c < C; ++c) y[c] = 0.0f;
+      } else {
+        const float* te = wte + std::int64_t(row) * C;
 #pragma omp simd
-      for (int c = 0; c < C; ++c) y[c] = te[c] + pe[c];
+        for (int c = 0; c < C; ++c) y[c] = te[c];
+      }
+      if (wpe != nullptr) {
+        const float* pe = wpe + std::int64_t(t) * C;
+#pragma omp simd
+        for (int c = 0; c < C; ++c) y[c] += pe[c];
+      }
     }
   }
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T, int C) {
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T, int C,
+                        int v_begin, int v_count) {
   // A token may repeat within the batch, so rows of dwte can have several
   // writers. Splitting the channels (not the rows) among threads keeps every
   // element single-writer and the summation order fixed: results do not
@@ -37,12 +47,16 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
       for (int t = 0; t < T; ++t) {
         const std::int64_t n = std::int64_t(b) * T + t;
         const float* dy = dout + n * C;
-        float* dte = dwte + std::int64_t(tokens[n]) * C;
-        float* dpe = dwpe + std::int64_t(t) * C;
+        const int row = tokens[n] - v_begin;
+        if (v_count < 0 || (row >= 0 && row < v_count)) {
+          float* dte = dwte + std::int64_t(row) * C;
 #pragma omp simd
-        for (int c = c_begin; c < c_end; ++c) {
-          dte[c] += dy[c];
-          dpe[c] += dy[c];
+          for (int c = c_begin; c < c_end; ++c) dte[c] += dy[c];
+        }
+        if (dwpe != nullptr) {
+          float* dpe = dwpe + std::int64_t(t) * C;
+#pragma omp simd
+          for (int c = c_begin; c < c_end; ++c) dpe[c] += dy[c];
         }
       }
     }

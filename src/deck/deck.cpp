@@ -307,6 +307,13 @@ void Resolver::check_cross_keys() {
                       "sequences in whole micro-batches",
                       primary({"data.global_batch", "data.micro_batch", "parallel.dp"}), show("data.global_batch"),
                       show("parallel.dp"), show("data.micro_batch")));
+  if (c.model.heads % c.parallel.tp != 0)
+    error(fmt::format("{}: {} is not a multiple of {}: tensor parallelism splits the attention heads over tp ranks",
+                      primary({"model.heads", "parallel.tp"}), show("model.heads"), show("parallel.tp")));
+  if (c.model.vocab % c.parallel.tp != 0)
+    error(fmt::format("{}: {} is not a multiple of {}: the embedding and the logits are split by vocabulary over tp "
+                      "ranks",
+                      primary({"model.vocab", "parallel.tp"}), show("model.vocab"), show("parallel.tp")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",
@@ -380,22 +387,21 @@ void Resolver::throw_if_errors() {
 }
 
 // Layouts the deck format describes but this build cannot run yet: data
-// parallelism and every ZeRO stage run; tensor, pipeline and expert
-// parallelism and offload do not. This is the one place to relax as each
+// parallelism, every ZeRO stage and tensor parallelism run; sequence,
+// pipeline and expert parallelism and offload do not. This is the one place to relax as each
 // strategy arrives; the key table already accepts the full range of every
 // parallel key.
 void check_supported_by_this_build(Resolver& r) {
   const ParallelSection& p = r.config.parallel;
   constexpr const char* kOnly =
-      "this build runs data parallelism (any dp, zero = 0..3) with tp = pp = ep = 1, virtual_stages = 1, "
-      "sequence_parallel = false, offload = \"none\" (tensor, pipeline and expert parallelism and offload are "
-      "not built yet)";
+      "this build runs data and tensor parallelism (any dp and tp, zero = 0..3) with pp = ep = 1, "
+      "virtual_stages = 1, sequence_parallel = false, offload = \"none\" (sequence, pipeline and expert "
+      "parallelism and offload are not built yet)";
   auto refuse = [&](const std::string& key, bool unsupported) {
     if (!unsupported) return;
     const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
     r.error(fmt::format("{}: {} = {}: {}", r.primary({key}), key, value, kOnly));
   };
-  refuse("parallel.tp", p.tp != 1);
   refuse("parallel.pp", p.pp != 1);
   refuse("parallel.ep", p.ep != 1);
   refuse("parallel.virtual_stages", p.virtual_stages != 1);

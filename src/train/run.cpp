@@ -62,14 +62,20 @@ void check_world(const deck::Config& c, int world) {
 void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_batch, std::int64_t params) {
   fmt::print("# resolved configuration ({})\n{}\n", deck.path, deck.resolved_toml);
   fmt::print("parameters: {} ({:.3f} M)\n", params, double(params) / 1e6);
+  // Per rank: this tensor-parallel rank's parameters, held as the ZeRO stage
+  // says over dp ranks (shard padding, at most dp - 1 elements per unit, left out).
+  const auto& par = deck.config.parallel;
+  const double psi = double(models::gpt_registry(gc, par.tp, 0).numel()), n = par.dp;
+  const double held[4][3] = {{4 * psi, 4 * psi, 8 * psi}, {4 * psi, 4 * psi, 8 * psi / n},
+                             {4 * psi, 4 * psi / n, 8 * psi / n}, {4 * psi / n, 4 * psi / n, 8 * psi / n}};
   std::uint64_t per_cat[core::kNumMemCategories] = {};
-  per_cat[int(core::MemCategory::params)] = 4 * std::uint64_t(params);
-  per_cat[int(core::MemCategory::grads)] = 4 * std::uint64_t(params);
-  per_cat[int(core::MemCategory::optimizer)] = 8 * std::uint64_t(params);
-  for (const auto& b : models::gpt_activation_plan(gc, micro_batch)) per_cat[int(b.category)] += 4 * b.numel;
+  per_cat[int(core::MemCategory::params)] = std::uint64_t(held[par.zero][0]);
+  per_cat[int(core::MemCategory::grads)] = std::uint64_t(held[par.zero][1]);
+  per_cat[int(core::MemCategory::optimizer)] = std::uint64_t(held[par.zero][2]);
+  for (const auto& b : models::gpt_activation_plan(gc, micro_batch, par.tp)) per_cat[int(b.category)] += 4 * b.numel;
   per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len;  // tokens, targets
   std::uint64_t total = 0;
-  fmt::print("memory estimate per rank:\n");
+  fmt::print("memory estimate per rank (held; peaks add gathered units and reduce buffers):\n");
   for (int c = 0; c < core::kNumMemCategories; ++c) {
     fmt::print("  {:<12} {:>14} B  {:>12}\n", core::category_name(core::MemCategory(c)), per_cat[c],
                core::format_bytes(double(per_cat[c])));
@@ -132,7 +138,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
   const models::GptConfig gc = gpt_config(cfg.model);
-  const std::int64_t params = models::gpt_registry(gc).numel();
+  const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
   const mesh::Layout layout{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp};
   prof::Timeline timeline(cfg.run.profile);
@@ -185,7 +191,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   };
 
   try {
-    Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp());
+    Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp());
     // Room for every record up front: a growing log would pay page faults
     // inside the measured calls. Per micro-batch a unit has at most a gather,
     // a prefetch and a reduce-scatter; per step, buckets and a few scalars.

@@ -14,8 +14,9 @@ models::GptConfig gpt_config(const deck::ModelSection& m) {
 }
 
 Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
-                 double peak_flops, comm::Communicator* dp)
-    : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(dp) {
+                 double peak_flops, comm::Communicator* dp, comm::Communicator* tp)
+    : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(dp),
+      tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {
   if (dp_ != nullptr) {
     dp_size_ = dp_->size();
     dp_rank_ = dp_->rank();
@@ -26,13 +27,16 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
                cfg_.data.global_batch, dp_size_, B);
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
-  model_ = std::make_unique<models::Gpt>(gc, B, tracker);
+  models::TensorParallel tpc;
+  if (tp_ != nullptr) tpc = {tp_, tp_->size(), tp_->rank()};
+  model_ = std::make_unique<models::Gpt>(gc, B, tracker, tpc);
   strategies::StateConfig sc;
   sc.zero = cfg_.parallel.zero;
   sc.bucket_bytes = std::int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
   sc.adamw = {float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;
+  sc.tp_size = tpc.size;
   strategy_ = strategies::make_state_strategy(sc, *model_, dp_, tracker);
   data_ = make_data_source(cfg_);
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");
@@ -68,7 +72,9 @@ StepRecord Trainer::step(int step) {
 
   {
     prof::ScopedSpan span(timeline_, -1, prof::Phase::optimizer);
-    r.grad_norm = std::sqrt(strategy_->finish_gradients());
+    double sq = strategy_->finish_gradients();
+    if (tp_ != nullptr) tp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
+    r.grad_norm = std::sqrt(sq);
     // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
     float coef = 1.0f;
     if (cfg_.optim.grad_clip > 0) {

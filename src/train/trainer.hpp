@@ -39,8 +39,9 @@ class Trainer {
  public:
   // dp: the data-parallel communicator (nullptr on a single rank). Each dp
   // rank takes global_batch / dp sequences of every step.
+  // tp: the tensor-parallel communicator (nullptr: tp = 1).
   Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
-          comm::Communicator* dp = nullptr);
+          comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr);
 
   // Runs 0-based optimizer step `step` and returns its record.
   StepRecord step(int step);
@@ -56,6 +57,7 @@ class Trainer {
   prof::Timeline* timeline_;
   double peak_flops_;
   comm::Communicator* dp_;
+  comm::Communicator* tp_;
   int dp_size_ = 1, dp_rank_ = 0;
   int micro_batches_;  // per rank and step
   double model_flops_per_step_;

@@ -85,7 +85,8 @@ expect_input_error "missing deck" "nothere.toml" "$strata" run nothere.toml --ou
 expect_input_error "bad --set key" "--set" "$strata" run tiny.toml --set model.layerz=3 --output out_bad/x.h5
 expect_input_error "bad --set value" "model.layers" "$strata" run tiny.toml --set model.layers=-1 --output out_bad/x.h5
 expect_input_error "unknown flag" "--frobnicate" "$strata" run tiny.toml --frobnicate
-expect_input_error "layout refused" "parallel.tp" "$strata" run tiny.toml --set parallel.tp=2 --output out_bad/x.h5
+expect_input_error "layout refused" "parallel.pp" "$strata" run tiny.toml --set parallel.pp=2 --output out_bad/x.h5
+expect_input_error "heads % tp" "parallel.tp" "$strata" run tiny.toml --set parallel.tp=4 --output out_bad/x.h5
 expect_input_error "dp does not fit the world" "dp 2" "$strata" run tiny.toml --set parallel.dp=2 --output out_bad/x.h5
 expect_input_error "zero stage out of range" "parallel.zero" "$strata" run tiny.toml --set parallel.zero=4 --output out_bad/x.h5
 expect_input_error "bucket of 0" "parallel.bucket_mb" "$strata" run tiny.toml --set parallel.bucket_mb=0 --output out_bad/x.h5

@@ -833,6 +833,88 @@ TEST(CrossEntropy, LargeEnoughForThreads) {
   k::set_num_threads(before);
 }
 
+// The vocabulary-parallel pieces, with the columns split over two "ranks"
+// (unevenly, and with the combination done as the model does it: max, then
+// sums), give the double-precision loss and gradient of the whole row.
+TEST(CrossEntropy, ShardedPiecesMatchTheWholeRow) {
+  SEEDED_RNG(rng);
+  const int N = 11, V = 37, split = 20;
+  Vec logits = uniform(rng, std::size_t(N) * V, -4.0f, 4.0f);
+  for (int i = 0; i < V; ++i) logits[i] = logits[i] * 20.0f + 1000.0f;
+  IVec targets = randint(rng, N, 0, V - 1);
+  const float dloss = 1.0f / N;
+  DVec ld = to_double(logits);
+  // Column blocks [0, split) and [split, V), stored contiguously per block.
+  const int lo[2] = {0, split}, width[2] = {split, V - split};
+  Vec block[2];
+  for (int b = 0; b < 2; ++b) {
+    block[b].resize(std::size_t(N) * width[b]);
+    for (int n = 0; n < N; ++n)
+      for (int i = 0; i < width[b]; ++i) block[b][std::size_t(n) * width[b] + i] = logits[std::size_t(n) * V + lo[b] + i];
+  }
+  Vec m(N), mb(N), s(N, 0.0f), sb(N), x(N, 0.0f), xb(N), losses(N);
+  k::row_max(m.data(), block[0].data(), N, width[0]);
+  k::row_max(mb.data(), block[1].data(), N, width[1]);
+  for (int n = 0; n < N; ++n) m[n] = std::max(m[n], mb[n]);  // the all-reduce MAX
+  for (int b = 0; b < 2; ++b) {
+    k::row_exp_sum(sb.data(), block[b].data(), m.data(), N, width[b]);
+    k::pick_target_logits(xb.data(), block[b].data(), targets.data(), lo[b], N, width[b]);
+    for (int n = 0; n < N; ++n) {  // the all-reduce SUMs
+      s[n] += sb[n];
+      x[n] += xb[n];
+    }
+  }
+  k::cross_entropy_from_parts(losses.data(), m.data(), s.data(), x.data(), N);
+  for (int n = 0; n < N; ++n) {
+    const double want = ref_ce_loss(&ld[std::size_t(n) * V], V, targets[n]);
+    EXPECT_NEAR(losses[n], want, kRtol * (std::fabs(ld[std::size_t(n) * V + targets[n]]) + want)) << "row " << n;
+  }
+  for (int b = 0; b < 2; ++b) {
+    Vec d(block[b].size(), std::numeric_limits<float>::quiet_NaN());
+    k::softmax_cross_entropy_backward_sharded(d.data(), block[b].data(), m.data(), s.data(), targets.data(), lo[b],
+                                              dloss, N, width[b]);
+    DVec want(d.size());
+    for (int n = 0; n < N; ++n) {
+      const double* row = &ld[std::size_t(n) * V];
+      const double lse = ref_ce_loss(row, V, 0) + row[0];
+      for (int i = 0; i < width[b]; ++i)
+        want[std::size_t(n) * width[b] + i] = (std::exp(row[lo[b] + i] - lse) - (lo[b] + i == targets[n])) * dloss;
+    }
+    EXPECT_TRUE(all_close(d, want)) << "block " << b;
+    // In place over the logits, as the model runs it.
+    Vec inplace = block[b];
+    k::softmax_cross_entropy_backward_sharded(inplace.data(), inplace.data(), m.data(), s.data(), targets.data(),
+                                              lo[b], dloss, N, width[b]);
+    EXPECT_EQ(inplace, d);
+  }
+}
+
+// Vocabulary-parallel embedding: the partial rows of two shards, summed, plus
+// the position rows added once, are the whole lookup (bit for bit: exactly one
+// shard contributes each row); the backward scatters each token's gradient
+// into the one shard that holds its row.
+TEST(Embedding, VocabularyShardsComposeToTheWhole) {
+  SEEDED_RNG(rng);
+  const int B = 2, T = 5, C = 6, V = 14, half = V / 2;
+  Vec wte = uniform(rng, std::size_t(V) * C), wpe = uniform(rng, std::size_t(T) * C), dout = uniform(rng, B * T * C);
+  IVec tok = randint(rng, B * T, 0, V - 1);
+  Vec whole(B * T * C), sum(B * T * C, 0.0f), part(B * T * C);
+  k::embedding_forward(whole.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  for (int r = 0; r < 2; ++r) {
+    k::embedding_forward(part.data(), tok.data(), wte.data() + std::size_t(r) * half * C, nullptr, B, T, C, r * half,
+                         half);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  for (int b = 0; b < B; ++b) k::add_inplace(sum.data() + std::size_t(b) * T * C, wpe.data(), std::int64_t(T) * C);
+  EXPECT_EQ(sum, whole);
+  Vec dwte(std::size_t(V) * C, 0.0f), dwpe(std::size_t(T) * C, 0.0f), dshards(std::size_t(V) * C, 0.0f);
+  k::embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  for (int r = 0; r < 2; ++r)
+    k::embedding_backward(dshards.data() + std::size_t(r) * half * C, nullptr, dout.data(), tok.data(), B, T, C,
+                          r * half, half);
+  EXPECT_EQ(dshards, dwte);
+}
+
 // -------------------------------------------------------------------- AdamW
 
 void adamw_case(std::mt19937& rng, float beta1) {
