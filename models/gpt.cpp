@@ -52,42 +52,51 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank) {
   return r;
 }
 
-std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp) {
-  // Per tensor-parallel rank: heads, hidden units and vocabulary are 1/tp.
+std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, bool sp) {
+  // Per tensor-parallel rank: heads, hidden units and vocabulary are 1/tp;
+  // with sequence parallelism the residual stream and norm statistics hold
+  // 1/tp of the rows (the norm outputs are kept gathered, for the weight
+  // gradients of the linears that read them).
   const std::int64_t L = c.layers, C = c.d_model, F = c.ffn() / tp, V = c.vocab / tp, T = c.seq_len,
                      NH = c.heads / tp, Ct = c.d_model / tp;
-  const std::int64_t N = B * T;
+  const std::int64_t N = B * T, Nl = sp ? N / tp : N;
   const auto A = MemCategory::activations, W = MemCategory::workspace;
-  return {
-      {"encoded", N * C, A},
+  std::vector<BufferPlan> plan = {
+      {"encoded", Nl * C, A},
       {"ln1", L * N * C, A},
-      {"ln1_mean", L * N, A},
-      {"ln1_rstd", L * N, A},
+      {"ln1_mean", L * Nl, A},
+      {"ln1_rstd", L * Nl, A},
       {"qkv", L * N * 3 * Ct, A},
       {"atty", L * N * Ct, A},
       {"att", L * B * NH * T * T, A},
-      {"res2", L * N * C, A},
+      {"res2", L * Nl * C, A},
       {"ln2", L * N * C, A},
-      {"ln2_mean", L * N, A},
-      {"ln2_rstd", L * N, A},
+      {"ln2_mean", L * Nl, A},
+      {"ln2_rstd", L * Nl, A},
       {"fch", L * N * F, A},
       {"fch_gelu", L * N * F, A},
-      {"res3", L * N * C, A},
+      {"res3", L * Nl * C, A},
       {"lnf", N * C, A},
-      {"lnf_mean", N, A},
-      {"lnf_rstd", N, A},
+      {"lnf_mean", Nl, A},
+      {"lnf_rstd", Nl, A},
       {"logits", N * V, A},  // this rank's vocabulary columns; overwritten in place by dlogits
       {"losses", N, A},
       {"ce_max", N, A},      // row maximum, sum of exponentials and target logit over the whole vocabulary
       {"ce_sum", N, A},
       {"ce_target", N, A},
-      {"dres", N * C, W},
+      {"dres", Nl * C, W},
       {"dbuf", N * C, W},
       {"dqkv", N * 3 * Ct, W},
       {"dprobs", B * NH * T * T, W},
       {"dfch", N * F, W},
       {"dgelu", N * F, W},
   };
+  if (sp) {
+    plan.push_back({"sp_rows", Nl * C, W});
+    plan.push_back({"dres_full", N * C, W});
+    plan.push_back({"sp_grads", 6 * C, W});
+  }
+  return plan;
 }
 
 std::vector<double> gpt_forward_flops(const GptConfig& c, int B) {
@@ -140,7 +149,10 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
   lnfw_off_ = reg_.find("lnf.weight").offset - units_[c_.layers + 1].begin;
   lnfb_off_ = reg_.find("lnf.bias").offset - units_[c_.layers + 1].begin;
 
-  plan_ = gpt_activation_plan(c_, B_, tp_.size);
+  STRATA_CHECK(!tp_.sequence_parallel || (c_.seq_len * B_) % tp_.size == 0, "rows {} over tp {}",
+               c_.seq_len * B_, tp_.size);
+  if (tp_.size == 1) tp_.sequence_parallel = false;
+  plan_ = gpt_activation_plan(c_, B_, tp_.size, tp_.sequence_parallel);
   for (const auto& p : plan_) acts_.emplace_back(tracker, p.category, p.numel, p.name);
   encoded_ = act("encoded");
   ln1_ = act("ln1"), ln1_mean_ = act("ln1_mean"), ln1_rstd_ = act("ln1_rstd");
@@ -152,6 +164,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
   ce_max_ = act("ce_max"), ce_sum_ = act("ce_sum"), ce_target_ = act("ce_target");
   dres_ = act("dres"), dbuf_ = act("dbuf"), dqkv_ = act("dqkv"), dprobs_ = act("dprobs");
   dfch_ = act("dfch"), dgelu_ = act("dgelu");
+  if (tp_.sequence_parallel) sp_rows_ = act("sp_rows"), dres_full_ = act("dres_full"), sp_grads_ = act("sp_grads");
 }
 
 float* Gpt::act(const char* name) {
@@ -164,6 +177,20 @@ void Gpt::tp_sum(float* x, std::int64_t n) {
   if (tp_.size > 1) tp_.comm->all_reduce(x, n, comm::DType::f32, comm::ReduceOp::sum);
 }
 
+void Gpt::tp_reduce_scatter(const float* all, float* mine, std::int64_t count) {
+  tp_.comm->reduce_scatter(all, mine, count, comm::DType::f32, comm::ReduceOp::sum);
+}
+
+void Gpt::tp_all_gather(const float* mine, float* all, std::int64_t count) {
+  tp_.comm->all_gather(mine, all, count, comm::DType::f32);
+}
+
+void Gpt::sp_reduce_param_grads(float* const* grads, int n, int C) {
+  tp_sum(sp_grads_, std::int64_t(n) * C);
+  for (int k = 0; k < n; ++k) kernels::add_inplace(grads[k], sp_grads_ + std::int64_t(k) * C, C);
+  kernels::fill_zero(sp_grads_, std::int64_t(n) * C);
+}
+
 Gpt::LayerParams Gpt::layer_view(float* base, int l) const {
   const auto& o = layer_offsets_[l];
   return {base + o[0], base + o[1], base + o[2], base + o[3], base + o[4],  base + o[5],
@@ -172,11 +199,30 @@ Gpt::LayerParams Gpt::layer_view(float* base, int l) const {
 
 float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
   // Local sizes: this tensor-parallel rank's heads (Ct channels of q, k, v),
-  // MLP hidden units (Ft) and vocabulary rows [v0, v0 + Vt).
+  // MLP hidden units (Ft) and vocabulary rows [v0, v0 + Vt); with sequence
+  // parallelism its Nl rows of the residual stream start at row r0.
   const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
   const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_.rank * Vt;
-  const int N = B * T;
-  const std::int64_t NC = std::int64_t(N) * C;
+  const bool sp = tp_.sequence_parallel;
+  const int N = B * T, Nl = sp ? N / tp : N, r0 = sp ? tp_.rank * Nl : 0;
+  const std::int64_t NC = std::int64_t(N) * C, NlC = std::int64_t(Nl) * C;
+  // A norm over this rank's rows, its output gathered to all N rows.
+  auto norm = [&](float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
+    kernels::layernorm_forward(out_all + std::int64_t(r0) * C, mean, rstd, x, w, b, Nl, C);
+    if (sp) tp_all_gather(out_all + std::int64_t(r0) * C, out_all, NlC);
+  };
+  // out = x + (the row-parallel partial sums in dbuf_, summed over ranks) + bias.
+  auto residual = [&](float* out, const float* x, const float* bias) {
+    const float* sum = dbuf_;
+    if (sp) {
+      tp_reduce_scatter(dbuf_, sp_rows_, NlC);
+      sum = sp_rows_;
+    } else {
+      tp_sum(dbuf_, NC);
+    }
+    kernels::residual_forward(out, x, sum, NlC);
+    kernels::bias_add(out, bias, Nl, C);
+  };
   {
     ScopedSpan s(tl, 0, Phase::forward);
     float* u0 = st.acquire_params(0);
@@ -186,9 +232,14 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     } else {
       // Vocabulary-parallel: each rank looks up the rows it holds, the sum
       // over ranks is the lookup, then the (whole) position rows are added.
-      kernels::embedding_forward(encoded_, tokens, u0 + wte_off_, nullptr, B, T, C, v0, Vt);
-      tp_sum(encoded_, NC);
-      for (int b = 0; b < B; ++b) kernels::add_inplace(encoded_ + std::int64_t(b) * T * C, u0 + wpe_off_, std::int64_t(T) * C);
+      float* rows = sp ? dbuf_ : encoded_;
+      kernels::embedding_forward(rows, tokens, u0 + wte_off_, nullptr, B, T, C, v0, Vt);
+      if (sp)
+        tp_reduce_scatter(dbuf_, encoded_, NlC);
+      else
+        tp_sum(encoded_, NC);
+      for (int i = 0; i < Nl; ++i)
+        kernels::add_inplace(encoded_ + std::int64_t(i) * C, u0 + wpe_off_ + std::int64_t((r0 + i) % T) * C, C);
     }
     st.release_params(0);
   }
@@ -196,41 +247,37 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     ScopedSpan s(tl, l + 1, Phase::forward);
     LayerParams p = layer_view(st.acquire_params(l + 1), l);
     st.prefetch(l + 2);
-    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NC;
+    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NlC;
     float* ln1 = ln1_ + l * NC;
     float* qkv = qkv_ + std::int64_t(l) * N * 3 * Ct;
     float* atty = atty_ + std::int64_t(l) * N * Ct;
     float* att = att_ + std::int64_t(l) * B * NHt * T * T;
-    float* res2 = res2_ + l * NC;
+    float* res2 = res2_ + l * NlC;
     float* ln2 = ln2_ + l * NC;
     float* fch = fch_ + std::int64_t(l) * N * Ft;
     float* fch_gelu = fch_gelu_ + std::int64_t(l) * N * Ft;
-    float* res3 = res3_ + l * NC;
+    float* res3 = res3_ + l * NlC;
 
-    kernels::layernorm_forward(ln1, ln1_mean_ + l * N, ln1_rstd_ + l * N, x, p.ln1_w, p.ln1_b, N, C);
+    norm(ln1, ln1_mean_ + l * Nl, ln1_rstd_ + l * Nl, x, p.ln1_w, p.ln1_b);
     linear_forward(qkv, ln1, p.qkv_w, p.qkv_b, N, C, 3 * Ct);  // column-parallel: this rank's heads
     kernels::attention_forward(atty, att, qkv, B, T, Ct, NHt);
     // Row-parallel output projection: partial sums over this rank's heads,
     // summed over the ranks (g), then the bias and the residual, once.
     linear_forward(dbuf_, atty, p.proj_w, nullptr, N, Ct, C);
-    tp_sum(dbuf_, NC);
-    kernels::residual_forward(res2, x, dbuf_, NC);
-    kernels::bias_add(res2, p.proj_b, N, C);
-    kernels::layernorm_forward(ln2, ln2_mean_ + l * N, ln2_rstd_ + l * N, res2, p.ln2_w, p.ln2_b, N, C);
+    residual(res2, x, p.proj_b);
+    norm(ln2, ln2_mean_ + l * Nl, ln2_rstd_ + l * Nl, res2, p.ln2_w, p.ln2_b);
     linear_forward(fch, ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
     kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * Ft);
     linear_forward(dbuf_, fch_gelu, p.fcproj_w, nullptr, N, Ft, C);  // row-parallel
-    tp_sum(dbuf_, NC);
-    kernels::residual_forward(res3, res2, dbuf_, NC);
-    kernels::bias_add(res3, p.fcproj_b, N, C);
+    residual(res3, res2, p.fcproj_b);
     st.release_params(l + 1);
   }
   ScopedSpan s(tl, L + 1, Phase::forward);
   // The head's units stay acquired until its backward, which comes next.
   float* uf = st.acquire_params(L + 1);
   float* wte = st.acquire_params(0) + wte_off_;
-  const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NC;
-  kernels::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xL, uf + lnfw_off_, uf + lnfb_off_, N, C);
+  const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NlC;
+  norm(lnf_, lnf_mean_, lnf_rstd_, xL, uf + lnfw_off_, uf + lnfb_off_);
   linear_forward(logits_, lnf_, wte, nullptr, N, C, Vt);  // tied head: this rank's vocabulary columns
   // Vocabulary-parallel cross-entropy: the row maximum, the sum of
   // exponentials and the target's logit are combined over the ranks; no rank
@@ -251,8 +298,30 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
                    prof::Timeline* tl) {
   const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
   const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_.rank * Vt;
-  const int N = B * T;
-  const std::int64_t NC = std::int64_t(N) * C;
+  const bool sp = tp_.sequence_parallel;
+  const int N = B * T, Nl = sp ? N / tp : N;
+  const std::int64_t NC = std::int64_t(N) * C, NlC = std::int64_t(Nl) * C;
+  // The residual gradient of all N rows (gathered under sequence parallelism).
+  auto dres_all = [&]() -> const float* {
+    if (!sp) return dres_;
+    tp_all_gather(dres_, dres_full_, NlC);
+    return dres_full_;
+  };
+  // A norm's backward from the column-parallel partial input gradients in
+  // dbuf_ (f: summed over ranks), accumulating into dres_. Under sequence
+  // parallelism its weight and bias gradients cover this rank's rows only:
+  // they go to sp_grads_ + k*C and (k+1)*C, summed over ranks at the block's end.
+  auto norm_back = [&](const float* x, const float* w, const float* mean, const float* rstd, float* gw, float* gb,
+                       int k) {
+    if (sp) {
+      tp_reduce_scatter(dbuf_, sp_rows_, NlC);
+      kernels::layernorm_backward(dres_, sp_grads_ + std::int64_t(k) * C, sp_grads_ + std::int64_t(k + 1) * C,
+                                  sp_rows_, x, w, mean, rstd, Nl, C);
+    } else {
+      tp_sum(dbuf_, NC);
+      kernels::layernorm_backward(dres_, gw, gb, dbuf_, x, w, mean, rstd, N, C);
+    }
+  };
   float* dwte = st.grads(0) + wte_off_;
   {
     ScopedSpan s(tl, L + 1, Phase::backward);
@@ -265,11 +334,13 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     kernels::softmax_cross_entropy_backward_sharded(dlogits, logits_, ce_max_, ce_sum_, targets, v0,
                                                     loss_scale / float(N), N, Vt);
     linear_backward(dbuf_, dwte, nullptr, dlogits, lnf_, wte, N, C, Vt);
-    tp_sum(dbuf_, NC);  // f: the head's input gradient from every rank's vocabulary columns
-    const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NC;
-    kernels::fill_zero(dres_, NC);
-    kernels::layernorm_backward(dres_, gf + lnfw_off_, gf + lnfb_off_, dbuf_, xL, uf + lnfw_off_, lnf_mean_,
-                                lnf_rstd_, N, C);
+    const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NlC;
+    kernels::fill_zero(dres_, NlC);
+    norm_back(xL, uf + lnfw_off_, lnf_mean_, lnf_rstd_, gf + lnfw_off_, gf + lnfb_off_, 0);
+    if (sp) {
+      float* g[2] = {gf + lnfw_off_, gf + lnfb_off_};
+      sp_reduce_param_grads(g, 2, C);
+    }
     // Twice: once for this backward's acquire, once for the forward's.
     for (int k = 0; k < 2; ++k) {
       st.release_params(L + 1);
@@ -282,41 +353,46 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     LayerParams p = layer_view(st.acquire_params(l + 1), l);
     if (l > 0) st.prefetch(l);
     LayerParams g = layer_view(st.grads(l + 1), l);
-    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NC;
+    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NlC;
     const float* ln1 = ln1_ + l * NC;
     const float* qkv = qkv_ + std::int64_t(l) * N * 3 * Ct;
     const float* atty = atty_ + std::int64_t(l) * N * Ct;
     const float* att = att_ + std::int64_t(l) * B * NHt * T * T;
-    const float* res2 = res2_ + l * NC;
+    const float* res2 = res2_ + l * NlC;
     const float* ln2 = ln2_ + l * NC;
     const float* fch = fch_ + std::int64_t(l) * N * Ft;
     const float* fch_gelu = fch_gelu_ + std::int64_t(l) * N * Ft;
 
     // MLP branch: dres_ holds d(res3); the identity path leaves it as d(res2).
-    // The row-parallel projection's input gradient needs no communication
-    // (g's backward is the identity); the column-parallel input's does (f).
-    linear_backward(dgelu_, g.fcproj_w, g.fcproj_b, dres_, fch_gelu, p.fcproj_w, N, Ft, C);
+    // The row-parallel projection's input gradient needs the residual
+    // gradient of every row (g's backward: identity, or an all-gather under
+    // sequence parallelism); the column-parallel input's is summed (f).
+    const float* d3 = dres_all();
+    linear_backward(dgelu_, g.fcproj_w, sp ? nullptr : g.fcproj_b, d3, fch_gelu, p.fcproj_w, N, Ft, C);
+    if (sp) kernels::bias_backward(sp_grads_ + 5 * C, dres_, Nl, C);
     kernels::fill_zero(dfch_, std::int64_t(N) * Ft);
     kernels::gelu_backward(dfch_, fch, dgelu_, std::int64_t(N) * Ft);
     linear_backward(dbuf_, g.fc_w, g.fc_b, dfch_, ln2, p.fc_w, N, C, Ft);
-    tp_sum(dbuf_, NC);
-    kernels::layernorm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_, res2, p.ln2_w, ln2_mean_ + l * N,
-                                ln2_rstd_ + l * N, N, C);
+    norm_back(res2, p.ln2_w, ln2_mean_ + l * Nl, ln2_rstd_ + l * Nl, g.ln2_w, g.ln2_b, 3);
     // Attention branch: dres_ now holds d(res2).
-    linear_backward(dbuf_, g.proj_w, g.proj_b, dres_, atty, p.proj_w, N, Ct, C);
+    const float* d2 = dres_all();
+    linear_backward(dbuf_, g.proj_w, sp ? nullptr : g.proj_b, d2, atty, p.proj_w, N, Ct, C);
+    if (sp) kernels::bias_backward(sp_grads_ + 2 * C, dres_, Nl, C);
     kernels::fill_zero(dqkv_, std::int64_t(N) * 3 * Ct);
     kernels::attention_backward(dqkv_, dprobs_, dbuf_, qkv, att, B, T, Ct, NHt);
     linear_backward(dbuf_, g.qkv_w, g.qkv_b, dqkv_, ln1, p.qkv_w, N, C, 3 * Ct);
-    tp_sum(dbuf_, NC);
-    kernels::layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_, x, p.ln1_w, ln1_mean_ + l * N, ln1_rstd_ + l * N,
-                                N, C);
+    norm_back(x, p.ln1_w, ln1_mean_ + l * Nl, ln1_rstd_ + l * Nl, g.ln1_w, g.ln1_b, 0);
+    if (sp) {
+      float* gs[6] = {g.ln1_w, g.ln1_b, g.proj_b, g.ln2_w, g.ln2_b, g.fcproj_b};
+      sp_reduce_param_grads(gs, 6, C);
+    }
     st.release_params(l + 1);
     st.grads_done(l + 1);
   }
   ScopedSpan s(tl, 0, Phase::backward);
   // The embedding's backward needs no parameters, only the token ids; each
   // rank scatters into the vocabulary rows it holds.
-  kernels::embedding_backward(dwte, st.grads(0) + wpe_off_, dres_, tokens, B, T, C, v0, Vt);
+  kernels::embedding_backward(dwte, st.grads(0) + wpe_off_, dres_all(), tokens, B, T, C, v0, Vt);
   st.grads_done(0);
 }
 

@@ -35,6 +35,11 @@ struct TensorParallel {
   comm::Communicator* comm = nullptr;  // null: one rank
   int size = 1;
   int rank = 0;
+  // Sequence parallelism (Korthikanti et al., 2022): the norms and residual
+  // stream hold 1/size of the tokens (contiguous rows of the flattened
+  // batch x sequence); all-gathers before the column-parallel linears and
+  // reduce-scatters after the row-parallel ones replace the all-reduces.
+  bool sequence_parallel = false;
 };
 
 // The parameters of a GPT, in flat-buffer order (embeddings, blocks, final
@@ -49,7 +54,8 @@ struct BufferPlan {
   std::int64_t numel;
   core::MemCategory category;
 };
-std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch, int tp_size = 1);
+std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch, int tp_size = 1,
+                                            bool sequence_parallel = false);
 
 // Forward matmul FLOPs of one micro-batch of B sequences, per layer:
 // [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
@@ -96,6 +102,14 @@ class Gpt {
   // Megatron's g in the forward pass and f in the backward pass: the sum of
   // the tensor-parallel ranks' partial results (nothing with one rank).
   void tp_sum(float* x, std::int64_t n);
+  // Sequence parallelism: this rank's rows of a [N, C] partial sum, summed
+  // over the ranks (reduce-scatter), and all rows from every rank's share
+  // (all-gather; `mine` may be this rank's block of `all`).
+  void tp_reduce_scatter(const float* all, float* mine, std::int64_t count);
+  void tp_all_gather(const float* mine, float* all, std::int64_t count);
+  // Adds the sequence-parallel partial gradients of the replicated norm and
+  // bias parameters, summed over the ranks, into their gradients.
+  void sp_reduce_param_grads(float* const* grads, int n, int C);
 
   GptConfig c_;
   int B_;
@@ -113,6 +127,10 @@ class Gpt {
       *fch_, *fch_gelu_, *res3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_, *ce_max_, *ce_sum_, *ce_target_;
   // Backward scratch (workspace).
   float *dres_, *dbuf_, *dqkv_, *dprobs_, *dfch_, *dgelu_;
+  // Sequence parallelism only: a reduce-scatter's rows, the gathered
+  // residual gradient, and the partial gradients of the replicated
+  // parameters (ln1 w, b; proj b; ln2 w, b; mlp proj b).
+  float *sp_rows_ = nullptr, *dres_full_ = nullptr, *sp_grads_ = nullptr;
 };
 
 }  // namespace strata::models

@@ -314,6 +314,10 @@ void Resolver::check_cross_keys() {
     error(fmt::format("{}: {} is not a multiple of {}: the embedding and the logits are split by vocabulary over tp "
                       "ranks",
                       primary({"model.vocab", "parallel.tp"}), show("model.vocab"), show("parallel.tp")));
+  if (c.parallel.sequence_parallel && c.model.seq_len % c.parallel.tp != 0)
+    error(fmt::format("{}: {} is not a multiple of {}: sequence parallelism splits the sequence over tp ranks",
+                      primary({"model.seq_len", "parallel.tp", "parallel.sequence_parallel"}), show("model.seq_len"),
+                      show("parallel.tp")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",
@@ -387,16 +391,15 @@ void Resolver::throw_if_errors() {
 }
 
 // Layouts the deck format describes but this build cannot run yet: data
-// parallelism, every ZeRO stage and tensor parallelism run; sequence,
+// parallelism, every ZeRO stage, tensor and sequence parallelism run;
 // pipeline and expert parallelism and offload do not. This is the one place to relax as each
 // strategy arrives; the key table already accepts the full range of every
 // parallel key.
 void check_supported_by_this_build(Resolver& r) {
   const ParallelSection& p = r.config.parallel;
   constexpr const char* kOnly =
-      "this build runs data and tensor parallelism (any dp and tp, zero = 0..3) with pp = ep = 1, "
-      "virtual_stages = 1, sequence_parallel = false, offload = \"none\" (sequence, pipeline and expert "
-      "parallelism and offload are not built yet)";
+      "this build runs data, tensor and sequence parallelism (any dp and tp, zero = 0..3) with pp = ep = 1, "
+      "virtual_stages = 1, offload = \"none\" (pipeline and expert parallelism and offload are not built yet)";
   auto refuse = [&](const std::string& key, bool unsupported) {
     if (!unsupported) return;
     const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
@@ -405,7 +408,6 @@ void check_supported_by_this_build(Resolver& r) {
   refuse("parallel.pp", p.pp != 1);
   refuse("parallel.ep", p.ep != 1);
   refuse("parallel.virtual_stages", p.virtual_stages != 1);
-  refuse("parallel.sequence_parallel", p.sequence_parallel);
   refuse("parallel.offload", p.offload != "none");
 }
 

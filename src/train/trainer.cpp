@@ -28,7 +28,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
   models::TensorParallel tpc;
-  if (tp_ != nullptr) tpc = {tp_, tp_->size(), tp_->rank()};
+  if (tp_ != nullptr) tpc = {tp_, tp_->size(), tp_->rank(), cfg_.parallel.sequence_parallel};
   model_ = std::make_unique<models::Gpt>(gc, B, tracker, tpc);
   strategies::StateConfig sc;
   sc.zero = cfg_.parallel.zero;

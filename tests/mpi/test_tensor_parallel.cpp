@@ -27,15 +27,15 @@ int world_size() {
   return n;
 }
 
-deck::Config config(int dp, int tp, int zero, int global_batch, int micro_batch, int steps = 10) {
+deck::Config config(int dp, int tp, int zero, int global_batch, int micro_batch, int steps = 10, bool sp = false) {
   const std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 5\n"
       "[model]\nlayers = 2\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
       "[data]\nglobal_batch = {}\nmicro_batch = {}\n"
-      "[parallel]\ndp = {}\ntp = {}\nzero = {}\n"
+      "[parallel]\ndp = {}\ntp = {}\nzero = {}\nsequence_parallel = {}\n"
       "[optim]\nlr = 1e-2\nweight_decay = 0.1\ngrad_clip = 0.1\n"
       "[backend]\nthreads = 1\n",
-      steps, global_batch, micro_batch, dp, tp, zero);
+      steps, global_batch, micro_batch, dp, tp, zero, sp);
   return deck::parse_deck("test.toml", text, {}).config;
 }
 
@@ -82,13 +82,13 @@ double shard_error(const models::ParamRegistry& local, const std::vector<float>&
   return worst;
 }
 
-void check_layout(int dp, int tp, int zero) {
-  SCOPED_TRACE(fmt::format("dp {} tp {} zero {}", dp, tp, zero));
+void check_layout(int dp, int tp, int zero, bool sp) {
+  SCOPED_TRACE(fmt::format("dp {} tp {} zero {} sequence_parallel {}", dp, tp, zero, sp));
   const int mb = 2, G = 2 * mb * dp;
   const Reference ref = single_rank(config(1, 1, 0, G, mb));
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, dp, tp}, log);
-  const auto c = config(dp, tp, zero, G, mb);
+  const auto c = config(dp, tp, zero, G, mb, 10, sp);
   core::MemoryTracker tracker;
   train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp());
   int clipped = 0;
@@ -107,13 +107,14 @@ void check_layout(int dp, int tp, int zero) {
 
 TEST(TensorParallel, AllRanksInOneGroupMatchOneRank) {
   const int n = world_size();
-  for (int zero : {0, 1}) check_layout(1, n, zero);
+  for (bool sp : {false, true})
+    for (int zero : {0, 1}) check_layout(1, n, zero, sp);
 }
 
 TEST(TensorParallel, WithDataParallelAndZeroMatchOneRank) {
   const int n = world_size();
   if (n % 2 != 0 || n < 4) return;  // the same on every rank: no collective is skipped by one alone
-  for (int zero : {0, 1, 2, 3}) check_layout(n / 2, 2, zero);
+  for (int zero : {0, 1, 2, 3}) check_layout(n / 2, 2, zero, zero % 2 == 1);
 }
 
 // Per micro-batch on the tp axis: each block all-reduces b*s*h floats twice
@@ -145,4 +146,33 @@ TEST(TensorParallel, CommunicationVolumeIsMegatrons) {
   EXPECT_EQ(rows, 3);
   EXPECT_EQ(scalars, 1);
   EXPECT_EQ(total, (4 * c.model.layers + 2) * bsh + 3 * 4 * N + 8);
+}
+
+// With sequence parallelism the same bytes move as all-gather / reduce-scatter
+// pairs: per block two of each forward and two of each backward, of b*s*h
+// floats (the whole gathered or scattered buffer); outside the blocks the
+// embedding reduce-scatters forward and all-gathers backward, the head
+// all-gathers forward and reduce-scatters backward. The norm and bias
+// gradients of each block (6 h) and of the final norm (2 h) are all-reduced.
+TEST(TensorParallel, SequenceParallelVolume) {
+  const int n = world_size();
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, 1, n}, log);
+  const auto c = config(1, n, 0, 2, 2, 1, true);
+  core::MemoryTracker tracker;
+  train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp());
+  t.step(0);
+  const std::int64_t N = std::int64_t(c.data.micro_batch) * c.model.seq_len, h = c.model.d_model, bsh = 4 * N * h;
+  const int L = c.model.layers;
+  int gathers = 0, scatters = 0;
+  std::int64_t reduced = 0;
+  for (const auto& r : log.records()) {
+    EXPECT_EQ(std::string(r.axis), "tp");
+    if (std::string(r.op) == "all_gather") gathers += r.bytes == bsh;
+    if (std::string(r.op) == "reduce_scatter") scatters += r.bytes == bsh;
+    if (std::string(r.op) == "all_reduce") reduced += r.bytes;
+  }
+  EXPECT_EQ(gathers, 4 * L + 2);
+  EXPECT_EQ(scatters, 4 * L + 2);
+  EXPECT_EQ(reduced, 3 * 4 * N + 4 * (6 * h * L + 2 * h) + 8);
 }

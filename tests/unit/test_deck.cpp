@@ -359,15 +359,17 @@ TEST_F(DeckTest, RelativeDataPathIsFoundNextToTheDeck) {
 }
 
 TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
-  load_error("[parallel]\nsequence_parallel = true\ntp = 2\n",
-             {"deck.toml:2: parallel.sequence_parallel = true: this build runs data and tensor parallelism"});
+  load_error("[parallel]\noffload = \"host\"\n",
+             {"deck.toml:2: parallel.offload = \"host\": this build runs data, tensor and sequence parallelism"});
+  EXPECT_NO_THROW(load("[model]\nseq_len = 8\n[parallel]\ntp = 2\nsequence_parallel = true\n"));
+  load_error("[model]\nseq_len = 9\nheads = 4\n[parallel]\ntp = 2\nsequence_parallel = true\n",
+             {"model.seq_len = 9", "parallel.tp = 2"});
   // Tensor parallelism splits heads and vocabulary.
   EXPECT_NO_THROW(load("[model]\nheads = 4\nvocab = 256\n[parallel]\ntp = 2\n"));
   load_error("[model]\nheads = 4\nd_model = 64\n[parallel]\ntp = 3\n", {"model.heads = 4", "parallel.tp = 3"});
   load_error("[model]\nheads = 2\nvocab = 255\n[parallel]\ntp = 2\n", {"model.vocab = 255", "parallel.tp = 2"});
   load_error("[parallel]\npp = 4\nschedule = \"interleaved\"\n", {"deck.toml:2: parallel.pp = 4:"});
   load_error("[parallel]\noffload = \"host\"\n", {"deck.toml:2: parallel.offload = \"host\":"});
-  load_error("[parallel]\nsequence_parallel = true\n", {"deck.toml:2: parallel.sequence_parallel = true:"});
   load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2:"});
   load_error("", {"--set parallel.pp=2: parallel.pp = 2:"}, {"parallel.pp=2"});
   // Data parallelism and every ZeRO stage run; the global batch must split over dp.
