@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <cstdio>
 #include <optional>
 #include <set>
 #include <vector>
@@ -115,6 +116,21 @@ void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memor
   }
 }
 
+// STRATA_INJECT_FAILURE="RANK:STEP" makes that rank fail at the start of that
+// step: how the tests (and a user checking a cluster's launcher) see that one
+// failing rank ends the whole job with its message instead of a hang.
+struct InjectedFailure {
+  int rank = -1, step = -1;
+};
+InjectedFailure injected_failure() {
+  InjectedFailure f;
+  if (const char* v = std::getenv("STRATA_INJECT_FAILURE")) {
+    if (std::sscanf(v, "%d:%d", &f.rank, &f.step) != 2)
+      core::input_error("STRATA_INJECT_FAILURE={}: expected RANK:STEP, e.g. 1:3", v);
+  }
+  return f;
+}
+
 void print_step(const StepRecord& r) {
   fmt::print("{:>6} {:>10.5f} {:>10.3e} {:>10.4f} {:>10.2f} {:>12.0f} {:>8.2f}{}\n", r.step, r.loss, r.lr,
              r.grad_norm, r.step_time * 1e3, r.tokens_per_s, 100.0 * r.mfu, r.warmup ? "  (warm-up)" : "");
@@ -210,7 +226,10 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n", "step", "loss", "lr", "grad_norm", "time_ms",
                  "tokens/s", "MFU%");
     }
+    const InjectedFailure inject = injected_failure();
     for (int s = 0; s < cfg.run.steps; ++s) {
+      if (rank == inject.rank && s == inject.step)
+        core::runtime_error("failure injected by STRATA_INJECT_FAILURE at step {}", s);
       log.set_step(s);
       tracker.reset_peaks();
       steps.push_back(trainer.step(s));

@@ -101,5 +101,15 @@ if [[ $rc -eq 1 ]] && grep -q "memory_limit" oom.log && [[ -f out/oom.h5 ]] \
   ok "out of memory: exit 1, report status failed"
 else bad "out of memory (rc $rc)"; cat oom.log; fi
 
+# --- one failing rank ends the whole job with its message, never a hang ---
+start=$(date +%s)
+STRATA_INJECT_FAILURE=1:2 timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=4 \
+  --output out/inject.h5 > inject.log 2>&1
+rc=$?
+if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 1 failed: failure injected" inject.log && [[ ! -e out/inject.h5 ]]; then
+  ok "a failing rank ends the job (rc $rc, $(( $(date +%s) - start )) s), no complete-looking report"
+else bad "failing rank (rc $rc)"; cat inject.log; fi
+rm -f out/inject.h5.partial
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
