@@ -19,17 +19,12 @@
 #include "src/prof/clock.hpp"
 #include "src/train/trainer.hpp"
 #include "strategies/zero.hpp"
+#include "tests/mpi/parity.hpp"
 
 using namespace strata;
 using core::MemCategory;
 
 namespace {
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // Tiny, so that 4 ranks on 2 cores stay fast. d_model 16 makes every unit a
 // multiple of 4 elements (no shard padding); d_model 6 does not.
@@ -48,6 +43,7 @@ deck::Config config(int dp, int zero, int d_model, int global_batch, int micro_b
 struct Trajectory {
   std::vector<double> losses;
   std::vector<float> params;
+  models::ParamRegistry registry;
 };
 
 Trajectory run_single(const deck::Config& c) {
@@ -56,38 +52,8 @@ Trajectory run_single(const deck::Config& c) {
   Trajectory r;
   for (int s = 0; s < c.run.steps; ++s) r.losses.push_back(t.step(s).loss);
   r.params = t.strategy().full_params();
+  r.registry = t.model().registry();
   return r;
-}
-
-// Largest norm-wise relative difference ||a - b|| / ||b|| over the parameter
-// tensors (the measure the PyTorch parity test uses too: Adam divides each
-// gradient element by its own running scale, so an element whose gradient is
-// a near-cancelling sum moves by ~lr in a direction set by rounding; a tensor
-// norm weighs that by its size). The key slice of each attention bias is
-// held to an absolute 1e-4 (1% of lr) instead, in `key_abs`: its gradient is
-// exactly zero (q.b_k shifts a whole row of scores, which softmax ignores), it
-// has no effect on the output, and its rounding noise, summed in a different
-// order on each layout, is amplified by Adam into updates of varying sign.
-double max_rel(const std::vector<float>& a, const std::vector<float>& b, const models::ParamRegistry& reg, int C,
-               double* key_abs) {
-  double worst = 0;
-  *key_abs = 0;
-  for (const auto& s : reg.specs()) {
-    const bool qkv_bias = s.name.ends_with("attn.qkv.bias");
-    double diff = 0, norm = 0;
-    for (std::int64_t i = s.offset; i < s.offset + s.numel; ++i) {
-      const std::int64_t k = i - s.offset;
-      const double d = double(a[i]) - b[i];
-      if (qkv_bias && k >= C && k < 2 * C) {
-        *key_abs = std::max(*key_abs, std::fabs(d));
-      } else {
-        diff += d * d;
-        norm += double(b[i]) * b[i];
-      }
-    }
-    worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
-  }
-  return worst;
 }
 
 // Elements per rank of the per-unit shards, and the padding they add.
@@ -102,7 +68,7 @@ std::int64_t shard_elems(const models::Gpt& m, int n) {
 class Parity : public ::testing::TestWithParam<int> {};
 
 TEST_P(Parity, LossAndParametersMatchOneRank) {
-  const int n = world_size(), zero = GetParam();
+  const int n = parity::world_size(), zero = GetParam();
   for (int d_model : {16, 6}) {
     // Two micro-batches per rank per step: accumulation is exercised.
     const int mb = 2, G = 2 * mb * n;
@@ -122,7 +88,7 @@ TEST_P(Parity, LossAndParametersMatchOneRank) {
     EXPECT_GT(clipped, 0) << "the test should exercise clipping";
     const auto p = t.strategy().full_params();
     double key_abs = 0;
-    EXPECT_LE(max_rel(p, ref.params, t.model().registry(), d_model, &key_abs), 1e-5)
+    EXPECT_LE(parity::params_error(t.model().registry(), p, ref.registry, ref.params, &key_abs), 1e-5)
         << "zero " << zero << " d_model " << d_model;
     EXPECT_LE(key_abs, 1e-4) << "zero " << zero << " d_model " << d_model;
   }
@@ -133,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(Zero, Parity, ::testing::Values(0, 1, 2, 3));
 // 16 Psi (dp), 8 Psi + 8 Psi/N, 4 Psi + 12 Psi/N, 16 Psi/N: held at the end of
 // a step, when no gathered unit or unreduced gradient is alive.
 TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
-  const int n = world_size();
+  const int n = parity::world_size();
   for (int d_model : {16, 6}) {
     for (int zero = 0; zero <= 3; ++zero) {
       comm::CommLog log(prof::now_seconds());
@@ -168,7 +134,7 @@ TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
 // norm, whose forward and backward are adjacent (gathered once). Scalars:
 // the loss (dp: also; zero: and the gradient norm) are 8-byte all-reduces.
 TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
-  const int n = world_size();
+  const int n = parity::world_size();
   for (int zero = 0; zero <= 3; ++zero) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
@@ -202,7 +168,7 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
 // Bucketing: with a bucket smaller than the gradient buffer, the DP
 // all-reduces are several and non-blocking, launched during the backward pass.
 TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
-  const int n = world_size();
+  const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
   const auto c = config(n, 0, 16, 2 * n, 2, 1);

@@ -16,16 +16,11 @@
 #include "src/mesh/mesh.hpp"
 #include "src/prof/clock.hpp"
 #include "src/train/trainer.hpp"
+#include "tests/mpi/parity.hpp"
 
 using namespace strata;
 
 namespace {
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 deck::Config config(int dp, int tp, int zero, int global_batch, int micro_batch, int steps = 10, bool sp = false) {
   const std::string text = fmt::format(
@@ -55,33 +50,6 @@ Reference single_rank(const deck::Config& c) {
   return r;
 }
 
-// Norm-wise relative difference per tensor between this rank's shard and its
-// slice of the whole (the attention key bias, whose gradient is exactly zero,
-// to an absolute bound instead: see test_state_strategies.cpp).
-double shard_error(const models::ParamRegistry& local, const std::vector<float>& mine, const Reference& ref,
-                   double* key_abs) {
-  double worst = 0;
-  *key_abs = 0;
-  for (const auto& s : local.specs()) {
-    const auto& whole = ref.registry.find(s.name);
-    const bool qkv_bias = s.name.ends_with("attn.qkv.bias");
-    double diff = 0, norm = 0;
-    for (std::int64_t k = 0; k < s.numel; ++k) {
-      const std::int64_t g = s.global_index(k);
-      const double want = ref.params[whole.offset + g], d = double(mine[s.offset + k]) - want;
-      const std::int64_t C = whole.global_shape[0] / 3;
-      if (qkv_bias && g >= C && g < 2 * C) {
-        *key_abs = std::max(*key_abs, std::fabs(d));
-      } else {
-        diff += d * d;
-        norm += want * want;
-      }
-    }
-    worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
-  }
-  return worst;
-}
-
 void check_layout(int dp, int tp, int zero, bool sp) {
   SCOPED_TRACE(fmt::format("dp {} tp {} zero {} sequence_parallel {}", dp, tp, zero, sp));
   const int mb = 2, G = 2 * mb * dp;
@@ -99,20 +67,21 @@ void check_layout(int dp, int tp, int zero, bool sp) {
   }
   EXPECT_GT(clipped, 0);
   double key_abs = 0;
-  EXPECT_LE(shard_error(t.model().registry(), t.strategy().full_params(), ref, &key_abs), 1e-5);
+  EXPECT_LE(parity::params_error(t.model().registry(), t.strategy().full_params(), ref.registry, ref.params, &key_abs),
+            1e-5);
   EXPECT_LE(key_abs, 1e-4);
 }
 
 }  // namespace
 
 TEST(TensorParallel, AllRanksInOneGroupMatchOneRank) {
-  const int n = world_size();
+  const int n = parity::world_size();
   for (bool sp : {false, true})
     for (int zero : {0, 1}) check_layout(1, n, zero, sp);
 }
 
 TEST(TensorParallel, WithDataParallelAndZeroMatchOneRank) {
-  const int n = world_size();
+  const int n = parity::world_size();
   if (n % 2 != 0 || n < 4) return;  // the same on every rank: no collective is skipped by one alone
   for (int zero : {0, 1, 2, 3}) check_layout(n / 2, 2, zero, zero % 2 == 1);
 }
@@ -124,7 +93,7 @@ TEST(TensorParallel, WithDataParallelAndZeroMatchOneRank) {
 // cross-entropy three rows of N (max, sum, target logit), and the step one
 // 8-byte squared gradient norm.
 TEST(TensorParallel, CommunicationVolumeIsMegatrons) {
-  const int n = world_size();
+  const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, 1, n}, log);
   const auto c = config(1, n, 0, 2, 2, 1);
@@ -155,7 +124,7 @@ TEST(TensorParallel, CommunicationVolumeIsMegatrons) {
 // all-gathers forward and reduce-scatters backward. The norm and bias
 // gradients of each block (6 h) and of the final norm (2 h) are all-reduced.
 TEST(TensorParallel, SequenceParallelVolume) {
-  const int n = world_size();
+  const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, 1, n}, log);
   const auto c = config(1, n, 0, 2, 2, 1, true);
