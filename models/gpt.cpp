@@ -20,7 +20,19 @@ using prof::ScopedSpan;
 
 static std::string lname(int l, const char* what) { return "h." + std::to_string(l) + "." + what; }
 
-ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank) {
+GptStage gpt_stage(const GptConfig& c, int index, int count) {
+  STRATA_CHECK(count >= 1 && c.layers % count == 0, "{} layers over {} stages", c.layers, count);
+  const int per = c.layers / count;
+  return GptStage{index * per, (index + 1) * per, index == 0, index == count - 1};
+}
+
+static GptStage resolved(const GptConfig& c, GptStage s) {
+  if (s.last < 0) s.last = c.layers;
+  return s;
+}
+
+ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStage stage) {
+  stage = resolved(c, stage);
   const std::int64_t C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len;
   // GPT-2's initialisation: N(0, 0.02) for matrices, the residual output
   // projections scaled by 1/sqrt(2 L) so the stream's variance stays bounded.
@@ -31,9 +43,11 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank) {
   // biases are whole on every rank.
   const TpSlice rows{0, 1, tp_size, tp_rank}, qkv_rows{0, 3, tp_size, tp_rank}, cols{1, 1, tp_size, tp_rank};
   ParamRegistry r;
-  r.add("wte", {V, C}, Init::normal, std, true, rows);
-  r.add("wpe", {T, C}, Init::normal, std, true);
-  for (int l = 0; l < c.layers; ++l) {
+  if (stage.embedding) {
+    r.add("wte", {V, C}, Init::normal, std, true, rows);
+    r.add("wpe", {T, C}, Init::normal, std, true);
+  }
+  for (int l = stage.first; l < stage.last; ++l) {
     r.add(lname(l, "ln1.weight"), {C}, Init::ones, 0, false);
     r.add(lname(l, "ln1.bias"), {C}, Init::zeros, 0, false);
     r.add(lname(l, "attn.qkv.weight"), {3 * C, C}, Init::normal, std, true, qkv_rows);
@@ -47,18 +61,25 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank) {
     r.add(lname(l, "mlp.proj.weight"), {C, F}, Init::normal, res_std, true, cols);
     r.add(lname(l, "mlp.proj.bias"), {C}, Init::zeros, 0, false);
   }
-  r.add("lnf.weight", {C}, Init::ones, 0, false);
-  r.add("lnf.bias", {C}, Init::zeros, 0, false);
+  if (stage.head) {
+    r.add("lnf.weight", {C}, Init::ones, 0, false);
+    r.add("lnf.bias", {C}, Init::zeros, 0, false);
+    if (!stage.embedding) r.add("wte", {V, C}, Init::normal, std, true, rows);  // the tied copy
+  }
   return r;
 }
 
-std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, bool sp) {
+std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, bool sp, GptStage stage) {
+  stage = resolved(c, stage);
   // Per tensor-parallel rank: heads, hidden units and vocabulary are 1/tp;
   // with sequence parallelism the residual stream and norm statistics hold
   // 1/tp of the rows (the norm outputs are kept gathered, for the weight
   // gradients of the linears that read them).
-  const std::int64_t L = c.layers, C = c.d_model, F = c.ffn() / tp, V = c.vocab / tp, T = c.seq_len,
+  // "encoded" is the stage's input: the embedding's output, or the previous
+  // stage's activations; a stage without the head has no head buffers.
+  const std::int64_t L = stage.last - stage.first, C = c.d_model, F = c.ffn() / tp, T = c.seq_len,
                      NH = c.heads / tp, Ct = c.d_model / tp;
+  const std::int64_t V = stage.head ? c.vocab / tp : 0, H = stage.head ? 1 : 0;
   const std::int64_t N = B * T, Nl = sp ? N / tp : N;
   const auto A = MemCategory::activations, W = MemCategory::workspace;
   std::vector<BufferPlan> plan = {
@@ -76,14 +97,14 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
       {"fch", L * N * F, A},
       {"fch_gelu", L * N * F, A},
       {"res3", L * Nl * C, A},
-      {"lnf", N * C, A},
-      {"lnf_mean", Nl, A},
-      {"lnf_rstd", Nl, A},
+      {"lnf", H * N * C, A},
+      {"lnf_mean", H * Nl, A},
+      {"lnf_rstd", H * Nl, A},
       {"logits", N * V, A},  // this rank's vocabulary columns; overwritten in place by dlogits
-      {"losses", N, A},
-      {"ce_max", N, A},      // row maximum, sum of exponentials and target logit over the whole vocabulary
-      {"ce_sum", N, A},
-      {"ce_target", N, A},
+      {"losses", H * N, A},
+      {"ce_max", H * N, A},  // row maximum, sum of exponentials and target logit over the whole vocabulary
+      {"ce_sum", H * N, A},
+      {"ce_target", H * N, A},
       {"dres", Nl * C, W},
       {"dbuf", N * C, W},
       {"dqkv", N * 3 * Ct, W},
@@ -118,41 +139,52 @@ double gpt_model_flops(const GptConfig& c, int B) {
   return 3.0 * sum;  // backward = 2x forward (input and weight gradients)
 }
 
-std::vector<Unit> gpt_units(const ParamRegistry& reg, int layers) {
+std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptStage stage) {
+  stage = resolved(c, stage);
   std::vector<Unit> u;
-  u.push_back({reg.find("wte").offset, reg.find("wpe").offset + reg.find("wpe").numel});
-  for (int l = 0; l < layers; ++l) {
+  if (stage.embedding) u.push_back({reg.find("wte").offset, reg.find("wpe").offset + reg.find("wpe").numel});
+  for (int l = stage.first; l < stage.last; ++l) {
     const auto& first = reg.find(lname(l, "ln1.weight"));
     const auto& last = reg.find(lname(l, "mlp.proj.bias"));
     u.push_back({first.offset, last.offset + last.numel});
   }
-  u.push_back({reg.find("lnf.weight").offset, reg.numel()});
+  if (stage.head) u.push_back({reg.find("lnf.weight").offset, reg.numel()});
   return u;
 }
 
-Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp)
-    : c_(config), B_(micro_batch), tp_(tp), reg_(gpt_registry(config, tp.size, tp.rank)) {
+Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp, GptStage stage)
+    : c_(config), B_(micro_batch), tp_(tp), stage_(resolved(config, stage)),
+      reg_(gpt_registry(config, tp.size, tp.rank, stage_)) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
   STRATA_CHECK(c_.heads % tp_.size == 0 && c_.vocab % tp_.size == 0, "heads {} and vocab {} over tp {}", c_.heads,
                c_.vocab, tp_.size);
-  units_ = gpt_units(reg_, c_.layers);
+  units_ = gpt_units(reg_, c_, stage_);
+  blocks_ = stage_.last - stage_.first;
   static const char* kLayerParams[kParamsPerLayer] = {
       "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
       "ln2.weight", "ln2.bias", "mlp.fc.weight",   "mlp.fc.bias",   "mlp.proj.weight",  "mlp.proj.bias"};
-  for (int l = 0; l < c_.layers; ++l) {
+  for (int lb = 0; lb < blocks_; ++lb) {
     std::array<std::int64_t, kParamsPerLayer> o{};
-    for (int k = 0; k < kParamsPerLayer; ++k) o[k] = reg_.find(lname(l, kLayerParams[k])).offset - units_[l + 1].begin;
+    for (int k = 0; k < kParamsPerLayer; ++k)
+      o[k] = reg_.find(lname(stage_.first + lb, kLayerParams[k])).offset - units_[block_unit(lb)].begin;
     layer_offsets_.push_back(o);
   }
-  wte_off_ = reg_.find("wte").offset - units_[0].begin;
-  wpe_off_ = reg_.find("wpe").offset - units_[0].begin;
-  lnfw_off_ = reg_.find("lnf.weight").offset - units_[c_.layers + 1].begin;
-  lnfb_off_ = reg_.find("lnf.bias").offset - units_[c_.layers + 1].begin;
+  if (stage_.embedding) {
+    wte_off_ = reg_.find("wte").offset - units_[0].begin;
+    wpe_off_ = reg_.find("wpe").offset - units_[0].begin;
+  }
+  if (stage_.head) {
+    head_unit_ = int(units_.size()) - 1;
+    lnfw_off_ = reg_.find("lnf.weight").offset - units_[head_unit_].begin;
+    lnfb_off_ = reg_.find("lnf.bias").offset - units_[head_unit_].begin;
+    head_wte_unit_ = stage_.embedding ? 0 : head_unit_;
+    head_wte_off_ = reg_.find("wte").offset - units_[head_wte_unit_].begin;
+  }
 
   STRATA_CHECK(!tp_.sequence_parallel || (c_.seq_len * B_) % tp_.size == 0, "rows {} over tp {}",
                c_.seq_len * B_, tp_.size);
   if (tp_.size == 1) tp_.sequence_parallel = false;
-  plan_ = gpt_activation_plan(c_, B_, tp_.size, tp_.sequence_parallel);
+  plan_ = gpt_activation_plan(c_, B_, tp_.size, tp_.sequence_parallel, stage_);
   for (const auto& p : plan_) acts_.emplace_back(tracker, p.category, p.numel, p.name);
   encoded_ = act("encoded");
   ln1_ = act("ln1"), ln1_mean_ = act("ln1_mean"), ln1_rstd_ = act("ln1_rstd");
@@ -191,6 +223,12 @@ void Gpt::sp_reduce_param_grads(float* const* grads, int n, int C) {
   kernels::fill_zero(sp_grads_, std::int64_t(n) * C);
 }
 
+const float* Gpt::output() const {
+  const std::int64_t rows = tp_.sequence_parallel ? std::int64_t(B_) * c_.seq_len / tp_.size
+                                                  : std::int64_t(B_) * c_.seq_len;
+  return blocks_ == 0 ? encoded_ : res3_ + std::int64_t(blocks_ - 1) * rows * c_.d_model;
+}
+
 Gpt::LayerParams Gpt::layer_view(float* base, int l) const {
   const auto& o = layer_offsets_[l];
   return {base + o[0], base + o[1], base + o[2], base + o[3], base + o[4],  base + o[5],
@@ -223,7 +261,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     kernels::residual_forward(out, x, sum, NlC);
     kernels::bias_add(out, bias, Nl, C);
   };
-  {
+  if (stage_.embedding) {
     ScopedSpan s(tl, 0, Phase::forward);
     float* u0 = st.acquire_params(0);
     st.prefetch(1);
@@ -243,40 +281,42 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     }
     st.release_params(0);
   }
-  for (int l = 0; l < L; ++l) {
+  for (int lb = 0; lb < blocks_; ++lb) {
+    const int l = stage_.first + lb;  // the global layer: timeline and names
     ScopedSpan s(tl, l + 1, Phase::forward);
-    LayerParams p = layer_view(st.acquire_params(l + 1), l);
-    st.prefetch(l + 2);
-    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NlC;
-    float* ln1 = ln1_ + l * NC;
-    float* qkv = qkv_ + std::int64_t(l) * N * 3 * Ct;
-    float* atty = atty_ + std::int64_t(l) * N * Ct;
-    float* att = att_ + std::int64_t(l) * B * NHt * T * T;
-    float* res2 = res2_ + l * NlC;
-    float* ln2 = ln2_ + l * NC;
-    float* fch = fch_ + std::int64_t(l) * N * Ft;
-    float* fch_gelu = fch_gelu_ + std::int64_t(l) * N * Ft;
-    float* res3 = res3_ + l * NlC;
+    LayerParams p = layer_view(st.acquire_params(block_unit(lb)), lb);
+    st.prefetch(block_unit(lb) + 1);
+    const float* x = lb == 0 ? encoded_ : res3_ + (lb - 1) * NlC;
+    float* ln1 = ln1_ + lb * NC;
+    float* qkv = qkv_ + std::int64_t(lb) * N * 3 * Ct;
+    float* atty = atty_ + std::int64_t(lb) * N * Ct;
+    float* att = att_ + std::int64_t(lb) * B * NHt * T * T;
+    float* res2 = res2_ + lb * NlC;
+    float* ln2 = ln2_ + lb * NC;
+    float* fch = fch_ + std::int64_t(lb) * N * Ft;
+    float* fch_gelu = fch_gelu_ + std::int64_t(lb) * N * Ft;
+    float* res3 = res3_ + lb * NlC;
 
-    norm(ln1, ln1_mean_ + l * Nl, ln1_rstd_ + l * Nl, x, p.ln1_w, p.ln1_b);
+    norm(ln1, ln1_mean_ + lb * Nl, ln1_rstd_ + lb * Nl, x, p.ln1_w, p.ln1_b);
     linear_forward(qkv, ln1, p.qkv_w, p.qkv_b, N, C, 3 * Ct);  // column-parallel: this rank's heads
     kernels::attention_forward(atty, att, qkv, B, T, Ct, NHt);
     // Row-parallel output projection: partial sums over this rank's heads,
     // summed over the ranks (g), then the bias and the residual, once.
     linear_forward(dbuf_, atty, p.proj_w, nullptr, N, Ct, C);
     residual(res2, x, p.proj_b);
-    norm(ln2, ln2_mean_ + l * Nl, ln2_rstd_ + l * Nl, res2, p.ln2_w, p.ln2_b);
+    norm(ln2, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, res2, p.ln2_w, p.ln2_b);
     linear_forward(fch, ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
     kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * Ft);
     linear_forward(dbuf_, fch_gelu, p.fcproj_w, nullptr, N, Ft, C);  // row-parallel
     residual(res3, res2, p.fcproj_b);
-    st.release_params(l + 1);
+    st.release_params(block_unit(lb));
   }
+  if (!stage_.head) return 0.0f;
   ScopedSpan s(tl, L + 1, Phase::forward);
   // The head's units stay acquired until its backward, which comes next.
-  float* uf = st.acquire_params(L + 1);
-  float* wte = st.acquire_params(0) + wte_off_;
-  const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NlC;
+  float* uf = st.acquire_params(head_unit_);
+  float* wte = st.acquire_params(head_wte_unit_) + head_wte_off_;
+  const float* xL = output();
   norm(lnf_, lnf_mean_, lnf_rstd_, xL, uf + lnfw_off_, uf + lnfb_off_);
   linear_forward(logits_, lnf_, wte, nullptr, N, C, Vt);  // tied head: this rank's vocabulary columns
   // Vocabulary-parallel cross-entropy: the row maximum, the sum of
@@ -322,19 +362,21 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
       kernels::layernorm_backward(dres_, gw, gb, dbuf_, x, w, mean, rstd, N, C);
     }
   };
-  float* dwte = st.grads(0) + wte_off_;
-  {
+  // Without the head, output_grad() (dres_) already holds the gradient of
+  // this stage's output.
+  if (stage_.head) {
     ScopedSpan s(tl, L + 1, Phase::backward);
     // Acquired by the forward pass: these return the same pointers.
-    float* uf = st.acquire_params(L + 1);
-    float* wte = st.acquire_params(0) + wte_off_;
-    st.prefetch(L);  // the last block's backward comes next
-    float* gf = st.grads(L + 1);
+    float* uf = st.acquire_params(head_unit_);
+    float* wte = st.acquire_params(head_wte_unit_) + head_wte_off_;
+    if (blocks_ > 0) st.prefetch(block_unit(blocks_ - 1));  // the last block's backward comes next
+    float* gf = st.grads(head_unit_);
+    float* dwte = st.grads(head_wte_unit_) + head_wte_off_;
     float* dlogits = logits_;  // in place
     kernels::softmax_cross_entropy_backward_sharded(dlogits, logits_, ce_max_, ce_sum_, targets, v0,
                                                     loss_scale / float(N), N, Vt);
     linear_backward(dbuf_, dwte, nullptr, dlogits, lnf_, wte, N, C, Vt);
-    const float* xL = L == 0 ? encoded_ : res3_ + (L - 1) * NlC;
+    const float* xL = output();
     kernels::fill_zero(dres_, NlC);
     norm_back(xL, uf + lnfw_off_, lnf_mean_, lnf_rstd_, gf + lnfw_off_, gf + lnfb_off_, 0);
     if (sp) {
@@ -343,25 +385,26 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     }
     // Twice: once for this backward's acquire, once for the forward's.
     for (int k = 0; k < 2; ++k) {
-      st.release_params(L + 1);
-      st.release_params(0);
+      st.release_params(head_unit_);
+      st.release_params(head_wte_unit_);
     }
-    st.grads_done(L + 1);
+    st.grads_done(head_unit_);
   }
-  for (int l = L - 1; l >= 0; --l) {
+  for (int lb = blocks_ - 1; lb >= 0; --lb) {
+    const int l = stage_.first + lb;
     ScopedSpan s(tl, l + 1, Phase::backward);
-    LayerParams p = layer_view(st.acquire_params(l + 1), l);
-    if (l > 0) st.prefetch(l);
-    LayerParams g = layer_view(st.grads(l + 1), l);
-    const float* x = l == 0 ? encoded_ : res3_ + (l - 1) * NlC;
-    const float* ln1 = ln1_ + l * NC;
-    const float* qkv = qkv_ + std::int64_t(l) * N * 3 * Ct;
-    const float* atty = atty_ + std::int64_t(l) * N * Ct;
-    const float* att = att_ + std::int64_t(l) * B * NHt * T * T;
-    const float* res2 = res2_ + l * NlC;
-    const float* ln2 = ln2_ + l * NC;
-    const float* fch = fch_ + std::int64_t(l) * N * Ft;
-    const float* fch_gelu = fch_gelu_ + std::int64_t(l) * N * Ft;
+    LayerParams p = layer_view(st.acquire_params(block_unit(lb)), lb);
+    if (lb > 0) st.prefetch(block_unit(lb - 1));
+    LayerParams g = layer_view(st.grads(block_unit(lb)), lb);
+    const float* x = lb == 0 ? encoded_ : res3_ + (lb - 1) * NlC;
+    const float* ln1 = ln1_ + lb * NC;
+    const float* qkv = qkv_ + std::int64_t(lb) * N * 3 * Ct;
+    const float* atty = atty_ + std::int64_t(lb) * N * Ct;
+    const float* att = att_ + std::int64_t(lb) * B * NHt * T * T;
+    const float* res2 = res2_ + lb * NlC;
+    const float* ln2 = ln2_ + lb * NC;
+    const float* fch = fch_ + std::int64_t(lb) * N * Ft;
+    const float* fch_gelu = fch_gelu_ + std::int64_t(lb) * N * Ft;
 
     // MLP branch: dres_ holds d(res3); the identity path leaves it as d(res2).
     // The row-parallel projection's input gradient needs the residual
@@ -373,7 +416,7 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     kernels::fill_zero(dfch_, std::int64_t(N) * Ft);
     kernels::gelu_backward(dfch_, fch, dgelu_, std::int64_t(N) * Ft);
     linear_backward(dbuf_, g.fc_w, g.fc_b, dfch_, ln2, p.fc_w, N, C, Ft);
-    norm_back(res2, p.ln2_w, ln2_mean_ + l * Nl, ln2_rstd_ + l * Nl, g.ln2_w, g.ln2_b, 3);
+    norm_back(res2, p.ln2_w, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, g.ln2_w, g.ln2_b, 3);
     // Attention branch: dres_ now holds d(res2).
     const float* d2 = dres_all();
     linear_backward(dbuf_, g.proj_w, sp ? nullptr : g.proj_b, d2, atty, p.proj_w, N, Ct, C);
@@ -381,18 +424,20 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     kernels::fill_zero(dqkv_, std::int64_t(N) * 3 * Ct);
     kernels::attention_backward(dqkv_, dprobs_, dbuf_, qkv, att, B, T, Ct, NHt);
     linear_backward(dbuf_, g.qkv_w, g.qkv_b, dqkv_, ln1, p.qkv_w, N, C, 3 * Ct);
-    norm_back(x, p.ln1_w, ln1_mean_ + l * Nl, ln1_rstd_ + l * Nl, g.ln1_w, g.ln1_b, 0);
+    norm_back(x, p.ln1_w, ln1_mean_ + lb * Nl, ln1_rstd_ + lb * Nl, g.ln1_w, g.ln1_b, 0);
     if (sp) {
       float* gs[6] = {g.ln1_w, g.ln1_b, g.proj_b, g.ln2_w, g.ln2_b, g.fcproj_b};
       sp_reduce_param_grads(gs, 6, C);
     }
-    st.release_params(l + 1);
-    st.grads_done(l + 1);
+    st.release_params(block_unit(lb));
+    st.grads_done(block_unit(lb));
   }
+  if (!stage_.embedding) return;  // input_grad() (dres_) holds the gradient of this stage's input
   ScopedSpan s(tl, 0, Phase::backward);
   // The embedding's backward needs no parameters, only the token ids; each
   // rank scatters into the vocabulary rows it holds.
-  kernels::embedding_backward(dwte, st.grads(0) + wpe_off_, dres_all(), tokens, B, T, C, v0, Vt);
+  float* g0 = st.grads(0);
+  kernels::embedding_backward(g0 + wte_off_, g0 + wpe_off_, dres_all(), tokens, B, T, C, v0, Vt);
   st.grads_done(0);
 }
 

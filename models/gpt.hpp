@@ -42,9 +42,24 @@ struct TensorParallel {
   bool sequence_parallel = false;
 };
 
-// The parameters of a GPT, in flat-buffer order (embeddings, blocks, final
-// norm), as tensor-parallel rank `tp_rank` of `tp_size` holds them.
-ParamRegistry gpt_registry(const GptConfig& c, int tp_size = 1, int tp_rank = 0);
+// A pipeline stage: blocks [first, last), and whether it holds the
+// embedding (the first stage) and the final norm, head and loss (the last).
+// The default is the whole model. A last stage without the embedding holds
+// its own copy of the tied `wte` (same name, so the same keyed values); the
+// pipeline keeps the two copies' gradients summed.
+struct GptStage {
+  int first = 0;
+  int last = -1;  // -1: every block
+  bool embedding = true;
+  bool head = true;
+};
+// Stage `index` of `count` balanced stages (layers % count == 0).
+GptStage gpt_stage(const GptConfig& c, int index, int count);
+
+// The parameters of a GPT stage, in flat-buffer order (embeddings, blocks,
+// final norm and, on a last stage without the embedding, the tied wte), as
+// tensor-parallel rank `tp_rank` of `tp_size` holds them.
+ParamRegistry gpt_registry(const GptConfig& c, int tp_size = 1, int tp_rank = 0, GptStage stage = {});
 
 // One buffer the model allocates per micro-batch shape: its name, element
 // count and category. The same list drives allocation and the dry-run
@@ -55,7 +70,7 @@ struct BufferPlan {
   core::MemCategory category;
 };
 std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch, int tp_size = 1,
-                                            bool sequence_parallel = false);
+                                            bool sequence_parallel = false, GptStage stage = {});
 
 // Forward matmul FLOPs of one micro-batch of B sequences, per layer:
 // [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
@@ -64,23 +79,36 @@ std::vector<double> gpt_forward_flops(const GptConfig& c, int B);
 // Model FLOPs of forward + backward over B sequences: 3x the forward.
 double gpt_model_flops(const GptConfig& c, int B);
 
-// The units of the state seam: 0 the embeddings (wte, wpe), 1..L the blocks,
-// L+1 the final norm; contiguous and in flat-buffer order.
-std::vector<Unit> gpt_units(const ParamRegistry& reg, int layers);
+// The units of the state seam, contiguous and in flat-buffer order: the
+// embeddings (wte, wpe) if the stage has them, each block, and the final norm
+// (with the tied wte copy on a last stage without the embedding) if the stage
+// has the head. For the whole model: 0, 1..L, L+1.
+std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptStage stage = {});
 
 class Gpt {
  public:
   // Allocates the activations and backward scratch of one micro-batch shape.
   // Parameters and gradients live in a ParamState (the state seam).
-  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp = {});
+  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp = {},
+      GptStage stage = {});
 
   const GptConfig& config() const { return c_; }
   int micro_batch() const { return B_; }
   const ParamRegistry& registry() const { return reg_; }
   const std::vector<Unit>& units() const { return units_; }
   const TensorParallel& tp() const { return tp_; }
+  const GptStage& stage() const { return stage_; }
+  // A stage without the embedding reads its input activations [rows, C] here
+  // (fill before forward); a stage without the head takes the gradient of
+  // its output here (fill before backward), and after backward this holds
+  // the gradient of its input. `output()` is the stage's output after forward.
+  float* input() { return encoded_; }
+  const float* output() const;
+  float* output_grad() { return dres_; }
+  const float* input_grad() const { return dres_; }
 
-  // tokens and targets are [B, T]. Returns the mean cross-entropy over B*T.
+  // tokens and targets are [B, T]. Returns the mean cross-entropy over B*T
+  // (0 on a stage without the head).
   // Every forward is followed by a backward (the head's parameters stay
   // acquired from one to the other).
   float forward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets,
@@ -114,6 +142,12 @@ class Gpt {
   GptConfig c_;
   int B_;
   TensorParallel tp_;
+  GptStage stage_;
+  int blocks_ = 0;               // blocks on this stage
+  int head_unit_ = -1;           // unit of the final norm (and the wte copy)
+  int head_wte_unit_ = 0;        // the unit the head reads wte from, and its offset there
+  std::int64_t head_wte_off_ = 0;
+  int block_unit(int lb) const { return (stage_.embedding ? 1 : 0) + lb; }
   ParamRegistry reg_;
   std::vector<Unit> units_;
   // Unit-relative offsets of each block's 12 parameters, in LayerParams order;

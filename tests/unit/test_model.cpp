@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 
 #include "models/gpt.hpp"
@@ -137,7 +138,7 @@ TEST(Model, InitialisingAnyRangeMatchesTheWhole) {
 
 TEST(Model, UnitsTileTheFlatBuffer) {
   const auto r = models::gpt_registry(cfg(3, 16, 4, 23, 7));
-  const auto u = models::gpt_units(r, 3);
+  const auto u = models::gpt_units(r, cfg(3, 16, 4, 23, 7));
   ASSERT_EQ(u.size(), 5u);
   EXPECT_EQ(u.front().begin, 0);
   EXPECT_EQ(u.back().end, r.numel());
@@ -172,4 +173,73 @@ TEST(Model, AdamWOverSlicesEqualsWhole) {
   d.update(p3.data(), zero.data(), 1e-1f, 1);
   EXPECT_EQ(p3[r.find("h.0.ln1.weight").offset], 1.0f);
   EXPECT_LT(std::fabs(p3[r.find("wte").offset]), std::fabs(st.params()[r.find("wte").offset]));
+}
+
+// Pipeline stages: the model cut into balanced stages and run one stage after
+// the other, activations handed forward and their gradients back, computes
+// the same loss and the same gradients as the whole model, bit for bit (the
+// same kernels on the same data). The tied wte's gradient is the sum of the
+// first stage's (embedding) and the last stage's copy (head), to rounding.
+TEST(Model, StagesComposeToTheWholeModel) {
+  const auto c = cfg(4, 16, 4, 29, 8);
+  const int B = 2, N = B * c.seq_len;
+  std::mt19937 rng(std::random_device{}());
+  std::vector<std::int32_t> tok(N), tgt(N);
+  for (int i = 0; i < N; ++i) tok[i] = std::int32_t(rng() % c.vocab), tgt[i] = std::int32_t(rng() % c.vocab);
+
+  core::MemoryTracker tw;
+  models::Gpt whole(c, B, tw);
+  models::ReplicatedState sw(whole.registry(), whole.units(), tw, 9);
+  const float loss = whole.forward(sw, tok.data(), tgt.data());
+  whole.backward(sw, tok.data(), tgt.data(), 1.0f);
+
+  for (int S : {2, 4}) {
+    SCOPED_TRACE(::testing::Message() << S << " stages");
+    core::MemoryTracker ts;
+    std::vector<std::unique_ptr<models::Gpt>> stage;
+    std::vector<std::unique_ptr<models::ReplicatedState>> state;
+    for (int s = 0; s < S; ++s) {
+      stage.push_back(std::make_unique<models::Gpt>(c, B, ts, models::TensorParallel{}, models::gpt_stage(c, s, S)));
+      state.push_back(std::make_unique<models::ReplicatedState>(stage[s]->registry(), stage[s]->units(), ts, 9));
+    }
+    const std::size_t NC = std::size_t(N) * c.d_model;
+    float staged_loss = 0;
+    for (int s = 0; s < S; ++s) {
+      if (s > 0) std::copy(stage[s - 1]->output(), stage[s - 1]->output() + NC, stage[s]->input());
+      staged_loss = stage[s]->forward(*state[s], tok.data(), tgt.data());
+    }
+    EXPECT_EQ(staged_loss, loss);
+    for (int s = S - 1; s >= 0; --s) {
+      if (s < S - 1)
+        std::copy(stage[s + 1]->input_grad(), stage[s + 1]->input_grad() + NC, stage[s]->output_grad());
+      stage[s]->backward(*state[s], tok.data(), tgt.data(), 1.0f);
+    }
+    // Every parameter of every stage: its values and gradients are the whole
+    // model's (the wte copy's gradient adds to the first stage's).
+    const auto& wr = whole.registry();
+    std::vector<float> wte_sum(std::size_t(wr.find("wte").numel), 0.0f);
+    for (int s = 0; s < S; ++s)
+      for (const auto& p : stage[s]->registry().specs()) {
+        const auto& w = wr.find(p.name);
+        for (std::int64_t k = 0; k < p.numel; ++k) ASSERT_EQ(state[s]->params()[p.offset + k], sw.params()[w.offset + k]);
+        if (p.name == "wte") {
+          for (std::int64_t k = 0; k < p.numel; ++k) wte_sum[k] += state[s]->grads()[p.offset + k];
+          continue;
+        }
+        for (std::int64_t k = 0; k < p.numel; ++k)
+          ASSERT_EQ(state[s]->grads()[p.offset + k], sw.grads()[w.offset + k]) << p.name << "[" << k << "]";
+      }
+    // The one sum the stages associate differently: the whole model adds the
+    // embedding's rows onto the head's gradient, the stages add the head's
+    // onto the embedding's. Equal to float rounding of a few additions.
+    for (std::size_t k = 0; k < wte_sum.size(); ++k) {
+      const float want = sw.grads()[wr.find("wte").offset + k];
+      ASSERT_NEAR(wte_sum[k], want, 1e-6f * std::fabs(want) + 1e-12f) << k;
+    }
+    // The first stage holds the embedding and no head; the last, the head and a wte copy.
+    EXPECT_NO_THROW(stage[0]->registry().find("wpe"));
+    EXPECT_THROW(stage[0]->registry().find("lnf.weight"), core::Error);
+    EXPECT_NO_THROW(stage[S - 1]->registry().find("wte"));
+    EXPECT_THROW(stage[S - 1]->registry().find("wpe"), core::Error);
+  }
 }
