@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "src/comm/abort.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/core/error.hpp"
 #include "src/deck/deck.hpp"
@@ -102,15 +103,13 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return e.exit_code();
     }
+    if (world > 1) strata::comm::abort_job(MPI_COMM_WORLD, rank, e.what(), e.exit_code());
     fmt::print(stderr, "strata: rank {} failed: {}\n", rank, e.what());
-    std::fflush(stderr);
-    if (world > 1) MPI_Abort(MPI_COMM_WORLD, e.exit_code());
     MPI_Finalize();
     return e.exit_code();
   } catch (const std::exception& e) {
+    if (world > 1) strata::comm::abort_job(MPI_COMM_WORLD, rank, e.what(), 1);
     fmt::print(stderr, "strata: rank {} failed: {}\n", rank, e.what());
-    std::fflush(stderr);
-    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     MPI_Finalize();
     return 1;
   }

@@ -12,6 +12,7 @@
 
 #include "kernels/kernels.hpp"
 #include "models/gpt.hpp"
+#include "src/comm/abort.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/core/error.hpp"
 #include "src/core/memory.hpp"
@@ -241,14 +242,10 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
     }
   } catch (const std::exception& e) {
-    if (world > 1) {
-      // Other ranks may be waiting in a collective, and closing the report is
-      // one: end the job here with this rank's message instead of hanging.
-      // The report stays a .partial file, never a complete-looking one.
-      fmt::print(stderr, "strata: rank {} failed: {}\n", rank, e.what());
-      std::fflush(stderr);
-      MPI_Abort(comm, 1);
-    }
+    // Other ranks may be waiting in a collective, and closing the report is
+    // one: end the job here with this rank's message instead of hanging.
+    // The report stays a .partial file, never a complete-looking one.
+    if (world > 1) comm::abort_job(comm, rank, e.what(), 1);
     // One rank: the report says what stopped the run and keeps what it had.
     file.set_attr("/", "error", e.what());
     finish("failed");
