@@ -183,7 +183,9 @@ TEST(Model, AdamWOverSlicesEqualsWhole) {
 TEST(Model, StagesComposeToTheWholeModel) {
   const auto c = cfg(4, 16, 4, 29, 8);
   const int B = 2, N = B * c.seq_len;
-  std::mt19937 rng(std::random_device{}());
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "token seed " << seed);
+  std::mt19937 rng(seed);
   std::vector<std::int32_t> tok(N), tgt(N);
   for (int i = 0; i < N; ++i) tok[i] = std::int32_t(rng() % c.vocab), tgt[i] = std::int32_t(rng() % c.vocab);
 
@@ -230,12 +232,15 @@ TEST(Model, StagesComposeToTheWholeModel) {
           ASSERT_EQ(state[s]->grads()[p.offset + k], sw.grads()[w.offset + k]) << p.name << "[" << k << "]";
       }
     // The one sum the stages associate differently: the whole model adds the
-    // embedding's rows onto the head's gradient, the stages add the head's
-    // onto the embedding's. Equal to float rounding of a few additions.
-    for (std::size_t k = 0; k < wte_sum.size(); ++k) {
-      const float want = sw.grads()[wr.find("wte").offset + k];
-      ASSERT_NEAR(wte_sum[k], want, 1e-6f * std::fabs(want) + 1e-12f) << k;
-    }
+    // embedding's token rows one by one onto the head's gradient, the stages
+    // add the head's onto the embedding's sum. The terms can cancel, so the
+    // rounding is bounded by the size of the terms, not of the result: the
+    // kernel tests' bound (1e-5 relative, floor 1e-6 of the largest value).
+    const float* want = sw.grads() + wr.find("wte").offset;
+    float scale = 0;
+    for (std::size_t k = 0; k < wte_sum.size(); ++k) scale = std::max(scale, std::fabs(want[k]));
+    for (std::size_t k = 0; k < wte_sum.size(); ++k)
+      ASSERT_NEAR(wte_sum[k], want[k], 1e-5f * std::fabs(want[k]) + 1e-6f * scale) << k;
     // The first stage holds the embedding and no head; the last, the head and a wte copy.
     EXPECT_NO_THROW(stage[0]->registry().find("wpe"));
     EXPECT_THROW(stage[0]->registry().find("lnf.weight"), core::Error);
