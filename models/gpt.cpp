@@ -64,7 +64,10 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStag
   if (stage.head) {
     r.add("lnf.weight", {C}, Init::ones, 0, false);
     r.add("lnf.bias", {C}, Init::zeros, 0, false);
-    if (!stage.embedding) r.add("wte", {V, C}, Init::normal, std, true, rows);  // the tied copy
+    if (!stage.embedding) {
+      const int i = r.add("wte", {V, C}, Init::normal, std, true, rows);  // the tied copy
+      r.mark_tied_copy(i);
+    }
   }
   return r;
 }

@@ -34,6 +34,8 @@ struct ParamSpec {
   Init init = Init::zeros;
   float init_std = 0.0f;    // for Init::normal
   bool decay = false;       // AdamW weight decay applies (matrices, not biases or norms)
+  bool tied_copy = false;   // a second copy of a tied parameter (the last pipeline stage's wte):
+                            // its gradient equals the first copy's once summed, and counts once
 
   bool replicated() const { return tp.parts == 1; }
   // Index in the whole tensor of local element `local` (row-major).
@@ -48,6 +50,7 @@ class ParamRegistry {
   int add(std::string name, std::vector<std::int64_t> global_shape, Init init, float init_std, bool decay,
           TpSlice tp = {});
   const std::vector<ParamSpec>& specs() const { return specs_; }
+  void mark_tied_copy(int i) { specs_[i].tied_copy = true; }
   const ParamSpec& at(int i) const { return specs_[i]; }
   const ParamSpec& find(const std::string& name) const;  // runtime error if absent
   std::int64_t numel() const { return numel_; }

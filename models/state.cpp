@@ -28,7 +28,7 @@ double grad_sum_squares(const ParamRegistry& reg, const float* grads, std::int64
   double sq = 0;
   for (const auto& s : reg.specs()) {
     const std::int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-    if (lo >= hi) continue;
+    if (lo >= hi || s.tied_copy) continue;
     const double part = kernels::sum_squares(grads + (lo - begin), hi - lo);
     sq += s.replicated() && tp_size > 1 ? part / tp_size : part;
   }

@@ -44,7 +44,9 @@ void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t 
 // Sum of squares of the gradients of flat elements [begin, end) (`grads`
 // points at element begin). A parameter that is whole on each of `tp_size`
 // tensor-parallel ranks counts 1/tp_size, so the sum of the results over the
-// tp group is the global squared norm, every element counted once.
+// tp group is the global squared norm, every element counted once; a tied
+// copy (the last pipeline stage's wte) counts 0, its twin on the first stage
+// counting for both.
 double grad_sum_squares(const ParamRegistry& reg, const float* grads, std::int64_t begin, std::int64_t end,
                         int tp_size);
 

@@ -38,14 +38,14 @@ void DataParallel::grads_done(int unit) {
   if (dp_ != nullptr && last_) launch_ready(units_[unit].begin);
 }
 
-double DataParallel::finish_gradients() {
-  if (dp_ != nullptr) {
-    launch_ready(0);
-    for (auto& r : in_flight_) r->wait();
-    in_flight_.clear();
-  }
-  return models::grad_sum_squares(reg_, grads_.data(), 0, numel(), tp_size_);
+void DataParallel::finish_gradients() {
+  if (dp_ == nullptr) return;
+  launch_ready(0);
+  for (auto& r : in_flight_) r->wait();
+  in_flight_.clear();
 }
+
+double DataParallel::grad_norm_sq() { return models::grad_sum_squares(reg_, grads_.data(), 0, numel(), tp_size_); }
 
 void DataParallel::update(float coef, float lr, int step) {
   if (coef != 1.0f) kernels::scale_inplace(grads_.data(), coef, numel());

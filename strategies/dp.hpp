@@ -20,7 +20,9 @@ class DataParallel final : public StateStrategy, public models::ReplicatedState 
   models::ParamState& state() override { return *this; }
   void begin_step() override;
   void begin_micro_batch(bool last) override { last_ = last; }
-  double finish_gradients() override;
+  void finish_gradients() override;
+  double grad_norm_sq() override;
+  float* whole_grad(const models::ParamSpec& spec) override { return grads_.data() + spec.offset; }
   void update(float coef, float lr, int step) override;
   std::vector<float> full_params() override;
   std::int64_t padding_elements() const override { return 0; }

@@ -36,11 +36,15 @@ class StateStrategy {
   virtual void begin_step() = 0;
   // Before each micro-batch; `last`: its backward completes the step's gradients.
   virtual void begin_micro_batch(bool last) = 0;
-  // After the last backward: completes gradient synchronisation and returns
-  // this tensor-parallel rank's share of the squared global gradient norm
+  // After the last backward: completes the gradient synchronisation over dp.
+  virtual void finish_gradients() = 0;
+  // This tensor-parallel rank's share of the squared global gradient norm
   // (models::grad_sum_squares), equal on every rank of the dp group; the
-  // trainer sums it over the tp group.
-  virtual double finish_gradients() = 0;
+  // trainer sums it over the tp and pp groups.
+  virtual double grad_norm_sq() = 0;
+  // The whole (dp-reduced) gradient of one parameter, where this strategy
+  // keeps it whole on the rank (dp: yes; zero: no, null).
+  virtual float* whole_grad(const models::ParamSpec& spec) { return nullptr; }
   // Scales the gradients by coef (clipping; 1 for none), applies AdamW with
   // lr at 1-based `step`, and leaves parameters ready for the next forward.
   virtual void update(float coef, float lr, int step) = 0;

@@ -159,8 +159,11 @@ void Zero::poll() {
     if (p.request) p.request->test();  // MPICH progresses only inside MPI calls
 }
 
-double Zero::finish_gradients() {
+void Zero::finish_gradients() {
   while (!pending_.empty()) pop_front();
+}
+
+double Zero::grad_norm_sq() {
   double sq = 0;
   for (std::size_t u = 0; u < us_.size(); ++u)
     sq += models::grad_sum_squares(reg_, own_grads(int(u)), us_[u].own_begin, us_[u].own_end, tp_size_);

@@ -27,7 +27,8 @@ class Zero final : public StateStrategy, public models::ParamState {
   models::ParamState& state() override { return *this; }
   void begin_step() override;
   void begin_micro_batch(bool last) override { last_ = last; }
-  double finish_gradients() override;
+  void finish_gradients() override;
+  double grad_norm_sq() override;
   void update(float coef, float lr, int step) override;
   std::vector<float> full_params() override;
   std::int64_t padding_elements() const override { return std::int64_t(n_) * shard_total_ - reg_.numel(); }

@@ -318,6 +318,18 @@ void Resolver::check_cross_keys() {
     error(fmt::format("{}: {} is not a multiple of {}: sequence parallelism splits the sequence over tp ranks",
                       primary({"model.seq_len", "parallel.tp", "parallel.sequence_parallel"}), show("model.seq_len"),
                       show("parallel.tp")));
+  if (c.model.layers % (c.parallel.pp * c.parallel.virtual_stages) != 0)
+    error(fmt::format("{}: {} is not a multiple of {} x {}: every pipeline stage takes the same number of layers",
+                      primary({"model.layers", "parallel.pp", "parallel.virtual_stages"}), show("model.layers"),
+                      show("parallel.pp"), show("parallel.virtual_stages")));
+  else if (c.parallel.pp > 1 && c.data.global_batch % (c.data.micro_batch * c.parallel.dp) == 0) {
+    const int m = c.data.global_batch / (c.data.micro_batch * c.parallel.dp);
+    if ((c.parallel.schedule == "1f1b" || c.parallel.schedule == "interleaved") && m < c.parallel.pp)
+      error(fmt::format("{}: {} needs at least as many micro-batches per step as pipeline stages: global_batch / "
+                        "(dp x micro_batch) = {} < {}",
+                        primary({"parallel.schedule", "parallel.pp"}), show("parallel.schedule"), m,
+                        show("parallel.pp")));
+  }
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",
@@ -391,21 +403,25 @@ void Resolver::throw_if_errors() {
 }
 
 // Layouts the deck format describes but this build cannot run yet: data
-// parallelism, every ZeRO stage, tensor and sequence parallelism run;
-// pipeline and expert parallelism and offload do not. This is the one place to relax as each
-// strategy arrives; the key table already accepts the full range of every
-// parallel key.
+// parallelism, every ZeRO stage, tensor and sequence parallelism run, and
+// pipeline parallelism with the GPipe and 1F1B schedules and zero = 0;
+// interleaved and ZB-H1 pipelines, expert parallelism and offload do not.
+// This is the one place to relax as each strategy arrives; the key table
+// already accepts the full range of every parallel key.
 void check_supported_by_this_build(Resolver& r) {
   const ParallelSection& p = r.config.parallel;
   constexpr const char* kOnly =
-      "this build runs data, tensor and sequence parallelism (any dp and tp, zero = 0..3) with pp = ep = 1, "
-      "virtual_stages = 1, offload = \"none\" (pipeline and expert parallelism and offload are not built yet)";
+      "this build runs data, tensor and sequence parallelism (any dp and tp, zero = 0..3) and pipelines with "
+      "schedule = \"gpipe\" or \"1f1b\" and zero = 0; ep = 1, virtual_stages = 1, offload = \"none\" "
+      "(interleaved and zb-h1 pipelines, expert parallelism and offload are not built yet)";
   auto refuse = [&](const std::string& key, bool unsupported) {
     if (!unsupported) return;
     const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
     r.error(fmt::format("{}: {} = {}: {}", r.primary({key}), key, value, kOnly));
   };
-  refuse("parallel.pp", p.pp != 1);
+  const bool pipeline = p.pp > 1;
+  refuse("parallel.schedule", pipeline && p.schedule != "gpipe" && p.schedule != "1f1b");
+  refuse("parallel.zero", pipeline && p.zero != 0);
   refuse("parallel.ep", p.ep != 1);
   refuse("parallel.virtual_stages", p.virtual_stages != 1);
   refuse("parallel.offload", p.offload != "none");

@@ -60,7 +60,7 @@ std::string group_text(const char* name, const std::vector<int>& m) {
 MPI_Comm split(MPI_Comm world, int color, int key) {
   MPI_Comm c = MPI_COMM_NULL;
   STRATA_CHECK_MPI(MPI_Comm_split(world, color, key, &c));
-  STRATA_CHECK_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+  if (c != MPI_COMM_NULL) STRATA_CHECK_MPI(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
   return c;
 }
 
@@ -94,24 +94,29 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log) : layout_(l) {
     dp_comm_ = split(world_comm_, c.pp * l.tp + c.tp, c.dp);
     tp_comm_ = split(world_comm_, c.pp * l.dp + c.dp, c.tp);
     pp_comm_ = split(world_comm_, c.dp * l.tp + c.tp, c.pp);
+    // The first and last pipeline stages of each (dp, tp) position: the two
+    // holders of the tied word embedding.
+    const bool holds_wte = c.pp == 0 || c.pp == l.pp - 1;
+    emb_comm_ = split(world_comm_, holds_wte ? c.dp * l.tp + c.tp : MPI_UNDEFINED, c.pp);
     world_ = profiled(world_comm_, "world", log);
+    if (emb_comm_ != MPI_COMM_NULL) emb_ = profiled(emb_comm_, "emb", log);
     dp_ = profiled(dp_comm_, "dp", log);
     tp_ = profiled(tp_comm_, "tp", log);
     pp_ = profiled(pp_comm_, "pp", log);
   } catch (...) {
     // The destructor does not run for a half-built object.
-    world_.reset(), dp_.reset(), tp_.reset(), pp_.reset();
-    free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
+    world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset();
+    free_comm(emb_comm_), free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
     throw;
   }
 }
 
 Mesh::~Mesh() {
-  world_.reset(), dp_.reset(), tp_.reset(), pp_.reset();
+  world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // the handles died with MPI
-  free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
+  free_comm(emb_comm_), free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
 }
 
 std::string Mesh::table() const {

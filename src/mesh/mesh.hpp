@@ -45,6 +45,9 @@ class Mesh {
   comm::Communicator& dp() { return *dp_; }
   comm::Communicator& tp() { return *tp_; }
   comm::Communicator& pp() { return *pp_; }
+  // The first and last pipeline stages of this rank's (dp, tp) position,
+  // which both hold the tied word embedding; null on the other stages.
+  comm::Communicator* embedding() { return emb_.get(); }
 
   // Collective. The table --dry-run prints: one line per rank with its host,
   // coordinates and the world ranks of each group it belongs to. Every rank
@@ -55,8 +58,9 @@ class Mesh {
   Layout layout_;
   Coords coords_;
   int rank_ = 0;
-  MPI_Comm world_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<comm::Communicator> world_, dp_, tp_, pp_;
+  MPI_Comm world_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL,
+           emb_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<comm::Communicator> world_, dp_, tp_, pp_, emb_;
 };
 
 }  // namespace strata::mesh

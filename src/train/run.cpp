@@ -202,13 +202,16 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   auto finish = [&](const char* status) {
     write_tables(file, rank, steps, memory, cfg.run.profile ? &timeline : nullptr, &log);
     write_comm_summary(file, rank, aggregate_comm(log, cfg.run.warmup_steps));
+    const int m = cfg.data.global_batch / (cfg.data.micro_batch * cfg.parallel.dp);
+    write_pipeline_summary(file, rank, measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, m,
+                                                      cfg.parallel.schedule));
     write_summary(file, summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak),
                   prov);
     file.set_attr("/", "status", status);
   };
 
   try {
-    Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp());
+    Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
     // Room for every record up front: a growing log would pay page faults
     // inside the measured calls. Per micro-batch a unit has at most a gather,
     // a prefetch and a reduce-scatter; per step, buckets and a few scalars.
@@ -258,6 +261,20 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   const Summary s = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak);
   print_memory_per_rank(comm, memory, cfg.run.steps - 1);
   const auto aggs = aggregate_comm(log, cfg.run.warmup_steps);
+  if (layout.pp > 1 && cfg.run.profile) {
+    const int m = cfg.data.global_batch / (cfg.data.micro_batch * cfg.parallel.dp);
+    const Bubble b = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, m, cfg.parallel.schedule);
+    double mine[3] = {double(b.pp_rank), b.idle_over_step, b.idle_over_compute};
+    std::vector<double> all(std::size_t(3 * world));
+    STRATA_CHECK_MPI(MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, comm));
+    if (rank == 0) {
+      fmt::print("pipeline bubble ({}, p {}, m {}; theory (p-1)/(m+p-1) = {:.3f}):\n", cfg.parallel.schedule, layout.pp,
+                 m, b.theory);
+      for (int r = 0; r < world; ++r)
+        fmt::print("  rank {:>3} stage {:>2}: idle/step {:.3f}   idle/compute {:.3f}\n", r, int(all[3 * r]),
+                   all[3 * r + 1], all[3 * r + 2]);
+    }
+  }
   if (rank == 0) {
     fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%\n",
                s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu);

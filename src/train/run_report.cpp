@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "strategies/pp/schedule.hpp"
+
 namespace strata::train {
 
 static double median(std::vector<double> v) {
@@ -124,6 +126,41 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       cm.add_row({std::int64_t(rank), std::int64_t(r.step), std::string(r.op), std::string(r.axis),
                   std::int64_t(r.group_size), r.bytes, std::int64_t(r.nonblocking), r.start, r.end, r.wait});
   f.write_table(cm);
+}
+
+Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
+                      int micro_batches, const std::string& schedule) {
+  Bubble b{pp_rank, stages, micro_batches, schedule};
+  b.theory = stages > 1 ? strategies::pp::find_schedule(schedule).bubble({stages, micro_batches, 1}) : 0.0;
+  std::vector<double> busy(steps.size(), 0.0);
+  for (const auto& s : timeline.spans())
+    if (s.phase != prof::Phase::optimizer && s.step >= 0 && std::size_t(s.step) < busy.size())
+      busy[std::size_t(s.step)] += s.end - s.start;
+  std::vector<double> over_step, over_compute;
+  for (const auto& r : steps) {
+    if (r.warmup) continue;
+    const double b_s = busy[std::size_t(r.step)], idle = std::max(0.0, r.step_time - b_s);
+    over_step.push_back(idle / r.step_time);
+    if (b_s > 0) over_compute.push_back(idle / b_s);
+  }
+  b.idle_over_step = median(over_step);
+  b.idle_over_compute = median(over_compute);
+  return b;
+}
+
+void write_pipeline_summary(report::H5File& f, int rank, const Bubble& b) {
+  report::Table t("summary/pipeline", "per rank: the measured pipeline bubble beside the schedule's");
+  t.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_i64("pp_rank", "1", "pipeline stage of the rank")
+      .col_i64("stages", "1", "pipeline stages p")
+      .col_i64("micro_batches", "1", "micro-batches per step m")
+      .col_str("schedule", 16, "", "pipeline schedule")
+      .col_f64("bubble", "1", "median over measured steps of idle / step time (idle = step - forward and backward spans)")
+      .col_f64("bubble_over_compute", "1", "median of idle / busy compute time")
+      .col_f64("theory", "1", "the schedule's idle / step time: (p-1)/(m+p-1) for gpipe and 1f1b");
+  t.add_row({std::int64_t(rank), std::int64_t(b.pp_rank), std::int64_t(b.stages), std::int64_t(b.micro_batches),
+             b.schedule, b.idle_over_step, b.idle_over_compute, b.theory});
+  f.write_table(t);
 }
 
 double busbw_factor(const std::string& op, int n) {

@@ -14,6 +14,7 @@
 #include "src/deck/config.hpp"
 #include "src/prof/timeline.hpp"
 #include "src/train/data.hpp"
+#include "strategies/pp/schedule.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::train {
@@ -39,12 +40,18 @@ class Trainer {
  public:
   // dp: the data-parallel communicator (nullptr on a single rank). Each dp
   // rank takes global_batch / dp sequences of every step.
-  // tp: the tensor-parallel communicator (nullptr: tp = 1).
+  // tp: the tensor-parallel communicator (nullptr: tp = 1). pp: the pipeline
+  // communicator, and emb: the group of the first and last stage (null on
+  // other stages), when the model is cut into parallel.pp stages that run
+  // parallel.schedule.
   Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
-          comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr);
+          comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr,
+          comm::Communicator* emb = nullptr);
 
   // Runs 0-based optimizer step `step` and returns its record.
   StepRecord step(int step);
+  // Pipeline stage slots (one per micro-batch in flight) ever built on this rank.
+  std::size_t pipeline_slots() const { return slots_.size(); }
 
   models::Gpt& model() { return *model_; }
   strategies::StateStrategy& strategy() { return *strategy_; }
@@ -56,8 +63,27 @@ class Trainer {
   const deck::Config& cfg_;
   prof::Timeline* timeline_;
   double peak_flops_;
+  // One micro-batch's forward and backward through the model (no pipeline),
+  // and a whole step's worth of them through this rank's pipeline stage.
+  double run_micro_batches(int step, float loss_scale);
+  double run_pipeline(int step, float loss_scale);
+  models::Gpt* take_slot(int mb);
+
   comm::Communicator* dp_;
   comm::Communicator* tp_;
+  comm::Communicator* pp_ = nullptr;
+  comm::Communicator* emb_ = nullptr;
+  int pp_rank_ = 0;
+  models::GptStage stage_;
+  std::vector<strategies::pp::Action> schedule_;  // this rank's actions
+  int last_backward_mb_ = 0;
+  // Stage models, each holding one micro-batch's activations: slots_[0] is
+  // model_; a slot is free again once its backward ran and its sends completed.
+  std::vector<models::Gpt*> slots_, free_;
+  std::vector<std::unique_ptr<models::Gpt>> extra_slots_;
+  std::vector<models::Gpt*> slot_of_;  // per micro-batch of the step
+  core::Buffer<std::int32_t> mb_tokens_, mb_targets_;  // every micro-batch of a step (pipeline only)
+  core::MemoryTracker* tracker_;
   int dp_size_ = 1, dp_rank_ = 0;
   int micro_batches_;  // per rank and step
   double model_flops_per_step_;

@@ -50,6 +50,12 @@ if "$py" "$src/tests/python/check_report.py" out/dp2.h5 --steps 4 --layers 2 --w
 if mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --dry-run > dry2.log 2>&1 && grep -q "dp{0,1}" dry2.log; then
   ok "dry run prints the process mesh"; else bad "dry run mesh"; cat dry2.log; fi
 
+# --- two pipeline stages (1F1B): the report has every rank's rows and its bubble ---
+if mpiexec -n 2 "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_batch=1 --output out/pp2.h5 > pp2.log 2>&1 \
+   && grep -q "pipeline bubble" pp2.log \
+   && "$py" "$src/tests/python/check_report.py" out/pp2.h5 --steps 4 --layers 2 --world 2 > checkpp.log 2>&1; then
+  ok "2-stage pipeline run and report"; else bad "2-stage pipeline"; cat pp2.log checkpp.log; fi
+
 # --- dry run, help, version ---
 if "$strata" run tiny.toml --dry-run --output out/dry.h5 > dry.log 2>&1 && grep -q "parameters:" dry.log \
    && grep -q "optimizer" dry.log && [[ ! -e out/dry.h5 ]]; then ok "dry run prints plan, writes nothing"; else bad "dry run"; cat dry.log; fi
@@ -85,7 +91,8 @@ expect_input_error "missing deck" "nothere.toml" "$strata" run nothere.toml --ou
 expect_input_error "bad --set key" "--set" "$strata" run tiny.toml --set model.layerz=3 --output out_bad/x.h5
 expect_input_error "bad --set value" "model.layers" "$strata" run tiny.toml --set model.layers=-1 --output out_bad/x.h5
 expect_input_error "unknown flag" "--frobnicate" "$strata" run tiny.toml --frobnicate
-expect_input_error "layout refused" "parallel.pp" "$strata" run tiny.toml --set parallel.pp=2 --output out_bad/x.h5
+expect_input_error "layout refused" "parallel.ep" "$strata" run tiny.toml --set parallel.ep=2 --output out_bad/x.h5
+expect_input_error "micro-batches < pp for 1f1b" "at least as many micro-batches" "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_batch=4 --output out_bad/x.h5
 expect_input_error "heads % tp" "parallel.tp" "$strata" run tiny.toml --set parallel.tp=4 --output out_bad/x.h5
 expect_input_error "dp does not fit the world" "dp 2" "$strata" run tiny.toml --set parallel.dp=2 --output out_bad/x.h5
 expect_input_error "zero stage out of range" "parallel.zero" "$strata" run tiny.toml --set parallel.zero=4 --output out_bad/x.h5

@@ -110,7 +110,9 @@ TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
       t.step(0);
       const std::uint64_t psi = std::uint64_t(t.model().registry().numel());
       const std::uint64_t S = std::uint64_t(shard_elems(t.model(), n)), psi_p = S * n;
-      if (d_model == 16) EXPECT_EQ(psi_p, psi) << "units divisible by N: no padding";
+      if (d_model == 16) {
+        EXPECT_EQ(psi_p, psi) << "units divisible by N: no padding";
+      }
       EXPECT_EQ(std::uint64_t(t.strategy().padding_elements()), zero == 0 ? 0 : psi_p - psi);
       const std::uint64_t params = tracker.current(MemCategory::params), grads = tracker.current(MemCategory::grads),
                           opt = tracker.current(MemCategory::optimizer);
@@ -122,7 +124,9 @@ TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
       }
       EXPECT_EQ(tracker.current(MemCategory::comm), 0u) << "zero " << zero;
       // Stage 3 gathers units while it uses them: the peak shows it.
-      if (zero == 3) EXPECT_GT(tracker.peak(MemCategory::params), 4 * S);
+      if (zero == 3) {
+        EXPECT_GT(tracker.peak(MemCategory::params), 4 * S);
+      }
     }
   }
 }

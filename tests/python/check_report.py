@@ -19,6 +19,8 @@ TABLES = {
     "timeline": ["rank", "step", "micro_batch", "layer", "phase", "start", "end"],
     "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait"],
     "summary/comm": ["rank", "axis", "op", "group_size", "count", "bytes", "time", "wait", "algbw", "busbw"],
+    "summary/pipeline": ["rank", "pp_rank", "stages", "micro_batches", "schedule", "bubble", "bubble_over_compute",
+                         "theory"],
 }
 SUMMARY = ["tokens_per_s", "step_time", "model_flops_per_step", "mfu", "peak_flops", "final_loss"]
 
@@ -66,6 +68,9 @@ def main():
             if not np.all(comm["end"] >= comm["start"]) or not np.all(comm["wait"] >= 0):
                 errors.append("/comm has spans that end before they start")
             # The loss is the same number on every rank of the group.
+            pipe = f["summary/pipeline"][...]
+            if not np.all((pipe["bubble"] >= 0) & (pipe["bubble"] <= 1)):
+                errors.append("/summary/pipeline bubbles outside [0, 1]")
             for s in range(a.steps):
                 l = steps["loss"][steps["step"] == s]
                 if l.max() != l.min():
@@ -78,13 +83,17 @@ def main():
             errors.append(f"/memory categories {cats}")
         # Held bytes at the end of every step: the ZeRO paper's figures for
         # fp32 AdamW, with the stated shard padding (psi_p = psi + padding).
+        # (Only for pure data parallelism: with tp or pp a rank holds a slice
+        # of the model, whose size the parity tests check instead.)
+        layout = text(f["summary/layout"][()])
+        pure_dp = "pp 1 " in layout and layout.endswith("tp 1")
         psi = int(f["summary/parameters"][()])
         psi_p = psi + int(f["summary/padding_elements"][()])
         n = a.world
         expect = {"dp": (4 * psi, 4 * psi, 8 * psi), "zero1": (4 * psi_p, 4 * psi_p, 8 * psi_p // n),
                   "zero2": (4 * psi_p, 4 * psi_p // n, 8 * psi_p // n),
                   "zero3": (4 * psi_p // n, 4 * psi_p // n, 8 * psi_p // n)}[text(f["summary/strategy"][()])]
-        for cat, want in zip(("params", "grads", "optimizer"), expect):
+        for cat, want in zip(("params", "grads", "optimizer"), expect if pure_dp else ()):
             held = mem[[text(c) == cat for c in mem["category"]]]["current_bytes"]
             if not np.all(held == want):
                 errors.append(f"{cat} bytes {sorted(set(held))} differ from the analytical {want}")

@@ -368,10 +368,18 @@ TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
   EXPECT_NO_THROW(load("[model]\nheads = 4\nvocab = 256\n[parallel]\ntp = 2\n"));
   load_error("[model]\nheads = 4\nd_model = 64\n[parallel]\ntp = 3\n", {"model.heads = 4", "parallel.tp = 3"});
   load_error("[model]\nheads = 2\nvocab = 255\n[parallel]\ntp = 2\n", {"model.vocab = 255", "parallel.tp = 2"});
-  load_error("[parallel]\npp = 4\nschedule = \"interleaved\"\n", {"deck.toml:2: parallel.pp = 4:"});
+  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 4\nschedule = \"interleaved\"\n",
+             {"deck.toml:8: parallel.schedule = \"interleaved\": this build runs"});
+  // Pipelines: GPipe and 1F1B with zero = 0; layers split evenly; 1F1B needs m >= pp.
+  EXPECT_NO_THROW(load("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\n"));
+  load_error("[model]\nlayers = 3\n[parallel]\npp = 2\nschedule = \"gpipe\"\n", {"model.layers = 3", "parallel.pp = 2"});
+  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 4\nmicro_batch = 2\n[parallel]\npp = 4\n",
+             {"at least as many micro-batches", "= 2 < parallel.pp = 4"});
+  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\nzero = 1\n",
+             {"parallel.zero = 1: this build runs"});
   load_error("[parallel]\noffload = \"host\"\n", {"deck.toml:2: parallel.offload = \"host\":"});
   load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2:"});
-  load_error("", {"--set parallel.pp=2: parallel.pp = 2:"}, {"parallel.pp=2"});
+  load_error("", {"--set parallel.ep=2: parallel.ep = 2:"}, {"parallel.ep=2"});
   // Data parallelism and every ZeRO stage run; the global batch must split over dp.
   EXPECT_NO_THROW(load("[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\ndp = 4\nzero = 3\n"));
   load_error("[data]\nglobal_batch = 8\nmicro_batch = 4\n[parallel]\ndp = 4\n",
