@@ -29,8 +29,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
                cfg_.data.global_batch, dp_size_, B);
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
-  models::TensorParallel tpc;
-  if (tp_ != nullptr) tpc = {tp_, tp_->size(), tp_->rank(), cfg_.parallel.sequence_parallel};
+  if (tp_ != nullptr) tpc_ = {tp_, tp_->size(), tp_->rank(), cfg_.parallel.sequence_parallel};
   if (pp_ != nullptr) {
     pp_rank_ = pp_->rank();
     stage_ = models::gpt_stage(gc, pp_rank_, pp_->size());
@@ -44,7 +43,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                              std::size_t(micro_batches_) * B * T, "targets of the step");
   }
-  model_ = std::make_unique<models::Gpt>(gc, B, tracker, tpc, stage_);
+  model_ = std::make_unique<models::Gpt>(gc, B, tracker, tpc_, stage_);
   slots_.push_back(model_.get());
   free_.push_back(model_.get());
   slot_of_.assign(std::size_t(micro_batches_), nullptr);
@@ -54,7 +53,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
   sc.adamw = {float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;
-  sc.tp_size = tpc.size;
+  sc.tp_size = tpc_.size;
   strategy_ = strategies::make_state_strategy(sc, *model_, dp_, tracker);
   data_ = make_data_source(cfg_);
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");
@@ -134,10 +133,8 @@ models::Gpt* Trainer::take_slot(int mb) {
   if (free_.empty()) {
     // One more micro-batch in flight than ever before on this rank: another
     // stage model for its activations (parameters stay in the state).
-    const auto gc = gpt_config(cfg_.model);
-    models::TensorParallel tpc;
-    if (tp_ != nullptr) tpc = {tp_, tp_->size(), tp_->rank(), cfg_.parallel.sequence_parallel};
-    extra_slots_.push_back(std::make_unique<models::Gpt>(gc, cfg_.data.micro_batch, *tracker_, tpc, stage_));
+    extra_slots_.push_back(
+        std::make_unique<models::Gpt>(gpt_config(cfg_.model), cfg_.data.micro_batch, *tracker_, tpc_, stage_));
     slots_.push_back(extra_slots_.back().get());
     free_.push_back(slots_.back());
   }

@@ -74,6 +74,7 @@ class Trainer {
   comm::Communicator* pp_ = nullptr;
   comm::Communicator* emb_ = nullptr;
   int pp_rank_ = 0;
+  models::TensorParallel tpc_;  // the layer seam's context, for every stage model
   models::GptStage stage_;
   std::vector<strategies::pp::Action> schedule_;  // this rank's actions
   int last_backward_mb_ = 0;
