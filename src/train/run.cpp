@@ -199,14 +199,20 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   core::MemoryTracker tracker(cfg.backend.memory_limit);
   std::vector<StepRecord> steps;
   std::vector<MemoryRecord> memory;
+  // The headline figures, computed once from the records: written to the
+  // report and printed.
+  const int micro_batches = cfg.data.global_batch / (cfg.data.micro_batch * cfg.parallel.dp);
+  Summary summary;
+  std::vector<CommAggregate> comm_figures;
+  Bubble bubble;
   auto finish = [&](const char* status) {
+    summary = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak);
+    comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
+    bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches, cfg.parallel.schedule);
     write_tables(file, rank, steps, memory, cfg.run.profile ? &timeline : nullptr, &log);
-    write_comm_summary(file, rank, aggregate_comm(log, cfg.run.warmup_steps));
-    const int m = cfg.data.global_batch / (cfg.data.micro_batch * cfg.parallel.dp);
-    write_pipeline_summary(file, rank, measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, m,
-                                                      cfg.parallel.schedule));
-    write_summary(file, summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak),
-                  prov);
+    write_comm_summary(file, rank, comm_figures);
+    write_pipeline_summary(file, rank, bubble);
+    write_summary(file, summary, prov);
     file.set_attr("/", "status", status);
   };
 
@@ -258,18 +264,16 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   finish("complete");
   file.publish();
 
-  const Summary s = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak);
+  const Summary& s = summary;
   print_memory_per_rank(comm, memory, cfg.run.steps - 1);
-  const auto aggs = aggregate_comm(log, cfg.run.warmup_steps);
   if (layout.pp > 1 && cfg.run.profile) {
-    const int m = cfg.data.global_batch / (cfg.data.micro_batch * cfg.parallel.dp);
-    const Bubble b = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, m, cfg.parallel.schedule);
+    const Bubble& b = bubble;
     double mine[3] = {double(b.pp_rank), b.idle_over_step, b.idle_over_compute};
     std::vector<double> all(std::size_t(3 * world));
     STRATA_CHECK_MPI(MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, comm));
     if (rank == 0) {
       fmt::print("pipeline bubble ({}, p {}, m {}; theory (p-1)/(m+p-1) = {:.3f}):\n", cfg.parallel.schedule, layout.pp,
-                 m, b.theory);
+                 micro_batches, b.theory);
       for (int r = 0; r < world; ++r)
         fmt::print("  rank {:>3} stage {:>2}: idle/step {:.3f}   idle/compute {:.3f}\n", r, int(all[3 * r]),
                    all[3 * r + 1], all[3 * r + 2]);
@@ -278,11 +282,11 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   if (rank == 0) {
     fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%\n",
                s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu);
-    if (!aggs.empty()) {
+    if (!comm_figures.empty()) {
       fmt::print("communication on rank 0 over {} measured steps:\n", s.measured_steps);
       fmt::print("  {:<6} {:<15} {:>3} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n", "calls",
                  "bytes", "time_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
-      for (const auto& a : aggs)
+      for (const auto& a : comm_figures)
         fmt::print("  {:<6} {:<15} {:>3} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis, a.op,
                    a.group_size, a.count, a.bytes, a.time * 1e3, a.algbw() / 1e9, a.busbw() / 1e9,
                    a.time > 0 ? 100.0 * (1.0 - a.wait / a.time) : 0.0);

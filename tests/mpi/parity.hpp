@@ -1,5 +1,5 @@
-// Helpers shared by the MPI parity tests: the world size, and how far a
-// rank's parameters are from the single-rank run's.
+// Helpers shared by the MPI parity tests: how far a rank's parameters are
+// from the single-rank run's (and the world size).
 #pragma once
 
 #include <mpi.h>
@@ -9,14 +9,11 @@
 #include <vector>
 
 #include "models/param_registry.hpp"
+#include "tests/mpi/mpi_world.hpp"
 
 namespace strata::parity {
 
-inline int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using mpi_test::world_size;
 
 // Largest norm-wise relative difference ||a - b|| / ||b|| over the parameter
 // tensors between this rank's parameters (`mine`, laid out by `local`, which

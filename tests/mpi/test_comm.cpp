@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/mpi/mpi_world.hpp"
 #include "src/comm/comm_log.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/comm/profiled_communicator.hpp"
@@ -21,21 +22,12 @@
 
 namespace {
 
+using strata::mpi_test::world_rank;
+using strata::mpi_test::world_size;
+
 using namespace strata;
 using comm::DType;
 using comm::ReduceOp;
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 // A private copy of the world that returns error codes, as the Mesh makes.
 struct DupWorld {

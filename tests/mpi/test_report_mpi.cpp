@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/mpi/mpi_world.hpp"
 #include "src/report/h5file.hpp"
 #include "src/report/table.hpp"
 
@@ -21,17 +22,8 @@ using strata::report::Table;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using strata::mpi_test::world_rank;
+using strata::mpi_test::world_size;
 
 // Every rank must name the same file: rank 0 picks it and broadcasts it.
 fs::path shared_dir(const std::string& test) {
