@@ -72,7 +72,8 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStag
   return r;
 }
 
-std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, bool sp, GptStage stage) {
+std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, bool sp, GptStage stage,
+                                            bool split_backward) {
   stage = resolved(c, stage);
   // Per tensor-parallel rank: heads, hidden units and vocabulary are 1/tp;
   // with sequence parallelism the residual stream and norm statistics hold
@@ -120,6 +121,14 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
     plan.push_back({"dres_full", N * C, W});
     plan.push_back({"sp_grads", 6 * C, W});
   }
+  if (split_backward) {
+    // Kept from a micro-batch's input-gradient pass to its weight-gradient
+    // pass, like activations (the head's output gradient stays in logits).
+    plan.push_back({"dy_fcproj", L * N * C, A});
+    plan.push_back({"dy_fc", L * N * F, A});
+    plan.push_back({"dy_proj", L * N * C, A});
+    plan.push_back({"dy_qkv", L * N * 3 * Ct, A});
+  }
   return plan;
 }
 
@@ -145,19 +154,29 @@ double gpt_model_flops(const GptConfig& c, int B) {
 std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptStage stage) {
   stage = resolved(c, stage);
   std::vector<Unit> u;
-  if (stage.embedding) u.push_back({reg.find("wte").offset, reg.find("wpe").offset + reg.find("wpe").numel});
+  // wte is a unit of its own on both stages that hold it, so that the two
+  // copies are sharded alike and their gradients can be summed shard by shard.
+  auto whole = [&](const char* name) { return Unit{reg.find(name).offset, reg.find(name).offset + reg.find(name).numel}; };
+  if (stage.embedding) {
+    u.push_back(whole("wte"));
+    u.push_back(whole("wpe"));
+  }
   for (int l = stage.first; l < stage.last; ++l) {
     const auto& first = reg.find(lname(l, "ln1.weight"));
     const auto& last = reg.find(lname(l, "mlp.proj.bias"));
     u.push_back({first.offset, last.offset + last.numel});
   }
-  if (stage.head) u.push_back({reg.find("lnf.weight").offset, reg.numel()});
+  if (stage.head) {
+    u.push_back({reg.find("lnf.weight").offset, reg.find("lnf.bias").offset + reg.find("lnf.bias").numel});
+    if (!stage.embedding) u.push_back(whole("wte"));
+  }
   return u;
 }
 
-Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp, GptStage stage)
+Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp, GptStage stage,
+         bool split_backward)
     : c_(config), B_(micro_batch), tp_(tp), stage_(resolved(config, stage)),
-      reg_(gpt_registry(config, tp.size, tp.rank, stage_)) {
+      reg_(gpt_registry(config, tp.size, tp.rank, stage_)), split_(split_backward) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
   STRATA_CHECK(c_.heads % tp_.size == 0 && c_.vocab % tp_.size == 0, "heads {} and vocab {} over tp {}", c_.heads,
                c_.vocab, tp_.size);
@@ -172,22 +191,17 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
       o[k] = reg_.find(lname(stage_.first + lb, kLayerParams[k])).offset - units_[block_unit(lb)].begin;
     layer_offsets_.push_back(o);
   }
-  if (stage_.embedding) {
-    wte_off_ = reg_.find("wte").offset - units_[0].begin;
-    wpe_off_ = reg_.find("wpe").offset - units_[0].begin;
-  }
   if (stage_.head) {
-    head_unit_ = int(units_.size()) - 1;
+    head_unit_ = block_unit(blocks_);
     lnfw_off_ = reg_.find("lnf.weight").offset - units_[head_unit_].begin;
     lnfb_off_ = reg_.find("lnf.bias").offset - units_[head_unit_].begin;
-    head_wte_unit_ = stage_.embedding ? 0 : head_unit_;
-    head_wte_off_ = reg_.find("wte").offset - units_[head_wte_unit_].begin;
+    head_wte_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
   }
 
   STRATA_CHECK(!tp_.sequence_parallel || (c_.seq_len * B_) % tp_.size == 0, "rows {} over tp {}",
                c_.seq_len * B_, tp_.size);
   if (tp_.size == 1) tp_.sequence_parallel = false;
-  plan_ = gpt_activation_plan(c_, B_, tp_.size, tp_.sequence_parallel, stage_);
+  plan_ = gpt_activation_plan(c_, B_, tp_.size, tp_.sequence_parallel, stage_, split_);
   for (const auto& p : plan_) acts_.emplace_back(tracker, p.category, p.numel, p.name);
   encoded_ = act("encoded");
   ln1_ = act("ln1"), ln1_mean_ = act("ln1_mean"), ln1_rstd_ = act("ln1_rstd");
@@ -200,6 +214,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
   dres_ = act("dres"), dbuf_ = act("dbuf"), dqkv_ = act("dqkv"), dprobs_ = act("dprobs");
   dfch_ = act("dfch"), dgelu_ = act("dgelu");
   if (tp_.sequence_parallel) sp_rows_ = act("sp_rows"), dres_full_ = act("dres_full"), sp_grads_ = act("sp_grads");
+  if (split_) dy_fcproj_ = act("dy_fcproj"), dy_fc_ = act("dy_fc"), dy_proj_ = act("dy_proj"), dy_qkv_ = act("dy_qkv");
 }
 
 float* Gpt::act(const char* name) {
@@ -266,23 +281,25 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   };
   if (stage_.embedding) {
     ScopedSpan s(tl, 0, Phase::forward);
-    float* u0 = st.acquire_params(0);
-    st.prefetch(1);
+    const float* wte = st.acquire_params(kWteUnit);
+    const float* wpe = st.acquire_params(kWpeUnit);
+    st.prefetch(block_unit(0));
     if (tp == 1) {
-      kernels::embedding_forward(encoded_, tokens, u0 + wte_off_, u0 + wpe_off_, B, T, C);
+      kernels::embedding_forward(encoded_, tokens, wte, wpe, B, T, C);
     } else {
       // Vocabulary-parallel: each rank looks up the rows it holds, the sum
       // over ranks is the lookup, then the (whole) position rows are added.
       float* rows = sp ? dbuf_ : encoded_;
-      kernels::embedding_forward(rows, tokens, u0 + wte_off_, nullptr, B, T, C, v0, Vt);
+      kernels::embedding_forward(rows, tokens, wte, nullptr, B, T, C, v0, Vt);
       if (sp)
         tp_reduce_scatter(dbuf_, encoded_, NlC);
       else
         tp_sum(encoded_, NC);
       for (int i = 0; i < Nl; ++i)
-        kernels::add_inplace(encoded_ + std::int64_t(i) * C, u0 + wpe_off_ + std::int64_t((r0 + i) % T) * C, C);
+        kernels::add_inplace(encoded_ + std::int64_t(i) * C, wpe + std::int64_t((r0 + i) % T) * C, C);
     }
-    st.release_params(0);
+    st.release_params(kWpeUnit);
+    st.release_params(kWteUnit);
   }
   for (int lb = 0; lb < blocks_; ++lb) {
     const int l = stage_.first + lb;  // the global layer: timeline and names
@@ -318,7 +335,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   ScopedSpan s(tl, L + 1, Phase::forward);
   // The head's units stay acquired until its backward, which comes next.
   float* uf = st.acquire_params(head_unit_);
-  float* wte = st.acquire_params(head_wte_unit_) + head_wte_off_;
+  float* wte = st.acquire_params(head_wte_unit_);
   const float* xL = output();
   norm(lnf_, lnf_mean_, lnf_rstd_, xL, uf + lnfw_off_, uf + lnfb_off_);
   linear_forward(logits_, lnf_, wte, nullptr, N, C, Vt);  // tied head: this rank's vocabulary columns
@@ -338,17 +355,30 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
 }
 
 void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
-                   prof::Timeline* tl) {
+                   prof::Timeline* tl, bool input_only) {
+  STRATA_CHECK(!input_only || split_, "an input-only backward needs a model built with split_backward");
   const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
   const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_.rank * Vt;
   const bool sp = tp_.sequence_parallel;
   const int N = B * T, Nl = sp ? N / tp : N;
   const std::int64_t NC = std::int64_t(N) * C, NlC = std::int64_t(Nl) * C;
+  const Phase phase = input_only ? Phase::backward_input : Phase::backward;
   // The residual gradient of all N rows (gathered under sequence parallelism).
   auto dres_all = [&]() -> const float* {
     if (!sp) return dres_;
     tp_all_gather(dres_, dres_full_, NlC);
     return dres_full_;
+  };
+  // A linear's output gradient `dy`: its input gradient now; its weight (and
+  // bias) gradient now, or, input-only, a copy of dy kept in `keep` for
+  // backward_weight() (nothing to copy when dy already is `keep`).
+  auto linear_back = [&](float* dinp, float* dw, float* db, const float* dy, const float* inp, const float* w,
+                         int IC, int OC, float* keep) {
+    linear_backward_input(dinp, dy, w, N, IC, OC);
+    if (!input_only)
+      linear_backward_weight(dw, db, dy, inp, N, IC, OC);
+    else if (keep != dy)
+      std::memcpy(keep, dy, sizeof(float) * std::size_t(N) * std::size_t(OC));
   };
   // A norm's backward from the column-parallel partial input gradients in
   // dbuf_ (f: summed over ranks), accumulating into dres_. Under sequence
@@ -368,17 +398,16 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
   // Without the head, output_grad() (dres_) already holds the gradient of
   // this stage's output.
   if (stage_.head) {
-    ScopedSpan s(tl, L + 1, Phase::backward);
+    ScopedSpan s(tl, L + 1, phase);
     // Acquired by the forward pass: these return the same pointers.
     float* uf = st.acquire_params(head_unit_);
-    float* wte = st.acquire_params(head_wte_unit_) + head_wte_off_;
+    float* wte = st.acquire_params(head_wte_unit_);
     if (blocks_ > 0) st.prefetch(block_unit(blocks_ - 1));  // the last block's backward comes next
     float* gf = st.grads(head_unit_);
-    float* dwte = st.grads(head_wte_unit_) + head_wte_off_;
-    float* dlogits = logits_;  // in place
+    float* dlogits = logits_;  // in place; kept there for backward_weight()
     kernels::softmax_cross_entropy_backward_sharded(dlogits, logits_, ce_max_, ce_sum_, targets, v0,
                                                     loss_scale / float(N), N, Vt);
-    linear_backward(dbuf_, dwte, nullptr, dlogits, lnf_, wte, N, C, Vt);
+    linear_back(dbuf_, input_only ? nullptr : st.grads(head_wte_unit_), nullptr, dlogits, lnf_, wte, C, Vt, dlogits);
     const float* xL = output();
     kernels::fill_zero(dres_, NlC);
     norm_back(xL, uf + lnfw_off_, lnf_mean_, lnf_rstd_, gf + lnfw_off_, gf + lnfb_off_, 0);
@@ -391,11 +420,15 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
       st.release_params(head_unit_);
       st.release_params(head_wte_unit_);
     }
-    st.grads_done(head_unit_);
+    // Units complete from the last to the first (the data-parallel buckets rely on it).
+    if (!input_only) {
+      if (head_wte_unit_ > head_unit_) st.grads_done(head_wte_unit_);
+      st.grads_done(head_unit_);
+    }
   }
   for (int lb = blocks_ - 1; lb >= 0; --lb) {
     const int l = stage_.first + lb;
-    ScopedSpan s(tl, l + 1, Phase::backward);
+    ScopedSpan s(tl, l + 1, phase);
     LayerParams p = layer_view(st.acquire_params(block_unit(lb)), lb);
     if (lb > 0) st.prefetch(block_unit(lb - 1));
     LayerParams g = layer_view(st.grads(block_unit(lb)), lb);
@@ -408,40 +441,81 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     const float* ln2 = ln2_ + lb * NC;
     const float* fch = fch_ + std::int64_t(lb) * N * Ft;
     const float* fch_gelu = fch_gelu_ + std::int64_t(lb) * N * Ft;
+    // Input-only, the MLP's and QKV's output gradients are written straight
+    // into the kept buffers.
+    float* dfch = input_only ? dy_fc_ + std::int64_t(lb) * N * Ft : dfch_;
+    float* dqkv = input_only ? dy_qkv_ + std::int64_t(lb) * N * 3 * Ct : dqkv_;
+    float* keep3 = input_only ? dy_fcproj_ + lb * NC : nullptr;
+    float* keep2 = input_only ? dy_proj_ + lb * NC : nullptr;
 
     // MLP branch: dres_ holds d(res3); the identity path leaves it as d(res2).
     // The row-parallel projection's input gradient needs the residual
     // gradient of every row (g's backward: identity, or an all-gather under
     // sequence parallelism); the column-parallel input's is summed (f).
     const float* d3 = dres_all();
-    linear_backward(dgelu_, g.fcproj_w, sp ? nullptr : g.fcproj_b, d3, fch_gelu, p.fcproj_w, N, Ft, C);
+    linear_back(dgelu_, g.fcproj_w, sp ? nullptr : g.fcproj_b, d3, fch_gelu, p.fcproj_w, Ft, C, keep3);
     if (sp) kernels::bias_backward(sp_grads_ + 5 * C, dres_, Nl, C);
-    kernels::fill_zero(dfch_, std::int64_t(N) * Ft);
-    kernels::gelu_backward(dfch_, fch, dgelu_, std::int64_t(N) * Ft);
-    linear_backward(dbuf_, g.fc_w, g.fc_b, dfch_, ln2, p.fc_w, N, C, Ft);
+    kernels::fill_zero(dfch, std::int64_t(N) * Ft);
+    kernels::gelu_backward(dfch, fch, dgelu_, std::int64_t(N) * Ft);
+    linear_back(dbuf_, g.fc_w, g.fc_b, dfch, ln2, p.fc_w, C, Ft, dfch);
     norm_back(res2, p.ln2_w, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, g.ln2_w, g.ln2_b, 3);
     // Attention branch: dres_ now holds d(res2).
     const float* d2 = dres_all();
-    linear_backward(dbuf_, g.proj_w, sp ? nullptr : g.proj_b, d2, atty, p.proj_w, N, Ct, C);
+    linear_back(dbuf_, g.proj_w, sp ? nullptr : g.proj_b, d2, atty, p.proj_w, Ct, C, keep2);
     if (sp) kernels::bias_backward(sp_grads_ + 2 * C, dres_, Nl, C);
-    kernels::fill_zero(dqkv_, std::int64_t(N) * 3 * Ct);
-    kernels::attention_backward(dqkv_, dprobs_, dbuf_, qkv, att, B, T, Ct, NHt);
-    linear_backward(dbuf_, g.qkv_w, g.qkv_b, dqkv_, ln1, p.qkv_w, N, C, 3 * Ct);
+    kernels::fill_zero(dqkv, std::int64_t(N) * 3 * Ct);
+    kernels::attention_backward(dqkv, dprobs_, dbuf_, qkv, att, B, T, Ct, NHt);
+    linear_back(dbuf_, g.qkv_w, g.qkv_b, dqkv, ln1, p.qkv_w, C, 3 * Ct, dqkv);
     norm_back(x, p.ln1_w, ln1_mean_ + lb * Nl, ln1_rstd_ + lb * Nl, g.ln1_w, g.ln1_b, 0);
     if (sp) {
       float* gs[6] = {g.ln1_w, g.ln1_b, g.proj_b, g.ln2_w, g.ln2_b, g.fcproj_b};
       sp_reduce_param_grads(gs, 6, C);
     }
     st.release_params(block_unit(lb));
-    st.grads_done(block_unit(lb));
+    if (!input_only) st.grads_done(block_unit(lb));
   }
   if (!stage_.embedding) return;  // input_grad() (dres_) holds the gradient of this stage's input
-  ScopedSpan s(tl, 0, Phase::backward);
+  ScopedSpan s(tl, 0, phase);
   // The embedding's backward needs no parameters, only the token ids; each
-  // rank scatters into the vocabulary rows it holds.
-  float* g0 = st.grads(0);
-  kernels::embedding_backward(g0 + wte_off_, g0 + wpe_off_, dres_all(), tokens, B, T, C, v0, Vt);
-  st.grads_done(0);
+  // rank scatters into the vocabulary rows it holds. It runs in the
+  // input-gradient half too: that is where dres_ is at hand.
+  kernels::embedding_backward(st.grads(kWteUnit), st.grads(kWpeUnit), dres_all(), tokens, B, T, C, v0, Vt);
+  if (!input_only) {
+    st.grads_done(kWpeUnit);
+    st.grads_done(kWteUnit);
+  }
+}
+
+// The weight-gradient half of a split backward pass: every linear's weight
+// and bias gradient from its input (kept by the forward pass) and its output
+// gradient (kept by backward(input_only)). No parameter is read.
+void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
+  STRATA_CHECK(split_, "backward_weight needs a model built with split_backward");
+  const int N = B_ * c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
+  const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp;
+  const bool sp = tp_.sequence_parallel;
+  const std::int64_t NC = std::int64_t(N) * C;
+  if (stage_.head) {
+    ScopedSpan s(tl, L + 1, Phase::backward_weight);
+    linear_backward_weight(st.grads(head_wte_unit_), nullptr, logits_, lnf_, N, C, Vt);
+    if (head_wte_unit_ > head_unit_) st.grads_done(head_wte_unit_);
+    st.grads_done(head_unit_);
+  }
+  for (int lb = blocks_ - 1; lb >= 0; --lb) {
+    ScopedSpan s(tl, stage_.first + lb + 1, Phase::backward_weight);
+    LayerParams g = layer_view(st.grads(block_unit(lb)), lb);
+    linear_backward_weight(g.fcproj_w, sp ? nullptr : g.fcproj_b, dy_fcproj_ + lb * NC,
+                           fch_gelu_ + std::int64_t(lb) * N * Ft, N, Ft, C);
+    linear_backward_weight(g.fc_w, g.fc_b, dy_fc_ + std::int64_t(lb) * N * Ft, ln2_ + lb * NC, N, C, Ft);
+    linear_backward_weight(g.proj_w, sp ? nullptr : g.proj_b, dy_proj_ + lb * NC, atty_ + std::int64_t(lb) * N * Ct,
+                           N, Ct, C);
+    linear_backward_weight(g.qkv_w, g.qkv_b, dy_qkv_ + std::int64_t(lb) * N * 3 * Ct, ln1_ + lb * NC, N, C, 3 * Ct);
+    st.grads_done(block_unit(lb));
+  }
+  if (stage_.embedding) {
+    st.grads_done(kWpeUnit);
+    st.grads_done(kWteUnit);
+  }
 }
 
 }  // namespace strata::models

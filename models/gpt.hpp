@@ -69,8 +69,11 @@ struct BufferPlan {
   std::int64_t numel;
   core::MemCategory category;
 };
+// split_backward: the buffers that keep each linear's output gradient from
+// the input-gradient half of the backward pass to the weight-gradient half.
 std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch, int tp_size = 1,
-                                            bool sequence_parallel = false, GptStage stage = {});
+                                            bool sequence_parallel = false, GptStage stage = {},
+                                            bool split_backward = false);
 
 // Forward matmul FLOPs of one micro-batch of B sequences, per layer:
 // [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
@@ -79,18 +82,21 @@ std::vector<double> gpt_forward_flops(const GptConfig& c, int B);
 // Model FLOPs of forward + backward over B sequences: 3x the forward.
 double gpt_model_flops(const GptConfig& c, int B);
 
-// The units of the state seam, contiguous and in flat-buffer order: the
-// embeddings (wte, wpe) if the stage has them, each block, and the final norm
-// (with the tied wte copy on a last stage without the embedding) if the stage
-// has the head. For the whole model: 0, 1..L, L+1.
+// The units of the state seam, contiguous and in flat-buffer order: wte and
+// wpe if the stage has the embedding, each block, and the final norm (then
+// the tied wte copy on a last stage without the embedding) if the stage has
+// the head. For the whole model: wte 0, wpe 1, blocks 2..L+1, norm L+2.
 std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptStage stage = {});
 
 class Gpt {
  public:
   // Allocates the activations and backward scratch of one micro-batch shape.
   // Parameters and gradients live in a ParamState (the state seam).
+  // split_backward: the backward pass may run as backward(input) then
+  // backward_weight() (zero-bubble schedules), which keeps each linear's
+  // output gradient in between.
   Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp = {},
-      GptStage stage = {});
+      GptStage stage = {}, bool split_backward = false);
 
   const GptConfig& config() const { return c_; }
   int micro_batch() const { return B_; }
@@ -116,8 +122,14 @@ class Gpt {
   // Backward of (mean loss * loss_scale) for the last forward; parameter
   // gradients accumulate into the state's gradients (loss_scale = 1 /
   // micro-batches gives the mean over a global batch).
+  // With `input_only` (a model built with split_backward) it computes the
+  // gradients of the stage's input and of the norms, the embedding and the
+  // sequence-parallel biases, and keeps each linear's output gradient;
+  // backward_weight() then adds the linears' weight and bias gradients and
+  // says the units are done.
   void backward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
-                prof::Timeline* tl = nullptr);
+                prof::Timeline* tl = nullptr, bool input_only = false);
+  void backward_weight(ParamState& state, prof::Timeline* tl = nullptr);
 
  private:
   struct LayerParams {
@@ -144,16 +156,18 @@ class Gpt {
   TensorParallel tp_;
   GptStage stage_;
   int blocks_ = 0;               // blocks on this stage
-  int head_unit_ = -1;           // unit of the final norm (and the wte copy)
-  int head_wte_unit_ = 0;        // the unit the head reads wte from, and its offset there
-  std::int64_t head_wte_off_ = 0;
-  int block_unit(int lb) const { return (stage_.embedding ? 1 : 0) + lb; }
+  // Units: wte and wpe (a stage with the embedding), the blocks, the final
+  // norm and (a last stage without the embedding) the tied wte copy.
+  static constexpr int kWteUnit = 0, kWpeUnit = 1;
+  int head_unit_ = -1;           // unit of the final norm
+  int head_wte_unit_ = 0;        // the unit the head reads wte from
+  int block_unit(int lb) const { return (stage_.embedding ? 2 : 0) + lb; }
   ParamRegistry reg_;
   std::vector<Unit> units_;
-  // Unit-relative offsets of each block's 12 parameters, in LayerParams order;
-  // of wte and wpe in unit 0 and of lnf's weight and bias in unit L+1.
+  // Unit-relative offsets of each block's 12 parameters, in LayerParams order,
+  // and of lnf's weight and bias in the final norm's unit.
   std::vector<std::array<std::int64_t, kParamsPerLayer>> layer_offsets_;
-  std::int64_t wte_off_ = 0, wpe_off_ = 0, lnfw_off_ = 0, lnfb_off_ = 0;
+  std::int64_t lnfw_off_ = 0, lnfb_off_ = 0;
   std::vector<BufferPlan> plan_;
   std::vector<core::Buffer<float>> acts_;
   // Activation pointers, resolved once from the plan.
@@ -165,6 +179,10 @@ class Gpt {
   // residual gradient, and the partial gradients of the replicated
   // parameters (ln1 w, b; proj b; ln2 w, b; mlp proj b).
   float *sp_rows_ = nullptr, *dres_full_ = nullptr, *sp_grads_ = nullptr;
+  // Split backward only: per block, the output gradients of the MLP
+  // projection, the MLP's first linear, the attention projection and QKV.
+  bool split_ = false;
+  float *dy_fcproj_ = nullptr, *dy_fc_ = nullptr, *dy_proj_ = nullptr, *dy_qkv_ = nullptr;
 };
 
 }  // namespace strata::models

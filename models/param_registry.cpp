@@ -37,6 +37,14 @@ int ParamRegistry::add(std::string name, std::vector<std::int64_t> global_shape,
   return static_cast<int>(specs_.size()) - 1;
 }
 
+void ParamRegistry::append(const ParamRegistry& other) {
+  for (ParamSpec s : other.specs_) {
+    s.offset += numel_;
+    specs_.push_back(std::move(s));
+  }
+  numel_ += other.numel_;
+}
+
 const ParamSpec& ParamRegistry::find(const std::string& name) const {
   for (const auto& s : specs_)
     if (s.name == name) return s;

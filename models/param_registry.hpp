@@ -51,6 +51,9 @@ class ParamRegistry {
           TpSlice tp = {});
   const std::vector<ParamSpec>& specs() const { return specs_; }
   void mark_tied_copy(int i) { specs_[i].tied_copy = true; }
+  // Appends every parameter of `other` after the last one (offsets shifted):
+  // the layout of a rank that holds several model chunks.
+  void append(const ParamRegistry& other);
   const ParamSpec& at(int i) const { return specs_[i]; }
   const ParamSpec& find(const std::string& name) const;  // runtime error if absent
   std::int64_t numel() const { return numel_; }

@@ -6,7 +6,7 @@
 // all-reduce (DP), a reduce-scatter (ZeRO 1, 2), a gather on demand (ZeRO 3).
 //
 // A unit is a contiguous range of the flat parameter layout (for the GPT:
-// 0 the embeddings, 1..L the blocks, L+1 the final norm). Inside a unit,
+// wte, wpe, each block, the final norm; see models::gpt_units). Inside a unit,
 // parameters sit at their registry offset minus the unit's begin.
 #pragma once
 
@@ -35,6 +35,26 @@ class ParamState {
   virtual float* grads(int unit) = 0;
   // The current micro-batch has added all of its contributions to the unit.
   virtual void grads_done(int unit) {}
+};
+
+// A model chunk's view of a state that holds several chunks (interleaved
+// pipeline stages): the chunk's units 0..count-1 are the state's units
+// first..first+count-1. Prefetch hints past the chunk's end are dropped (the
+// next unit belongs to another chunk, which runs later).
+class ShiftedState : public ParamState {
+ public:
+  ShiftedState(ParamState& inner, int first, int count) : inner_(inner), first_(first), count_(count) {}
+  float* acquire_params(int unit) override { return inner_.acquire_params(first_ + unit); }
+  void release_params(int unit) override { inner_.release_params(first_ + unit); }
+  void prefetch(int unit) override {
+    if (unit >= 0 && unit < count_) inner_.prefetch(first_ + unit);
+  }
+  float* grads(int unit) override { return inner_.grads(first_ + unit); }
+  void grads_done(int unit) override { inner_.grads_done(first_ + unit); }
+
+ private:
+  ParamState& inner_;
+  int first_, count_;
 };
 
 // Parameters of `spec` between flat elements [begin, end), initialised into

@@ -13,8 +13,8 @@ namespace strata::strategies {
 
 class DataParallel final : public StateStrategy, public models::ReplicatedState {
  public:
-  DataParallel(const StateConfig& cfg, const models::Gpt& model, comm::Communicator* dp,
-               core::MemoryTracker& tracker);
+  DataParallel(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
+               comm::Communicator* dp, core::MemoryTracker& tracker);
 
   std::string name() const override { return "dp"; }
   models::ParamState& state() override { return *this; }
@@ -22,7 +22,9 @@ class DataParallel final : public StateStrategy, public models::ReplicatedState 
   void begin_micro_batch(bool last) override { last_ = last; }
   void finish_gradients() override;
   double grad_norm_sq() override;
-  float* whole_grad(const models::ParamSpec& spec) override { return grads_.data() + spec.offset; }
+  std::span<float> unit_grads(int u) override {
+    return {grads_.data() + units_[u].begin, std::size_t(units_[u].size())};
+  }
   void update(float coef, float lr, int step) override;
   std::vector<float> full_params() override;
   std::int64_t padding_elements() const override { return 0; }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,9 +43,12 @@ class StateStrategy {
   // (models::grad_sum_squares), equal on every rank of the dp group; the
   // trainer sums it over the tp and pp groups.
   virtual double grad_norm_sq() = 0;
-  // The whole (dp-reduced) gradient of one parameter, where this strategy
-  // keeps it whole on the rank (dp: yes; zero: no, null).
-  virtual float* whole_grad(const models::ParamSpec& spec) { return nullptr; }
+  // After finish_gradients: this rank's part of unit u's dp-reduced gradient
+  // (dp: the whole unit; zero: the rank's block of it). Two ranks holding
+  // units of the same size under the same dp size get matching parts, so a
+  // tied parameter kept as a unit on two pipeline stages can be summed part
+  // by part.
+  virtual std::span<float> unit_grads(int unit) = 0;
   // Scales the gradients by coef (clipping; 1 for none), applies AdamW with
   // lr at 1-based `step`, and leaves parameters ready for the next forward.
   virtual void update(float coef, float lr, int step) = 0;
@@ -54,8 +58,10 @@ class StateStrategy {
   virtual std::int64_t padding_elements() const = 0;
 };
 
-// dp: the data-parallel communicator, or nullptr for a single rank.
-std::unique_ptr<StateStrategy> make_state_strategy(const StateConfig& cfg, const models::Gpt& model,
-                                                   comm::Communicator* dp, core::MemoryTracker& tracker);
+// The parameters of `reg` (which must outlive the strategy), cut into
+// `units`. dp: the data-parallel communicator, or nullptr for a single rank.
+std::unique_ptr<StateStrategy> make_state_strategy(const StateConfig& cfg, const models::ParamRegistry& reg,
+                                                   std::vector<models::Unit> units, comm::Communicator* dp,
+                                                   core::MemoryTracker& tracker);
 
 }  // namespace strata::strategies

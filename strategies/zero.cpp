@@ -11,8 +11,9 @@ namespace strata::strategies {
 
 using core::MemCategory;
 
-Zero::Zero(const StateConfig& cfg, const models::Gpt& model, comm::Communicator* dp, core::MemoryTracker& tracker)
-    : stage_(cfg.zero), reg_(model.registry()), units_(model.units()), dp_(dp), tracker_(tracker),
+Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
+           comm::Communicator* dp, core::MemoryTracker& tracker)
+    : stage_(cfg.zero), reg_(reg), units_(std::move(units)), dp_(dp), tracker_(tracker),
       tp_size_(cfg.tp_size), bucket_bytes_(cfg.bucket_bytes) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {

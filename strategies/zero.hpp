@@ -20,7 +20,8 @@ namespace strata::strategies {
 
 class Zero final : public StateStrategy, public models::ParamState {
  public:
-  Zero(const StateConfig& cfg, const models::Gpt& model, comm::Communicator* dp, core::MemoryTracker& tracker);
+  Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
+       comm::Communicator* dp, core::MemoryTracker& tracker);
   ~Zero() override;
 
   std::string name() const override { return "zero" + std::to_string(stage_); }
@@ -31,6 +32,9 @@ class Zero final : public StateStrategy, public models::ParamState {
   double grad_norm_sq() override;
   void update(float coef, float lr, int step) override;
   std::vector<float> full_params() override;
+  std::span<float> unit_grads(int u) override {
+    return {own_grads(u), std::size_t(us_[u].own_end - us_[u].own_begin)};
+  }
   std::int64_t padding_elements() const override { return std::int64_t(n_) * shard_total_ - reg_.numel(); }
 
   float* acquire_params(int unit) override;

@@ -21,6 +21,7 @@ struct CommRecord {
   double start;          // s since the log's origin: when the call was issued
   double end;            // when it was known complete (blocking: returned; non-blocking: wait/test saw it done)
   double wait;           // s spent blocked: the whole call if blocking, else the time inside wait()/test()
+  double peer_wait = 0;  // recv: the part of wait before the peer's message arrived (the rest is the transfer)
 };
 
 class CommLog {

@@ -50,6 +50,10 @@ class Communicator {
                            DType t) = 0;
   virtual void send(const void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
   virtual void recv(void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
+  // Blocks until a message from `peer` with `tag` has arrived (or, for a
+  // large one, been announced), without receiving it: what a profiled recv
+  // uses to tell waiting for the peer from the transfer itself.
+  virtual void probe(int peer, int tag) = 0;
   virtual void barrier() = 0;
 
   // Non-blocking forms (MPI-3), so communication can overlap computation.

@@ -158,6 +158,11 @@ void MpiCommunicator::send(const void* buf, std::int64_t count, DType t, int pee
   STRATA_CHECK_MPI(MPI_Send(buf, n, mpi_datatype(t), peer, tag, comm_));
 }
 
+void MpiCommunicator::probe(int peer, int tag) {
+  MPI_Status st;
+  STRATA_CHECK_MPI(MPI_Probe(peer, tag, comm_, &st));
+}
+
 void MpiCommunicator::recv(void* buf, std::int64_t count, DType t, int peer, int tag) {
   const int n = to_int(count, "recv", "count");
   const MPI_Datatype dt = mpi_datatype(t);

@@ -36,6 +36,7 @@ class MpiCommunicator : public Communicator {
                    const std::int64_t* recv_counts, const std::int64_t* recv_displs, DType t) override;
   void send(const void* buf, std::int64_t count, DType t, int peer, int tag) override;
   void recv(void* buf, std::int64_t count, DType t, int peer, int tag) override;
+  void probe(int peer, int tag) override;
   void barrier() override;
 
   RequestPtr iall_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) override;

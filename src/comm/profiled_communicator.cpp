@@ -125,9 +125,21 @@ void ProfiledCommunicator::send(const void* buf, std::int64_t count, DType t, in
   blocking("send", bytes_of(count, t), [&] { inner_->send(buf, count, t, peer, tag); });
 }
 
+// A receive is recorded in two parts: `peer_wait`, until the message has
+// arrived or been announced (the peer was late: a pipeline bubble), and the
+// rest of `wait`, the transfer itself (a slow link).
 void ProfiledCommunicator::recv(void* buf, std::int64_t count, DType t, int peer, int tag) {
-  blocking("recv", bytes_of(count, t), [&] { inner_->recv(buf, count, t, peer, tag); });
+  const double t0 = prof::now_seconds();
+  inner_->probe(peer, tag);
+  const double t1 = prof::now_seconds();
+  inner_->recv(buf, count, t, peer, tag);
+  const double t2 = prof::now_seconds();
+  const double o = log_.origin();
+  log_.add(CommRecord{log_.step(), "recv", inner_->axis(), size_, bytes_of(count, t), false, t0 - o, t2 - o, t2 - t0,
+                      t1 - t0});
 }
+
+void ProfiledCommunicator::probe(int peer, int tag) { inner_->probe(peer, tag); }
 
 void ProfiledCommunicator::barrier() {
   blocking("barrier", 0, [&] { inner_->barrier(); });

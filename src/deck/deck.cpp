@@ -324,12 +324,26 @@ void Resolver::check_cross_keys() {
                       show("parallel.pp"), show("parallel.virtual_stages")));
   else if (c.parallel.pp > 1 && c.data.global_batch % (c.data.micro_batch * c.parallel.dp) == 0) {
     const int m = c.data.global_batch / (c.data.micro_batch * c.parallel.dp);
-    if ((c.parallel.schedule == "1f1b" || c.parallel.schedule == "interleaved") && m < c.parallel.pp)
+    if (c.parallel.schedule != "gpipe" && m < c.parallel.pp)
       error(fmt::format("{}: {} needs at least as many micro-batches per step as pipeline stages: global_batch / "
                         "(dp x micro_batch) = {} < {}",
                         primary({"parallel.schedule", "parallel.pp"}), show("parallel.schedule"), m,
                         show("parallel.pp")));
+    else if (c.parallel.schedule == "interleaved" && m % c.parallel.pp != 0)
+      error(fmt::format("{}: {} runs micro-batches in groups of pp: global_batch / (dp x micro_batch) = {} is not a "
+                        "multiple of {}",
+                        primary({"parallel.schedule", "parallel.pp"}), show("parallel.schedule"), m,
+                        show("parallel.pp")));
   }
+  if (c.parallel.schedule == "interleaved" && c.parallel.pp > 1 && c.parallel.virtual_stages < 2)
+    error(fmt::format("{}: {} needs {} >= 2 model chunks per pipeline rank (1 is the plain 1f1b schedule)",
+                      primary({"parallel.virtual_stages", "parallel.schedule"}), show("parallel.schedule"),
+                      show("parallel.virtual_stages")));
+  if (c.parallel.virtual_stages != 1 && (c.parallel.schedule != "interleaved" || c.parallel.pp == 1))
+    error(fmt::format("{}: {} needs the interleaved schedule with pp > 1 ({}, {}); other schedules hold one model "
+                      "chunk per rank",
+                      primary({"parallel.virtual_stages", "parallel.schedule", "parallel.pp"}),
+                      show("parallel.virtual_stages"), show("parallel.schedule"), show("parallel.pp")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",
@@ -402,28 +416,22 @@ void Resolver::throw_if_errors() {
   core::input_error("{}", join(lines, "\n"));
 }
 
-// Layouts the deck format describes but this build cannot run yet: data
-// parallelism, every ZeRO stage, tensor and sequence parallelism run, and
-// pipeline parallelism with the GPipe and 1F1B schedules and zero = 0;
-// interleaved and ZB-H1 pipelines, expert parallelism and offload do not.
+// Layouts the deck format describes but this build cannot run yet: data,
+// tensor, sequence and pipeline parallelism (every schedule) with every ZeRO
+// stage run; expert parallelism and offload do not.
 // This is the one place to relax as each strategy arrives; the key table
 // already accepts the full range of every parallel key.
 void check_supported_by_this_build(Resolver& r) {
   const ParallelSection& p = r.config.parallel;
   constexpr const char* kOnly =
-      "this build runs data, tensor and sequence parallelism (any dp and tp, zero = 0..3) and pipelines with "
-      "schedule = \"gpipe\" or \"1f1b\" and zero = 0; ep = 1, virtual_stages = 1, offload = \"none\" "
-      "(interleaved and zb-h1 pipelines, expert parallelism and offload are not built yet)";
+      "this build runs data, tensor, sequence and pipeline parallelism (any dp, tp and pp, zero = 0..3, every "
+      "schedule); ep = 1 and offload = \"none\" (expert parallelism and offload are not built yet)";
   auto refuse = [&](const std::string& key, bool unsupported) {
     if (!unsupported) return;
     const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
     r.error(fmt::format("{}: {} = {}: {}", r.primary({key}), key, value, kOnly));
   };
-  const bool pipeline = p.pp > 1;
-  refuse("parallel.schedule", pipeline && p.schedule != "gpipe" && p.schedule != "1f1b");
-  refuse("parallel.zero", pipeline && p.zero != 0);
   refuse("parallel.ep", p.ep != 1);
-  refuse("parallel.virtual_stages", p.virtual_stages != 1);
   refuse("parallel.offload", p.offload != "none");
 }
 

@@ -1,5 +1,5 @@
 // The per-rank timeline: forward, backward and optimizer spans with their
-// step, micro-batch and layer, stamped with the profiling clock. Recording a
+// step, micro-batch, chunk and layer, stamped with the profiling clock. Recording a
 // span is a clock read and a push into a pre-reserved vector, so profiling
 // stays cheap; when disabled nothing is read at all.
 #pragma once
@@ -11,12 +11,15 @@
 
 namespace strata::prof {
 
-enum class Phase : std::int8_t { forward = 0, backward = 1, optimizer = 2 };
+// backward_input and backward_weight: the two halves of a backward pass that
+// a zero-bubble pipeline schedule runs apart.
+enum class Phase : std::int8_t { forward = 0, backward = 1, optimizer = 2, backward_input = 3, backward_weight = 4 };
 const char* phase_name(Phase p);
 
 struct Span {
   std::int32_t step;
   std::int32_t micro_batch;
+  std::int32_t chunk;  // the pipeline rank's model chunk (interleaved schedules; else 0)
   std::int32_t layer;  // 0 embedding, 1..L blocks, L+1 head and loss, -1 whole-model work
   Phase phase;
   double start;        // seconds since the timeline's origin
@@ -27,19 +30,23 @@ class Timeline {
  public:
   explicit Timeline(bool enabled = true) : enabled_(enabled), origin_(now_seconds()) {}
   bool enabled() const { return enabled_; }
-  void set_position(int step, int micro_batch) { step_ = step; micro_batch_ = micro_batch; }
+  void set_position(int step, int micro_batch, int chunk = 0) {
+    step_ = step;
+    micro_batch_ = micro_batch;
+    chunk_ = chunk;
+  }
   void reserve(std::size_t n) { spans_.reserve(n); }
   double origin() const { return origin_; }
   // Only meaningful when enabled; callers skip the clock read otherwise.
   void record(int layer, Phase phase, double start, double end) {
-    spans_.push_back(Span{step_, micro_batch_, layer, phase, start - origin_, end - origin_});
+    spans_.push_back(Span{step_, micro_batch_, chunk_, layer, phase, start - origin_, end - origin_});
   }
   const std::vector<Span>& spans() const { return spans_; }
 
  private:
   bool enabled_;
   double origin_;
-  int step_ = 0, micro_batch_ = 0;
+  int step_ = 0, micro_batch_ = 0, chunk_ = 0;
   std::vector<Span> spans_;
 };
 
@@ -67,6 +74,8 @@ inline const char* phase_name(Phase p) {
     case Phase::forward: return "forward";
     case Phase::backward: return "backward";
     case Phase::optimizer: return "optimizer";
+    case Phase::backward_input: return "backward_input";
+    case Phase::backward_weight: return "backward_weight";
   }
   return "?";
 }

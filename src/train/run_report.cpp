@@ -98,13 +98,17 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
   tl.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
       .col_i64("micro_batch", "1", "micro-batch within the step (0 for the optimizer)")
+      .col_i64("chunk", "1", "model chunk of this pipeline rank (interleaved schedule; else 0)")
       .col_i64("layer", "1", "0 embedding, 1..L transformer blocks, L+1 final norm, head and loss, -1 optimizer")
-      .col_str("phase", 12, "", "forward, backward or optimizer")
+      .col_str("phase", 16, "",
+               "forward, backward (input and weight gradients together), backward_input, backward_weight "
+               "(a zero-bubble schedule's two halves) or optimizer")
       .col_f64("start", "s", "start, seconds since the run's clock origin")
       .col_f64("end", "s", "end, seconds since the run's clock origin");
   if (timeline != nullptr)
     for (const auto& s : timeline->spans())
-      tl.add_row({std::int64_t(rank), std::int64_t(s.step), std::int64_t(s.micro_batch), std::int64_t(s.layer),
+      tl.add_row({std::int64_t(rank), std::int64_t(s.step), std::int64_t(s.micro_batch), std::int64_t(s.chunk),
+                  std::int64_t(s.layer),
                   std::string(prof::phase_name(s.phase)), s.start, s.end});
   f.write_table(tl);
 
@@ -120,11 +124,14 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_i64("nonblocking", "1", "1 for a non-blocking call (start when issued, end when seen complete)")
       .col_f64("start", "s", "when the call was issued, seconds since the run's clock origin")
       .col_f64("end", "s", "when the call was known complete, seconds since the run's clock origin")
-      .col_f64("wait", "s", "time this rank was blocked by the call: all of it if blocking, else inside wait/test");
+      .col_f64("wait", "s", "time this rank was blocked by the call: all of it if blocking, else inside wait/test")
+      .col_f64("peer_wait", "s",
+               "recv: the part of wait before the peer's message arrived (the rest is the transfer); else 0");
   if (comm != nullptr)
     for (const auto& r : comm->records())
       cm.add_row({std::int64_t(rank), std::int64_t(r.step), std::string(r.op), std::string(r.axis),
-                  std::int64_t(r.group_size), r.bytes, std::int64_t(r.nonblocking), r.start, r.end, r.wait});
+                  std::int64_t(r.group_size), r.bytes, std::int64_t(r.nonblocking), r.start, r.end, r.wait,
+                  r.peer_wait});
   f.write_table(cm);
 }
 
@@ -188,6 +195,7 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
     it->bytes += double(r.bytes);
     it->time += r.end - r.start;
     it->wait += r.wait;
+    it->peer_wait += r.peer_wait;
   }
   return out;
 }
@@ -202,12 +210,13 @@ void write_comm_summary(report::H5File& f, int rank, const std::vector<CommAggre
       .col_f64("bytes", "B", "bytes summed over calls (per-call convention of /comm)")
       .col_f64("time", "s", "summed call durations, end - start")
       .col_f64("wait", "s", "summed time blocked (exposed communication)")
+      .col_f64("peer_wait", "s", "recv: summed time waiting for the peer's message (the rest of wait is transfer)")
       .col_f64("hidden_fraction", "1", "1 - wait / time: share of the communication time overlapped with compute")
       .col_f64("algbw", "B/s", "bytes / time")
       .col_f64("busbw", "B/s", "algbw x nccl-tests factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n");
   for (const auto& a : aggs)
     t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.count, a.bytes, a.time, a.wait,
-               a.time > 0 ? 1.0 - a.wait / a.time : 0.0, a.algbw(), a.busbw()});
+               a.peer_wait, a.time > 0 ? 1.0 - a.wait / a.time : 0.0, a.algbw(), a.busbw()});
   f.write_table(t);
 }
 

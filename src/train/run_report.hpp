@@ -74,6 +74,7 @@ struct CommAggregate {
   double bytes = 0;
   double time = 0;       // summed end - start
   double wait = 0;       // summed time blocked
+  double peer_wait = 0;  // recv: summed time before the peer's message arrived
   double algbw() const { return time > 0 ? bytes / time : 0; }
   double busbw() const;  // algbw x the nccl-tests factor of the op
 };

@@ -1,6 +1,8 @@
 #include "src/train/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <span>
 
 #include "kernels/kernels.hpp"
 #include "src/core/error.hpp"
@@ -30,23 +32,45 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
   if (tp_ != nullptr) tpc_ = {tp_, tp_->size(), tp_->rank(), cfg_.parallel.sequence_parallel};
+  int p = 1, v = 1;
   if (pp_ != nullptr) {
+    p = pp_->size();
     pp_rank_ = pp_->rank();
-    stage_ = models::gpt_stage(gc, pp_rank_, pp_->size());
+    v = cfg_.parallel.virtual_stages;
     emb_ = emb != nullptr && emb->size() > 1 ? emb : nullptr;
-    const strategies::pp::Shape shape{pp_->size(), micro_batches_, 1};
+    const strategies::pp::Shape shape{p, micro_batches_, v};
     schedule_ = strategies::pp::make_schedule(cfg_.parallel.schedule, shape)[pp_rank_];
-    for (const auto& a : schedule_)
-      if (a.op == strategies::pp::Op::backward) last_backward_mb_ = a.mb;
+    completes_chunk_.assign(schedule_.size(), 0);
+    last_of_mb_.assign(schedule_.size(), 0);
+    std::vector<int> chunk_last(std::size_t(v), -1), mb_last(std::size_t(v * micro_batches_), -1);
+    for (std::size_t i = 0; i < schedule_.size(); ++i) {
+      const auto& a = schedule_[i];
+      if (a.op == strategies::pp::Op::backward_input) split_backward_ = true;
+      if (a.op == strategies::pp::Op::backward || a.op == strategies::pp::Op::backward_weight)
+        chunk_last[a.chunk] = int(i);
+      if (a.mb >= 0) mb_last[a.chunk * micro_batches_ + a.mb] = int(i);
+    }
+    for (int i : chunk_last) completes_chunk_[i] = 1;
+    for (int i : mb_last) last_of_mb_[i] = 1;
     mb_tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                             std::size_t(micro_batches_) * B * T, "tokens of the step");
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                              std::size_t(micro_batches_) * B * T, "targets of the step");
   }
-  model_ = std::make_unique<models::Gpt>(gc, B, tracker, tpc_, stage_);
-  slots_.push_back(model_.get());
-  free_.push_back(model_.get());
-  slot_of_.assign(std::size_t(micro_batches_), nullptr);
+  // Chunk c of pipeline rank r is global stage c * p + r (Megatron's
+  // interleaving); the rank's state lays the chunks' parameters end to end.
+  chunks_.resize(std::size_t(v));
+  for (int c = 0; c < v; ++c) {
+    Chunk& ch = chunks_[c];
+    if (pp_ != nullptr) ch.stage = models::gpt_stage(gc, c * p + pp_rank_, p * v);
+    add_slot(ch);
+    const models::Gpt& m = *ch.slots[0];
+    const std::int64_t base = registry_.numel();
+    ch.first_unit = int(units_.size());
+    registry_.append(m.registry());
+    for (const auto& u : m.units()) units_.push_back({base + u.begin, base + u.end});
+    ch.of_mb.assign(std::size_t(micro_batches_), nullptr);
+  }
   strategies::StateConfig sc;
   sc.zero = cfg_.parallel.zero;
   sc.bucket_bytes = std::int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
@@ -54,12 +78,44 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;
   sc.tp_size = tpc_.size;
-  strategy_ = strategies::make_state_strategy(sc, *model_, dp_, tracker);
+  strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker);
+  if (v > 1)
+    for (auto& ch : chunks_)
+      ch.view = std::make_unique<models::ShiftedState>(strategy_->state(), ch.first_unit,
+                                                       int(ch.slots[0]->units().size()));
   data_ = make_data_source(cfg_);
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");
   targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "targets");
   if (timeline_ != nullptr && timeline_->enabled())
-    timeline_->reserve(std::size_t(cfg_.run.steps) * (micro_batches_ * 2 * (gc.layers + 2) + 1));
+    timeline_->reserve(std::size_t(cfg_.run.steps) * (micro_batches_ * 3 * (gc.layers + 2) + 1));
+}
+
+void Trainer::add_slot(Chunk& ch) {
+  ch.slots.push_back(std::make_unique<models::Gpt>(gpt_config(cfg_.model), cfg_.data.micro_batch, *tracker_, tpc_,
+                                                   ch.stage, split_backward_));
+  ch.free.push_back(ch.slots.back().get());
+}
+
+std::size_t Trainer::pipeline_slots() const {
+  std::size_t n = 0;
+  for (const auto& ch : chunks_) n += ch.slots.size();
+  return n;
+}
+
+models::ParamState& Trainer::chunk_state(int chunk) {
+  auto& view = chunks_[chunk].view;
+  return view ? *view : strategy_->state();
+}
+
+void Trainer::sum_tied_embedding() {
+  if (emb_ == nullptr) return;
+  // wte (the first stage's, or the last stage's copy) is a unit of its own,
+  // sharded alike on both stages: each rank's part sums with its twin's.
+  const std::int64_t offset = registry_.find("wte").offset;
+  const auto u = std::find_if(units_.begin(), units_.end(), [&](const models::Unit& x) { return x.begin == offset; });
+  STRATA_CHECK(u != units_.end(), "the tied embedding is not a unit of its own");
+  const std::span<float> g = strategy_->unit_grads(int(u - units_.begin()));
+  emb_->all_reduce(g.data(), std::int64_t(g.size()), comm::DType::f32, comm::ReduceOp::sum);
 }
 
 StepRecord Trainer::step(int step) {
@@ -81,12 +137,7 @@ StepRecord Trainer::step(int step) {
     strategy_->finish_gradients();
     // The tied word embedding lives on the first and the last stage: each
     // copy's gradient becomes their sum, so both take the same update.
-    if (emb_ != nullptr) {
-      const auto& wte = model_->registry().find("wte");
-      float* g = strategy_->whole_grad(wte);
-      STRATA_CHECK(g != nullptr, "the pipeline's tied embedding needs whole gradients (zero = 0)");
-      emb_->all_reduce(g, wte.numel, comm::DType::f32, comm::ReduceOp::sum);
-    }
+    sum_tied_embedding();
     double sq = strategy_->grad_norm_sq();
     if (tp_ != nullptr) tp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
     if (pp_ != nullptr) pp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
@@ -123,99 +174,106 @@ double Trainer::run_micro_batches(int step, float loss_scale) {
     const std::int64_t first = std::int64_t(step) * cfg_.data.global_batch +
                                std::int64_t(dp_rank_) * (cfg_.data.global_batch / dp_size_) + std::int64_t(mb) * B;
     fill_batch(*data_, first, B, T, tokens_.data(), targets_.data());
-    loss_sum += model_->forward(state, tokens_.data(), targets_.data(), timeline_);
-    model_->backward(state, tokens_.data(), targets_.data(), loss_scale, timeline_);
+    loss_sum += model().forward(state, tokens_.data(), targets_.data(), timeline_);
+    model().backward(state, tokens_.data(), targets_.data(), loss_scale, timeline_);
   }
   return loss_sum;
 }
 
-models::Gpt* Trainer::take_slot(int mb) {
-  if (free_.empty()) {
-    // One more micro-batch in flight than ever before on this rank: another
-    // stage model for its activations (parameters stay in the state).
-    extra_slots_.push_back(
-        std::make_unique<models::Gpt>(gpt_config(cfg_.model), cfg_.data.micro_batch, *tracker_, tpc_, stage_));
-    slots_.push_back(extra_slots_.back().get());
-    free_.push_back(slots_.back());
-  }
-  slot_of_[mb] = free_.back();
-  free_.pop_back();
-  return slot_of_[mb];
+models::Gpt* Trainer::take_slot(int chunk, int mb) {
+  Chunk& ch = chunks_[chunk];
+  // One more micro-batch in flight than ever before on this chunk: another
+  // stage model for its activations (parameters stay in the state).
+  if (ch.free.empty()) add_slot(ch);
+  ch.of_mb[mb] = ch.free.back();
+  ch.free.pop_back();
+  return ch.of_mb[mb];
 }
 
 // Runs this rank's actions of the schedule. Sends are non-blocking (the
 // schedules are deadlock-free when sends never block); a slot goes back to
-// the free list once its backward ran and its sends completed, so the stage
-// models in use follow the schedule's micro-batches in flight (1F1B: at most
-// p - rank; GPipe: all m). Receives block, and the communicator records how
-// long each waited.
+// its chunk's free list once the last action of its micro-batch ran and its
+// sends completed, so the stage models in use follow the schedule's
+// micro-batches in flight (1F1B: at most p - rank; GPipe: all m). Receives
+// block; the communicator records how long each waited for the peer and how
+// long the transfer took.
 double Trainer::run_pipeline(int step, float loss_scale) {
   using strategies::pp::Op;
-  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len, C = cfg_.model.d_model;
+  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len, C = cfg_.model.d_model, m = micro_batches_;
   const bool sp = tp_ != nullptr && cfg_.parallel.sequence_parallel;
   const std::int64_t count = std::int64_t(B) * T / (sp ? tp_->size() : 1) * C;
   constexpr int kActTag = 1, kGradTag = 2;
-  models::ParamState& state = strategy_->state();
-  std::vector<std::vector<comm::RequestPtr>> sends(static_cast<std::size_t>(micro_batches_));
-  std::vector<int> draining;  // micro-batches whose slot has finished computing
+  // Per (chunk, micro-batch) k = chunk * m + mb: its sends in flight.
+  std::vector<std::vector<comm::RequestPtr>> sends(chunks_.size() * std::size_t(m));
+  std::vector<int> draining;  // (chunk, micro-batch)s done computing whose sends may still be in flight
   auto reclaim = [&](bool wait) {
     for (std::size_t i = 0; i < draining.size();) {
-      const int mb = draining[i];
+      const int k = draining[i];
       bool complete = true;
-      for (auto& r : sends[mb]) complete = (wait ? (r->wait(), true) : r->test()) && complete;
+      for (auto& r : sends[k]) complete = (wait ? (r->wait(), true) : r->test()) && complete;
       if (complete) {
-        free_.push_back(slot_of_[mb]);
-        sends[mb].clear();
+        Chunk& ch = chunks_[k / m];
+        ch.free.push_back(ch.of_mb[k % m]);
+        sends[k].clear();
         draining.erase(draining.begin() + std::ptrdiff_t(i));
       } else {
         ++i;
       }
     }
   };
-  auto slot = [&](int mb) {
-    if (free_.empty()) reclaim(false);
-    return take_slot(mb);
+  auto slot = [&](int chunk, int mb) {
+    if (chunks_[chunk].free.empty()) reclaim(false);
+    return take_slot(chunk, mb);
   };
-  double loss_sum = 0;
   auto batch = [&](int mb, std::int32_t* base) { return base + std::size_t(mb) * B * T; };
-  if (stage_.embedding || stage_.head)
-    for (int mb = 0; mb < micro_batches_; ++mb) {
-      const std::int64_t first = std::int64_t(step) * cfg_.data.global_batch +
-                                 std::int64_t(dp_rank_) * (cfg_.data.global_batch / dp_size_) + std::int64_t(mb) * B;
-      fill_batch(*data_, first, B, T, batch(mb, mb_tokens_.data()), batch(mb, mb_targets_.data()));
+  const bool first = chunks_.front().stage.embedding, last = chunks_.back().stage.head;
+  if (first || last)
+    for (int mb = 0; mb < m; ++mb) {
+      const std::int64_t s0 = std::int64_t(step) * cfg_.data.global_batch +
+                              std::int64_t(dp_rank_) * (cfg_.data.global_batch / dp_size_) + std::int64_t(mb) * B;
+      fill_batch(*data_, s0, B, T, batch(mb, mb_tokens_.data()), batch(mb, mb_targets_.data()));
     }
-  for (const auto& a : schedule_) {
-    if (timeline_ != nullptr) timeline_->set_position(step, a.mb < 0 ? 0 : a.mb);
+  double loss_sum = 0;
+  for (std::size_t i = 0; i < schedule_.size(); ++i) {
+    const auto& a = schedule_[i];
+    if (a.op == Op::optimizer) continue;
+    if (timeline_ != nullptr) timeline_->set_position(step, a.mb, a.chunk);
+    Chunk& ch = chunks_[a.chunk];
+    models::ParamState& state = chunk_state(a.chunk);
+    const std::int32_t* tokens = batch(a.mb, mb_tokens_.data());
+    const std::int32_t* targets = batch(a.mb, mb_targets_.data());
+    models::Gpt* g = ch.of_mb[a.mb];
+    const int k = a.chunk * m + a.mb;
     switch (a.op) {
       case Op::recv_act:
-        pp_->recv(slot(a.mb)->input(), count, comm::DType::f32, a.peer, kActTag);
+        pp_->recv(slot(a.chunk, a.mb)->input(), count, comm::DType::f32, a.peer, kActTag);
         break;
-      case Op::forward: {
-        models::Gpt* g = stage_.embedding ? slot(a.mb) : slot_of_[a.mb];
-        loss_sum += g->forward(state, batch(a.mb, mb_tokens_.data()), batch(a.mb, mb_targets_.data()), timeline_);
+      case Op::forward:
+        if (ch.stage.embedding) g = slot(a.chunk, a.mb);
+        loss_sum += g->forward(state, tokens, targets, timeline_);
         break;
-      }
       case Op::send_act:
-        sends[a.mb].push_back(pp_->isend(slot_of_[a.mb]->output(), count, comm::DType::f32, a.peer, kActTag));
+        sends[k].push_back(pp_->isend(g->output(), count, comm::DType::f32, a.peer, kActTag));
         break;
       case Op::recv_grad:
-        pp_->recv(slot_of_[a.mb]->output_grad(), count, comm::DType::f32, a.peer, kGradTag);
+        pp_->recv(g->output_grad(), count, comm::DType::f32, a.peer, kGradTag);
         break;
       case Op::backward:
-        strategy_->begin_micro_batch(a.mb == last_backward_mb_);
-        slot_of_[a.mb]->backward(state, batch(a.mb, mb_tokens_.data()), batch(a.mb, mb_targets_.data()),
-                                 loss_scale, timeline_);
-        if (stage_.embedding) draining.push_back(a.mb);
+      case Op::backward_input:
+        if (a.op == Op::backward) strategy_->begin_micro_batch(completes_chunk_[i] != 0);
+        g->backward(state, tokens, targets, loss_scale, timeline_, a.op == Op::backward_input);
+        break;
+      case Op::backward_weight:
+        strategy_->begin_micro_batch(completes_chunk_[i] != 0);
+        g->backward_weight(state, timeline_);
         break;
       case Op::send_grad:
-        sends[a.mb].push_back(pp_->isend(slot_of_[a.mb]->input_grad(), count, comm::DType::f32, a.peer, kGradTag));
-        draining.push_back(a.mb);
+        sends[k].push_back(pp_->isend(g->input_grad(), count, comm::DType::f32, a.peer, kGradTag));
         break;
       case Op::optimizer:
         break;
-      default:
-        core::runtime_error("the pipeline executor does not run {} actions yet", strategies::pp::op_name(a.op));
     }
+    if (last_of_mb_[i]) draining.push_back(k);
   }
   reclaim(true);
   // Only the last stage computed the loss.

@@ -50,24 +50,47 @@ class Trainer {
 
   // Runs 0-based optimizer step `step` and returns its record.
   StepRecord step(int step);
-  // Pipeline stage slots (one per micro-batch in flight) ever built on this rank.
-  std::size_t pipeline_slots() const { return slots_.size(); }
+  // Pipeline stage models (one per micro-batch and chunk in flight) ever
+  // built on this rank, over all of its chunks.
+  std::size_t pipeline_slots() const;
 
-  models::Gpt& model() { return *model_; }
+  // The first chunk's first stage model (the whole model without a pipeline).
+  models::Gpt& model() { return *chunks_[0].slots[0]; }
+  // This rank's parameters, every chunk's in turn, and their units: the
+  // layout of the strategy's flat buffers.
+  const models::ParamRegistry& registry() const { return registry_; }
+  const std::vector<models::Unit>& units() const { return units_; }
   strategies::StateStrategy& strategy() { return *strategy_; }
   const DataSource& data() const { return *data_; }
   int micro_batches() const { return micro_batches_; }
   double model_flops_per_step() const { return model_flops_per_step_; }
 
  private:
+  // One model chunk of this rank (one pipeline stage; the interleaved
+  // schedule gives a rank v of them). Each slot is a stage model holding one
+  // micro-batch's activations; parameters live in the strategy's state.
+  struct Chunk {
+    models::GptStage stage;
+    int first_unit = 0;                          // of the chunk's units in the rank's state
+    std::unique_ptr<models::ShiftedState> view;  // the chunk's units, when the rank has several chunks
+    std::vector<std::unique_ptr<models::Gpt>> slots;
+    std::vector<models::Gpt*> free;
+    std::vector<models::Gpt*> of_mb;             // the slot holding each micro-batch of the step
+  };
+
   const deck::Config& cfg_;
   prof::Timeline* timeline_;
   double peak_flops_;
   // One micro-batch's forward and backward through the model (no pipeline),
-  // and a whole step's worth of them through this rank's pipeline stage.
+  // and a whole step's worth of them through this rank's pipeline chunks.
   double run_micro_batches(int step, float loss_scale);
   double run_pipeline(int step, float loss_scale);
-  models::Gpt* take_slot(int mb);
+  models::Gpt* take_slot(int chunk, int mb);
+  models::ParamState& chunk_state(int chunk);
+  void add_slot(Chunk& ch);
+  // Sums the gradient of the tied embedding's two copies (first and last
+  // pipeline stage) over the embedding group.
+  void sum_tied_embedding();
 
   comm::Communicator* dp_;
   comm::Communicator* tp_;
@@ -75,20 +98,20 @@ class Trainer {
   comm::Communicator* emb_ = nullptr;
   int pp_rank_ = 0;
   models::TensorParallel tpc_;  // the layer seam's context, for every stage model
-  models::GptStage stage_;
+  bool split_backward_ = false;  // the schedule runs backward_input and backward_weight apart
+  std::vector<Chunk> chunks_;
+  models::ParamRegistry registry_;
+  std::vector<models::Unit> units_;
   std::vector<strategies::pp::Action> schedule_;  // this rank's actions
-  int last_backward_mb_ = 0;
-  // Stage models, each holding one micro-batch's activations: slots_[0] is
-  // model_; a slot is free again once its backward ran and its sends completed.
-  std::vector<models::Gpt*> slots_, free_;
-  std::vector<std::unique_ptr<models::Gpt>> extra_slots_;
-  std::vector<models::Gpt*> slot_of_;  // per micro-batch of the step
+  // Per action of schedule_: whether it completes its chunk's gradients for
+  // the step (the last backward or backward_weight of the chunk), and whether
+  // it is the last action of its (chunk, micro-batch).
+  std::vector<char> completes_chunk_, last_of_mb_;
   core::Buffer<std::int32_t> mb_tokens_, mb_targets_;  // every micro-batch of a step (pipeline only)
   core::MemoryTracker* tracker_;
   int dp_size_ = 1, dp_rank_ = 0;
   int micro_batches_;  // per rank and step
   double model_flops_per_step_;
-  std::unique_ptr<models::Gpt> model_;
   std::unique_ptr<strategies::StateStrategy> strategy_;
   std::unique_ptr<DataSource> data_;
   core::Buffer<std::int32_t> tokens_, targets_;

@@ -1,6 +1,7 @@
 // Pipeline parallelism against the single-rank run, under mpiexec: the model
-// cut into pp balanced stages running the GPipe or 1F1B schedule, alone and
-// composed with data and tensor (and sequence) parallelism. The loss
+// cut into pp balanced stages (pp x v for the interleaved schedule) running
+// every schedule, alone and composed with data, tensor and sequence
+// parallelism and ZeRO-1. The loss
 // trajectory of 10 steps within 1e-5 relative, every stage's parameters
 // (the last stage's copy of the tied embedding too) equal to their slice of
 // the single-rank run's; and 1F1B holding fewer micro-batches' activations
@@ -8,7 +9,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -27,32 +31,38 @@ struct Layout {
   int pp, dp, tp;
   bool sp;
   const char* schedule;
+  int zero = 0;
+  int v = 1;  // virtual stages (interleaved)
 };
 
-deck::Config config(const Layout& l, int global_batch, int micro_batch, int steps = 10) {
+deck::Config config(const Layout& l, int layers, int global_batch, int micro_batch, int steps = 10) {
   const std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 13\n"
-      "[model]\nlayers = 4\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
+      "[model]\nlayers = {}\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
       "[data]\nglobal_batch = {}\nmicro_batch = {}\n"
-      "[parallel]\npp = {}\ndp = {}\ntp = {}\nsequence_parallel = {}\nschedule = \"{}\"\n"
+      "[parallel]\npp = {}\ndp = {}\ntp = {}\nsequence_parallel = {}\nschedule = \"{}\"\nzero = {}\n"
+      "virtual_stages = {}\n"
       "[optim]\nlr = 1e-2\nweight_decay = 0.1\ngrad_clip = 0.1\n"
       "[backend]\nthreads = 1\n",
-      steps, global_batch, micro_batch, l.pp, l.dp, l.tp, l.sp, l.schedule);
+      steps, layers, global_batch, micro_batch, l.pp, l.dp, l.tp, l.sp, l.schedule, l.zero, l.v);
   return deck::parse_deck("test.toml", text, {}).config;
 }
 
 void check(const Layout& l) {
-  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} sp {} {}", l.pp, l.dp, l.tp, l.sp, l.schedule));
-  const int mb = 1, G = 4 * mb * l.dp;  // 4 micro-batches per step on every pipeline
+  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} sp {} {} zero {} v {}", l.pp, l.dp, l.tp, l.sp, l.schedule, l.zero,
+                           l.v));
+  // m = 4 micro-batches per step on every pipeline (a multiple of pp for the
+  // interleaved schedule).
+  const int mb = 1, m = std::max(4, l.pp), G = m * mb * l.dp, layers = std::max(4, l.pp * l.v);
   core::MemoryTracker rt;
-  const auto rc = config({1, 1, 1, false, "1f1b"}, G, mb);
+  const auto rc = config({1, 1, 1, false, "1f1b"}, layers, G, mb);
   train::Trainer ref(rc, rt, nullptr, 0.0);
   std::vector<double> losses;
   for (int s = 0; s < rc.run.steps; ++s) losses.push_back(ref.step(s).loss);
 
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp}, log);
-  const auto c = config(l, G, mb);
+  const auto c = config(l, layers, G, mb);
   core::MemoryTracker tracker;
   train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
   int clipped = 0;
@@ -62,25 +72,55 @@ void check(const Layout& l) {
     EXPECT_NEAR(r.loss, losses[s], 1e-5 * std::fabs(losses[s])) << "step " << s;
   }
   EXPECT_GT(clipped, 0);
+  // Parameters norm-wise per tensor within 2e-5 (losses: 1e-5). The
+  // interleaved pp 4 layouts need 8 layers, and summing partial results in
+  // another order over 8 layers and 10 Adam steps at lr 1e-2 leaves up to
+  // 1.1e-5 (measured: pp 4 x tp 2, an MLP weight); a gradient contribution
+  // lost or doubled moves a tensor by 1e-2 or more.
   double key_abs = 0;
-  EXPECT_LE(parity::params_error(t.model().registry(), t.strategy().full_params(), ref.model().registry(),
+  EXPECT_LE(parity::params_error(t.registry(), t.strategy().full_params(), ref.registry(),
                                  ref.strategy().full_params(), &key_abs),
-            1e-5);
+            2e-5);
   EXPECT_LE(key_abs, 1e-4);
 }
 
 }  // namespace
 
-TEST(Pipeline, AllRanksAsStagesMatchOneRank) {
+// The parity matrix: every layout of this world size with pp in {2, 4},
+// tp and dp in {1, 2}, under every schedule (interleaved with v = 2), with
+// zero 0 and 1, sequence parallelism off and (with tp = 2) on. pp = 1
+// layouts are test_tensor_parallel's and test_state_strategies'.
+//
+// Eight ranks oversubscribe two cores so much (each blocking call waits for
+// its peers to be scheduled) that a configuration costs ~7 s there: at 8
+// ranks each layout runs every schedule once, the four schedules taking the
+// four (zero, sequence parallelism) combinations in turn, unless
+// STRATA_TEST_FULL_MATRIX=1 asks for all of them (~5 min on two cores).
+TEST(Pipeline, EveryLayoutAndScheduleMatchesOneRank) {
   const int n = parity::world_size();
-  for (const char* schedule : {"gpipe", "1f1b"}) check({n, 1, 1, false, schedule});
-}
-
-TEST(Pipeline, ComposedWithDataAndTensorParallelismMatchOneRank) {
-  const int n = parity::world_size();
-  if (n != 4) return;  // the same on every rank
-  check({2, 2, 1, false, "1f1b"});
-  check({2, 1, 2, true, "gpipe"});
+  const char* full_env = std::getenv("STRATA_TEST_FULL_MATRIX");
+  const bool full = n < 8 || (full_env != nullptr && std::string(full_env) == "1");
+  int layouts = 0;
+  for (int pp : {2, 4})
+    for (int tp : {1, 2})
+      for (int dp : {1, 2}) {
+        if (pp * tp * dp != n) continue;
+        int k = 0;
+        for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+          const int v = std::string(schedule) == "interleaved" ? 2 : 1;
+          for (int zero : {0, 1})
+            for (bool sp : {false, true}) {
+              if (sp && tp == 1) continue;
+              const bool turn = zero == k % 2 && (tp == 1 || sp == ((k / 2) % 2 == 1));
+              if (full || turn) {
+                check({pp, dp, tp, sp, schedule, zero, v});
+                ++layouts;
+              }
+            }
+          ++k;
+        }
+      }
+  if (n == 2 || n == 4 || n == 8) EXPECT_GT(layouts, 0);
 }
 
 // GPipe keeps every micro-batch's activations until the backward passes;
@@ -94,7 +134,7 @@ TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{n, 1, 1}, log);
     const int m = 2 * n + 2;
-    const auto c = config({n, 1, 1, false, schedule}, m, 1, 2);
+    const auto c = config({n, 1, 1, false, schedule}, std::max(4, n), m, 1, 2);
     core::MemoryTracker tracker;
     train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
     t.step(0);

@@ -135,7 +135,8 @@ TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
 // dp all-reduces the gradient buffer; stages 1 and 2 reduce-scatter it and
 // all-gather the parameters once; stage 3 reduce-scatters once and gathers
 // every unit for its forward and again for its backward, except the final
-// norm, whose forward and backward are adjacent (gathered once). Scalars:
+// norm, whose forward and backward are adjacent, and the position embedding,
+// which only the forward pass reads (each gathered once). Scalars:
 // the loss (dp: also; zero: and the gradient norm) are 8-byte all-reduces.
 TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
   const int n = parity::world_size();
@@ -157,14 +158,14 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
     }
     const auto& units = t.model().units();
     const std::int64_t psi = t.model().registry().numel(), S = shard_elems(t.model(), n), psi_p = n * S;
-    const std::int64_t lnf_p = n * ((units.back().size() + n - 1) / n);
+    const std::int64_t lnf_p = n * ((units.back().size() + n - 1) / n), wpe_p = n * ((units[1].size() + n - 1) / n);
     if (zero == 0) {
       EXPECT_EQ(bytes["all_reduce"], 4 * psi + 8);
       EXPECT_EQ(bytes.count("reduce_scatter") + bytes.count("all_gather"), 0u);
     } else {
       EXPECT_EQ(bytes["all_reduce"], 8 + 8);
       EXPECT_EQ(bytes["reduce_scatter"], 4 * psi_p);
-      EXPECT_EQ(bytes["all_gather"], zero < 3 ? 4 * psi_p : 4 * (2 * psi_p - lnf_p));
+      EXPECT_EQ(bytes["all_gather"], zero < 3 ? 4 * psi_p : 4 * (2 * psi_p - lnf_p - wpe_p));
     }
   }
 }

@@ -360,7 +360,7 @@ TEST_F(DeckTest, RelativeDataPathIsFoundNextToTheDeck) {
 
 TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
   load_error("[parallel]\noffload = \"host\"\n",
-             {"deck.toml:2: parallel.offload = \"host\": this build runs data, tensor and sequence parallelism"});
+             {"deck.toml:2: parallel.offload = \"host\": this build runs data, tensor, sequence and pipeline"});
   EXPECT_NO_THROW(load("[model]\nseq_len = 8\n[parallel]\ntp = 2\nsequence_parallel = true\n"));
   load_error("[model]\nseq_len = 9\nheads = 4\n[parallel]\ntp = 2\nsequence_parallel = true\n",
              {"model.seq_len = 9", "parallel.tp = 2"});
@@ -368,17 +368,30 @@ TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
   EXPECT_NO_THROW(load("[model]\nheads = 4\nvocab = 256\n[parallel]\ntp = 2\n"));
   load_error("[model]\nheads = 4\nd_model = 64\n[parallel]\ntp = 3\n", {"model.heads = 4", "parallel.tp = 3"});
   load_error("[model]\nheads = 2\nvocab = 255\n[parallel]\ntp = 2\n", {"model.vocab = 255", "parallel.tp = 2"});
-  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 4\nschedule = \"interleaved\"\n",
-             {"deck.toml:8: parallel.schedule = \"interleaved\": this build runs"});
-  // Pipelines: GPipe and 1F1B with zero = 0; layers split evenly; 1F1B needs m >= pp.
+  // Pipelines: every schedule, with every ZeRO stage; layers split evenly
+  // over pp x virtual_stages; 1F1B, interleaved and ZB-H1 need m >= pp.
   EXPECT_NO_THROW(load("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\n"));
+  EXPECT_NO_THROW(load("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\n"
+                       "zero = 1\nschedule = \"zb-h1\"\n"));
+  EXPECT_NO_THROW(load("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\n"
+                       "schedule = \"interleaved\"\nvirtual_stages = 2\n"));
   load_error("[model]\nlayers = 3\n[parallel]\npp = 2\nschedule = \"gpipe\"\n", {"model.layers = 3", "parallel.pp = 2"});
+  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 12\nmicro_batch = 2\n[parallel]\npp = 2\n"
+             "schedule = \"interleaved\"\nvirtual_stages = 4\n",
+             {"model.layers = 4", "is not a multiple of parallel.pp = 2", "x parallel.virtual_stages = 4"});
   load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 4\nmicro_batch = 2\n[parallel]\npp = 4\n",
              {"at least as many micro-batches", "= 2 < parallel.pp = 4"});
-  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\nzero = 1\n",
-             {"parallel.zero = 1: this build runs"});
+  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 4\nmicro_batch = 2\n[parallel]\npp = 4\n"
+             "schedule = \"zb-h1\"\n",
+             {"parallel.schedule = \"zb-h1\"", "needs at least as many micro-batches"});
+  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 6\nmicro_batch = 2\n[parallel]\npp = 2\n"
+             "schedule = \"interleaved\"\nvirtual_stages = 2\n",
+             {"runs micro-batches in groups of pp", "= 3 is not a multiple of parallel.pp = 2"});
+  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\n"
+             "schedule = \"interleaved\"\n",
+             {"needs parallel.virtual_stages = 1", ">= 2 model chunks"});
+  load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2", "needs the interleaved schedule with pp > 1"});
   load_error("[parallel]\noffload = \"host\"\n", {"deck.toml:2: parallel.offload = \"host\":"});
-  load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2:"});
   load_error("", {"--set parallel.ep=2: parallel.ep = 2:"}, {"parallel.ep=2"});
   // Data parallelism and every ZeRO stage run; the global batch must split over dp.
   EXPECT_NO_THROW(load("[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\ndp = 4\nzero = 3\n"));

@@ -139,11 +139,20 @@ TEST(Model, InitialisingAnyRangeMatchesTheWhole) {
 TEST(Model, UnitsTileTheFlatBuffer) {
   const auto r = models::gpt_registry(cfg(3, 16, 4, 23, 7));
   const auto u = models::gpt_units(r, cfg(3, 16, 4, 23, 7));
-  ASSERT_EQ(u.size(), 5u);
+  ASSERT_EQ(u.size(), 6u);  // wte, wpe, 3 blocks, final norm
   EXPECT_EQ(u.front().begin, 0);
   EXPECT_EQ(u.back().end, r.numel());
   for (std::size_t i = 1; i < u.size(); ++i) EXPECT_EQ(u[i].begin, u[i - 1].end);
-  EXPECT_EQ(u[0].end, r.find("h.0.ln1.weight").offset);
+  EXPECT_EQ(u[0].end, r.find("wpe").offset);
+  EXPECT_EQ(u[1].end, r.find("h.0.ln1.weight").offset);
+  // A last pipeline stage: blocks, the final norm, then the tied wte copy
+  // alone, so it shards like the first stage's wte.
+  const models::GptStage last{2, 3, false, true};
+  const auto rl = models::gpt_registry(cfg(3, 16, 4, 23, 7), 1, 0, last);
+  const auto ul = models::gpt_units(rl, cfg(3, 16, 4, 23, 7), last);
+  ASSERT_EQ(ul.size(), 3u);
+  EXPECT_EQ(ul[2].size(), u[0].size());
+  EXPECT_EQ(ul[2].begin, rl.find("wte").offset);
 }
 
 // The optimizer's range hook: updating [begin, end) in two halves is the same
