@@ -127,7 +127,12 @@ void Zero::grads_done(int u) {
     if (last_) launch_reduce_scatter(u, core::Buffer<float>(), grads_full_.data() + n_ * us_[u].q);
   } else {
     // Stages 2 and 3 reduce every micro-batch into the shard, so no rank
-    // ever holds more than its shard between micro-batches.
+    // ever holds more than its shard between micro-batches. A split backward
+    // may already have reduced this micro-batch's part with another's (its
+    // input-gradient half wrote before the other's weight-gradient half said
+    // done): nothing is left, and every dp rank, running the same schedule,
+    // skips alike.
+    if (unit_grads_[u].size() == 0) return;
     core::Buffer<float> b = std::move(unit_grads_[u]);
     const float* src = b.data();
     launch_reduce_scatter(u, std::move(b), src);

@@ -1,5 +1,6 @@
 #include "src/train/run.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -61,33 +62,73 @@ void check_world(const deck::Config& c, int world) {
                       p.dp, p.tp, p.pp, needed, world, needed);
 }
 
+// The most (chunk, micro-batch) pairs of `chunk` whose activations are held
+// at once in a rank's action list: from the forward until the backward (or
+// the weight-gradient half of a split one).
+int max_in_flight(const std::vector<strategies::pp::Action>& actions, int chunk) {
+  using strategies::pp::Op;
+  int now = 0, most = 0;
+  for (const auto& a : actions) {
+    if (a.chunk != chunk) continue;
+    if (a.op == Op::forward) most = std::max(most, ++now);
+    if (a.op == Op::backward || a.op == Op::backward_weight) --now;
+  }
+  return most;
+}
+
 void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_batch, std::int64_t params) {
   fmt::print("# resolved configuration ({})\n{}\n", deck.path, deck.resolved_toml);
   fmt::print("parameters: {} ({:.3f} M)\n", params, double(params) / 1e6);
-  // Per rank: this tensor-parallel rank's parameters, held as the ZeRO stage
-  // says over dp ranks (shard padding, at most dp - 1 elements per unit, left out).
+  // Per pipeline rank: the parameters of its chunks as one tensor-parallel
+  // rank holds them, kept as the ZeRO stage says over dp ranks (shard padding,
+  // at most dp - 1 elements per unit, left out), and one stage model's
+  // activations and workspace per micro-batch its schedule holds at once (the
+  // executor may hold one more while a send completes).
   const auto& par = deck.config.parallel;
-  const double psi = double(models::gpt_registry(gc, par.tp, 0).numel()), n = par.dp;
-  const double held[4][3] = {{4 * psi, 4 * psi, 8 * psi}, {4 * psi, 4 * psi, 8 * psi / n},
-                             {4 * psi, 4 * psi / n, 8 * psi / n}, {4 * psi / n, 4 * psi / n, 8 * psi / n}};
-  std::uint64_t per_cat[core::kNumMemCategories] = {};
-  per_cat[int(core::MemCategory::params)] = std::uint64_t(held[par.zero][0]);
-  per_cat[int(core::MemCategory::grads)] = std::uint64_t(held[par.zero][1]);
-  per_cat[int(core::MemCategory::optimizer)] = std::uint64_t(held[par.zero][2]);
-  for (const auto& b : models::gpt_activation_plan(gc, micro_batch, par.tp)) per_cat[int(b.category)] += 4 * b.numel;
-  per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len;  // tokens, targets
-  std::uint64_t total = 0;
-  fmt::print("memory estimate per rank (held; peaks add gathered units and reduce buffers):\n");
-  for (int c = 0; c < core::kNumMemCategories; ++c) {
-    fmt::print("  {:<12} {:>14} B  {:>12}\n", core::category_name(core::MemCategory(c)), per_cat[c],
-               core::format_bytes(double(per_cat[c])));
-    total += per_cat[c];
+  const int p = par.pp, v = p > 1 ? par.virtual_stages : 1;
+  const int m = deck.config.data.global_batch / (micro_batch * par.dp);
+  const double n = par.dp;
+  strategies::pp::Schedule schedule;
+  bool split = false;
+  if (p > 1) {
+    schedule = strategies::pp::make_schedule(par.schedule, {p, m, v});
+    for (const auto& a : schedule[0]) split = split || a.op == strategies::pp::Op::backward_input;
   }
-  fmt::print("  {:<12} {:>14} B  {:>12}\n", "total", total, core::format_bytes(double(total)));
+  constexpr int K = core::kNumMemCategories;
+  fmt::print("memory estimate per rank (held; peaks add gathered units and reduce buffers):\n  {:>7}", "pp rank");
+  for (int c = 0; c < K; ++c) fmt::print(" {:>12}", core::category_name(core::MemCategory(c)));
+  fmt::print(" {:>12}\n", "total");
+  std::uint64_t largest = 0;
+  for (int r = 0; r < p; ++r) {
+    double psi = 0;
+    std::uint64_t per_cat[K] = {};
+    for (int c = 0; c < v; ++c) {
+      const models::GptStage stage = p > 1 ? models::gpt_stage(gc, c * p + r, p * v) : models::GptStage{};
+      psi += double(models::gpt_registry(gc, par.tp, 0, stage).numel());
+      const std::uint64_t slots = p > 1 ? std::uint64_t(max_in_flight(schedule[r], c)) : 1;
+      for (const auto& b : models::gpt_activation_plan(gc, micro_batch, par.tp, par.sequence_parallel, stage, split))
+        per_cat[int(b.category)] += 4 * std::uint64_t(b.numel) * slots;
+    }
+    const double held[4][3] = {{4 * psi, 4 * psi, 8 * psi}, {4 * psi, 4 * psi, 8 * psi / n},
+                               {4 * psi, 4 * psi / n, 8 * psi / n}, {4 * psi / n, 4 * psi / n, 8 * psi / n}};
+    per_cat[int(core::MemCategory::params)] = std::uint64_t(held[par.zero][0]);
+    per_cat[int(core::MemCategory::grads)] = std::uint64_t(held[par.zero][1]);
+    per_cat[int(core::MemCategory::optimizer)] = std::uint64_t(held[par.zero][2]);
+    // Token ids and targets: one micro-batch's, or a pipeline step's.
+    per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len * (p > 1 ? m + 1 : 1);
+    std::uint64_t total = 0;
+    fmt::print("  {:>7}", r);
+    for (int c = 0; c < K; ++c) {
+      fmt::print(" {:>12}", core::format_bytes(double(per_cat[c])));
+      total += per_cat[c];
+    }
+    fmt::print(" {:>12}\n", core::format_bytes(double(total)));
+    largest = std::max(largest, total);
+  }
   const auto limit = deck.config.backend.memory_limit;
   if (limit != 0)
     fmt::print("backend.memory_limit {}: {}\n", core::format_bytes(double(limit)),
-               total <= limit ? "fits" : "DOES NOT FIT");
+               largest <= limit ? "fits" : "DOES NOT FIT");
 }
 
 // Every rank's bytes per category at the end of the last step, and peaks,
@@ -208,7 +249,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   auto finish = [&](const char* status) {
     summary = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
-    bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches, cfg.parallel.schedule);
+    bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
+                            layout.pp > 1 ? cfg.parallel.virtual_stages : 1, cfg.parallel.schedule);
     write_tables(file, rank, steps, memory, cfg.run.profile ? &timeline : nullptr, &log);
     write_comm_summary(file, rank, comm_figures);
     write_pipeline_summary(file, rank, bubble);
@@ -272,8 +314,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     std::vector<double> all(std::size_t(3 * world));
     STRATA_CHECK_MPI(MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, comm));
     if (rank == 0) {
-      fmt::print("pipeline bubble ({}, p {}, m {}; theory (p-1)/(m+p-1) = {:.3f}):\n", cfg.parallel.schedule, layout.pp,
-                 micro_batches, b.theory);
+      fmt::print("pipeline bubble ({}, p {}, m {}, v {}; theory {} = {:.3f}):\n", cfg.parallel.schedule, layout.pp,
+                 micro_batches, b.virtual_stages, strategies::pp::find_schedule(cfg.parallel.schedule).formula,
+                 b.theory);
       for (int r = 0; r < world; ++r)
         fmt::print("  rank {:>3} stage {:>2}: idle/step {:.3f}   idle/compute {:.3f}\n", r, int(all[3 * r]),
                    all[3 * r + 1], all[3 * r + 2]);

@@ -136,9 +136,10 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
 }
 
 Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
-                      int micro_batches, const std::string& schedule) {
-  Bubble b{pp_rank, stages, micro_batches, schedule};
-  b.theory = stages > 1 ? strategies::pp::find_schedule(schedule).bubble({stages, micro_batches, 1}) : 0.0;
+                      int micro_batches, int virtual_stages, const std::string& schedule) {
+  Bubble b{pp_rank, stages, micro_batches, virtual_stages, schedule};
+  b.theory = stages > 1 ? strategies::pp::find_schedule(schedule).bubble({stages, micro_batches, virtual_stages})
+                        : 0.0;
   std::vector<double> busy(steps.size(), 0.0);
   for (const auto& s : timeline.spans())
     if (s.phase != prof::Phase::optimizer && s.step >= 0 && std::size_t(s.step) < busy.size())
@@ -161,12 +162,15 @@ void write_pipeline_summary(report::H5File& f, int rank, const Bubble& b) {
       .col_i64("pp_rank", "1", "pipeline stage of the rank")
       .col_i64("stages", "1", "pipeline stages p")
       .col_i64("micro_batches", "1", "micro-batches per step m")
+      .col_i64("virtual_stages", "1", "model chunks per rank v (interleaved; else 1)")
       .col_str("schedule", 16, "", "pipeline schedule")
       .col_f64("bubble", "1", "median over measured steps of idle / step time (idle = step - forward and backward spans)")
       .col_f64("bubble_over_compute", "1", "median of idle / busy compute time")
-      .col_f64("theory", "1", "the schedule's idle / step time: (p-1)/(m+p-1) for gpipe and 1f1b");
+      .col_f64("theory", "1",
+               "the schedule's idle / step time with unit costs: (p-1)/(m+p-1) gpipe and 1f1b, (p-1)/(v m+p-1) "
+               "interleaved, (p-1)/(3m+p-1) zb-h1");
   t.add_row({std::int64_t(rank), std::int64_t(b.pp_rank), std::int64_t(b.stages), std::int64_t(b.micro_batches),
-             b.schedule, b.idle_over_step, b.idle_over_compute, b.theory});
+             std::int64_t(b.virtual_stages), b.schedule, b.idle_over_step, b.idle_over_compute, b.theory});
   f.write_table(t);
 }
 

@@ -87,14 +87,14 @@ void write_comm_summary(report::H5File& f, int rank, const std::vector<CommAggre
 // The pipeline bubble of this rank over the measured steps: busy = summed
 // forward and backward spans of a step; idle = step time - busy.
 struct Bubble {
-  int pp_rank = 0, stages = 1, micro_batches = 1;
+  int pp_rank = 0, stages = 1, micro_batches = 1, virtual_stages = 1;
   std::string schedule;
   double idle_over_step = 0;     // idle / step time (median over measured steps)
   double idle_over_compute = 0;  // idle / busy: the convention of "bubble time over ideal time"
-  double theory = 0;             // the schedule's: (p-1)/(m+p-1) for GPipe and 1F1B
+  double theory = 0;             // the schedule's with unit costs (strategies::pp::ScheduleInfo::bubble)
 };
 Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
-                      int micro_batches, const std::string& schedule);
+                      int micro_batches, int virtual_stages, const std::string& schedule);
 void write_pipeline_summary(report::H5File& f, int rank, const Bubble& b);
 void write_summary(report::H5File& f, const Summary& s, const Provenance& p);
 

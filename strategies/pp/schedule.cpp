@@ -137,11 +137,13 @@ Schedule add_communication(const ComputeOrder& order, const Shape& s) {
 
 const std::vector<ScheduleInfo>& schedules() {
   static const std::vector<ScheduleInfo> all = {
-      {"gpipe", gpipe, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, false},
-      {"1f1b", one_f_one_b, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, false},
+      {"gpipe", gpipe, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, "(p-1)/(m+p-1)", false},
+      {"1f1b", one_f_one_b, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, "(p-1)/(m+p-1)",
+       false},
       {"interleaved", interleaved_1f1b, [](const Shape& s) { return double(s.p - 1) / (s.v * s.m + s.p - 1); },
-       true},
-      {"zb-h1", zb_h1, [](const Shape& s) { return double(s.p - 1) / (3 * s.m + s.p - 1); }, false},
+       "(p-1)/(v m+p-1)", true},
+      {"zb-h1", zb_h1, [](const Shape& s) { return double(s.p - 1) / (3 * s.m + s.p - 1); }, "(p-1)/(3m+p-1)",
+       false},
   };
   return all;
 }

@@ -69,6 +69,7 @@ struct ScheduleInfo {
   // 1 + 1 when split): GPipe and 1F1B (p-1)/(m+p-1); interleaved
   // (p-1)/(v m+p-1); ZB-H1 (p-1)/(3m+p-1) (its bubble is (p-1)(F+B-W)).
   std::function<double(const Shape&)> bubble;
+  const char* formula;  // of the bubble, for people
   bool virtual_stages;  // uses v > 1
 };
 const std::vector<ScheduleInfo>& schedules();

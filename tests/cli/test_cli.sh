@@ -55,6 +55,23 @@ if mpiexec -n 2 "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_bat
    && grep -q "pipeline bubble" pp2.log \
    && "$py" "$src/tests/python/check_report.py" out/pp2.h5 --steps 4 --layers 2 --world 2 > checkpp.log 2>&1; then
   ok "2-stage pipeline run and report"; else bad "2-stage pipeline"; cat pp2.log checkpp.log; fi
+# --- the interleaved (two chunks per rank) and zero-bubble schedules, with ZeRO-1 ---
+for sched in interleaved zb-h1; do
+  v=1; [[ $sched == interleaved ]] && v=2
+  if mpiexec -n 2 "$strata" run tiny.toml --set parallel.pp=2 --set parallel.schedule=\"$sched\" \
+       --set parallel.virtual_stages=$v --set parallel.zero=1 --set model.layers=4 --set data.micro_batch=1 \
+       --output out/pp2-$sched.h5 > pp2-$sched.log 2>&1 \
+     && grep -q "pipeline bubble ($sched" pp2-$sched.log \
+     && "$py" "$src/tests/python/check_report.py" out/pp2-$sched.h5 --steps 4 --layers 4 --world 2 > checkpp.log 2>&1
+  then ok "2-stage $sched pipeline run and report"; else bad "2-stage $sched pipeline"; cat pp2-$sched.log checkpp.log; fi
+done
+
+# --- every deck in inputs/ resolves and plans at its own world size ---
+for deck in "$src"/inputs/*.toml; do
+  n=$("$strata" run "$deck" --dry-run 2>&1 | sed -n 's/.*launch with mpiexec -n \([0-9]*\).*/\1/p')
+  if mpiexec -n "${n:-1}" "$strata" run "$deck" --dry-run > deck.log 2>&1 && grep -q "parameters:" deck.log; then
+    ok "deck $(basename "$deck") plans on ${n:-1} rank(s)"; else bad "deck $(basename "$deck")"; cat deck.log; fi
+done
 
 # --- dry run, help, version ---
 if "$strata" run tiny.toml --dry-run --output out/dry.h5 > dry.log 2>&1 && grep -q "parameters:" dry.log \
@@ -94,6 +111,10 @@ expect_input_error "unknown flag" "--frobnicate" "$strata" run tiny.toml --frobn
 expect_input_error "layout refused" "parallel.ep" "$strata" run tiny.toml --set parallel.ep=2 --output out_bad/x.h5
 expect_input_error "micro-batches < pp for 1f1b" "at least as many micro-batches" "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_batch=4 --output out_bad/x.h5
 expect_input_error "heads % tp" "parallel.tp" "$strata" run tiny.toml --set parallel.tp=4 --output out_bad/x.h5
+expect_input_error "vocab % tp" "model.vocab = 255" "$strata" run tiny.toml --set parallel.tp=2 --set model.vocab=255 --output out_bad/x.h5
+expect_input_error "layers % (pp x v)" "x parallel.virtual_stages = 2" "$strata" run tiny.toml --set parallel.pp=2 --set parallel.schedule=\"interleaved\" --set parallel.virtual_stages=2 --set model.layers=2 --output out_bad/x.h5
+expect_input_error "micro-batches < pp for interleaved" "at least as many micro-batches" "$strata" run tiny.toml --set parallel.pp=2 --set parallel.schedule=\"interleaved\" --set parallel.virtual_stages=2 --set model.layers=4 --set data.micro_batch=4 --output out_bad/x.h5
+expect_input_error "seq_len % tp with sequence parallelism" "sequence parallelism splits the sequence" "$strata" run tiny.toml --set parallel.tp=2 --set parallel.sequence_parallel=true --set model.seq_len=15 --output out_bad/x.h5
 expect_input_error "dp does not fit the world" "dp 2" "$strata" run tiny.toml --set parallel.dp=2 --output out_bad/x.h5
 expect_input_error "zero stage out of range" "parallel.zero" "$strata" run tiny.toml --set parallel.zero=4 --output out_bad/x.h5
 expect_input_error "bucket of 0" "parallel.bucket_mb" "$strata" run tiny.toml --set parallel.bucket_mb=0 --output out_bad/x.h5

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstdlib>
 #include <string>
 
@@ -123,31 +124,40 @@ TEST(Pipeline, EveryLayoutAndScheduleMatchesOneRank) {
   if (n == 2 || n == 4 || n == 8) EXPECT_GT(layouts, 0);
 }
 
+// ZeRO-2 and -3 under every schedule: gradients reduce-scattered per
+// micro-batch (after the weight-gradient half of a split backward), and
+// stage 3's parameters gathered per chunk as it runs.
+TEST(Pipeline, ZeroTwoAndThreeUnderEveryScheduleMatchOneRank) {
+  if (parity::world_size() != 4) return;  // pp 2 x dp 2
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
+    for (int zero : {2, 3}) check({2, 2, 1, false, schedule, zero, std::string(schedule) == "interleaved" ? 2 : 1});
+}
+
 // GPipe keeps every micro-batch's activations until the backward passes;
-// 1F1B keeps at most p - rank (one more while a send completes).
-TEST(Pipeline, OneFOneBHoldsFewerActivationsThanGPipe) {
+// 1F1B keeps at most p - rank, and ZB-H1 at most p on every rank (its
+// weight-gradient halves are postponed, but never past the first rank's
+// 1F1B depth), each one more while a send completes.
+TEST(Pipeline, OneFOneBAndZeroBubbleHoldFewerActivationsThanGPipe) {
   const int n = parity::world_size();
-  std::uint64_t peak[2] = {0, 0};
-  std::size_t slots[2] = {0, 0};
-  int k = 0;
-  for (const char* schedule : {"gpipe", "1f1b"}) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int m = 2 * n + 2;
+  std::map<std::string, std::uint64_t> peak;
+  std::map<std::string, std::size_t> slots;
+  for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{n, 1, 1}, log);
-    const int m = 2 * n + 2;
     const auto c = config({n, 1, 1, false, schedule}, std::max(4, n), m, 1, 2);
     core::MemoryTracker tracker;
     train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
     t.step(0);
     t.step(1);
-    peak[k] = tracker.peak(core::MemCategory::activations);
-    slots[k] = t.pipeline_slots();
-    if (k == 0) {
-      EXPECT_EQ(slots[k], std::size_t(m)) << "GPipe holds every micro-batch";
-    }
-    ++k;
+    peak[schedule] = tracker.peak(core::MemCategory::activations);
+    slots[schedule] = t.pipeline_slots();
   }
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  EXPECT_LE(slots[1], std::size_t(n - rank + 1)) << "1F1B on rank " << rank;
-  EXPECT_LT(peak[1], peak[0]);
+  EXPECT_EQ(slots["gpipe"], std::size_t(m)) << "GPipe holds every micro-batch";
+  EXPECT_LE(slots["1f1b"], std::size_t(n - rank + 1)) << "1F1B on rank " << rank;
+  EXPECT_LE(slots["zb-h1"], std::size_t(n + 1)) << "ZB-H1 on rank " << rank;
+  EXPECT_LT(peak["1f1b"], peak["gpipe"]);
+  EXPECT_LT(peak["zb-h1"], peak["gpipe"]);
 }
