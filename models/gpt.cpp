@@ -4,6 +4,7 @@
 // into, as the kernels' += convention allows.
 #include "models/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -20,10 +21,25 @@ using prof::ScopedSpan;
 
 static std::string lname(int l, const char* what) { return "h." + std::to_string(l) + "." + what; }
 
-GptStage gpt_stage(const GptConfig& c, int index, int count) {
-  STRATA_CHECK(count >= 1 && c.layers % count == 0, "{} layers over {} stages", c.layers, count);
-  const int per = c.layers / count;
-  return GptStage{index * per, (index + 1) * per, index == 0, index == count - 1};
+std::vector<int> stage_block_counts(int layers, int stages, int first, int last) {
+  STRATA_CHECK(stages >= 1, "{} pipeline stages", stages);
+  if (stages == 1) return {layers};
+  const int fixed = (first >= 0) + (last >= 0), rest = layers - std::max(first, 0) - std::max(last, 0);
+  const int others = stages - fixed;
+  STRATA_CHECK(rest >= 0 && (others == 0 ? rest == 0 : rest % others == 0 && rest / others >= 1),
+               "{} layers over {} stages (first {}, last {}): the other stages do not get the same number, at least 1",
+               layers, stages, first, last);
+  std::vector<int> n(std::size_t(stages), others > 0 ? rest / others : 0);
+  if (first >= 0) n.front() = first;
+  if (last >= 0) n.back() = last;
+  return n;
+}
+
+GptStage gpt_stage(const GptConfig& c, int index, int count, int first, int last) {
+  const std::vector<int> n = stage_block_counts(c.layers, count, first, last);
+  int begin = 0;
+  for (int s = 0; s < index; ++s) begin += n[std::size_t(s)];
+  return GptStage{begin, begin + n[std::size_t(index)], index == 0, index == count - 1};
 }
 
 static GptStage resolved(const GptConfig& c, GptStage s) {

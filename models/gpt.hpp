@@ -53,8 +53,14 @@ struct GptStage {
   bool embedding = true;
   bool head = true;
 };
-// Stage `index` of `count` balanced stages (layers % count == 0).
-GptStage gpt_stage(const GptConfig& c, int index, int count);
+// Blocks per pipeline stage: `first` and `last` (>= 0) fix the first and
+// the last stage's count (-1: balanced with the others, as Megatron's
+// first/last pipeline-stage layer options), the rest spread evenly over the
+// other stages, each of which must get at least one. A first stage of 0
+// blocks holds the embedding alone; a last one, the head and loss alone.
+std::vector<int> stage_block_counts(int layers, int stages, int first = -1, int last = -1);
+// Stage `index` of `count` stages so split.
+GptStage gpt_stage(const GptConfig& c, int index, int count, int first = -1, int last = -1);
 
 // The parameters of a GPT stage, in flat-buffer order (embeddings, blocks,
 // final norm and, on a last stage without the embedding, the tied wte), as

@@ -44,6 +44,8 @@ struct ParallelSection {
   double bucket_mb = 25.0;  // MiB, as PyTorch DDP's bucket_cap_mb
   std::string schedule = "1f1b";
   int virtual_stages = 1;
+  int first_stage_layers = -1;  // -1: balanced
+  int last_stage_layers = -1;
   bool sequence_parallel = false;
   std::string offload = "none";
 };

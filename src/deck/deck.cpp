@@ -318,10 +318,25 @@ void Resolver::check_cross_keys() {
     error(fmt::format("{}: {} is not a multiple of {}: sequence parallelism splits the sequence over tp ranks",
                       primary({"model.seq_len", "parallel.tp", "parallel.sequence_parallel"}), show("model.seq_len"),
                       show("parallel.tp")));
-  if (c.model.layers % (c.parallel.pp * c.parallel.virtual_stages) != 0)
-    error(fmt::format("{}: {} is not a multiple of {} x {}: every pipeline stage takes the same number of layers",
+  const int stages = c.parallel.pp * c.parallel.virtual_stages, first = c.parallel.first_stage_layers,
+            last = c.parallel.last_stage_layers;
+  const int fixed = (first >= 0) + (last >= 0), rest = c.model.layers - std::max(first, 0) - std::max(last, 0);
+  if (fixed > 0 && c.parallel.pp == 1)
+    error(fmt::format("{}: {} and {} split a pipeline; {} has one stage",
+                      primary({"parallel.first_stage_layers", "parallel.last_stage_layers"}),
+                      show("parallel.first_stage_layers"), show("parallel.last_stage_layers"), show("parallel.pp")));
+  else if (fixed == 0 && c.model.layers % stages != 0)
+    error(fmt::format("{}: {} is not a multiple of {} x {}: every pipeline stage takes the same number of layers "
+                      "(or set parallel.first_stage_layers / last_stage_layers)",
                       primary({"model.layers", "parallel.pp", "parallel.virtual_stages"}), show("model.layers"),
                       show("parallel.pp"), show("parallel.virtual_stages")));
+  else if (fixed > 0 && (rest < 0 || (stages == fixed ? rest != 0 : rest % (stages - fixed) != 0 ||
+                                                                        rest / (stages - fixed) < 1)))
+    error(fmt::format("{}: {} with {} and {} leaves {} layer(s) for the other {} of {} x {} stages: they must split "
+                      "evenly, at least one each",
+                      primary({"parallel.first_stage_layers", "parallel.last_stage_layers", "model.layers"}),
+                      show("model.layers"), show("parallel.first_stage_layers"), show("parallel.last_stage_layers"),
+                      rest, stages - fixed, show("parallel.pp"), show("parallel.virtual_stages")));
   else if (c.parallel.pp > 1 && c.data.global_batch % (c.data.micro_batch * c.parallel.dp) == 0) {
     const int m = c.data.global_batch / (c.data.micro_batch * c.parallel.dp);
     if (c.parallel.schedule != "gpipe" && m < c.parallel.pp)

@@ -171,6 +171,8 @@ const std::vector<KeySpec>& key_table() {
       key<&Config::parallel, &ParallelSection::bucket_mb>("parallel", "bucket_mb", "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO 2-3 hold at most this much unreduced").above(0),
       key<&Config::parallel, &ParallelSection::schedule>("parallel", "schedule", "pipeline schedule").one_of({"1f1b", "gpipe", "interleaved", "zb-h1"}),
       key<&Config::parallel, &ParallelSection::virtual_stages>("parallel", "virtual_stages", "model chunks per pipeline rank (interleaved schedule)").at_least(1),
+      key<&Config::parallel, &ParallelSection::first_stage_layers>("parallel", "first_stage_layers", "transformer blocks on the first pipeline stage (beside the embedding); -1: as many as every stage").at_least(-1),
+      key<&Config::parallel, &ParallelSection::last_stage_layers>("parallel", "last_stage_layers", "transformer blocks on the last pipeline stage (beside the head and loss); -1: as many as every stage").at_least(-1),
       key<&Config::parallel, &ParallelSection::sequence_parallel>("parallel", "sequence_parallel", "shard norm and dropout activations along the sequence over tp ranks"),
       key<&Config::parallel, &ParallelSection::offload>("parallel", "offload", "where optimizer state is offloaded").one_of({"none", "host", "nvme"}),
       // [optim]

@@ -103,7 +103,9 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
     double psi = 0;
     std::uint64_t per_cat[K] = {};
     for (int c = 0; c < v; ++c) {
-      const models::GptStage stage = p > 1 ? models::gpt_stage(gc, c * p + r, p * v) : models::GptStage{};
+      const models::GptStage stage =
+          p > 1 ? models::gpt_stage(gc, c * p + r, p * v, par.first_stage_layers, par.last_stage_layers)
+                : models::GptStage{};
       psi += double(models::gpt_registry(gc, par.tp, 0, stage).numel());
       const std::uint64_t slots = p > 1 ? std::uint64_t(max_in_flight(schedule[r], c)) : 1;
       for (const auto& b : models::gpt_activation_plan(gc, micro_batch, par.tp, par.sequence_parallel, stage, split))

@@ -62,7 +62,9 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
   chunks_.resize(std::size_t(v));
   for (int c = 0; c < v; ++c) {
     Chunk& ch = chunks_[c];
-    if (pp_ != nullptr) ch.stage = models::gpt_stage(gc, c * p + pp_rank_, p * v);
+    if (pp_ != nullptr)
+      ch.stage = models::gpt_stage(gc, c * p + pp_rank_, p * v, cfg_.parallel.first_stage_layers,
+                                   cfg_.parallel.last_stage_layers);
     add_slot(ch);
     const models::Gpt& m = *ch.slots[0];
     const std::int64_t base = registry_.numel();

@@ -34,6 +34,8 @@ struct Layout {
   const char* schedule;
   int zero = 0;
   int v = 1;  // virtual stages (interleaved)
+  int layers = 0;  // 0: max(4, pp x v)
+  int first = -1, last = -1;  // blocks of the first and last stage (-1: balanced)
 };
 
 deck::Config config(const Layout& l, int layers, int global_batch, int micro_batch, int steps = 10) {
@@ -42,19 +44,19 @@ deck::Config config(const Layout& l, int layers, int global_batch, int micro_bat
       "[model]\nlayers = {}\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
       "[data]\nglobal_batch = {}\nmicro_batch = {}\n"
       "[parallel]\npp = {}\ndp = {}\ntp = {}\nsequence_parallel = {}\nschedule = \"{}\"\nzero = {}\n"
-      "virtual_stages = {}\n"
+      "virtual_stages = {}\nfirst_stage_layers = {}\nlast_stage_layers = {}\n"
       "[optim]\nlr = 1e-2\nweight_decay = 0.1\ngrad_clip = 0.1\n"
       "[backend]\nthreads = 1\n",
-      steps, layers, global_batch, micro_batch, l.pp, l.dp, l.tp, l.sp, l.schedule, l.zero, l.v);
+      steps, layers, global_batch, micro_batch, l.pp, l.dp, l.tp, l.sp, l.schedule, l.zero, l.v, l.first, l.last);
   return deck::parse_deck("test.toml", text, {}).config;
 }
 
 void check(const Layout& l) {
-  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} sp {} {} zero {} v {}", l.pp, l.dp, l.tp, l.sp, l.schedule, l.zero,
-                           l.v));
+  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} sp {} {} zero {} v {} layers {} first {} last {}", l.pp, l.dp, l.tp,
+                           l.sp, l.schedule, l.zero, l.v, l.layers, l.first, l.last));
   // m = 4 micro-batches per step on every pipeline (a multiple of pp for the
   // interleaved schedule).
-  const int mb = 1, m = std::max(4, l.pp), G = m * mb * l.dp, layers = std::max(4, l.pp * l.v);
+  const int mb = 1, m = std::max(4, l.pp), G = m * mb * l.dp, layers = l.layers > 0 ? l.layers : std::max(4, l.pp * l.v);
   core::MemoryTracker rt;
   const auto rc = config({1, 1, 1, false, "1f1b"}, layers, G, mb);
   train::Trainer ref(rc, rt, nullptr, 0.0);
@@ -131,6 +133,20 @@ TEST(Pipeline, ZeroTwoAndThreeUnderEveryScheduleMatchOneRank) {
   if (parity::world_size() != 4) return;  // pp 2 x dp 2
   for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
     for (int zero : {2, 3}) check({2, 2, 1, false, schedule, zero, std::string(schedule) == "interleaved" ? 2 : 1});
+}
+
+// Stages of explicit sizes: a first stage lighter than the rest, a first
+// stage with the embedding alone, and uneven stages under the interleaved
+// and zero-bubble schedules.
+TEST(Pipeline, ExplicitStageSplitsMatchOneRank) {
+  const int n = parity::world_size();
+  if (n == 2) {
+    check({2, 1, 1, false, "1f1b", 0, 1, 4, 1, -1});  // blocks 1 + 3
+    check({2, 1, 1, false, "zb-h1", 1, 1, 4, 0, -1});  // the embedding alone, then 4 blocks
+  } else if (n == 4) {
+    check({4, 1, 1, false, "gpipe", 0, 1, 4, 0, 0});        // 0 + 2 + 2 + 0: embedding and head alone
+    check({2, 2, 1, false, "interleaved", 1, 2, 6, 1, 1});  // stages 1 + 2 + 2 + 1, two per rank
+  }
 }
 
 // GPipe keeps every micro-batch's activations until the backward passes;

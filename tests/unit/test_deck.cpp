@@ -77,7 +77,8 @@ const std::vector<std::string> kAllKeys = {
     "model.kind", "model.layers", "model.d_model", "model.heads", "model.ffn_mult", "model.vocab", "model.seq_len",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.zero", "parallel.bucket_mb", "parallel.schedule",
-    "parallel.virtual_stages", "parallel.sequence_parallel", "parallel.offload",
+    "parallel.virtual_stages", "parallel.first_stage_layers", "parallel.last_stage_layers",
+    "parallel.sequence_parallel", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps", "optim.grad_clip",
     "backend.device", "backend.precision", "backend.threads", "backend.memory_limit", "backend.peak_tflops",
@@ -390,6 +391,13 @@ TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
   load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\n"
              "schedule = \"interleaved\"\n",
              {"needs parallel.virtual_stages = 1", ">= 2 model chunks"});
+  // An explicit split: the first and last stages fixed, the rest even.
+  EXPECT_NO_THROW(load("[model]\nlayers = 6\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 4\n"
+                       "first_stage_layers = 0\nlast_stage_layers = 2\n"));
+  load_error("[model]\nlayers = 6\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 4\n"
+             "first_stage_layers = 1\n",
+             {"leaves 5 layer(s) for the other 3 of parallel.pp = 4", "split evenly, at least one each"});
+  load_error("[parallel]\nfirst_stage_layers = 1\n", {"split a pipeline", "parallel.pp = 1"});
   load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2", "needs the interleaved schedule with pp > 1"});
   load_error("[parallel]\noffload = \"host\"\n", {"deck.toml:2: parallel.offload = \"host\":"});
   load_error("", {"--set parallel.ep=2: parallel.ep = 2:"}, {"parallel.ep=2"});

@@ -136,6 +136,22 @@ TEST(Model, InitialisingAnyRangeMatchesTheWhole) {
   for (std::int64_t i = 0; i < r.numel(); ++i) ASSERT_EQ(whole[i], part[i]) << i;
 }
 
+// Balanced stages, or the first and last stage fixed and the rest even.
+TEST(Model, StageBlockCounts) {
+  EXPECT_EQ(models::stage_block_counts(8, 4), (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_EQ(models::stage_block_counts(6, 4, 0, 2), (std::vector<int>{0, 2, 2, 2}));
+  EXPECT_EQ(models::stage_block_counts(7, 3, 1, -1), (std::vector<int>{1, 3, 3}));
+  EXPECT_EQ(models::stage_block_counts(4, 2, 4, 0), (std::vector<int>{4, 0}));
+  EXPECT_THROW(models::stage_block_counts(7, 4), core::Error);
+  EXPECT_THROW(models::stage_block_counts(6, 4, 1, -1), core::Error);  // 5 over 3
+  EXPECT_THROW(models::stage_block_counts(4, 3, 2, 2), core::Error);   // nothing for the middle
+  const auto c = cfg(6, 16, 4, 23, 7);
+  const models::GptStage s = models::gpt_stage(c, 1, 4, 0, 2);
+  EXPECT_EQ(s.first, 0);
+  EXPECT_EQ(s.last, 2);
+  EXPECT_FALSE(s.embedding || s.head);
+}
+
 TEST(Model, UnitsTileTheFlatBuffer) {
   const auto r = models::gpt_registry(cfg(3, 16, 4, 23, 7));
   const auto u = models::gpt_units(r, cfg(3, 16, 4, 23, 7));
