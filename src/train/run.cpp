@@ -320,7 +320,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                  micro_batches, b.virtual_stages, strategies::pp::find_schedule(cfg.parallel.schedule).formula,
                  b.theory);
       for (int r = 0; r < world; ++r)
-        fmt::print("  rank {:>3} stage {:>2}: idle/step {:.3f}   idle/compute {:.3f}\n", r, int(all[3 * r]),
+        fmt::print("  rank {:>3} stage {:>2}: bubble {:.3f} (idle / pipeline time)   idle/compute {:.3f}\n", r, int(all[3 * r]),
                    all[3 * r + 1], all[3 * r + 2]);
     }
   }

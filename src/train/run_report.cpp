@@ -140,15 +140,20 @@ Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepReco
   Bubble b{pp_rank, stages, micro_batches, virtual_stages, schedule};
   b.theory = stages > 1 ? strategies::pp::find_schedule(schedule).bubble({stages, micro_batches, virtual_stages})
                         : 0.0;
-  std::vector<double> busy(steps.size(), 0.0);
+  // The pipeline's part of a step is all but the optimizer span (gradient
+  // synchronisation, norm, clipping, AdamW), which every schedule has alike
+  // and the theory leaves out; its idle time is that part minus the compute.
+  std::vector<double> busy(steps.size(), 0.0), optimizer(steps.size(), 0.0);
   for (const auto& s : timeline.spans())
-    if (s.phase != prof::Phase::optimizer && s.step >= 0 && std::size_t(s.step) < busy.size())
-      busy[std::size_t(s.step)] += s.end - s.start;
+    if (s.step >= 0 && std::size_t(s.step) < busy.size())
+      (s.phase == prof::Phase::optimizer ? optimizer : busy)[std::size_t(s.step)] += s.end - s.start;
   std::vector<double> over_step, over_compute;
   for (const auto& r : steps) {
     if (r.warmup) continue;
-    const double b_s = busy[std::size_t(r.step)], idle = std::max(0.0, r.step_time - b_s);
-    over_step.push_back(idle / r.step_time);
+    const double pipe = r.step_time - optimizer[std::size_t(r.step)], b_s = busy[std::size_t(r.step)];
+    if (pipe <= 0) continue;
+    const double idle = std::max(0.0, pipe - b_s);
+    over_step.push_back(idle / pipe);
     if (b_s > 0) over_compute.push_back(idle / b_s);
   }
   b.idle_over_step = median(over_step);
@@ -164,7 +169,9 @@ void write_pipeline_summary(report::H5File& f, int rank, const Bubble& b) {
       .col_i64("micro_batches", "1", "micro-batches per step m")
       .col_i64("virtual_stages", "1", "model chunks per rank v (interleaved; else 1)")
       .col_str("schedule", 16, "", "pipeline schedule")
-      .col_f64("bubble", "1", "median over measured steps of idle / step time (idle = step - forward and backward spans)")
+      .col_f64("bubble", "1",
+               "median over measured steps of idle / pipeline time (pipeline time = step time - optimizer span; "
+               "idle = pipeline time - forward and backward spans)")
       .col_f64("bubble_over_compute", "1", "median of idle / busy compute time")
       .col_f64("theory", "1",
                "the schedule's idle / step time with unit costs: (p-1)/(m+p-1) gpipe and 1f1b, (p-1)/(v m+p-1) "

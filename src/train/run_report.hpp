@@ -84,12 +84,13 @@ double busbw_factor(const std::string& op, int n);
 std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step);
 void write_comm_summary(report::H5File& f, int rank, const std::vector<CommAggregate>& aggs);
 
-// The pipeline bubble of this rank over the measured steps: busy = summed
-// forward and backward spans of a step; idle = step time - busy.
+// The pipeline bubble of this rank over the measured steps: pipeline time =
+// step time - the optimizer span; busy = summed forward and backward spans of
+// the step; idle = pipeline time - busy.
 struct Bubble {
   int pp_rank = 0, stages = 1, micro_batches = 1, virtual_stages = 1;
   std::string schedule;
-  double idle_over_step = 0;     // idle / step time (median over measured steps)
+  double idle_over_step = 0;     // idle / pipeline time (median over measured steps)
   double idle_over_compute = 0;  // idle / busy: the convention of "bubble time over ideal time"
   double theory = 0;             // the schedule's with unit costs (strategies::pp::ScheduleInfo::bubble)
 };
