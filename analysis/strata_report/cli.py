@@ -1,0 +1,39 @@
+"""The strata-report command."""
+import argparse
+import sys
+
+from . import compare, plots, summary, trace
+from .read import Report, ReportError
+
+USAGE = """strata-report RUN.h5 [--plots DIR] [--trace OUT.json]
+       strata-report compare A.h5 B.h5"""
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] == "compare":
+            ap = argparse.ArgumentParser(prog="strata-report compare", description="two runs side by side")
+            ap.add_argument("a")
+            ap.add_argument("b")
+            args = ap.parse_args(argv[1:])
+            print(compare.render(Report(args.a), Report(args.b)))
+            return 0
+        ap = argparse.ArgumentParser(prog="strata-report", usage=USAGE,
+                                     description="summary, plots and trace of a Strata report")
+        ap.add_argument("report")
+        ap.add_argument("--plots", metavar="DIR", help="write timeline.png, memory.png and comm.png into DIR")
+        ap.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace of the timeline and comm")
+        args = ap.parse_args(argv)
+        rep = Report(args.report)
+        print(summary.render(rep))
+        if args.plots:
+            for p in plots.write_all(rep, args.plots):
+                print(f"wrote {p}")
+        if args.trace:
+            trace.write(rep, args.trace)
+            print(f"wrote {args.trace} (open in https://ui.perfetto.dev)")
+        return 0
+    except ReportError as e:
+        print(f"strata-report: error: {e}", file=sys.stderr)
+        return 2

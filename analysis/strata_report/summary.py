@@ -1,0 +1,112 @@
+"""The summary of one run as text tables."""
+import numpy as np
+
+from .read import text
+
+CATEGORIES = ["params", "grads", "optimizer", "activations", "workspace", "comm"]
+
+
+def fmt_bytes(b):
+    b = float(b)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(b) < 1024 or unit == "TiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.2f} {unit}"
+        b /= 1024
+
+
+def step_times(rep):
+    """Per measured step, the slowest rank's time (the step ends for all then)."""
+    s = rep.measured_steps()
+    if len(s) == 0:
+        return np.zeros(0)
+    return np.array([s["step_time"][s["step"] == k].max() for k in np.unique(s["step"])])
+
+
+def memory_per_rank(rep):
+    """{rank: (held at the end of the last step, peak over the run)} per category."""
+    m = rep.table("memory")
+    out = {}
+    if len(m) == 0:
+        return out
+    cats = np.array([text(c) for c in m["category"]])
+    last = m["step"].max()
+    for r in np.unique(m["rank"]):
+        held = {c: int(m["current_bytes"][(m["rank"] == r) & (m["step"] == last) & (cats == c)].sum())
+                for c in CATEGORIES}
+        peak = {c: int(m["peak_bytes"][(m["rank"] == r) & (cats == c)].max(initial=0)) for c in CATEGORIES}
+        out[int(r)] = (held, peak)
+    return out
+
+
+def comm_per_axis_op(rep):
+    """[(axis, op, group, ranks, mean calls, mean bytes, mean time, mean wait, mean peer wait, mean busbw,
+    mean hidden)] over the ranks that issued the op (from /summary/comm)."""
+    c = rep.table("summary/comm")
+    rows = []
+    if len(c) == 0:
+        return rows
+    axes = np.array([text(a) for a in c["axis"]])
+    ops = np.array([text(o) for o in c["op"]])
+    seen = []
+    for a, o, g in zip(axes, ops, c["group_size"]):
+        if (a, o, g) in seen:
+            continue
+        seen.append((a, o, g))
+        sel = (axes == a) & (ops == o) & (c["group_size"] == g)
+        t = c[sel]
+        peer = t["peer_wait"].mean() if "peer_wait" in t.dtype.names else 0.0
+        rows.append((a, o, int(g), int(sel.sum()), t["count"].mean(), t["bytes"].mean(), t["time"].mean(),
+                     t["wait"].mean(), peer, t["busbw"].mean(), t["hidden_fraction"].mean()))
+    return rows
+
+
+def render(rep):
+    out = []
+    p = out.append
+    a = rep.attrs
+    p(f"report  {rep.path}")
+    p(f"status  {rep.status}" + (f": {a['error']}" if rep.status != "complete" and "error" in a else ""))
+    s = rep.summary
+    p(f"run     {a.get('deck_path', '?')} | {rep.world} rank(s): {s.get('layout', '?')} | strategy "
+      f"{s.get('strategy', '?')} | {s.get('parameters', 0) / 1e6:.3f} M parameters | started {a.get('start_time', '?')}"
+      + (f" | SLURM job {a['slurm_job_id']}" if str(a.get("slurm_job_id", "")) not in ("", "0") else ""))
+    if rep.status != "complete":
+        p("(a failed run: its tables hold what it wrote before failing)")
+    times = step_times(rep)
+    if len(times):
+        med = float(np.median(times))
+        p("")
+        p("throughput")
+        p(f"  tokens/s {s.get('tokens_per_s', 0):.0f}   model FLOP/s {s.get('flops_per_s', 0) / 1e9:.2f} G   "
+          f"MFU {100 * s.get('mfu', 0):.1f}% (peak {s.get('peak_flops', 0) / 1e9:.1f} GFLOP/s, "
+          f"{s.get('peak_source', '?')})")
+        p(f"  step time over {len(times)} measured steps: min {1e3 * times.min():.2f} ms, median {1e3 * med:.2f} ms, "
+          f"max {1e3 * times.max():.2f} ms, spread (max-min)/median {100 * (times.max() - times.min()) / med:.1f}%")
+        p(f"  loss {s.get('initial_loss', float('nan')):.4f} -> {s.get('final_loss', float('nan')):.4f}")
+    mem = memory_per_rank(rep)
+    if mem:
+        p("")
+        p("memory per rank: held at the end of the last step / peak during the run")
+        p("  rank " + "".join(f"{c:>24}" for c in CATEGORIES))
+        for r, (held, peak) in sorted(mem.items()):
+            p(f"  {r:>4} " + "".join(f"{fmt_bytes(held[c]) + ' / ' + fmt_bytes(peak[c]):>24}" for c in CATEGORIES))
+    pipe = rep.table("summary/pipeline")
+    if len(pipe) and pipe["stages"].max() > 1:
+        p("")
+        sched = text(pipe["schedule"][0])
+        p(f"pipeline bubble ({sched}, p {pipe['stages'][0]}, m {pipe['micro_batches'][0]}"
+          + (f", v {pipe['virtual_stages'][0]}" if "virtual_stages" in pipe.dtype.names else "") + ")")
+        p("  rank  stage   bubble  idle/compute   theory")
+        for row in sorted(pipe, key=lambda x: x["rank"]):
+            p(f"  {row['rank']:>4}  {row['pp_rank']:>5}   {row['bubble']:.3f}         {row['bubble_over_compute']:.3f}"
+              f"    {row['theory']:.3f}")
+    comm = comm_per_axis_op(rep)
+    if comm:
+        p("")
+        p("communication per axis and op (mean over the ranks that issue it, measured steps)")
+        p(f"  {'axis':<5} {'op':<15} {'n':>3} {'ranks':>5} {'calls':>7} {'bytes':>12} {'time_ms':>9} {'wait_ms':>9} "
+          f"{'peer_ms':>8} {'busbw_GB/s':>10} {'hidden':>7}")
+        for ax, op, g, nr, calls, b, t, w, pw, bw, h in comm:
+            p(f"  {ax:<5} {op:<15} {g:>3} {nr:>5} {calls:>7.0f} {fmt_bytes(b):>12} {1e3 * t:>9.2f} {1e3 * w:>9.2f} "
+              f"{1e3 * pw:>8.2f} {bw / 1e9:>10.3f} {100 * h:>6.0f}%")
+    return "\n".join(out)

@@ -1,0 +1,155 @@
+"""strata-report on reports this test writes with the real binary: a 2-rank
+zero-bubble pipeline, a single-rank run and a run that failed; its summary,
+plots, trace and comparison, and its refusal of files that are not reports.
+
+Run by CTest (python.strata_report) as
+  /usr/bin/python3 -m pytest tests/python/test_strata_report.py
+with STRATA_BIN naming the strata binary.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOL = os.path.join(ROOT, "analysis", "strata-report")
+sys.path.insert(0, os.path.join(ROOT, "analysis"))
+
+from strata_report import trace as trace_mod  # noqa: E402
+from strata_report.read import Report  # noqa: E402
+
+DECK = """[run]
+steps = 4
+warmup_steps = 1
+seed = 5
+[model]
+layers = 4
+d_model = 16
+heads = 2
+vocab = 64
+seq_len = 16
+[data]
+global_batch = 4
+micro_batch = 1
+[backend]
+threads = 1
+peak_tflops = 0.05
+"""
+
+
+def strata(tmp, *args, ranks=1, expect=0):
+    cmd = (["mpiexec", "-n", str(ranks)] if ranks > 1 else []) + [os.environ["STRATA_BIN"], "run", "deck.toml", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
+    assert r.returncode == expect, r.stdout + r.stderr
+    return r
+
+
+def tool(*args, expect=0):
+    r = subprocess.run([TOOL, *args], capture_output=True, text=True)
+    assert r.returncode == expect, r.stdout + r.stderr
+    return r
+
+
+@pytest.fixture(scope="session")
+def reports(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("reports")
+    (tmp / "deck.toml").write_text(DECK)
+    strata(tmp, "--set", "parallel.pp=2", "--set", 'parallel.schedule="zb-h1"', "--output", "pp.h5", ranks=2)
+    strata(tmp, "--output", "one.h5")
+    strata(tmp, "--set", "backend.memory_limit=64KiB", "--output", "failed.h5", expect=1)
+    with h5py.File(tmp / "other.h5", "w") as f:
+        f.attrs["schema"] = "something-else"
+    return tmp
+
+
+def test_summary_states_the_reports_figures(reports):
+    out = tool(str(reports / "pp.h5")).stdout
+    rep = Report(str(reports / "pp.h5"))
+    assert "status  complete" in out
+    assert f"tokens/s {rep.summary['tokens_per_s']:.0f}" in out
+    for section in ("throughput", "memory per rank", "pipeline bubble (zb-h1, p 2, m 4, v 1)",
+                    "communication per axis and op"):
+        assert section in out, section
+    # One bubble row per rank, with the schedule's theory (p-1)/(3m+p-1).
+    lines = out.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("pipeline bubble")) + 2
+    rows = [l.split() for l in lines[start:start + 2]]
+    assert [r[:2] for r in rows] == [["0", "0"], ["1", "1"]]
+    assert all(abs(float(r[4]) - 1 / 13) < 1e-3 for r in rows)
+    # The recv row carries its peer wait.
+    assert any(l.split()[:2] == ["pp", "recv"] for l in out.splitlines() if l.strip())
+
+
+def test_plots_are_pictures(reports, tmp_path):
+    tool(str(reports / "pp.h5"), "--plots", str(tmp_path))
+    import matplotlib.image as mpimg
+    for name in ("timeline", "memory", "comm"):
+        p = tmp_path / f"{name}.png"
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(p)
+        assert img.shape[0] > 100 and img.shape[1] > 100
+        assert img[..., :3].std() > 0.01, f"{name}.png is blank"
+
+
+def nested(events):
+    """Complete events of one track: each starts after the previous ended or
+    ends within the innermost open one."""
+    stack = []
+    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
+        end = e["ts"] + e["dur"]
+        while stack and stack[-1] <= e["ts"] + 1e-3:
+            stack.pop()
+        if stack and end > stack[-1] + 1e-3:
+            return False
+        stack.append(end)
+    return True
+
+
+def test_trace_has_a_process_per_rank_and_nested_tracks(reports, tmp_path):
+    out = tmp_path / "trace.json"
+    tool(str(reports / "pp.h5"), "--trace", str(out))
+    doc = json.loads(out.read_text())
+    ev = doc["traceEvents"]
+    procs = {e["pid"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert procs == {0, 1}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"compute", "optimizer", "comm pp"} <= set(names.values())
+    complete = [e for e in ev if e["ph"] == "X"]
+    rep = Report(str(reports / "pp.h5"))
+    assert sum(1 for e in complete if not e["cat"].startswith("comm")) == len(rep.table("timeline"))
+    assert sum(1 for e in complete if e["cat"].startswith("comm")) == len(rep.table("comm"))
+    assert {"forward", "backward_input", "backward_weight", "optimizer"} <= {e["cat"] for e in complete}
+    tracks = {}
+    for e in complete:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    for key, events in tracks.items():
+        assert nested(events), names[key]
+
+
+def test_lanes_keep_overlapping_calls_apart():
+    placed = trace_mod.lanes([(0, 10, "a"), (2, 5, "b"), (6, 12, "c"), (11, 13, "d")])
+    lane = {p: l for l, _, _, p in placed}
+    assert lane["a"] == 0 and lane["b"] == 1 and lane["c"] == 1 and lane["d"] == 0
+
+
+def test_failed_run_is_read(reports, tmp_path):
+    out = tool(str(reports / "failed.h5"), "--plots", str(tmp_path), "--trace", str(tmp_path / "t.json")).stdout
+    assert "status  failed" in out and "memory_limit" in out
+
+
+def test_compare_puts_two_runs_side_by_side(reports):
+    out = tool("compare", str(reports / "one.h5"), str(reports / "pp.h5")).stdout
+    lines = {l.split("  ")[0].strip(): l for l in out.splitlines()}
+    assert "zb-h1" in lines["schedule"] and "pp 2 x dp 1 x tp 1" in lines["layout"]
+    assert "tokens/s" in out and "B / A" in out
+
+
+@pytest.mark.parametrize("name,why", [("other.h5", "schema is 'something-else'"), ("missing.h5", "cannot open")])
+def test_other_files_are_refused(reports, name, why):
+    r = tool(str(reports / name), expect=2)
+    assert why in r.stderr and "strata-report: error:" in r.stderr
