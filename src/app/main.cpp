@@ -1,5 +1,7 @@
 // The `strata` command line: parses arguments, reads the deck on rank 0 and
-// broadcasts it, and dispatches to the train layer. Errors end the job with
+// broadcasts it, and dispatches to the train layer (`run`) or the sweep
+// driver (`sweep`, which launches each point as its own MPI job and so runs
+// as a plain process, initialising MPI only to write its index). Errors end the job with
 // the failing rank's message: status 2 for bad input (every rank finds the
 // same error, so all exit cleanly), 1 otherwise (MPI_Abort when other ranks
 // could be left waiting).
@@ -18,6 +20,7 @@
 #include "src/comm/mpi_check.hpp"
 #include "src/core/error.hpp"
 #include "src/deck/deck.hpp"
+#include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"
 
 namespace {
@@ -58,16 +61,81 @@ int run_command(const std::string& deck_path, const std::vector<std::string>& se
   return strata::train::run_deck(deck, opts, MPI_COMM_WORLD);
 }
 
+void ensure_mpi() {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) {
+    MPI_Init(nullptr, nullptr);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+}
+
+int finish(int code) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (initialised) MPI_Finalize();
+  return code;
+}
+
+struct SweepArgs {
+  bool list = false, index = false, retry_failed = false;
+  int point = -1, world = 0;
+  std::string launcher, results = "results";
+};
+
+int sweep_command(const std::string& deck_path, const std::vector<std::string>& sets, const SweepArgs& a,
+                  const std::string& command_line) {
+  const strata::sweep::Sweep s = strata::sweep::load_sweep(deck_path, sets, a.results);
+  int valid = 0;
+  for (const auto& p : s.points) valid += p.valid;
+  if (a.point >= 0) {
+    // One point, in this MPI job (a SLURM array task): `strata run` with the point's overrides.
+    if (a.point >= int(s.points.size()))
+      strata::core::input_error("--point {}: the sweep has points 0..{}", a.point, s.points.size() - 1);
+    const auto& p = s.points[std::size_t(a.point)];
+    if (!p.valid) strata::core::input_error("point {} [{}] is not valid: {}", p.index, p.label, p.reason);
+    std::vector<std::string> all = sets;
+    all.insert(all.end(), p.overrides.begin(), p.overrides.end());
+    const std::string text = read_deck_on_root(deck_path, MPI_COMM_WORLD);
+    const strata::deck::Deck deck = strata::deck::parse_deck(deck_path, text, all);
+    return strata::train::run_deck(deck, {p.report, false, command_line}, MPI_COMM_WORLD);
+  }
+  if (a.list) fmt::print("{}", strata::sweep::describe(s));
+  if (valid == 0)
+    strata::core::input_error("{}: no valid point in the sweep{}", deck_path,
+                              a.list ? "" : " (strata sweep --list shows why each is skipped)");
+  if (a.list) return 0;
+  if (a.index) {
+    ensure_mpi();
+    strata::sweep::write_index(s);
+    fmt::print("wrote {}/index.h5\n", s.dir);
+    return 0;
+  }
+  const int failed = strata::sweep::run_sweep(s, {a.world, a.launcher, a.retry_failed});
+  ensure_mpi();
+  strata::sweep::write_index(s);
+  fmt::print("sweep '{}': index {}/index.h5{}\n", s.name, s.dir,
+             failed ? fmt::format("; {} point(s) failed", failed) : "");
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  // Errors come back as return codes that STRATA_CHECK_MPI turns into
-  // messages, instead of MPI's default abort without context.
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // The sweep driver starts MPI jobs of its own: it must not be one.
+  bool driver = argc > 1 && std::string(argv[1]) == "sweep";
+  for (int i = 1; i < argc; ++i) driver = driver && std::string(argv[i]).rfind("--point", 0) != 0;
+  if (!driver) {
+    MPI_Init(&argc, &argv);
+    // Errors come back as return codes that STRATA_CHECK_MPI turns into
+    // messages, instead of MPI's default abort without context.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
   int rank = 0, world = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (!driver) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+  }
 
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
@@ -83,6 +151,19 @@ int main(int argc, char** argv) {
   run->add_option("--set", sets, "override a deck key: --set section.key=value (repeatable)");
   run->add_option("--output,-o", output, "report path (default: run.output, else results/<run.name>.h5)");
   run->add_flag("--dry-run", dry_run, "validate the deck, print the resolved configuration and memory estimate");
+  SweepArgs sw;
+  CLI::App* sweep = app.add_subcommand(
+      "sweep", "run every valid point of a deck's [sweep] table, each as its own MPI job, and index the reports");
+  sweep->add_option("deck", deck_path, "TOML deck with a [sweep] table (see docs/decks.md)")->required();
+  sweep->add_option("--set", sets, "override a deck key for every point (repeatable)");
+  sweep->add_flag("--list", sw.list, "print the points, valid or skipped with the reason, and stop");
+  sweep->add_option("--world", sw.world, "ranks available: larger points are not run (default: SLURM_NTASKS, else no limit)");
+  sweep->add_option("--launcher", sw.launcher,
+                    "command that starts a point on {n} ranks (default: srun --mpi=pmi2 -n {n} under SLURM, else mpiexec -n {n})");
+  sweep->add_flag("--retry-failed", sw.retry_failed, "run points that failed before again");
+  sweep->add_option("--point", sw.point, "run only this point, in this MPI job (what a SLURM array task does)");
+  sweep->add_flag("--index", sw.index, "only rewrite results/<sweep>/index.h5 from the reports on disk");
+  sweep->add_option("--results", sw.results, "directory of sweep results (default: results)");
 
   int status = 0;
   try {
@@ -91,28 +172,24 @@ int main(int argc, char** argv) {
     // --help and --version are "successes"; every real parse error is bad input.
     std::ostringstream quiet;  // only rank 0 speaks
     const int code = rank == 0 ? app.exit(e) : app.exit(e, quiet, quiet);
-    MPI_Finalize();
-    return code == 0 ? 0 : 2;
+    return finish(code == 0 ? 0 : 2);
   }
 
   try {
     if (*run) status = run_command(deck_path, sets, output, dry_run, command_line);
+    if (*sweep) status = sweep_command(deck_path, sets, sw, command_line);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::input) {
       if (rank == 0) fmt::print(stderr, "strata: error: {}\n", e.what());
-      MPI_Finalize();
-      return e.exit_code();
+      return finish(e.exit_code());
     }
     if (world > 1) strata::comm::abort_job(MPI_COMM_WORLD, rank, e.what(), e.exit_code());
     fmt::print(stderr, "strata: rank {} failed: {}\n", rank, e.what());
-    MPI_Finalize();
-    return e.exit_code();
+    return finish(e.exit_code());
   } catch (const std::exception& e) {
     if (world > 1) strata::comm::abort_job(MPI_COMM_WORLD, rank, e.what(), 1);
     fmt::print(stderr, "strata: rank {} failed: {}\n", rank, e.what());
-    MPI_Finalize();
-    return 1;
+    return finish(1);
   }
-  MPI_Finalize();
-  return status;
+  return finish(status);
 }

@@ -204,6 +204,8 @@ void Resolver::apply_file(const toml::table& root) {
     const std::string where = file_where(src);
     auto fail = [&](std::string msg) { add_error(kFilePhase, src.begin.line, src.begin.column, where + ": " + msg); };
 
+    // [sweep] describes the points of a sweep (src/sweep); a run is the base point.
+    if (name == "sweep") continue;
     if (std::find(sections.begin(), sections.end(), name) == sections.end()) {
       if (!node.is_table()) {
         // A key written above the first [section] header.

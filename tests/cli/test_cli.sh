@@ -139,5 +139,45 @@ if [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "rank 1 failed: failure injected" i
 else bad "failing rank (rc $rc)"; cat inject.log; fi
 rm -f out/inject.h5.partial
 
+# --- sweeps: points listed with reasons, run as separate jobs, a failure recorded, resumed ---
+cp tiny.toml sweep.toml
+cat >> sweep.toml <<'DECK'
+[sweep]
+name = "clisweep"
+"parallel.pp" = [1, 2]
+"parallel.tp" = [1, 3]
+"backend.memory_limit" = ["0", "64KiB"]
+where = ["parallel.pp == 1 or backend.memory_limit == 0"]
+DECK
+if "$strata" sweep sweep.toml --list > sweeplist.log 2>&1 && grep -q "8 point(s), 3 valid" sweeplist.log \
+   && grep -q "is not a multiple of parallel.tp = 3" sweeplist.log && grep -q "filtered out by where" sweeplist.log; then
+  ok "sweep --list: points, and why each skipped one is"; else bad "sweep --list"; cat sweeplist.log; fi
+"$strata" sweep sweep.toml --results out/sweeps > sweeprun.log 2>&1
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "point   0 .*: complete" sweeprun.log && grep -q "point   1 .*: FAILED" sweeprun.log \
+   && grep -q "point   4 .*: complete" sweeprun.log \
+   && "$py" - out/sweeps/clisweep/index.h5 > sweepidx.log 2>&1 <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1])
+assert f.attrs["schema"] == b"strata-sweep", f.attrs["schema"]
+st = {int(r["point"]): r["status"].decode() for r in f["points"][...]}
+assert st == {0: "complete", 1: "failed", 2: "skipped", 3: "skipped", 4: "complete", 5: "skipped", 6: "skipped",
+              7: "skipped"}, st
+assert b"memory_limit" in f["points"][1]["reason"]
+assert f["points"][4]["tokens_per_s"] > 0
+PY
+then ok "sweep: a failing point is recorded, the others complete (rc 1)"; else bad "sweep run (rc $rc)"; cat sweeprun.log sweepidx.log; fi
+if "$strata" sweep sweep.toml --results out/sweeps > sweepagain.log 2>&1; [[ $? -eq 1 ]] \
+   && grep -q "complete already" sweepagain.log && grep -q "failed before, skipped" sweepagain.log \
+   && ! grep -q "running on" sweepagain.log; then ok "sweep resumes: complete and failed points are not run again"
+else bad "sweep resume"; cat sweepagain.log; fi
+sed 's/"parallel.tp" = \[1, 3\]/"parallel.tq" = [1, 3]/' sweep.toml > sweeptypo.toml
+expect_input_error "sweep axis typo" "unknown deck key 'parallel.tq' (did you mean 'parallel.tp'?)" "$strata" sweep sweeptypo.toml --list
+sed 's/"parallel.tp" = \[1, 3\]/"parallel.tp" = []/' sweep.toml > sweepempty.toml
+expect_input_error "sweep empty axis" "axis 'parallel.tp' is empty" "$strata" sweep sweepempty.toml --list
+sed 's/"parallel.tp" = \[1, 3\]/"parallel.tp" = [3]/' sweep.toml > sweepnone.toml
+expect_input_error "sweep without a valid point" "no valid point in the sweep" "$strata" sweep sweepnone.toml --results out_bad
+expect_input_error "sweep where clause" "unknown deck key 'parallel.pq'" "$strata" sweep <(sed 's/parallel.pp == 1 or/parallel.pq == 1 or/' sweep.toml) --list
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -1,0 +1,521 @@
+#include "src/sweep/sweep.hpp"
+
+#include <mpi.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include "src/core/error.hpp"
+#include "src/deck/deck.hpp"
+#include "src/deck/keys.hpp"
+#include "src/report/h5file.hpp"
+#include "src/report/h5read.hpp"
+
+namespace strata::sweep {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> all_key_names() {
+  std::vector<std::string> out;
+  for (const auto& k : deck::key_table()) out.push_back(k.full_name());
+  return out;
+}
+
+const deck::KeySpec* key_of(const std::string& full) {
+  const auto dot = full.find('.');
+  if (dot == std::string::npos) return nullptr;
+  return deck::find_key(full.substr(0, dot), full.substr(dot + 1));
+}
+
+std::string unknown_key(const std::string& name) {
+  std::string msg = fmt::format("unknown deck key '{}'", name);
+  if (auto near = deck::closest_name(name, all_key_names())) msg += fmt::format(" (did you mean '{}'?)", *near);
+  return msg;
+}
+
+// ---- `where` clauses: comparisons of arithmetic over deck keys ----------
+
+struct Val {
+  bool is_str = false;
+  double num = 0;
+  std::string str;
+};
+
+class Where {
+ public:
+  Where(const std::string& text, const deck::Config* cfg) : s_(text), cfg_(cfg) {}
+  Val eval() {
+    Val v = or_expr();
+    skip();
+    if (i_ != s_.size()) fail(fmt::format("unexpected '{}'", s_.substr(i_)));
+    return v;
+  }
+  // Parses without values (cfg null): the clause is checked once, up front.
+  void check() { eval(); }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) { throw std::invalid_argument(why); }
+  void skip() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool eat(const char* op) {
+    skip();
+    const std::size_t n = std::strlen(op);
+    if (s_.compare(i_, n, op) != 0) return false;
+    // Word operators need a word boundary.
+    if (std::isalpha(static_cast<unsigned char>(op[0])) && i_ + n < s_.size() &&
+        (std::isalnum(static_cast<unsigned char>(s_[i_ + n])) || s_[i_ + n] == '_'))
+      return false;
+    i_ += n;
+    return true;
+  }
+  static Val num(double x) { return Val{false, x, ""}; }
+  double n(const Val& v, const char* op) {
+    if (v.is_str) fail(fmt::format("'{}' needs numbers, got the string \"{}\"", op, v.str));
+    return v.num;
+  }
+  Val or_expr() {
+    Val v = and_expr();
+    while (eat("or")) {
+      const Val r = and_expr();
+      v = num(n(v, "or") != 0 || n(r, "or") != 0);
+    }
+    return v;
+  }
+  Val and_expr() {
+    Val v = not_expr();
+    while (eat("and")) {
+      const Val r = not_expr();
+      v = num(n(v, "and") != 0 && n(r, "and") != 0);
+    }
+    return v;
+  }
+  Val not_expr() {
+    if (eat("not")) return num(n(not_expr(), "not") == 0);
+    return cmp();
+  }
+  Val cmp() {
+    Val a = sum();
+    for (const char* op : {"==", "!=", "<=", ">=", "<", ">"}) {
+      if (!eat(op)) continue;
+      const Val b = sum();
+      const std::string o = op;
+      if (a.is_str || b.is_str) {
+        if (!(a.is_str && b.is_str) || (o != "==" && o != "!="))
+          fail(fmt::format("strings compare with == and != against strings only"));
+        return num((a.str == b.str) == (o == "=="));
+      }
+      const double x = a.num, y = b.num;
+      return num(o == "==" ? x == y : o == "!=" ? x != y : o == "<=" ? x <= y : o == ">=" ? x >= y
+                 : o == "<"  ? x < y : x > y);
+    }
+    return a;
+  }
+  Val sum() {
+    Val v = prod();
+    for (;;) {
+      if (eat("+")) v = num(n(v, "+") + n(prod(), "+"));
+      else if (eat("-")) v = num(n(v, "-") - n(prod(), "-"));
+      else return v;
+    }
+  }
+  Val prod() {
+    Val v = unary();
+    for (;;) {
+      if (eat("*")) {
+        v = num(n(v, "*") * n(unary(), "*"));
+      } else if (eat("/")) {
+        const double d = n(unary(), "/");
+        v = num(d == 0 ? 0 : n(v, "/") / d);
+      } else if (eat("%")) {
+        const double d = n(unary(), "%");
+        v = num(d == 0 ? 0 : std::fmod(n(v, "%"), d));
+      } else {
+        return v;
+      }
+    }
+  }
+  Val unary() {
+    if (eat("-")) return num(-n(unary(), "-"));
+    return atom();
+  }
+  Val atom() {
+    skip();
+    if (i_ >= s_.size()) fail("the clause ends too early");
+    const char c = s_[i_];
+    if (c == '(') {
+      ++i_;
+      Val v = or_expr();
+      if (!eat(")")) fail("a '(' is not closed");
+      return v;
+    }
+    if (c == '"' || c == '\'') {
+      const std::size_t end = s_.find(c, i_ + 1);
+      if (end == std::string::npos) fail("a string is not closed");
+      Val v{true, 0, s_.substr(i_ + 1, end - i_ - 1)};
+      i_ = end + 1;
+      return v;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
+      std::size_t used = 0;
+      const double x = std::stod(s_.substr(i_), &used);
+      i_ += used;
+      return num(x);
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      std::size_t j = i_;
+      while (j < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[j])) || s_[j] == '_' || s_[j] == '.')) ++j;
+      const std::string word = s_.substr(i_, j - i_);
+      i_ = j;
+      if (word == "true" || word == "false") return num(word == "true");
+      const deck::KeySpec* k = key_of(word);
+      if (k == nullptr) fail(unknown_key(word));
+      if (cfg_ == nullptr) return k->type == deck::KeyType::string ? Val{true, 0, ""} : num(0);
+      const deck::Value v = k->get(*cfg_);
+      if (auto p = std::get_if<std::string>(&v)) return Val{true, 0, *p};
+      if (auto p = std::get_if<std::int64_t>(&v)) return num(double(*p));
+      if (auto p = std::get_if<std::uint64_t>(&v)) return num(double(*p));
+      if (auto p = std::get_if<double>(&v)) return num(*p);
+      return num(std::get<bool>(v) ? 1 : 0);
+    }
+    fail(fmt::format("unexpected '{}'", s_.substr(i_)));
+  }
+
+  std::string s_;
+  const deck::Config* cfg_;
+  std::size_t i_ = 0;
+};
+
+std::string literal(const toml::node& v) {
+  if (auto x = v.as_integer()) return std::to_string(x->get());
+  if (auto x = v.as_floating_point()) return deck::toml_literal(deck::Value(x->get()));
+  if (auto x = v.as_boolean()) return x->get() ? "true" : "false";
+  if (auto x = v.as_string()) return deck::toml_quote(x->get());
+  return "";
+}
+
+std::string one_line(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '\n' ? std::string("; ") : std::string(1, c);
+  return out;
+}
+
+}  // namespace
+
+Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& overrides,
+                 const std::string& results_dir) {
+  // The base deck must resolve on its own (its errors are the user's first).
+  const deck::Deck base = deck::load_deck(deck_path, overrides);
+  toml::table root;
+  try {
+    root = toml::parse(base.text, deck_path);
+  } catch (const toml::parse_error& e) {
+    core::input_error("{}:{}: {}", deck_path, e.source().begin.line, e.description());
+  }
+  const toml::table* t = root["sweep"].as_table();
+  if (t == nullptr)
+    core::input_error("{}: no [sweep] table: a sweep deck lists axes such as \"parallel.dp\" = [1, 2, 4] under [sweep]",
+                      deck_path);
+  Sweep s;
+  s.deck_path = deck_path;
+  s.base_overrides = overrides;
+  s.name = base.config.run.name;
+  auto where_of = [&](const toml::node& n) {
+    return fmt::format("{}:{}: sweep", deck_path, n.source().begin.line);
+  };
+  std::map<std::string, std::pair<long, long>> axis_line;
+  // Axes are the keys other than name, where and world; an unquoted dotted
+  // key (parallel.dp = [...]) arrives as nested tables and is flattened.
+  std::function<void(const toml::table&, const std::string&)> walk = [&](const toml::table& tab,
+                                                                          const std::string& prefix) {
+    for (auto&& [k, node] : tab) {
+      const std::string key = prefix + std::string(k.str());
+      if (prefix.empty() && key == "name") {
+        if (!node.is_string()) core::input_error("{}.name must be a string", where_of(node));
+        s.name = node.as_string()->get();
+      } else if (prefix.empty() && key == "where") {
+        const toml::array* a = node.as_array();
+        if (a == nullptr) core::input_error("{}.where must be a list of clauses such as \"parallel.dp * parallel.tp * parallel.pp == 8\"", where_of(node));
+        for (auto&& c : *a) {
+          if (!c.is_string()) core::input_error("{}.where: every clause must be a string", where_of(node));
+          const std::string clause = c.as_string()->get();
+          try {
+            Where(clause, nullptr).check();
+          } catch (const std::invalid_argument& e) {
+            core::input_error("{}.where: \"{}\": {}", where_of(node), clause, e.what());
+          }
+          s.where.push_back(clause);
+        }
+      } else if (prefix.empty() && key == "world") {
+        const toml::array* a = node.as_array();
+        if (a == nullptr || a->empty()) core::input_error("{}.world must be a non-empty list of rank counts", where_of(node));
+        for (auto&& w : *a) {
+          if (!w.is_integer() || w.as_integer()->get() < 1)
+            core::input_error("{}.world: every entry must be an integer >= 1, got {}", where_of(node), literal(w));
+          s.worlds.push_back(int(w.as_integer()->get()));
+        }
+      } else if (node.is_table()) {
+        walk(*node.as_table(), key + ".");
+      } else {
+        if (key_of(key) == nullptr) core::input_error("{}: axis {}", where_of(node), unknown_key(key));
+        const toml::array* a = node.as_array();
+        if (a == nullptr) core::input_error("{}: axis '{}' must be a list of values, e.g. [1, 2]", where_of(node), key);
+        if (a->empty()) core::input_error("{}: axis '{}' is empty: give it at least one value", where_of(node), key);
+        std::vector<std::string> values;
+        for (auto&& v : *a) {
+          const std::string lit = literal(v);
+          if (lit.empty()) core::input_error("{}: axis '{}': values must be numbers, booleans or strings", where_of(node), key);
+          values.push_back(lit);
+        }
+        s.axes.push_back({key, values});
+        axis_line[key] = {node.source().begin.line, node.source().begin.column};
+      }
+    }
+  };
+  walk(*t, "");
+  // Axes in the deck's order (a TOML table iterates its keys sorted).
+  std::stable_sort(s.axes.begin(), s.axes.end(), [&](const auto& a, const auto& b) {
+    return axis_line.at(a.first) < axis_line.at(b.first);
+  });
+  if (s.axes.empty()) core::input_error("{}: [sweep] has no axis: list values for deck keys, e.g. \"parallel.zero\" = [0, 1, 2, 3]", deck_path);
+  s.dir = (fs::path(results_dir) / s.name).string();
+
+  // The cartesian product, the last axis fastest.
+  std::size_t total = 1;
+  for (const auto& a : s.axes) total *= a.second.size();
+  for (std::size_t i = 0; i < total; ++i) {
+    Point p;
+    p.index = int(i);
+    std::size_t rest = i;
+    std::vector<std::string> axis_values(s.axes.size());
+    for (std::size_t k = s.axes.size(); k-- > 0;) {
+      axis_values[k] = s.axes[k].first + "=" + s.axes[k].second[rest % s.axes[k].second.size()];
+      rest /= s.axes[k].second.size();
+    }
+    p.overrides = axis_values;
+    for (const auto& o : axis_values) p.label += (p.label.empty() ? "" : " ") + o;
+    p.report = (fs::path(s.dir) / fmt::format("point-{:03d}.h5", i)).string();
+    std::vector<std::string> all = overrides;
+    all.insert(all.end(), axis_values.begin(), axis_values.end());
+    try {
+      const deck::Deck d = deck::load_deck(deck_path, all);
+      const auto& par = d.config.parallel;
+      p.world = par.dp * par.tp * par.pp;
+      p.valid = true;
+      for (const auto& clause : s.where)
+        if (Where(clause, &d.config).eval().num == 0) {
+          p.valid = false;
+          p.reason = fmt::format("filtered out by where \"{}\"", clause);
+          break;
+        }
+      if (p.valid && !s.worlds.empty() && std::find(s.worlds.begin(), s.worlds.end(), p.world) == s.worlds.end()) {
+        p.valid = false;
+        p.reason = fmt::format("needs {} ranks, not in sweep.world", p.world);
+      }
+    } catch (const core::Error& e) {
+      p.reason = one_line(e.what());
+    }
+    s.points.push_back(std::move(p));
+  }
+  return s;
+}
+
+std::string describe(const Sweep& s) {
+  int valid = 0;
+  std::string out;
+  for (const auto& p : s.points) {
+    valid += p.valid;
+    out += fmt::format("{:>4}  {:>5}  {:<7}  {}{}\n", p.index, p.world > 0 ? std::to_string(p.world) : "-",
+                       p.valid ? "valid" : "skipped", p.label, p.valid ? "" : "\n              " + p.reason);
+  }
+  return fmt::format("sweep '{}' from {}: {} point(s), {} valid; reports in {}/\n point  ranks  status   overrides\n{}",
+                     s.name, s.deck_path, s.points.size(), valid, s.dir, out);
+}
+
+namespace {
+
+std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> out;
+  std::string w;
+  for (char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      if (!w.empty()) out.push_back(w), w.clear();
+    } else {
+      w += c;
+    }
+  }
+  if (!w.empty()) out.push_back(w);
+  return out;
+}
+
+// Runs argv as a child, its output going to `log`, with the launcher
+// variables of an enclosing MPI job removed (so a driver started by mpiexec
+// launches clean jobs); returns its exit status (128 + signal if killed).
+int run_child(const std::vector<std::string>& argv, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid < 0) core::runtime_error("fork failed: {}", std::strerror(errno));
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    for (const char* v : {"PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID", "MPI_LOCALRANKID",
+                          "MPI_LOCALNRANKS", "PMIX_RANK", "PMIX_NAMESPACE"})
+      unsetenv(v);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "strata sweep: cannot start %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// A point whose job died before publishing its report: the first rank's
+// message from its log, if the driver ran it.
+std::string failure_in_log(const std::string& report_path) {
+  std::ifstream log(report_path.substr(0, report_path.size() - 3) + ".log");
+  for (std::string line; std::getline(log, line);)
+    if (line.rfind("strata: ", 0) == 0 && line.find("failed: ") != std::string::npos) return line;
+  return "the run ended before publishing its report";
+}
+
+}  // namespace
+
+int run_sweep(const Sweep& s, const RunOptions& opts) {
+  int limit = opts.world;
+  if (limit == 0)
+    if (const char* n = std::getenv("SLURM_NTASKS")) limit = std::atoi(n);
+  std::string launcher = opts.launcher;
+  if (launcher.empty()) launcher = std::getenv("SLURM_JOB_ID") ? "srun --mpi=pmi2 -n {n}" : "mpiexec -n {n}";
+  std::error_code ec;
+  const std::string exe = fs::read_symlink("/proc/self/exe", ec).string();
+  if (ec) core::runtime_error("cannot find the strata executable: {}", ec.message());
+  fs::create_directories(s.dir, ec);
+  if (ec) core::input_error("cannot create {}: {}", s.dir, ec.message());
+  int failed = 0;
+  for (const auto& p : s.points) {
+    const std::string head = fmt::format("point {:>3} [{}]", p.index, p.label);
+    if (!p.valid) {
+      fmt::print("{}: skipped: {}\n", head, p.reason);
+      continue;
+    }
+    if (limit > 0 && p.world > limit) {
+      fmt::print("{}: not run: needs {} ranks, the allocation has {}\n", head, p.world, limit);
+      continue;
+    }
+    const auto h = report::read_headline(p.report);
+    const bool partial = fs::exists(p.report + ".partial", ec);
+    if (h && h->status == "complete") {
+      fmt::print("{}: complete already ({:.0f} tokens/s), skipped\n", head, h->tokens_per_s);
+      continue;
+    }
+    if ((partial || (h && h->status != "complete")) && !opts.retry_failed) {
+      fmt::print("{}: failed before, skipped (--retry-failed runs it again)\n", head);
+      ++failed;
+      continue;
+    }
+    fs::remove(p.report + ".partial", ec);
+    std::vector<std::string> argv;
+    for (const auto& w : split_words(launcher)) {
+      std::string a = w;
+      for (std::size_t at; (at = a.find("{n}")) != std::string::npos;) a.replace(at, 3, std::to_string(p.world));
+      argv.push_back(a);
+    }
+    argv.insert(argv.end(), {exe, "run", s.deck_path});
+    for (const auto& o : s.base_overrides) argv.insert(argv.end(), {"--set", o});
+    for (const auto& o : p.overrides) argv.insert(argv.end(), {"--set", o});
+    argv.insert(argv.end(), {"--output", p.report});
+    const std::string log = p.report.substr(0, p.report.size() - 3) + ".log";
+    fmt::print("{}: running on {} rank(s), output in {}\n", head, p.world, log);
+    std::fflush(stdout);
+    const int rc = run_child(argv, log);
+    const auto after = report::read_headline(p.report);
+    if (rc == 0 && after && after->status == "complete") {
+      fmt::print("{}: complete ({:.0f} tokens/s)\n", head, after->tokens_per_s);
+    } else {
+      fmt::print("{}: FAILED (exit status {}, see {}); the sweep goes on\n", head, rc, log);
+      ++failed;
+    }
+    std::fflush(stdout);
+  }
+  return failed;
+}
+
+void write_index(const Sweep& s) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  STRATA_CHECK(initialised, "write_index needs MPI initialised");
+  report::H5File f(MPI_COMM_SELF, (fs::path(s.dir) / "index.h5").string());
+  f.set_attr("/", "schema", std::string("strata-sweep"));
+  f.set_attr("/", "schema_version", std::int64_t(1));
+  f.set_attr("/", "sweep", s.name);
+  f.set_attr("/", "deck_path", s.deck_path);
+  std::string axes;
+  for (const auto& [k, v] : s.axes) {
+    axes += (axes.empty() ? "" : "; ") + k + " = [";
+    for (std::size_t i = 0; i < v.size(); ++i) axes += (i ? ", " : "") + v[i];
+    axes += "]";
+  }
+  f.set_attr("/", "axes", axes);
+  std::string where;
+  for (const auto& w : s.where) where += (where.empty() ? "" : "; ") + w;
+  f.set_attr("/", "where", where);
+  report::Table t("points", "one row per point of the sweep: its overrides, status and headline figures");
+  t.col_i64("point", "1", "0-based point index (the report is point-NNN.h5)")
+      .col_str("overrides", 256, "", "the axes' section.key=value, space-separated")
+      .col_i64("world", "1", "ranks the point needs (dp x tp x pp; 0 if it does not resolve)")
+      .col_str("status", 16, "",
+               "complete, failed (its report says so or was left unfinished), not_run (valid, no report yet) or "
+               "skipped (invalid: see reason)")
+      .col_str("reason", 512, "", "why a point is skipped, or a failed run's error")
+      .col_str("report", 256, "", "path of the point's report")
+      .col_f64("tokens_per_s", "tokens/s", "median throughput over the measured steps")
+      .col_f64("mfu", "1", "model FLOP utilisation")
+      .col_f64("step_time", "s", "median step time")
+      .col_f64("peak_bytes", "B", "the report's /summary/peak_bytes_total")
+      .col_f64("final_loss", "nats/token", "loss of the last step");
+  std::error_code ec;
+  for (const auto& p : s.points) {
+    std::string status = "skipped", reason = p.reason;
+    report::Headline h;
+    if (p.valid) {
+      const auto r = report::read_headline(p.report);
+      if (r) h = *r;
+      if (r && r->status == "complete") {
+        status = "complete";
+      } else if (r || fs::exists(p.report + ".partial", ec)) {
+        status = "failed";
+        reason = r && !r->error.empty() ? r->error : failure_in_log(p.report);
+      } else {
+        status = "not_run";
+      }
+    }
+    if (reason.size() > 511) reason.resize(511);
+    t.add_row({std::int64_t(p.index), p.label.substr(0, 255), std::int64_t(p.world), status, reason,
+               p.report.substr(0, 255), h.tokens_per_s, h.mfu, h.step_time, h.peak_bytes_total, h.final_loss});
+  }
+  f.write_table(t);
+  f.publish();
+}
+
+}  // namespace strata::sweep

@@ -1,0 +1,62 @@
+// Strategy sweeps from a deck's [sweep] table: the cartesian product of
+// axes (lists of values for any deck key), filtered by `where` clauses and
+// an optional `world` list, each point checked by the deck's own validation.
+// The driver runs every valid point as its own job step (mpiexec, or srun
+// inside a SLURM allocation), so a failing point cannot take the sweep down,
+// and keeps an index of the points and their headline figures.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace strata::sweep {
+
+struct Point {
+  int index = 0;
+  std::vector<std::string> overrides;  // the axes' "section.key=value", after the deck's --set
+  std::string label;                   // the overrides, space-separated
+  int world = 0;                       // dp x tp x pp of the resolved point (0 if it does not resolve)
+  bool valid = false;
+  std::string reason;                  // why it is skipped, when not valid
+  std::string report;                  // where its report goes
+};
+
+struct Sweep {
+  std::string name;                    // sweep.name, else run.name
+  std::string deck_path;
+  std::vector<std::string> base_overrides;  // --set on the sweep command line
+  std::vector<std::pair<std::string, std::vector<std::string>>> axes;  // key, values as TOML literals
+  std::vector<std::string> where;
+  std::vector<int> worlds;
+  std::string dir;                     // results/<name>
+  std::vector<Point> points;
+};
+
+// Reads the deck's [sweep] table and resolves every point. Input errors
+// (exit 2): no [sweep] table, an unknown axis key (with a suggestion), an
+// axis that is not a non-empty list, a malformed `where` clause or `world`
+// list, no valid point at all.
+Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& overrides,
+                 const std::string& results_dir = "results");
+
+// One line per point: index, world, status, overrides (and why a point is skipped).
+std::string describe(const Sweep& s);
+
+struct RunOptions {
+  int world = 0;              // ranks available; 0: SLURM_NTASKS, else no limit
+  std::string launcher;       // "{n}" is replaced by the point's ranks; default: srun under SLURM, else mpiexec
+  bool retry_failed = false;  // run points whose report says failed (or was left unfinished) again
+};
+
+// Runs every valid point that fits, one child job per point (its output in
+// <dir>/point-NNN.log), skipping those whose report is complete (resume)
+// and, unless retry_failed, those that failed before. Returns the number of
+// points that failed (in this or an earlier invocation).
+int run_sweep(const Sweep& s, const RunOptions& opts);
+
+// Rewrites <dir>/index.h5 from the reports on disk (what a SLURM array's
+// last job does). Needs MPI initialised.
+void write_index(const Sweep& s);
+
+}  // namespace strata::sweep
