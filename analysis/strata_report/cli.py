@@ -2,10 +2,11 @@
 import argparse
 import sys
 
-from . import compare, plots, summary, trace
+from . import compare, plots, summary, sweep, trace
 from .read import Report, ReportError
 
 USAGE = """strata-report RUN.h5 [--plots DIR] [--trace OUT.json]
+       strata-report SWEEP/index.h5 [--plots DIR]
        strata-report compare A.h5 B.h5"""
 
 
@@ -25,6 +26,15 @@ def main(argv=None):
         ap.add_argument("--plots", metavar="DIR", help="write timeline.png, memory.png and comm.png into DIR")
         ap.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace of the timeline and comm")
         args = ap.parse_args(argv)
+        if sweep.is_index(args.report):
+            ix = sweep.Index(args.report)
+            print(sweep.render(ix))
+            if args.plots:
+                for p in sweep.plot(ix, args.plots):
+                    print(f"wrote {p}")
+            if args.trace:
+                raise ReportError(f"{args.report}: a sweep index has no timeline; trace a point's report instead")
+            return 0
         rep = Report(args.report)
         print(summary.render(rep))
         if args.plots:

@@ -19,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOOL = os.path.join(ROOT, "analysis", "strata-report")
 sys.path.insert(0, os.path.join(ROOT, "analysis"))
 
+from strata_report import sweep as sweep_mod  # noqa: E402
 from strata_report import trace as trace_mod  # noqa: E402
 from strata_report.read import Report  # noqa: E402
 
@@ -62,6 +63,13 @@ def reports(tmp_path_factory):
     strata(tmp, "--set", "parallel.pp=2", "--set", 'parallel.schedule="zb-h1"', "--output", "pp.h5", ranks=2)
     strata(tmp, "--output", "one.h5")
     strata(tmp, "--set", "backend.memory_limit=64KiB", "--output", "failed.h5", expect=1)
+    # A sweep: three valid points (one fails on its memory limit), one skipped.
+    (tmp / "sweep.toml").write_text(DECK + '[sweep]\nname = "t"\n"parallel.pp" = [1, 2]\n'
+                                    '"backend.memory_limit" = ["0", "64KiB"]\n'
+                                    'where = ["parallel.pp == 1 or backend.memory_limit == 0"]\n')
+    r = subprocess.run([os.environ["STRATA_BIN"], "sweep", "sweep.toml", "--results", "sweeps"], cwd=tmp,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr  # one point failed
     with h5py.File(tmp / "other.h5", "w") as f:
         f.attrs["schema"] = "something-else"
     return tmp
@@ -153,3 +161,22 @@ def test_compare_puts_two_runs_side_by_side(reports):
 def test_other_files_are_refused(reports, name, why):
     r = tool(str(reports / name), expect=2)
     assert why in r.stderr and "strata-report: error:" in r.stderr
+
+
+def test_sweep_index_ranks_points_and_draws_the_front(reports, tmp_path):
+    out = tool(str(reports / "sweeps" / "t" / "index.h5"), "--plots", str(tmp_path)).stdout
+    assert "4 point(s): 2 complete, 1 failed, 1 skipped" in out
+    lines = out.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("complete points by throughput")) + 2
+    ranked = [l for l in lines[start:start + 2]]
+    tps = [float(l[1:].split()[2]) for l in ranked]
+    assert tps == sorted(tps, reverse=True) and all(t > 0 for t in tps)
+    assert "memory_limit" in out and "filtered out by where" in out
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pareto_front():
+    tp = np.array([10.0, 12.0, 8.0, 12.0, 5.0])
+    mem = np.array([4.0, 6.0, 3.0, 7.0, 3.0])
+    # (3, 8) beats (3, 5); (4, 10); (6, 12) beats (7, 12).
+    assert sweep_mod.pareto(tp, mem) == [2, 0, 1]

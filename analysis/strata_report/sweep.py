@@ -1,0 +1,107 @@
+"""A sweep's index (schema strata-sweep v1): its points ranked by
+throughput, and throughput against peak memory with the Pareto front."""
+import os
+
+import h5py
+import numpy as np
+
+from .read import ReportError, text
+from .summary import fmt_bytes
+
+SCHEMA = "strata-sweep"
+
+
+def is_index(path):
+    try:
+        with h5py.File(path, "r") as f:
+            return text(f.attrs.get("schema", "")) == SCHEMA
+    except OSError:
+        return False
+
+
+class Index:
+    def __init__(self, path):
+        with h5py.File(path, "r") as f:
+            if text(f.attrs.get("schema", "")) != SCHEMA or int(f.attrs.get("schema_version", 0)) != 1:
+                raise ReportError(f"{path}: not a strata-sweep v1 index")
+            self.name = text(f.attrs.get("sweep", ""))
+            self.axes = text(f.attrs.get("axes", ""))
+            self.where = text(f.attrs.get("where", ""))
+            self.points = f["points"][...]
+        self.path = path
+
+    def col(self, c):
+        v = self.points[c]
+        return np.array([text(x) for x in v]) if v.dtype.kind == "S" else v
+
+
+def pareto(throughput, memory):
+    """Indices of the points no other point beats on both (higher
+    throughput, lower memory), sorted by memory."""
+    order = np.lexsort((-throughput, memory))
+    front, best = [], -np.inf
+    for i in order:
+        if throughput[i] > best:
+            front.append(int(i))
+            best = throughput[i]
+    return front
+
+
+def render(ix):
+    st = ix.col("status")
+    done = np.where(st == "complete")[0]
+    out = [f"sweep '{ix.name}' ({ix.path}): {len(st)} point(s): " +
+           ", ".join(f"{(st == s).sum()} {s}" for s in ("complete", "failed", "not_run", "skipped") if (st == s).any()),
+           f"axes: {ix.axes}" + (f" | where: {ix.where}" if ix.where else "")]
+    if len(done):
+        tp, mem = ix.col("tokens_per_s"), ix.col("peak_bytes")
+        front = set(pareto(tp[done], mem[done]))
+        out += ["", "complete points by throughput (* on the Pareto front of throughput and peak memory)",
+                f"  {'point':>5} {'ranks':>5} {'tokens/s':>10} {'MFU%':>6} {'step_ms':>9} {'peak mem':>11}  overrides"]
+        for rank_i in np.argsort(-tp[done], kind="stable"):
+            i = done[rank_i]
+            out.append(f"{'*' if rank_i in front else ' '} {ix.col('point')[i]:>5} {ix.col('world')[i]:>5} "
+                       f"{tp[i]:>10.0f} {100 * ix.col('mfu')[i]:>6.1f} {1e3 * ix.col('step_time')[i]:>9.2f} "
+                       f"{fmt_bytes(mem[i]):>11}  {ix.col('overrides')[i]}")
+    for s in ("failed", "not_run", "skipped"):
+        idx = np.where(st == s)[0]
+        if len(idx):
+            out += ["", f"{s} points"]
+            out += [f"  {ix.col('point')[i]:>5}  {ix.col('overrides')[i]}: {ix.col('reason')[i]}" for i in idx]
+    return "\n".join(out)
+
+
+def plot(ix, directory):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    st = ix.col("status")
+    done = np.where(st == "complete")[0]
+    tp, mem = ix.col("tokens_per_s")[done], ix.col("peak_bytes")[done] / 2**20
+    labels = [f"{ix.col('point')[i]}: {ix.col('overrides')[i]}" for i in done]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 0.35 * max(len(done), 4) + 2),
+                                 gridspec_kw={"width_ratios": [1, 1.3]})
+    front = pareto(tp, mem) if len(done) else []
+    a1.scatter(mem, tp, color="#4c72b0", label="point")
+    if front:
+        a1.plot(mem[front], tp[front], "-o", color="#c44e52", label="Pareto front")
+    for k, i in enumerate(done):
+        a1.annotate(str(ix.col("point")[i]), (mem[k], tp[k]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    a1.set_xlabel("peak memory of rank 0 (MiB, sum of category peaks)")
+    a1.set_ylabel("tokens/s")
+    a1.set_title("throughput against memory (higher and further left is better)", fontsize=10)
+    a1.legend(fontsize=8)
+    order = np.argsort(tp)
+    a2.barh(range(len(done)), tp[order], color=["#c44e52" if k in front else "#4c72b0" for k in order])
+    a2.set_yticks(range(len(done)))
+    a2.set_yticklabels([labels[k] for k in order], fontsize=7)
+    a2.set_xlabel("tokens/s")
+    a2.set_title("throughput per point (red: on the Pareto front)", fontsize=10)
+    fig.tight_layout()
+    path = os.path.join(directory, "sweep.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
