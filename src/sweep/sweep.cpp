@@ -54,9 +54,13 @@ struct Val {
   std::string str;
 };
 
+// A key's value for a clause: the point's axis value if the key is an axis,
+// else the base deck's; null while only checking the syntax.
+using Lookup = std::function<Val(const deck::KeySpec&, const std::string& key)>;
+
 class Where {
  public:
-  Where(const std::string& text, const deck::Config* cfg) : s_(text), cfg_(cfg) {}
+  Where(const std::string& text, const Lookup* lookup) : s_(text), lookup_(lookup) {}
   Val eval() {
     Val v = or_expr();
     skip();
@@ -183,21 +187,38 @@ class Where {
       if (word == "true" || word == "false") return num(word == "true");
       const deck::KeySpec* k = key_of(word);
       if (k == nullptr) fail(unknown_key(word));
-      if (cfg_ == nullptr) return k->type == deck::KeyType::string ? Val{true, 0, ""} : num(0);
-      const deck::Value v = k->get(*cfg_);
-      if (auto p = std::get_if<std::string>(&v)) return Val{true, 0, *p};
-      if (auto p = std::get_if<std::int64_t>(&v)) return num(double(*p));
-      if (auto p = std::get_if<std::uint64_t>(&v)) return num(double(*p));
-      if (auto p = std::get_if<double>(&v)) return num(*p);
-      return num(std::get<bool>(v) ? 1 : 0);
+      if (lookup_ == nullptr) return k->type == deck::KeyType::string ? Val{true, 0, ""} : num(0);
+      return (*lookup_)(*k, word);
     }
     fail(fmt::format("unexpected '{}'", s_.substr(i_)));
   }
 
   std::string s_;
-  const deck::Config* cfg_;
+  const Lookup* lookup_;
   std::size_t i_ = 0;
 };
+
+Val from_value(const deck::Value& v) {
+  if (auto p = std::get_if<std::string>(&v)) return Val{true, 0, *p};
+  if (auto p = std::get_if<std::int64_t>(&v)) return Val{false, double(*p), ""};
+  if (auto p = std::get_if<std::uint64_t>(&v)) return Val{false, double(*p), ""};
+  if (auto p = std::get_if<double>(&v)) return Val{false, *p, ""};
+  return Val{false, std::get<bool>(v) ? 1.0 : 0.0, ""};
+}
+
+// An axis value as written (a TOML literal), for the clauses; a byte-size
+// string ("64KiB") of a bytes key counts as its number of bytes.
+Val from_literal(const deck::KeySpec& k, const std::string& lit) {
+  if (!lit.empty() && lit.front() == '"') {
+    const std::string text = toml::parse("v = " + lit)["v"].value_or(std::string());
+    if (k.type == deck::KeyType::bytes)
+      if (auto b = deck::parse_bytes(text); std::holds_alternative<std::uint64_t>(b))
+        return Val{false, double(std::get<std::uint64_t>(b)), ""};
+    return Val{true, 0, text};
+  }
+  if (lit == "true" || lit == "false") return Val{false, lit == "true" ? 1.0 : 0.0, ""};
+  return Val{false, std::stod(lit), ""};
+}
 
 std::string literal(const toml::node& v) {
   if (auto x = v.as_integer()) return std::to_string(x->get());
@@ -310,23 +331,32 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
     p.report = (fs::path(s.dir) / fmt::format("point-{:03d}.h5", i)).string();
     std::vector<std::string> all = overrides;
     all.insert(all.end(), axis_values.begin(), axis_values.end());
-    try {
-      const deck::Deck d = deck::load_deck(deck_path, all);
-      const auto& par = d.config.parallel;
-      p.world = par.dp * par.tp * par.pp;
-      p.valid = true;
-      for (const auto& clause : s.where)
-        if (Where(clause, &d.config).eval().num == 0) {
-          p.valid = false;
-          p.reason = fmt::format("filtered out by where \"{}\"", clause);
-          break;
-        }
-      if (p.valid && !s.worlds.empty() && std::find(s.worlds.begin(), s.worlds.end(), p.world) == s.worlds.end()) {
-        p.valid = false;
-        p.reason = fmt::format("needs {} ranks, not in sweep.world", p.world);
+    // The filters first, on the axis values (and the base deck's for other
+    // keys), so that a point left out on purpose says so; then the deck's
+    // own checks on what remains.
+    const Lookup lookup = [&](const deck::KeySpec& k, const std::string& key) {
+      for (std::size_t a = 0; a < s.axes.size(); ++a)
+        if (s.axes[a].first == key) return from_literal(k, axis_values[a].substr(key.size() + 1));
+      return from_value(k.get(base.config));
+    };
+    auto value = [&](const char* key) { return int(lookup(*key_of(key), key).num); };
+    for (const auto& clause : s.where)
+      if (Where(clause, &lookup).eval().num == 0) {
+        p.reason = fmt::format("filtered out by where \"{}\"", clause);
+        break;
       }
-    } catch (const core::Error& e) {
-      p.reason = one_line(e.what());
+    const int world = value("parallel.dp") * value("parallel.tp") * value("parallel.pp");
+    if (p.reason.empty() && !s.worlds.empty() && std::find(s.worlds.begin(), s.worlds.end(), world) == s.worlds.end())
+      p.reason = fmt::format("needs {} ranks, not in sweep.world", world);
+    if (p.reason.empty()) {
+      try {
+        const deck::Deck d = deck::load_deck(deck_path, all);
+        const auto& par = d.config.parallel;
+        p.world = par.dp * par.tp * par.pp;
+        p.valid = true;
+      } catch (const core::Error& e) {
+        p.reason = one_line(e.what());
+      }
     }
     s.points.push_back(std::move(p));
   }
