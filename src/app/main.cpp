@@ -78,7 +78,7 @@ int finish(int code) {
 }
 
 struct SweepArgs {
-  bool list = false, index = false, retry_failed = false;
+  bool list = false, index = false, retry_failed = false, valid_points = false;
   int point = -1, world = 0;
   std::string launcher, results = "results";
 };
@@ -99,6 +99,12 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
     const std::string text = read_deck_on_root(deck_path, MPI_COMM_WORLD);
     const strata::deck::Deck deck = strata::deck::parse_deck(deck_path, text, all);
     return strata::train::run_deck(deck, {p.report, false, command_line}, MPI_COMM_WORLD);
+  }
+  if (a.valid_points) {
+    // Machine-readable, for slurm/submit-sweep: "<point> <ranks>" per valid point.
+    for (const auto& p : s.points)
+      if (p.valid) fmt::print("{} {}\n", p.index, p.world);
+    return valid > 0 ? 0 : 2;
   }
   if (a.list) fmt::print("{}", strata::sweep::describe(s));
   if (valid == 0)
@@ -163,6 +169,7 @@ int main(int argc, char** argv) {
   sweep->add_flag("--retry-failed", sw.retry_failed, "run points that failed before again");
   sweep->add_option("--point", sw.point, "run only this point, in this MPI job (what a SLURM array task does)");
   sweep->add_flag("--index", sw.index, "only rewrite results/<sweep>/index.h5 from the reports on disk");
+  sweep->add_flag("--valid-points", sw.valid_points, "print '<point> <ranks>' for each valid point (for scripts)");
   sweep->add_option("--results", sw.results, "directory of sweep results (default: results)");
 
   int status = 0;

@@ -52,6 +52,17 @@ std::string gather_hosts(MPI_Comm comm) {
   return out;
 }
 
+// Under srun, the step's task count must be the MPI world: srun without a
+// PMI plugin (MPICH here needs --mpi=pmi2) starts that many unconnected
+// one-rank copies, each of which would train alone.
+void check_slurm_world(int world) {
+  const char* tasks = std::getenv("SLURM_STEP_NUM_TASKS");
+  if (tasks == nullptr || std::atoi(tasks) == world) return;
+  core::input_error("SLURM started {} tasks for this job step but MPI sees {} rank(s): launch with srun --mpi=pmi2 "
+                    "(without a PMI plugin srun starts unconnected single-rank copies) or set MpiDefault=pmi2",
+                    tasks, world);
+}
+
 // The layout must use every rank: dp x tp x pp == world.
 void check_world(const deck::Config& c, int world) {
   const auto& p = c.parallel;
@@ -194,6 +205,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   int rank = 0, world = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
+  check_slurm_world(world);
   check_world(cfg, world);
 
   if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
@@ -219,7 +231,15 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.start_time = iso_time_utc();
   prov.hosts = gather_hosts(comm);
   prov.world_size = world;
-  if (const char* j = std::getenv("SLURM_JOB_ID")) prov.slurm_job_id = j;
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  prov.slurm_job_id = env("SLURM_JOB_ID");
+  prov.slurm_array_job_id = env("SLURM_ARRAY_JOB_ID");
+  prov.slurm_array_task_id = env("SLURM_ARRAY_TASK_ID");
+  prov.slurm_nodelist = env("SLURM_JOB_NODELIST");
+  prov.slurm_tasks_per_node = env("SLURM_TASKS_PER_NODE");
   prov.deck_path = deck.path;
   prov.deck_text = deck.text;
   prov.resolved_config = deck.resolved_toml;

@@ -50,6 +50,10 @@ void write_provenance(report::H5File& f, const Provenance& p) {
   f.set_attr("/", "hosts", p.hosts);
   f.set_attr("/", "world_size", std::int64_t(p.world_size));
   f.set_attr("/", "slurm_job_id", p.slurm_job_id);
+  f.set_attr("/", "slurm_array_job_id", p.slurm_array_job_id);
+  f.set_attr("/", "slurm_array_task_id", p.slurm_array_task_id);
+  f.set_attr("/", "slurm_nodelist", p.slurm_nodelist);
+  f.set_attr("/", "slurm_tasks_per_node", p.slurm_tasks_per_node);
   f.set_attr("/", "deck_path", p.deck_path);
   f.set_attr("/", "deck", p.deck_text);
   f.set_attr("/", "resolved_config", p.resolved_config);

@@ -25,6 +25,8 @@ struct Provenance {
   std::string hosts;        // comma-separated, unique, in rank order
   int world_size = 1;
   std::string slurm_job_id; // empty outside SLURM
+  std::string slurm_array_job_id, slurm_array_task_id;  // empty outside a job array
+  std::string slurm_nodelist, slurm_tasks_per_node;
   std::string deck_path;
   std::string deck_text;
   std::string resolved_config;

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Strata under a real SLURM (slurm/start-local's single-node cluster, or any
+# cluster SLURM_CONF points at): the quickstart with sbatch --wait, a sweep as
+# job arrays with slurm/submit-sweep --wait, the reports' SLURM provenance,
+# and the guard against srun without a PMI plugin.
+# usage: test_slurm.sh STRATA_BIN SOURCE_DIR WORK_DIR PYTHON
+set -uo pipefail
+strata=$1 src=$2 work=$3 py=$4
+export STRATA_BIN=$strata OMP_NUM_THREADS=1
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+if ! sinfo -h -o %t 2>/dev/null | grep -q -E "idle|mix|alloc"; then
+  echo "FAIL no SLURM reachable (sinfo): start one with slurm/start-local and export the SLURM_CONF it prints"
+  exit 1
+fi
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+
+# --- the quickstart as a batch job ---
+if timeout 600 sbatch --wait -n 2 -o qs.out "$src/slurm/strata.sbatch" "$src/inputs/quickstart.toml" \
+     --set run.steps=6 --output results/quickstart.h5 > sbatch.log 2>&1 \
+   && "$py" "$src/tests/python/check_report.py" results/quickstart.h5 --steps 6 --layers "$(sed -n "s/^layers = //p" "$src/inputs/quickstart.toml")" --world 2 > check.log 2>&1 \
+   && "$py" - results/quickstart.h5 <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1])
+assert f.attrs["slurm_job_id"] != b"", "no job id"
+assert f.attrs["slurm_tasks_per_node"] == b"2", f.attrs["slurm_tasks_per_node"]
+assert f.attrs["slurm_nodelist"] != b""
+PY
+then ok "sbatch --wait quickstart: complete report with the job's provenance"
+else bad "sbatch quickstart"; cat sbatch.log qs.out check.log 2>/dev/null; fi
+
+# --- a sweep as job arrays, one per rank count, then the index ---
+cat > sweep.toml <<'DECK'
+[run]
+name = "slurmsweep"
+steps = 3
+warmup_steps = 1
+[model]
+layers = 4
+d_model = 16
+heads = 2
+vocab = 32
+seq_len = 8
+[data]
+global_batch = 8
+micro_batch = 1
+[backend]
+threads = 1
+[sweep]
+"parallel.dp" = [1, 2]
+"parallel.pp" = [1, 2]
+"parallel.zero" = [0, 1]
+where = ["parallel.dp > 1 or parallel.zero == 0"]
+DECK
+if timeout 900 "$src/slurm/submit-sweep" sweep.toml --wait -- -o "slurm-%A_%a.out" > submit.log 2>&1 \
+   && grep -q "on 4 rank(s): job array" submit.log \
+   && "$py" - results/slurmsweep/index.h5 <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1])
+pts = f["points"][...]
+status = {int(p["point"]): p["status"].decode() for p in pts}
+assert status == {0: "complete", 1: "skipped", 2: "complete", 3: "skipped", 4: "complete", 5: "complete",
+                  6: "complete", 7: "complete"}, status
+for p in pts:
+    if p["status"] == b"complete":
+        r = h5py.File(p["report"].decode())
+        assert r.attrs["slurm_array_task_id"] == str(int(p["point"])).encode(), (p["point"], r.attrs["slurm_array_task_id"])
+        assert int(r.attrs["world_size"]) == int(p["world"])
+PY
+then ok "submit-sweep --wait: every valid point ran as an array task; the index lists them"
+else bad "submit-sweep"; cat submit.log; tail -n 5 slurm-*.out 2>/dev/null; fi
+
+# --- srun without a PMI plugin starts unconnected copies: refused ---
+timeout 120 srun --mpi=none -n 2 "$strata" run "$src/inputs/quickstart.toml" --set run.steps=3 --set run.warmup_steps=1 \
+  --output results/nopmi.h5 > nopmi.log 2>&1
+rc=$?
+if [[ $rc -ne 0 ]] && grep -q "SLURM started 2 tasks for this job step but MPI sees 1 rank" nopmi.log \
+   && [[ ! -e results/nopmi.h5 ]]; then ok "srun without --mpi=pmi2 is refused with the reason"
+else bad "srun without PMI (rc $rc)"; cat nopmi.log; fi
+
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]
