@@ -72,6 +72,14 @@ PY
 then ok "submit-sweep --wait: every valid point ran as an array task; the index lists them"
 else bad "submit-sweep"; cat submit.log; tail -n 5 slurm-*.out 2>/dev/null; fi
 
+# --- the analysis of what came back ---
+if "$src/analysis/strata-report" results/quickstart.h5 --plots plots --trace quickstart.json > report.log 2>&1 \
+   && grep -q "status  complete" report.log && grep -q "SLURM job" report.log && [[ -s plots/timeline.png ]] \
+   && "$src/analysis/strata-report" results/slurmsweep/index.h5 --plots plots > sweepreport.log 2>&1 \
+   && grep -q "8 point(s): 6 complete, 2 skipped" sweepreport.log && [[ -s plots/sweep.png ]]; then
+  ok "strata-report on the batch job's report and the sweep's index"
+else bad "strata-report on SLURM results"; cat report.log sweepreport.log; fi
+
 # --- srun without a PMI plugin starts unconnected copies: refused ---
 timeout 120 srun --mpi=none -n 2 "$strata" run "$src/inputs/quickstart.toml" --set run.steps=3 --set run.warmup_steps=1 \
   --output results/nopmi.h5 > nopmi.log 2>&1
