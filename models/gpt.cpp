@@ -72,6 +72,18 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStag
     r.add(lname(l, "attn.proj.bias"), {C}, Init::zeros, 0, false);
     r.add(lname(l, "ln2.weight"), {C}, Init::ones, 0, false);
     r.add(lname(l, "ln2.bias"), {C}, Init::zeros, 0, false);
+    if (c.is_moe(l)) {
+      // The router, then the experts' MLPs stacked expert after expert, each
+      // initialised as the dense MLP is. Experts are whole on every
+      // tensor-parallel rank (this build runs MoE with tp = 1).
+      const std::int64_t E = c.moe.experts;
+      r.add(lname(l, "moe.router.weight"), {E, C}, Init::normal, std, true);
+      r.add(lname(l, "moe.experts.fc.weight"), {E, F, C}, Init::normal, std, true);
+      r.add(lname(l, "moe.experts.fc.bias"), {E, F}, Init::zeros, 0, false);
+      r.add(lname(l, "moe.experts.proj.weight"), {E, C, F}, Init::normal, res_std, true);
+      r.add(lname(l, "moe.experts.proj.bias"), {E, C}, Init::zeros, 0, false);
+      continue;
+    }
     r.add(lname(l, "mlp.fc.weight"), {F, C}, Init::normal, std, true, rows);
     r.add(lname(l, "mlp.fc.bias"), {F}, Init::zeros, 0, false, rows);
     r.add(lname(l, "mlp.proj.weight"), {C, F}, Init::normal, res_std, true, cols);
@@ -154,8 +166,10 @@ std::vector<double> gpt_forward_flops(const GptConfig& c, int B) {
   for (int l = 0; l < c.layers; ++l) {
     f[l + 1] = 2 * N * C * 3 * C     // qkv
                + 2 * N * T * C * 2   // q k^T and probs v, all heads
-               + 2 * N * C * C       // attention output projection
-               + 2 * N * C * F * 2;  // the MLP's two linears
+               + 2 * N * C * C;      // attention output projection
+    // The MLP's two linears; a MoE block runs top_k experts per token (as
+    // routed, before any dropping) and its router.
+    f[l + 1] += c.is_moe(l) ? 2 * N * C * F * 2 * c.moe.top_k + 2 * N * C * c.moe.experts : 2 * N * C * F * 2;
   }
   f[c.layers + 1] = 2 * N * C * V;  // logits
   return f;
@@ -179,7 +193,7 @@ std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptSta
   }
   for (int l = stage.first; l < stage.last; ++l) {
     const auto& first = reg.find(lname(l, "ln1.weight"));
-    const auto& last = reg.find(lname(l, "mlp.proj.bias"));
+    const auto& last = reg.find(lname(l, c.is_moe(l) ? "moe.experts.proj.bias" : "mlp.proj.bias"));
     u.push_back({first.offset, last.offset + last.numel});
   }
   if (stage.head) {
@@ -198,14 +212,28 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
                c_.vocab, tp_.size);
   units_ = gpt_units(reg_, c_, stage_);
   blocks_ = stage_.last - stage_.first;
-  static const char* kLayerParams[kParamsPerLayer] = {
+  static const char* kDense[kParamsPerLayer] = {
       "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
-      "ln2.weight", "ln2.bias", "mlp.fc.weight",   "mlp.fc.bias",   "mlp.proj.weight",  "mlp.proj.bias"};
+      "ln2.weight", "ln2.bias", "mlp.fc.weight",   "mlp.fc.bias",   "mlp.proj.weight",  "mlp.proj.bias", nullptr};
+  static const char* kMoe[kParamsPerLayer] = {
+      "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
+      "ln2.weight", "ln2.bias", "moe.experts.fc.weight", "moe.experts.fc.bias", "moe.experts.proj.weight",
+      "moe.experts.proj.bias", "moe.router.weight"};
+  STRATA_CHECK(c_.moe.experts == 0 || tp_.size == 1, "MoE blocks with tensor parallelism (tp {})", tp_.size);
   for (int lb = 0; lb < blocks_; ++lb) {
+    const int l = stage_.first + lb;
+    const char* const* names = c_.is_moe(l) ? kMoe : kDense;
     std::array<std::int64_t, kParamsPerLayer> o{};
     for (int k = 0; k < kParamsPerLayer; ++k)
-      o[k] = reg_.find(lname(stage_.first + lb, kLayerParams[k])).offset - units_[block_unit(lb)].begin;
+      o[k] = names[k] == nullptr ? -1 : reg_.find(lname(l, names[k])).offset - units_[block_unit(lb)].begin;
     layer_offsets_.push_back(o);
+    if (c_.is_moe(l)) {
+      const MoeConfig mc{c_.d_model, c_.ffn(), c_.moe.experts, c_.moe.top_k, c_.moe.capacity_factor,
+                         c_.moe.drop_tokens, c_.moe.renormalize, c_.moe.aux_coef};
+      moe_.push_back(std::make_unique<MoeLayer>(mc, B_ * c_.seq_len, tracker));
+    } else {
+      moe_.push_back(nullptr);
+    }
   }
   if (stage_.head) {
     head_unit_ = block_unit(blocks_);
@@ -266,7 +294,8 @@ const float* Gpt::output() const {
 Gpt::LayerParams Gpt::layer_view(float* base, int l) const {
   const auto& o = layer_offsets_[l];
   return {base + o[0], base + o[1], base + o[2], base + o[3], base + o[4],  base + o[5],
-          base + o[6], base + o[7], base + o[8], base + o[9], base + o[10], base + o[11]};
+          base + o[6], base + o[7], base + o[8], base + o[9], base + o[10], base + o[11],
+          o[12] < 0 ? nullptr : base + o[12]};
 }
 
 float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
@@ -317,6 +346,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     st.release_params(kWpeUnit);
     st.release_params(kWteUnit);
   }
+  double aux = 0;  // the MoE blocks' auxiliary losses
   for (int lb = 0; lb < blocks_; ++lb) {
     const int l = stage_.first + lb;  // the global layer: timeline and names
     ScopedSpan s(tl, l + 1, Phase::forward);
@@ -341,13 +371,21 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     linear_forward(dbuf_, atty, p.proj_w, nullptr, N, Ct, C);
     residual(res2, x, p.proj_b);
     norm(ln2, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, res2, p.ln2_w, p.ln2_b);
-    linear_forward(fch, ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
-    kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * Ft);
-    linear_forward(dbuf_, fch_gelu, p.fcproj_w, nullptr, N, Ft, C);  // row-parallel
-    residual(res3, res2, p.fcproj_b);
+    if (moe_[std::size_t(lb)]) {
+      // Mixture of experts: the routed experts' outputs (their biases
+      // included) added to the residual stream; the auxiliary loss joins
+      // the training loss.
+      aux += moe_[std::size_t(lb)]->forward(dbuf_, ln2, {p.router, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b});
+      kernels::residual_forward(res3, res2, dbuf_, NlC);
+    } else {
+      linear_forward(fch, ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
+      kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * Ft);
+      linear_forward(dbuf_, fch_gelu, p.fcproj_w, nullptr, N, Ft, C);  // row-parallel
+      residual(res3, res2, p.fcproj_b);
+    }
     st.release_params(block_unit(lb));
   }
-  if (!stage_.head) return 0.0f;
+  if (!stage_.head) return float(aux);
   ScopedSpan s(tl, L + 1, Phase::forward);
   // The head's units stay acquired until its backward, which comes next.
   float* uf = st.acquire_params(head_unit_);
@@ -367,7 +405,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   kernels::cross_entropy_from_parts(losses_, ce_max_, ce_sum_, ce_target_, N);
   double sum = 0;
   for (int i = 0; i < N; ++i) sum += losses_[i];
-  return float(sum / N);
+  return float(sum / N + aux);
 }
 
 void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
@@ -469,11 +507,20 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     // gradient of every row (g's backward: identity, or an all-gather under
     // sequence parallelism); the column-parallel input's is summed (f).
     const float* d3 = dres_all();
-    linear_back(dgelu_, g.fcproj_w, sp ? nullptr : g.fcproj_b, d3, fch_gelu, p.fcproj_w, Ft, C, keep3);
-    if (sp) kernels::bias_backward(sp_grads_ + 5 * C, dres_, Nl, C);
-    kernels::fill_zero(dfch, std::int64_t(N) * Ft);
-    kernels::gelu_backward(dfch, fch, dgelu_, std::int64_t(N) * Ft);
-    linear_back(dbuf_, g.fc_w, g.fc_b, dfch, ln2, p.fc_w, C, Ft, dfch);
+    if (moe_[std::size_t(lb)]) {
+      // The whole MoE backward (experts and router) runs here, in the
+      // input-gradient half of a split backward too: its weight gradients
+      // come with the routing it must replay.
+      kernels::fill_zero(dbuf_, NC);
+      moe_[std::size_t(lb)]->backward(dbuf_, d3, ln2, {p.router, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b},
+                                      {g.router, g.fc_w, g.fc_b, g.fcproj_w, g.fcproj_b}, loss_scale);
+    } else {
+      linear_back(dgelu_, g.fcproj_w, sp ? nullptr : g.fcproj_b, d3, fch_gelu, p.fcproj_w, Ft, C, keep3);
+      if (sp) kernels::bias_backward(sp_grads_ + 5 * C, dres_, Nl, C);
+      kernels::fill_zero(dfch, std::int64_t(N) * Ft);
+      kernels::gelu_backward(dfch, fch, dgelu_, std::int64_t(N) * Ft);
+      linear_back(dbuf_, g.fc_w, g.fc_b, dfch, ln2, p.fc_w, C, Ft, dfch);
+    }
     norm_back(res2, p.ln2_w, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, g.ln2_w, g.ln2_b, 3);
     // Attention branch: dres_ now holds d(res2).
     const float* d2 = dres_all();
@@ -520,9 +567,11 @@ void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
   for (int lb = blocks_ - 1; lb >= 0; --lb) {
     ScopedSpan s(tl, stage_.first + lb + 1, Phase::backward_weight);
     LayerParams g = layer_view(st.grads(block_unit(lb)), lb);
-    linear_backward_weight(g.fcproj_w, sp ? nullptr : g.fcproj_b, dy_fcproj_ + lb * NC,
-                           fch_gelu_ + std::int64_t(lb) * N * Ft, N, Ft, C);
-    linear_backward_weight(g.fc_w, g.fc_b, dy_fc_ + std::int64_t(lb) * N * Ft, ln2_ + lb * NC, N, C, Ft);
+    if (!moe_[std::size_t(lb)]) {  // a MoE block's expert gradients came with its input-gradient half
+      linear_backward_weight(g.fcproj_w, sp ? nullptr : g.fcproj_b, dy_fcproj_ + lb * NC,
+                             fch_gelu_ + std::int64_t(lb) * N * Ft, N, Ft, C);
+      linear_backward_weight(g.fc_w, g.fc_b, dy_fc_ + std::int64_t(lb) * N * Ft, ln2_ + lb * NC, N, C, Ft);
+    }
     linear_backward_weight(g.proj_w, sp ? nullptr : g.proj_b, dy_proj_ + lb * NC, atty_ + std::int64_t(lb) * N * Ct,
                            N, Ct, C);
     linear_backward_weight(g.qkv_w, g.qkv_b, dy_qkv_ + std::int64_t(lb) * N * 3 * Ct, ln1_ + lb * NC, N, C, 3 * Ct);

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "models/moe.hpp"
 #include "models/param_registry.hpp"
 #include "models/state.hpp"
 #include "src/comm/communicator.hpp"
@@ -18,6 +20,19 @@
 
 namespace strata::models {
 
+// Mixture-of-Experts blocks: with experts > 0, block l's MLP is a MoE layer
+// (models/moe.hpp) of `experts` copies of it when l % every == every - 1
+// (every = 1: all blocks; 2: every other block, as GShard).
+struct GptMoe {
+  int experts = 0;  // 0: a dense model
+  int every = 1;
+  int top_k = 2;
+  double capacity_factor = 1.25;
+  bool drop_tokens = true;
+  bool renormalize = true;
+  float aux_coef = 0.01f;
+};
+
 struct GptConfig {
   int layers = 2;
   int d_model = 64;
@@ -25,7 +40,9 @@ struct GptConfig {
   int ffn_mult = 4;
   int vocab = 256;
   int seq_len = 64;
+  GptMoe moe;
   int ffn() const { return ffn_mult * d_model; }
+  bool is_moe(int layer) const { return moe.experts > 0 && layer % moe.every == moe.every - 1; }
 };
 
 // Tensor parallelism (Megatron-LM): the layer seam's parallel context. With
@@ -123,8 +140,14 @@ class Gpt {
   // (0 on a stage without the head).
   // Every forward is followed by a backward (the head's parameters stay
   // acquired from one to the other).
+  // A MoE model adds its blocks' auxiliary losses (this stage's) to the result.
   float forward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets,
                 prof::Timeline* tl = nullptr);
+  // The MoE layer of global block `layer` on this stage, or null.
+  const MoeLayer* moe_layer(int layer) const {
+    const int lb = layer - stage_.first;
+    return lb >= 0 && lb < int(moe_.size()) ? moe_[std::size_t(lb)].get() : nullptr;
+  }
   // Backward of (mean loss * loss_scale) for the last forward; parameter
   // gradients accumulate into the state's gradients (loss_scale = 1 /
   // micro-batches gives the mean over a global batch).
@@ -138,10 +161,13 @@ class Gpt {
   void backward_weight(ParamState& state, prof::Timeline* tl = nullptr);
 
  private:
+  // In a MoE block, fc_* and fcproj_* are the experts' (expert after
+  // expert) and router the router's; in a dense block router is null.
   struct LayerParams {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b,
+        *router;
   };
-  static constexpr int kParamsPerLayer = 12;
+  static constexpr int kParamsPerLayer = 13;
   // Views into block l's unit (its first element at `unit_base`).
   LayerParams layer_view(float* unit_base, int l) const;
   float* act(const char* name);
@@ -189,6 +215,9 @@ class Gpt {
   // projection, the MLP's first linear, the attention projection and QKV.
   bool split_ = false;
   float *dy_fcproj_ = nullptr, *dy_fc_ = nullptr, *dy_proj_ = nullptr, *dy_qkv_ = nullptr;
+  // The MoE layer of each MoE block on this stage (null for a dense block),
+  // holding its routing and expert activations.
+  std::vector<std::unique_ptr<MoeLayer>> moe_;
 };
 
 }  // namespace strata::models

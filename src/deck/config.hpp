@@ -26,6 +26,14 @@ struct ModelSection {
   int ffn_mult = 4;
   int vocab = 256;
   int seq_len = 64;
+  // Mixture of experts (moe_experts = 0: a dense model).
+  int moe_experts = 0;
+  int moe_every = 1;
+  int moe_top_k = 2;
+  double moe_capacity_factor = 1.25;
+  bool moe_drop_tokens = true;
+  bool moe_renormalize = true;
+  double moe_aux_coef = 0.01;
 };
 
 struct DataSection {

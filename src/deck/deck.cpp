@@ -361,6 +361,19 @@ void Resolver::check_cross_keys() {
                       "chunk per rank",
                       primary({"parallel.virtual_stages", "parallel.schedule", "parallel.pp"}),
                       show("parallel.virtual_stages"), show("parallel.schedule"), show("parallel.pp")));
+  if (c.model.kind == "moe" && c.model.moe_experts == 0)
+    error(fmt::format("{}: {} needs model.moe_experts >= 1 ({})", primary({"model.kind", "model.moe_experts"}),
+                      show("model.kind"), show("model.moe_experts")));
+  if (c.model.kind != "moe" && c.model.moe_experts > 0)
+    error(fmt::format("{}: {} needs model.kind = \"moe\" ({})", primary({"model.moe_experts", "model.kind"}),
+                      show("model.moe_experts"), show("model.kind")));
+  if (c.model.moe_experts > 0 && c.model.moe_top_k > c.model.moe_experts)
+    error(fmt::format("{}: {} exceeds {}: a token is routed to top_k distinct experts",
+                      primary({"model.moe_top_k", "model.moe_experts"}), show("model.moe_top_k"),
+                      show("model.moe_experts")));
+  if (c.model.moe_experts > 0 && c.parallel.tp > 1)
+    error(fmt::format("{}: {} with {}: this build runs Mixture-of-Experts models with tp = 1",
+                      primary({"model.moe_experts", "parallel.tp"}), show("model.moe_experts"), show("parallel.tp")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",

@@ -12,7 +12,9 @@
 namespace strata::train {
 
 models::GptConfig gpt_config(const deck::ModelSection& m) {
-  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len};
+  models::GptMoe moe{m.moe_experts,          m.moe_every,       m.moe_top_k,          m.moe_capacity_factor,
+                     m.moe_drop_tokens,      m.moe_renormalize, float(m.moe_aux_coef)};
+  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len, moe};
 }
 
 Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline,

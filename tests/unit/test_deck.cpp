@@ -75,6 +75,8 @@ void expect_same_config(const Config& a, const Config& b) {
 const std::vector<std::string> kAllKeys = {
     "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every",
     "model.kind", "model.layers", "model.d_model", "model.heads", "model.ffn_mult", "model.vocab", "model.seq_len",
+    "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
+    "model.moe_renormalize", "model.moe_aux_coef",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.zero", "parallel.bucket_mb", "parallel.schedule",
     "parallel.virtual_stages", "parallel.first_stage_layers", "parallel.last_stage_layers",
@@ -305,7 +307,13 @@ TEST_F(DeckTest, StringNotAllowedNamesTheAllowedValues) {
   load_error("[backend]\ndevice = \"cuda\"\n",
              {"deck.toml:2: key 'backend.device' \"cuda\" is not available in this build yet; allowed now: \"cpu\""});
   load_error("[backend]\nprecision = \"bf16\"\n", {"deck.toml:2:", "'backend.precision'", "allowed now: \"fp32\""});
-  load_error("[model]\nkind = \"moe\"\n", {"deck.toml:2:", "'model.kind'", "allowed now: \"gpt\""});
+  // A moe model needs experts, and experts need a moe model; top_k at most the experts.
+  load_error("[model]\nkind = \"moe\"\n", {"deck.toml:2:", "model.kind = \"moe\"", "needs model.moe_experts >= 1"});
+  load_error("[model]\nmoe_experts = 4\n", {"model.moe_experts = 4", "needs model.kind = \"moe\""});
+  load_error("[model]\nkind = \"moe\"\nmoe_experts = 1\n", {"model.moe_top_k = 2", "exceeds model.moe_experts = 1"});
+  load_error("[model]\nkind = \"moe\"\nmoe_experts = 4\nmoe_capacity_factor = 0\n",
+             {"key 'model.moe_capacity_factor' must be > 0"});
+  EXPECT_NO_THROW(load("[model]\nkind = \"moe\"\nmoe_experts = 4\n"));
 }
 
 TEST_F(DeckTest, TomlSyntaxErrorNamesLineAndColumn) {

@@ -10,7 +10,9 @@
 #include <random>
 #include <vector>
 
+#include "models/gpt.hpp"
 #include "models/moe.hpp"
+#include "models/state.hpp"
 
 using namespace strata;
 
@@ -263,4 +265,55 @@ TEST(Moe, AuxiliaryLossOfUniformRoutingIsTheCoefficient) {
   const float aux = layer.forward(y.data(), x.data(), {router.data(), fw.data(), fb.data(), pw.data(), pb.data()});
   EXPECT_EQ(layer.kept(), (std::vector<int>{1, 1, 1, 1}));
   EXPECT_NEAR(aux, 0.25, 1e-6);
+}
+
+// A MoE GPT with one expert, top-1, renormalised gates and no capacity limit
+// is the dense GPT: same weights (the expert copied from the dense MLP), the
+// same loss plus the auxiliary loss (coef x 1 x 1 x 1 per MoE block), the
+// same gradients, and a router that gets none (its softmax is constant).
+TEST(Moe, OneExpertGptIsTheDenseGpt) {
+  models::GptConfig dense{3, 8, 2, 4, 16, 6};
+  models::GptConfig moe = dense;
+  moe.moe = models::GptMoe{1, 2, 1, 1.0, false, true, 0.05f};  // blocks 1 only (every 2nd)
+  ASSERT_FALSE(moe.is_moe(0));
+  ASSERT_TRUE(moe.is_moe(1));
+  ASSERT_FALSE(moe.is_moe(2));
+  const int B = 2, T = 6;
+  core::MemoryTracker tracker;
+  models::Gpt gd(dense, B, tracker), gm(moe, B, tracker);
+  models::ReplicatedState sd(gd.registry(), gd.units(), tracker, 7), sm(gm.registry(), gm.units(), tracker, 7);
+  auto moe_name = [](const std::string& n) {
+    for (const char* part : {"fc.weight", "fc.bias", "proj.weight", "proj.bias"})
+      if (n.ends_with(std::string("mlp.") + part) && n.rfind("h.1.", 0) == 0)
+        return n.substr(0, n.size() - std::string("mlp.").size() - std::string(part).size()) + "moe.experts." + part;
+    return n;
+  };
+  for (const auto& s : gd.registry().specs()) {
+    const auto& t = gm.registry().find(moe_name(s.name));
+    ASSERT_EQ(t.numel, s.numel) << s.name;
+    std::copy(sd.params() + s.offset, sd.params() + s.offset + s.numel, sm.params() + t.offset);
+  }
+  std::mt19937 rng(3);
+  std::vector<std::int32_t> tokens(std::size_t(B) * T), targets(std::size_t(B) * T);
+  for (auto& v : tokens) v = std::int32_t(rng() % 16);
+  for (auto& v : targets) v = std::int32_t(rng() % 16);
+  const float ld = gd.forward(sd, tokens.data(), targets.data());
+  const float lm = gm.forward(sm, tokens.data(), targets.data());
+  EXPECT_NEAR(lm, ld + 0.05f, 1e-6);
+  gd.backward(sd, tokens.data(), targets.data(), 1.0f);
+  gm.backward(sm, tokens.data(), targets.data(), 1.0f);
+  for (const auto& s : gd.registry().specs()) {
+    const auto& t = gm.registry().find(moe_name(s.name));
+    double err = 0, scale = 0;
+    for (std::int64_t i = 0; i < s.numel; ++i) {
+      err = std::max(err, double(std::fabs(sm.grads()[t.offset + i] - sd.grads()[s.offset + i])));
+      scale = std::max(scale, double(std::fabs(sd.grads()[s.offset + i])));
+    }
+    EXPECT_LE(err, 1e-5 * std::max(scale, 1e-3)) << s.name;
+  }
+  const auto& router = gm.registry().find("h.1.moe.router.weight");
+  for (std::int64_t i = 0; i < router.numel; ++i) EXPECT_NEAR(sm.grads()[router.offset + i], 0.0f, 1e-7);
+  ASSERT_NE(gm.moe_layer(1), nullptr);
+  EXPECT_EQ(gm.moe_layer(1)->kept(), (std::vector<int>{B * T}));
+  EXPECT_EQ(gm.moe_layer(0), nullptr);
 }
