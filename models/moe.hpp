@@ -62,6 +62,7 @@ class MoeLayer {
   const std::vector<int>& routed() const { return routed_; }    // assignments per expert, before dropping
   const std::vector<int>& kept() const { return count_; }       // assignments per expert that fit
   int dropped() const { return dropped_; }                      // assignments past capacity
+  float aux() const { return aux_; }                            // the auxiliary loss
   const std::vector<double>& prob_mass() const { return mass_; }  // sum of router probabilities per expert
   const std::vector<int>& choices() const { return topk_; }     // [N, k] expert of each choice
   const std::vector<int>& slots() const { return slot_; }       // [N, k] slot in its expert, -1 if dropped

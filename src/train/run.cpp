@@ -261,6 +261,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.layout = fmt::format("pp {} x dp {} x tp {}", layout.pp, layout.dp, layout.tp);
   core::MemoryTracker tracker(cfg.backend.memory_limit);
   std::vector<StepRecord> steps;
+  std::vector<ExpertRecord> experts;  // MoE routing, copied after every step
   std::vector<MemoryRecord> memory;
   // The headline figures, computed once from the records: written to the
   // report and printed.
@@ -273,7 +274,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
                             layout.pp > 1 ? cfg.parallel.virtual_stages : 1, cfg.parallel.schedule);
-    write_tables(file, rank, steps, memory, cfg.run.profile ? &timeline : nullptr, &log);
+    write_tables(file, rank, steps, experts, memory, cfg.run.profile ? &timeline : nullptr, &log);
     write_comm_summary(file, rank, comm_figures);
     write_pipeline_summary(file, rank, bubble);
     write_summary(file, summary, prov);
@@ -307,6 +308,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       log.set_step(s);
       tracker.reset_peaks();
       steps.push_back(trainer.step(s));
+      experts.insert(experts.end(), trainer.expert_records().begin() + std::ptrdiff_t(experts.size()),
+                     trainer.expert_records().end());
       for (int c = 0; c < core::kNumMemCategories; ++c) {
         const auto cat = core::MemCategory(c);
         memory.push_back({s, cat, tracker.current(cat), tracker.peak(cat)});

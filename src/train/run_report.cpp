@@ -65,7 +65,7 @@ void write_provenance(report::H5File& f, const Provenance& p) {
 }
 
 void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& steps,
-                  const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline,
+                  const std::vector<ExpertRecord>& experts, const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline,
                   const comm::CommLog* comm) {
   report::Table st("steps", "one row per optimizer step and rank");
   st.col_i64("rank", "1", "MPI rank in the world communicator")
@@ -80,12 +80,29 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_f64("tokens_per_s", "tokens/s", "tokens / step_time")
       .col_f64("model_flops", "FLOP", "model FLOPs of the step (forward + backward, no recomputation)")
       .col_f64("flops_per_s", "FLOP/s", "model_flops / step_time")
-      .col_f64("mfu", "1", "flops_per_s / peak FLOP/s (see /summary/peak_flops)");
+      .col_f64("mfu", "1", "flops_per_s / peak FLOP/s (see /summary/peak_flops)")
+      .col_f64("moe_aux_loss", "nats",
+               "MoE: this rank's auxiliary losses, summed over its MoE blocks, mean over micro-batches (in loss)")
+      .col_f64("load_imbalance", "1", "MoE: max over this rank's MoE blocks of max / mean assignments per expert")
+      .col_f64("drop_rate", "1", "MoE: share of this rank's assignments dropped past an expert's capacity");
   for (const auto& r : steps)
     st.add_row({std::int64_t(rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
                 std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
-                r.mfu});
+                r.mfu, r.moe_aux, r.load_imbalance, r.drop_rate});
   f.write_table(st);
+
+  report::Table ex("experts", "MoE routing per step, rank, block and expert (empty for a dense model)");
+  ex.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_i64("step", "1", "0-based optimizer step")
+      .col_i64("layer", "1", "the MoE block (1..L, as in /timeline)")
+      .col_i64("expert", "1", "expert index in the block")
+      .col_i64("tokens_routed", "tokens", "assignments of tokens to the expert over the step (k per token)")
+      .col_i64("tokens_dropped", "tokens", "of those, past the expert's capacity")
+      .col_f64("prob_mass", "1", "router probability of the expert summed over the step's tokens");
+  for (const auto& e : experts)
+    ex.add_row({std::int64_t(rank), std::int64_t(e.step), std::int64_t(e.layer + 1), std::int64_t(e.expert),
+                e.routed, e.dropped, e.prob_mass});
+  f.write_table(ex);
 
   report::Table mem("memory", "tracked bytes per step, rank and category");
   mem.col_i64("rank", "1", "MPI rank in the world communicator")

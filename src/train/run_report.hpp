@@ -65,6 +65,7 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
 
 void write_provenance(report::H5File& f, const Provenance& p);
 void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& steps,
+                  const std::vector<ExpertRecord>& experts,
                   const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline,
                   const comm::CommLog* comm);
 

@@ -133,6 +133,7 @@ StepRecord Trainer::step(int step) {
   // 1 / (micro-batches x dp), and the dp ranks' gradients are summed.
   const float loss_scale = 1.0f / float(micro_batches_ * dp_size_);
   strategy_->begin_step();
+  routing_.clear();
   r.loss = (pp_ != nullptr ? run_pipeline(step, loss_scale) : run_micro_batches(step, loss_scale)) * loss_scale;
   if (dp_size_ > 1) dp_->all_reduce(&r.loss, 1, comm::DType::f64, comm::ReduceOp::sum);
 
@@ -159,6 +160,7 @@ StepRecord Trainer::step(int step) {
     strategy_->update(coef, float(r.lr), step + 1);
   }
 
+  finish_routing(r);
   r.step_time = prof::now_seconds() - t0;
   r.tokens = double(cfg_.data.global_batch) * T;
   r.tokens_per_s = r.tokens / r.step_time;
@@ -179,9 +181,47 @@ double Trainer::run_micro_batches(int step, float loss_scale) {
                                std::int64_t(dp_rank_) * (cfg_.data.global_batch / dp_size_) + std::int64_t(mb) * B;
     fill_batch(*data_, first, B, T, tokens_.data(), targets_.data());
     loss_sum += model().forward(state, tokens_.data(), targets_.data(), timeline_);
+    record_routing(model());
     model().backward(state, tokens_.data(), targets_.data(), loss_scale, timeline_);
   }
   return loss_sum;
+}
+
+void Trainer::record_routing(const models::Gpt& g) {
+  const models::GptStage& st = g.stage();
+  for (int l = st.first; l < st.last; ++l) {
+    const models::MoeLayer* m = g.moe_layer(l);
+    if (m == nullptr) continue;
+    Routing& r = routing_[l];
+    const std::size_t E = m->routed().size();
+    r.routed.resize(E, 0);
+    r.kept.resize(E, 0);
+    r.mass.resize(E, 0.0);
+    for (std::size_t e = 0; e < E; ++e) {
+      r.routed[e] += m->routed()[e];
+      r.kept[e] += m->kept()[e];
+      r.mass[e] += m->prob_mass()[e];
+    }
+    r.aux += m->aux();
+  }
+}
+
+void Trainer::finish_routing(StepRecord& r) {
+  std::int64_t routed = 0, dropped = 0;
+  for (const auto& [layer, x] : routing_) {
+    const std::size_t E = x.routed.size();
+    std::int64_t most = 0, sum = 0;
+    for (std::size_t e = 0; e < E; ++e) {
+      experts_.push_back({r.step, layer, int(e), x.routed[e], x.routed[e] - x.kept[e], x.mass[e]});
+      most = std::max(most, x.routed[e]);
+      sum += x.routed[e];
+      dropped += x.routed[e] - x.kept[e];
+    }
+    routed += sum;
+    if (sum > 0) r.load_imbalance = std::max(r.load_imbalance, double(most) * double(E) / double(sum));
+    r.moe_aux += x.aux / micro_batches_;
+  }
+  r.drop_rate = routed > 0 ? double(dropped) / double(routed) : 0.0;
 }
 
 models::Gpt* Trainer::take_slot(int chunk, int mb) {
@@ -255,6 +295,7 @@ double Trainer::run_pipeline(int step, float loss_scale) {
       case Op::forward:
         if (ch.stage.embedding) g = slot(a.chunk, a.mb);
         loss_sum += g->forward(state, tokens, targets, timeline_);
+        record_routing(*g);
         break;
       case Op::send_act:
         sends[k].push_back(pp_->isend(g->output(), count, comm::DType::f32, a.peer, kActTag));

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,21 @@ struct StepRecord {
   double model_flops = 0;     // forward + backward, no recomputation
   double flops_per_s = 0;
   double mfu = 0;             // flops_per_s / peak
+  // Mixture of experts, this rank's MoE blocks (0 for a dense model): the
+  // auxiliary loss (summed over blocks, mean over micro-batches), the worst
+  // block's max / mean assignments per expert, and the share of assignments
+  // dropped.
+  double moe_aux = 0;
+  double load_imbalance = 0;
+  double drop_rate = 0;
+};
+
+// The routing of one expert of one MoE block over a step, on this rank.
+struct ExpertRecord {
+  int step = 0, layer = 0, expert = 0;
+  std::int64_t routed = 0;   // assignments of tokens to it (k per token), before capacity
+  std::int64_t dropped = 0;  // of those, past its capacity
+  double prob_mass = 0;      // router probability summed over the tokens
 };
 
 models::GptConfig gpt_config(const deck::ModelSection& m);
@@ -63,6 +79,7 @@ class Trainer {
   strategies::StateStrategy& strategy() { return *strategy_; }
   const DataSource& data() const { return *data_; }
   int micro_batches() const { return micro_batches_; }
+  const std::vector<ExpertRecord>& expert_records() const { return experts_; }
   double model_flops_per_step() const { return model_flops_per_step_; }
 
  private:
@@ -91,6 +108,16 @@ class Trainer {
   // Sums the gradient of the tied embedding's two copies (first and last
   // pipeline stage) over the embedding group.
   void sum_tied_embedding();
+  // Adds the routing of the MoE blocks of `g`'s last forward to the step's.
+  void record_routing(const models::Gpt& g);
+  void finish_routing(StepRecord& r);
+  struct Routing {
+    std::vector<std::int64_t> routed, kept;
+    std::vector<double> mass;
+    double aux = 0;
+  };
+  std::map<int, Routing> routing_;  // per global MoE block, this step
+  std::vector<ExpertRecord> experts_;
 
   comm::Communicator* dp_;
   comm::Communicator* tp_;

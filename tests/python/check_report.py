@@ -14,8 +14,10 @@ import numpy as np
 ROOT_ATTRS = ["schema", "schema_version", "strata_version", "git_commit", "command_line", "start_time", "hosts",
               "world_size", "deck", "resolved_config", "status"]
 TABLES = {
-    "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "tokens_per_s", "model_flops", "mfu"],
+    "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "tokens_per_s", "model_flops", "mfu",
+              "moe_aux_loss", "load_imbalance", "drop_rate"],
     "memory": ["rank", "step", "category", "current_bytes", "peak_bytes"],
+    "experts": ["rank", "step", "layer", "expert", "tokens_routed", "tokens_dropped", "prob_mass"],
     "timeline": ["rank", "step", "micro_batch", "chunk", "layer", "phase", "start", "end"],
     "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait"],
     "summary/comm": ["rank", "axis", "op", "group_size", "count", "bytes", "time", "wait", "peer_wait", "algbw",

@@ -106,3 +106,38 @@ TEST(Trainer, LossFallsOnText) {
   const auto l = losses(c);
   EXPECT_LT(l.back(), 0.75 * l.front()) << "first " << l.front() << " last " << l.back();
 }
+
+// A MoE model's routing records: every token's k assignments are counted
+// once per MoE block and step, dropped ones within them, and the step's
+// drop rate, imbalance and auxiliary loss follow from the records.
+TEST(Trainer, MoeRoutingRecordsAddUp) {
+  auto c = tiny_config({"model.kind=\"moe\"", "model.moe_experts=4", "model.moe_top_k=2", "model.moe_every=1",
+                        "model.moe_capacity_factor=0.75", "model.moe_aux_coef=0.1"});
+  core::MemoryTracker tracker;
+  train::Trainer t(c, tracker, nullptr, 1e9);
+  const auto r = t.step(0);
+  const std::int64_t tokens = std::int64_t(c.data.global_batch) * c.model.seq_len;
+  std::int64_t routed = 0, dropped = 0;
+  for (int l = 0; l < c.model.layers; ++l) {
+    std::int64_t layer_routed = 0, most = 0;
+    double mass = 0;
+    for (const auto& e : t.expert_records()) {
+      if (e.layer != l) continue;
+      EXPECT_LE(e.dropped, e.routed);
+      layer_routed += e.routed;
+      most = std::max(most, e.routed);
+      mass += e.prob_mass;
+      dropped += e.dropped;
+    }
+    EXPECT_EQ(layer_routed, 2 * tokens) << "layer " << l;
+    EXPECT_NEAR(mass, double(tokens), 1e-3 * tokens) << "probabilities sum to 1 per token";
+    EXPECT_LE(double(most) * 4 / double(layer_routed), r.load_imbalance + 1e-12);
+    routed += layer_routed;
+  }
+  EXPECT_EQ(t.expert_records().size(), std::size_t(c.model.layers * 4));
+  EXPECT_GT(dropped, 0) << "capacity 0.75 must drop";
+  EXPECT_DOUBLE_EQ(r.drop_rate, double(dropped) / double(routed));
+  // coef x E x sum_e f_e P_e, with sum_e f_e = 1 and P_e <= 1: in (0, coef x E] per block.
+  EXPECT_GT(r.moe_aux, 0.0);
+  EXPECT_LE(r.moe_aux, 0.1 * 4 * c.model.layers);
+}
