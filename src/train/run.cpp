@@ -308,8 +308,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       log.set_step(s);
       tracker.reset_peaks();
       steps.push_back(trainer.step(s));
-      experts.insert(experts.end(), trainer.expert_records().begin() + std::ptrdiff_t(experts.size()),
-                     trainer.expert_records().end());
+      experts.insert(experts.end(), trainer.expert_records().begin(), trainer.expert_records().end());
       for (int c = 0; c < core::kNumMemCategories; ++c) {
         const auto cat = core::MemCategory(c);
         memory.push_back({s, cat, tracker.current(cat), tracker.peak(cat)});

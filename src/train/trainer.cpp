@@ -134,6 +134,7 @@ StepRecord Trainer::step(int step) {
   const float loss_scale = 1.0f / float(micro_batches_ * dp_size_);
   strategy_->begin_step();
   routing_.clear();
+  experts_.clear();
   r.loss = (pp_ != nullptr ? run_pipeline(step, loss_scale) : run_micro_batches(step, loss_scale)) * loss_scale;
   if (dp_size_ > 1) dp_->all_reduce(&r.loss, 1, comm::DType::f64, comm::ReduceOp::sum);
 

@@ -79,6 +79,7 @@ class Trainer {
   strategies::StateStrategy& strategy() { return *strategy_; }
   const DataSource& data() const { return *data_; }
   int micro_batches() const { return micro_batches_; }
+  // The MoE routing of the last step (empty for a dense model).
   const std::vector<ExpertRecord>& expert_records() const { return experts_; }
   double model_flops_per_step() const { return model_flops_per_step_; }
 
