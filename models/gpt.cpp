@@ -47,7 +47,7 @@ static GptStage resolved(const GptConfig& c, GptStage s) {
   return s;
 }
 
-ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStage stage) {
+ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStage stage, int ep_size, int ep_rank) {
   stage = resolved(c, stage);
   const std::int64_t C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len;
   // GPT-2's initialisation: N(0, 0.02) for matrices, the residual output
@@ -57,7 +57,7 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStag
   // and the first MLP linear by output rows (column-parallel); the two output
   // projections by input columns (row-parallel). Norms and the row-parallel
   // biases are whole on every rank.
-  const TpSlice rows{0, 1, tp_size, tp_rank}, qkv_rows{0, 3, tp_size, tp_rank}, cols{1, 1, tp_size, tp_rank};
+  const Slice rows{0, 1, tp_size, tp_rank}, qkv_rows{0, 3, tp_size, tp_rank}, cols{1, 1, tp_size, tp_rank};
   ParamRegistry r;
   if (stage.embedding) {
     r.add("wte", {V, C}, Init::normal, std, true, rows);
@@ -73,15 +73,16 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStag
     r.add(lname(l, "ln2.weight"), {C}, Init::ones, 0, false);
     r.add(lname(l, "ln2.bias"), {C}, Init::zeros, 0, false);
     if (c.is_moe(l)) {
-      // The router, then the experts' MLPs stacked expert after expert, each
-      // initialised as the dense MLP is. Experts are whole on every
-      // tensor-parallel rank (this build runs MoE with tp = 1).
+      // The router (replicated), then the experts' MLPs stacked expert after
+      // expert, each initialised as the dense MLP is: whole on every
+      // tensor-parallel rank, split by experts over the expert-parallel ranks.
       const std::int64_t E = c.moe.experts;
+      const Slice experts{0, 1, ep_size, ep_rank};
       r.add(lname(l, "moe.router.weight"), {E, C}, Init::normal, std, true);
-      r.add(lname(l, "moe.experts.fc.weight"), {E, F, C}, Init::normal, std, true);
-      r.add(lname(l, "moe.experts.fc.bias"), {E, F}, Init::zeros, 0, false);
-      r.add(lname(l, "moe.experts.proj.weight"), {E, C, F}, Init::normal, res_std, true);
-      r.add(lname(l, "moe.experts.proj.bias"), {E, C}, Init::zeros, 0, false);
+      r.mark_expert(r.add(lname(l, "moe.experts.fc.weight"), {E, F, C}, Init::normal, std, true), experts);
+      r.mark_expert(r.add(lname(l, "moe.experts.fc.bias"), {E, F}, Init::zeros, 0, false), experts);
+      r.mark_expert(r.add(lname(l, "moe.experts.proj.weight"), {E, C, F}, Init::normal, res_std, true), experts);
+      r.mark_expert(r.add(lname(l, "moe.experts.proj.bias"), {E, C}, Init::zeros, 0, false), experts);
       continue;
     }
     r.add(lname(l, "mlp.fc.weight"), {F, C}, Init::normal, std, true, rows);
@@ -191,10 +192,17 @@ std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptSta
     u.push_back(whole("wte"));
     u.push_back(whole("wpe"));
   }
+  // A MoE block is two units: its attention, norms and router, then its
+  // experts, whose gradients are synchronised over another group.
   for (int l = stage.first; l < stage.last; ++l) {
     const auto& first = reg.find(lname(l, "ln1.weight"));
-    const auto& last = reg.find(lname(l, c.is_moe(l) ? "moe.experts.proj.bias" : "mlp.proj.bias"));
+    const auto& last = reg.find(lname(l, c.is_moe(l) ? "moe.router.weight" : "mlp.proj.bias"));
     u.push_back({first.offset, last.offset + last.numel});
+    if (c.is_moe(l)) {
+      const auto& e0 = reg.find(lname(l, "moe.experts.fc.weight"));
+      const auto& e1 = reg.find(lname(l, "moe.experts.proj.bias"));
+      u.push_back({e0.offset, e1.offset + e1.numel});
+    }
   }
   if (stage.head) {
     u.push_back({reg.find("lnf.weight").offset, reg.find("lnf.bias").offset + reg.find("lnf.bias").numel});
@@ -204,9 +212,9 @@ std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptSta
 }
 
 Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp, GptStage stage,
-         bool split_backward)
+         bool split_backward, ExpertParallel ep)
     : c_(config), B_(micro_batch), tp_(tp), stage_(resolved(config, stage)),
-      reg_(gpt_registry(config, tp.size, tp.rank, stage_)), split_(split_backward) {
+      reg_(gpt_registry(config, tp.size, tp.rank, stage_, ep.size, ep.rank)), split_(split_backward) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
   STRATA_CHECK(c_.heads % tp_.size == 0 && c_.vocab % tp_.size == 0, "heads {} and vocab {} over tp {}", c_.heads,
                c_.vocab, tp_.size);
@@ -219,24 +227,30 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
       "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
       "ln2.weight", "ln2.bias", "moe.experts.fc.weight", "moe.experts.fc.bias", "moe.experts.proj.weight",
       "moe.experts.proj.bias", "moe.router.weight"};
-  STRATA_CHECK(c_.moe.experts == 0 || tp_.size == 1, "MoE blocks with tensor parallelism (tp {})", tp_.size);
+  int unit = stage_.embedding ? 2 : 0;
   for (int lb = 0; lb < blocks_; ++lb) {
     const int l = stage_.first + lb;
-    const char* const* names = c_.is_moe(l) ? kMoe : kDense;
+    const bool moe = c_.is_moe(l);
+    block_unit_.push_back(unit++);
+    expert_unit_.push_back(moe ? unit++ : -1);
+    const char* const* names = moe ? kMoe : kDense;
     std::array<std::int64_t, kParamsPerLayer> o{};
-    for (int k = 0; k < kParamsPerLayer; ++k)
-      o[k] = names[k] == nullptr ? -1 : reg_.find(lname(l, names[k])).offset - units_[block_unit(lb)].begin;
+    // Offsets within the parameter's unit: a MoE block's experts (8..11)
+    // are in its expert unit.
+    for (int k = 0; k < kParamsPerLayer; ++k) {
+      const int u = moe && k >= 8 && k < 12 ? expert_unit_[std::size_t(lb)] : block_unit_[std::size_t(lb)];
+      o[k] = names[k] == nullptr ? -1 : reg_.find(lname(l, names[k])).offset - units_[std::size_t(u)].begin;
+    }
     layer_offsets_.push_back(o);
-    if (c_.is_moe(l)) {
-      const MoeConfig mc{c_.d_model, c_.ffn(), c_.moe.experts, c_.moe.top_k, c_.moe.capacity_factor,
-                         c_.moe.drop_tokens, c_.moe.renormalize, c_.moe.aux_coef};
-      moe_.push_back(std::make_unique<MoeLayer>(mc, B_ * c_.seq_len, tracker));
+    if (moe) {
+      moe_.push_back(std::make_unique<MoeLayer>(c_.moe_layer(), B_ * c_.seq_len, tracker, ep));
     } else {
       moe_.push_back(nullptr);
     }
   }
+  block_unit_.push_back(unit);  // the unit after the blocks
   if (stage_.head) {
-    head_unit_ = block_unit(blocks_);
+    head_unit_ = unit;
     lnfw_off_ = reg_.find("lnf.weight").offset - units_[head_unit_].begin;
     lnfb_off_ = reg_.find("lnf.bias").offset - units_[head_unit_].begin;
     head_wte_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
@@ -291,10 +305,11 @@ const float* Gpt::output() const {
   return blocks_ == 0 ? encoded_ : res3_ + std::int64_t(blocks_ - 1) * rows * c_.d_model;
 }
 
-Gpt::LayerParams Gpt::layer_view(float* base, int l) const {
+Gpt::LayerParams Gpt::layer_view(float* base, float* experts, int l) const {
   const auto& o = layer_offsets_[l];
+  float* mlp = experts != nullptr ? experts : base;
   return {base + o[0], base + o[1], base + o[2], base + o[3], base + o[4],  base + o[5],
-          base + o[6], base + o[7], base + o[8], base + o[9], base + o[10], base + o[11],
+          base + o[6], base + o[7], mlp + o[8],  mlp + o[9],  mlp + o[10], mlp + o[11],
           o[12] < 0 ? nullptr : base + o[12]};
 }
 
@@ -350,8 +365,10 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   for (int lb = 0; lb < blocks_; ++lb) {
     const int l = stage_.first + lb;  // the global layer: timeline and names
     ScopedSpan s(tl, l + 1, Phase::forward);
-    LayerParams p = layer_view(st.acquire_params(block_unit(lb)), lb);
-    st.prefetch(block_unit(lb) + 1);
+    float* base = st.acquire_params(block_unit(lb));
+    st.prefetch(block_unit(lb) + 1);  // a MoE block's experts, or the next block
+    const int eu = expert_unit_[std::size_t(lb)];
+    LayerParams p = layer_view(base, nullptr, lb);
     const float* x = lb == 0 ? encoded_ : res3_ + (lb - 1) * NlC;
     float* ln1 = ln1_ + lb * NC;
     float* qkv = qkv_ + std::int64_t(lb) * N * 3 * Ct;
@@ -374,9 +391,15 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     if (moe_[std::size_t(lb)]) {
       // Mixture of experts: the routed experts' outputs (their biases
       // included) added to the residual stream; the auxiliary loss joins
-      // the training loss.
+      // the training loss. Experts are whole on every tensor-parallel rank:
+      // each runs the layer over all N rows (the norm gathered them under
+      // sequence parallelism), so the output is complete, not a partial sum,
+      // and a sequence-parallel rank keeps its own rows of it.
+      p = layer_view(base, st.acquire_params(eu), lb);
+      st.prefetch(eu + 1);
       aux += moe_[std::size_t(lb)]->forward(dbuf_, ln2, {p.router, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b});
-      kernels::residual_forward(res3, res2, dbuf_, NlC);
+      kernels::residual_forward(res3, res2, dbuf_ + std::int64_t(r0) * C, NlC);
+      st.release_params(eu);
     } else {
       linear_forward(fch, ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
       kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * Ft);
@@ -438,14 +461,19 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
   // dbuf_ (f: summed over ranks), accumulating into dres_. Under sequence
   // parallelism its weight and bias gradients cover this rank's rows only:
   // they go to sp_grads_ + k*C and (k+1)*C, summed over ranks at the block's end.
+  // A MoE block's input gradient is complete on every rank (partial = false):
+  // nothing to sum, a sequence-parallel rank takes its rows.
   auto norm_back = [&](const float* x, const float* w, const float* mean, const float* rstd, float* gw, float* gb,
-                       int k) {
+                       int k, bool partial = true) {
     if (sp) {
-      tp_reduce_scatter(dbuf_, sp_rows_, NlC);
+      if (partial)
+        tp_reduce_scatter(dbuf_, sp_rows_, NlC);
+      else
+        std::memcpy(sp_rows_, dbuf_ + std::int64_t(tp_.rank) * NlC, sizeof(float) * std::size_t(NlC));
       kernels::layernorm_backward(dres_, sp_grads_ + std::int64_t(k) * C, sp_grads_ + std::int64_t(k + 1) * C,
                                   sp_rows_, x, w, mean, rstd, Nl, C);
     } else {
-      tp_sum(dbuf_, NC);
+      if (partial) tp_sum(dbuf_, NC);
       kernels::layernorm_backward(dres_, gw, gb, dbuf_, x, w, mean, rstd, N, C);
     }
   };
@@ -483,9 +511,11 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
   for (int lb = blocks_ - 1; lb >= 0; --lb) {
     const int l = stage_.first + lb;
     ScopedSpan s(tl, l + 1, phase);
-    LayerParams p = layer_view(st.acquire_params(block_unit(lb)), lb);
+    const int eu = expert_unit_[std::size_t(lb)];
+    const bool moe = eu >= 0;
+    LayerParams p = layer_view(st.acquire_params(block_unit(lb)), moe ? st.acquire_params(eu) : nullptr, lb);
     if (lb > 0) st.prefetch(block_unit(lb - 1));
-    LayerParams g = layer_view(st.grads(block_unit(lb)), lb);
+    LayerParams g = layer_view(st.grads(block_unit(lb)), moe ? st.grads(eu) : nullptr, lb);
     const float* x = lb == 0 ? encoded_ : res3_ + (lb - 1) * NlC;
     const float* ln1 = ln1_ + lb * NC;
     const float* qkv = qkv_ + std::int64_t(lb) * N * 3 * Ct;
@@ -507,13 +537,17 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     // gradient of every row (g's backward: identity, or an all-gather under
     // sequence parallelism); the column-parallel input's is summed (f).
     const float* d3 = dres_all();
-    if (moe_[std::size_t(lb)]) {
+    if (moe) {
       // The whole MoE backward (experts and router) runs here, in the
       // input-gradient half of a split backward too: its weight gradients
-      // come with the routing it must replay.
+      // come with the routing it must replay. Every tensor-parallel rank
+      // computes the whole input gradient and the whole expert and router
+      // gradients.
       kernels::fill_zero(dbuf_, NC);
       moe_[std::size_t(lb)]->backward(dbuf_, d3, ln2, {p.router, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b},
                                       {g.router, g.fc_w, g.fc_b, g.fcproj_w, g.fcproj_b}, loss_scale);
+      st.release_params(eu);
+      if (!input_only) st.grads_done(eu);  // the experts' unit follows the block's: it completes first
     } else {
       linear_back(dgelu_, g.fcproj_w, sp ? nullptr : g.fcproj_b, d3, fch_gelu, p.fcproj_w, Ft, C, keep3);
       if (sp) kernels::bias_backward(sp_grads_ + 5 * C, dres_, Nl, C);
@@ -521,7 +555,7 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
       kernels::gelu_backward(dfch, fch, dgelu_, std::int64_t(N) * Ft);
       linear_back(dbuf_, g.fc_w, g.fc_b, dfch, ln2, p.fc_w, C, Ft, dfch);
     }
-    norm_back(res2, p.ln2_w, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, g.ln2_w, g.ln2_b, 3);
+    norm_back(res2, p.ln2_w, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, g.ln2_w, g.ln2_b, 3, !moe);
     // Attention branch: dres_ now holds d(res2).
     const float* d2 = dres_all();
     linear_back(dbuf_, g.proj_w, sp ? nullptr : g.proj_b, d2, atty, p.proj_w, Ct, C, keep2);
@@ -532,7 +566,7 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     norm_back(x, p.ln1_w, ln1_mean_ + lb * Nl, ln1_rstd_ + lb * Nl, g.ln1_w, g.ln1_b, 0);
     if (sp) {
       float* gs[6] = {g.ln1_w, g.ln1_b, g.proj_b, g.ln2_w, g.ln2_b, g.fcproj_b};
-      sp_reduce_param_grads(gs, 6, C);
+      sp_reduce_param_grads(gs, moe ? 5 : 6, C);  // the experts' biases are whole, not per-row partial
     }
     st.release_params(block_unit(lb));
     if (!input_only) st.grads_done(block_unit(lb));
@@ -566,8 +600,11 @@ void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
   }
   for (int lb = blocks_ - 1; lb >= 0; --lb) {
     ScopedSpan s(tl, stage_.first + lb + 1, Phase::backward_weight);
-    LayerParams g = layer_view(st.grads(block_unit(lb)), lb);
-    if (!moe_[std::size_t(lb)]) {  // a MoE block's expert gradients came with its input-gradient half
+    const int eu = expert_unit_[std::size_t(lb)];
+    LayerParams g = layer_view(st.grads(block_unit(lb)), nullptr, lb);
+    if (eu >= 0) {
+      st.grads_done(eu);  // its gradients came with the input-gradient half
+    } else {
       linear_backward_weight(g.fcproj_w, sp ? nullptr : g.fcproj_b, dy_fcproj_ + lb * NC,
                              fch_gelu_ + std::int64_t(lb) * N * Ft, N, Ft, C);
       linear_backward_weight(g.fc_w, g.fc_b, dy_fc_ + std::int64_t(lb) * N * Ft, ln2_ + lb * NC, N, C, Ft);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "models/buffer_plan.hpp"
 #include "models/moe.hpp"
 #include "models/param_registry.hpp"
 #include "models/state.hpp"
@@ -43,6 +44,11 @@ struct GptConfig {
   GptMoe moe;
   int ffn() const { return ffn_mult * d_model; }
   bool is_moe(int layer) const { return moe.experts > 0 && layer % moe.every == moe.every - 1; }
+  // The configuration of its MoE layers.
+  MoeConfig moe_layer() const {
+    return {d_model, ffn(), moe.experts, moe.top_k, moe.capacity_factor, moe.drop_tokens, moe.renormalize,
+            moe.aux_coef};
+  }
 };
 
 // Tensor parallelism (Megatron-LM): the layer seam's parallel context. With
@@ -82,16 +88,11 @@ GptStage gpt_stage(const GptConfig& c, int index, int count, int first = -1, int
 // The parameters of a GPT stage, in flat-buffer order (embeddings, blocks,
 // final norm and, on a last stage without the embedding, the tied wte), as
 // tensor-parallel rank `tp_rank` of `tp_size` holds them.
-ParamRegistry gpt_registry(const GptConfig& c, int tp_size = 1, int tp_rank = 0, GptStage stage = {});
+// With ep_size > 1 the MoE blocks' experts are split over the expert-parallel
+// ranks, rank `ep_rank` holding experts [ep_rank E/ep, (ep_rank+1) E/ep).
+ParamRegistry gpt_registry(const GptConfig& c, int tp_size = 1, int tp_rank = 0, GptStage stage = {},
+                           int ep_size = 1, int ep_rank = 0);
 
-// One buffer the model allocates per micro-batch shape: its name, element
-// count and category. The same list drives allocation and the dry-run
-// estimate, so the two cannot disagree.
-struct BufferPlan {
-  std::string name;
-  std::int64_t numel;
-  core::MemCategory category;
-};
 // split_backward: the buffers that keep each linear's output gradient from
 // the input-gradient half of the backward pass to the weight-gradient half.
 std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch, int tp_size = 1,
@@ -106,9 +107,10 @@ std::vector<double> gpt_forward_flops(const GptConfig& c, int B);
 double gpt_model_flops(const GptConfig& c, int B);
 
 // The units of the state seam, contiguous and in flat-buffer order: wte and
-// wpe if the stage has the embedding, each block, and the final norm (then
+// wpe if the stage has the embedding, each block (a MoE block as two: its
+// attention, norms and router, then its experts), and the final norm (then
 // the tied wte copy on a last stage without the embedding) if the stage has
-// the head. For the whole model: wte 0, wpe 1, blocks 2..L+1, norm L+2.
+// the head. For a whole dense model: wte 0, wpe 1, blocks 2..L+1, norm L+2.
 std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptStage stage = {});
 
 class Gpt {
@@ -118,8 +120,9 @@ class Gpt {
   // split_backward: the backward pass may run as backward(input) then
   // backward_weight() (zero-bubble schedules), which keeps each linear's
   // output gradient in between.
+  // ep: the expert-parallel group the MoE blocks dispatch tokens over.
   Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp = {},
-      GptStage stage = {}, bool split_backward = false);
+      GptStage stage = {}, bool split_backward = false, ExpertParallel ep = {});
 
   const GptConfig& config() const { return c_; }
   int micro_batch() const { return B_; }
@@ -161,15 +164,17 @@ class Gpt {
   void backward_weight(ParamState& state, prof::Timeline* tl = nullptr);
 
  private:
-  // In a MoE block, fc_* and fcproj_* are the experts' (expert after
-  // expert) and router the router's; in a dense block router is null.
+  // In a MoE block, fc_* and fcproj_* are this rank's experts' (expert after
+  // expert, in the block's expert unit) and router the router's; in a dense
+  // block router is null.
   struct LayerParams {
     float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b,
         *router;
   };
   static constexpr int kParamsPerLayer = 13;
-  // Views into block l's unit (its first element at `unit_base`).
-  LayerParams layer_view(float* unit_base, int l) const;
+  // Views into block l's unit (its first element at `unit_base`) and, for a
+  // MoE block, its expert unit (null: the expert views are not used).
+  LayerParams layer_view(float* unit_base, float* expert_base, int l) const;
   float* act(const char* name);
   // Megatron's g in the forward pass and f in the backward pass: the sum of
   // the tensor-parallel ranks' partial results (nothing with one rank).
@@ -193,7 +198,9 @@ class Gpt {
   static constexpr int kWteUnit = 0, kWpeUnit = 1;
   int head_unit_ = -1;           // unit of the final norm
   int head_wte_unit_ = 0;        // the unit the head reads wte from
-  int block_unit(int lb) const { return (stage_.embedding ? 2 : 0) + lb; }
+  int block_unit(int lb) const { return block_unit_[std::size_t(lb)]; }
+  std::vector<int> block_unit_;   // per block, and the unit after the last block
+  std::vector<int> expert_unit_;  // per block: its experts' unit, -1 for a dense block
   ParamRegistry reg_;
   std::vector<Unit> units_;
   // Unit-relative offsets of each block's 12 parameters, in LayerParams order,

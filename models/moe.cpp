@@ -17,33 +17,80 @@ int moe_capacity(const MoeConfig& c, int tokens) {
   return std::min(tokens, int(std::ceil(c.capacity_factor * double(tokens) * c.top_k / c.experts)));
 }
 
-MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker)
-    : c_(c), N_(tokens), cap_(moe_capacity(c, tokens)) {
+std::vector<BufferPlan> moe_buffer_plan(const MoeConfig& c, int tokens) {
+  const std::int64_t N = tokens, E = c.experts, C = c.d_model, F = c.ffn, K = c.top_k,
+                     slots = E * moe_capacity(c, tokens);
+  // A rank's local experts take up to ep x capacity rows each: E x capacity
+  // slots on every layout.
+  const auto A = MemCategory::activations, W = MemCategory::workspace;
+  return {
+      {"moe router probabilities", N * E, A},
+      {"moe rows sent", slots * C, W},
+      {"moe rows received", slots * C, W},
+      {"moe expert outputs (back)", slots * C, A},
+      {"moe expert inputs", slots * C, A},
+      {"moe expert hidden", slots * F, A},
+      {"moe expert hidden (gelu)", slots * F, A},
+      {"moe expert outputs", slots * C, W},
+      {"moe d expert outputs", slots * C, W},
+      {"moe d expert hidden", slots * F, W},
+      {"moe d expert hidden (pre-gelu)", slots * F, W},
+      {"moe d expert inputs", slots * C, W},
+      {"moe d gates", N * K, W},
+      {"moe d router logits", N * E, W},
+  };
+}
+
+MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertParallel ep)
+    : c_(c), ep_(ep), N_(tokens), cap_(moe_capacity(c, tokens)) {
   STRATA_CHECK(c.top_k >= 1 && c.top_k <= c.experts, "top_k {} of {} experts", c.top_k, c.experts);
   STRATA_CHECK(c.capacity_factor > 0, "capacity factor {}", c.capacity_factor);
-  const std::size_t E = std::size_t(c.experts), C = std::size_t(c.d_model), F = std::size_t(c.ffn),
-                    slots = E * std::size_t(cap_);
-  const auto A = MemCategory::activations, W = MemCategory::workspace;
-  probs_ = core::Buffer<float>(tracker, A, std::size_t(N_) * E, "moe router probabilities");
-  xin_ = core::Buffer<float>(tracker, A, slots * C, "moe expert inputs");
-  hpre_ = core::Buffer<float>(tracker, A, slots * F, "moe expert hidden");
-  h_ = core::Buffer<float>(tracker, A, slots * F, "moe expert hidden (gelu)");
-  yout_ = core::Buffer<float>(tracker, A, slots * C, "moe expert outputs");
-  dyout_ = core::Buffer<float>(tracker, W, slots * C, "moe d expert outputs");
-  dh_ = core::Buffer<float>(tracker, W, slots * F, "moe d expert hidden");
-  dxin_ = core::Buffer<float>(tracker, W, slots * C, "moe d expert inputs");
-  dhpre_ = core::Buffer<float>(tracker, W, slots * F, "moe d expert hidden (pre-gelu)");
-  dgate_ = core::Buffer<float>(tracker, W, std::size_t(N_) * c.top_k, "moe d gates");
-  dlogits_ = core::Buffer<float>(tracker, W, std::size_t(N_) * E, "moe d router logits");
+  if (ep_.comm == nullptr || ep_.size == 1) ep_ = {nullptr, 1, 0};
+  STRATA_CHECK(c.experts % ep_.size == 0, "{} experts over ep {}", c.experts, ep_.size);
+  El_ = c.experts / ep_.size;
+  for (const auto& b : moe_buffer_plan(c, tokens)) bufs_.emplace_back(tracker, b.category, b.numel, b.name);
+  float** ptrs[] = {&probs_, &send_, &recv_, &yback_, &xin_, &hpre_, &h_, &yout_, &dyout_, &dh_, &dhpre_, &dxin_,
+                    &dgate_, &dlogits_};
+  for (std::size_t i = 0; i < bufs_.size(); ++i) *ptrs[i] = bufs_[i].data();
+  const std::size_t E = std::size_t(c.experts), slots = E * std::size_t(cap_);
   topk_.assign(std::size_t(N_) * c.top_k, 0);
   slot_.assign(std::size_t(N_) * c.top_k, -1);
   gate_.assign(std::size_t(N_) * c.top_k, 0.0f);
   tok_.assign(slots, -1);
+  pos_.assign(E, 0);
+  recv_count_.assign(E, 0);
+  expert_rows_.assign(std::size_t(El_), 0);
+  for (auto* v : {&out_counts_, &out_displs_, &in_counts_, &in_displs_}) v->assign(std::size_t(ep_.size), 0);
+}
+
+void MoeLayer::exchange(const float* send, float* recv, bool out) {
+  // Out: this rank's rows to their experts' ranks; back: the reverse.
+  auto* sc = &out_counts_, *sd = &out_displs_, *rc = &in_counts_, *rd = &in_displs_;
+  if (!out) std::swap(sc, rc), std::swap(sd, rd);
+  if (ep_.comm == nullptr)
+    std::memcpy(recv, send, sizeof(float) * std::size_t((*sc)[0]));
+  else
+    ep_.comm->all_to_allv(send, sc->data(), sd->data(), recv, rc->data(), rd->data(), comm::DType::f32);
+}
+
+void MoeLayer::regroup(float* by_source, float* by_expert, bool to_experts) const {
+  const int C = c_.d_model, P = ep_.size;
+  std::int64_t row = 0;  // in the by-source order
+  std::vector<int> done(std::size_t(El_), 0);
+  for (int p = 0; p < P; ++p)
+    for (int el = 0; el < El_; ++el) {
+      const int n = recv_count_[std::size_t(p) * El_ + el];
+      float* e = by_expert + (std::int64_t(el) * P * cap_ + done[std::size_t(el)]) * C;
+      float* s = by_source + row * C;
+      std::memcpy(to_experts ? e : s, to_experts ? s : e, sizeof(float) * std::size_t(n) * C);
+      done[std::size_t(el)] += n;
+      row += n;
+    }
 }
 
 float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
-  float* probs = probs_.data();
+  float* probs = probs_;
   // Router: logits = x W_r^T, softmax per token (in place).
   linear_forward(probs, x, p.router, nullptr, N, C, E);
   for (int t = 0; t < N; ++t) {
@@ -90,30 +137,58 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
         ++dropped_;
       }
     }
-  // Each expert's MLP over its tokens.
-  std::memset(y, 0, sizeof(float) * std::size_t(N) * C);
-  for (int e = 0; e < E; ++e) {
-    const int n = count_[std::size_t(e)];
-    if (n == 0) continue;
-    const std::int64_t base = std::int64_t(e) * cap_;
-    float* xin = xin_.data() + base * C;
-    float* hpre = hpre_.data() + base * F;
-    float* h = h_.data() + base * F;
-    float* yout = yout_.data() + base * C;
-    for (int s = 0; s < n; ++s)
-      std::memcpy(xin + std::int64_t(s) * C, x + std::int64_t(tok_[std::size_t(base + s)]) * C, sizeof(float) * C);
-    linear_forward(hpre, xin, p.fc_w + std::int64_t(e) * F * C, p.fc_b + std::int64_t(e) * F, n, C, F);
-    kernels::gelu_forward(h, hpre, std::int64_t(n) * F);
-    linear_forward(yout, h, p.proj_w + std::int64_t(e) * C * F, p.proj_b + std::int64_t(e) * C, n, F, C);
+  // Dispatch: the kept rows, expert after expert in slot order, to their
+  // experts' ranks (counts first, so each rank knows what arrives).
+  const int P = ep_.size;
+  for (int e = 0, row = 0; e < E; ++e) {
+    pos_[std::size_t(e)] = row;
+    for (int s = 0; s < count_[std::size_t(e)]; ++s, ++row)
+      std::memcpy(send_ + std::int64_t(row) * C, x + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C,
+                  sizeof(float) * C);
   }
-  // Combine: y[t] = sum over kept choices of gate x expert output.
+  if (ep_.comm != nullptr)
+    ep_.comm->all_to_all(count_.data(), recv_count_.data(), El_, comm::DType::i32);
+  else
+    recv_count_ = count_;
+  std::int64_t out = 0, in = 0;
+  std::fill(expert_rows_.begin(), expert_rows_.end(), 0);
+  for (int p = 0; p < P; ++p) {
+    std::int64_t o = 0, i = 0;
+    for (int el = 0; el < El_; ++el) {
+      o += count_[std::size_t(p) * El_ + el];
+      i += recv_count_[std::size_t(p) * El_ + el];
+      expert_rows_[std::size_t(el)] += recv_count_[std::size_t(p) * El_ + el];
+    }
+    out_displs_[std::size_t(p)] = out * C, out_counts_[std::size_t(p)] = o * C, out += o;
+    in_displs_[std::size_t(p)] = in * C, in_counts_[std::size_t(p)] = i * C, in += i;
+  }
+  exchange(send_, recv_, true);
+  regroup(recv_, xin_, true);
+  // Each local expert's MLP over the rows every rank sent it.
+  for (int el = 0; el < El_; ++el) {
+    const int n = expert_rows_[std::size_t(el)];
+    if (n == 0) continue;
+    const std::int64_t base = std::int64_t(el) * P * cap_;
+    float* xin = xin_ + base * C;
+    float* hpre = hpre_ + base * F;
+    float* h = h_ + base * F;
+    float* yout = yout_ + base * C;
+    linear_forward(hpre, xin, p.fc_w + std::int64_t(el) * F * C, p.fc_b + std::int64_t(el) * F, n, C, F);
+    kernels::gelu_forward(h, hpre, std::int64_t(n) * F);
+    linear_forward(yout, h, p.proj_w + std::int64_t(el) * C * F, p.proj_b + std::int64_t(el) * C, n, F, C);
+  }
+  // Combine: the outputs back to the ranks their tokens came from, then
+  // y[t] = sum over kept choices of gate x expert output.
+  regroup(recv_, yout_, false);
+  exchange(recv_, yback_, false);
+  std::memset(y, 0, sizeof(float) * std::size_t(N) * C);
   for (int t = 0; t < N; ++t)
     for (int j = 0; j < K; ++j) {
       const int s = slot_[std::size_t(t) * K + j];
       if (s < 0) continue;
       const int e = topk_[std::size_t(t) * K + j];
       const float g = gate_[std::size_t(t) * K + j];
-      const float* src = yout_.data() + (std::int64_t(e) * cap_ + s) * C;
+      const float* src = yback_ + std::int64_t(pos_[std::size_t(e)] + s) * C;
       float* dst = y + std::int64_t(t) * C;
       for (int k = 0; k < C; ++k) dst[k] += g * src[k];
     }
@@ -126,9 +201,11 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
 void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoeParams& p, const MoeGrads& g,
                         float aux_scale) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
-  const float* probs = probs_.data();
-  // d(gate) per choice, and each kept choice's output gradient into its slot.
-  float* dgate = dgate_.data();
+  const int P = ep_.size;
+  const float* probs = probs_;
+  // d(gate) per choice, and each kept choice's output gradient (gate x dy)
+  // into its row of the packed rows, sent to its expert's rank.
+  float* dgate = dgate_;
   kernels::fill_zero(dgate, std::int64_t(N) * K);
   for (int t = 0; t < N; ++t)
     for (int j = 0; j < K; ++j) {
@@ -137,8 +214,9 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
       const int e = topk_[std::size_t(t) * K + j];
       const float gt = gate_[std::size_t(t) * K + j];
       const float* d = dy + std::int64_t(t) * C;
-      const float* out = yout_.data() + (std::int64_t(e) * cap_ + s) * C;
-      float* dout = dyout_.data() + (std::int64_t(e) * cap_ + s) * C;
+      const std::int64_t row = pos_[std::size_t(e)] + s;
+      const float* out = yback_ + row * C;
+      float* dout = send_ + row * C;
       double dot = 0;
       for (int k = 0; k < C; ++k) {
         dout[k] = gt * d[k];
@@ -146,36 +224,42 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
       }
       dgate[std::size_t(t) * K + j] = float(dot);
     }
-  // Experts: the MLP backward over each expert's slots, input gradients
-  // scattered back to their tokens.
-  for (int e = 0; e < E; ++e) {
-    const int n = count_[std::size_t(e)];
+  exchange(send_, recv_, true);
+  regroup(recv_, dyout_, true);
+  // The local experts: the MLP backward over their rows; the input
+  // gradients go back to the ranks the rows came from and are scattered to
+  // their tokens.
+  for (int el = 0; el < El_; ++el) {
+    const int n = expert_rows_[std::size_t(el)];
     if (n == 0) continue;
-    const std::int64_t base = std::int64_t(e) * cap_;
-    const float* xin = xin_.data() + base * C;
-    const float* hpre = hpre_.data() + base * F;
-    const float* h = h_.data() + base * F;
-    const float* dout = dyout_.data() + base * C;
-    float* dh = dh_.data() + base * F;
-    float* dxin = dxin_.data() + base * C;
-    linear_backward(dh, g.proj_w + std::int64_t(e) * C * F, g.proj_b + std::int64_t(e) * C, dout, h,
-                    p.proj_w + std::int64_t(e) * C * F, n, F, C);
+    const std::int64_t base = std::int64_t(el) * P * cap_;
+    const float* xin = xin_ + base * C;
+    const float* hpre = hpre_ + base * F;
+    const float* h = h_ + base * F;
+    const float* dout = dyout_ + base * C;
+    float* dh = dh_ + base * F;
+    float* dxin = dxin_ + base * C;
+    linear_backward(dh, g.proj_w + std::int64_t(el) * C * F, g.proj_b + std::int64_t(el) * C, dout, h,
+                    p.proj_w + std::int64_t(el) * C * F, n, F, C);
     // The GELU's input gradient (the kernel accumulates: start from zero).
-    float* dpre = dhpre_.data() + base * F;
+    float* dpre = dhpre_ + base * F;
     kernels::fill_zero(dpre, std::int64_t(n) * F);
     kernels::gelu_backward(dpre, hpre, dh, std::int64_t(n) * F);
-    linear_backward(dxin, g.fc_w + std::int64_t(e) * F * C, g.fc_b + std::int64_t(e) * F, dpre, xin,
-                    p.fc_w + std::int64_t(e) * F * C, n, C, F);
-    for (int s = 0; s < n; ++s) {
-      float* d = dx + std::int64_t(tok_[std::size_t(base + s)]) * C;
-      const float* src = dxin + std::int64_t(s) * C;
+    linear_backward(dxin, g.fc_w + std::int64_t(el) * F * C, g.fc_b + std::int64_t(el) * F, dpre, xin,
+                    p.fc_w + std::int64_t(el) * F * C, n, C, F);
+  }
+  regroup(recv_, dxin_, false);
+  exchange(recv_, send_, false);
+  for (int e = 0; e < E; ++e)
+    for (int s = 0; s < count_[std::size_t(e)]; ++s) {
+      float* d = dx + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C;
+      const float* src = send_ + std::int64_t(pos_[std::size_t(e)] + s) * C;
       for (int k = 0; k < C; ++k) d[k] += src[k];
     }
-  }
   // Router: d(probs) from the gates (renormalised: g_j = p_j / S over the
   // top-k) and from the auxiliary loss (dL/dp[t, e] = coef E f_e / N, f
   // being counts), then the softmax backward and the router linear.
-  float* dlogits = dlogits_.data();
+  float* dlogits = dlogits_;
   const double aux_grad = double(aux_scale) * c_.aux_coef * E / N;
   std::vector<double> dp(static_cast<std::size_t>(E));  // one token's d(probs)
   for (int t = 0; t < N; ++t) {

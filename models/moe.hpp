@@ -10,14 +10,31 @@
 // expert taking at most `capacity` tokens; an assignment past it is dropped
 // (the token's residual stream carries it on). So the same group routes the
 // same way on any layout.
+//
+// Expert parallelism (GShard): the experts are split over the ep ranks, rank
+// r holding experts [r E/ep, (r+1) E/ep). Each rank routes its own group;
+// the kept tokens' rows go to their experts' ranks by all-to-all(v) (the
+// counts per expert exchanged first), each expert runs its MLP over the rows
+// of every rank at once, and the outputs come back the same way; the
+// backward pass sends output gradients out and input gradients back. With
+// one ep rank the exchanges are copies and the layer is the plain one.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "models/buffer_plan.hpp"
+#include "src/comm/communicator.hpp"
 #include "src/core/memory.hpp"
 
 namespace strata::models {
+
+// The layer seam's context for MoE blocks: the ep axis of the mesh.
+struct ExpertParallel {
+  comm::Communicator* comm = nullptr;  // null: one rank holds every expert
+  int size = 1;
+  int rank = 0;
+};
 
 struct MoeConfig {
   int d_model = 64;
@@ -34,9 +51,16 @@ struct MoeConfig {
 // tokens x top_k / experts), or all of them without dropping.
 int moe_capacity(const MoeConfig& c, int tokens);
 
-// Parameter views: the router [E, C] and the experts' weights laid out
-// expert after expert ([E, F, C], [E, F], [E, C, F], [E, C]), as torch's
-// nn.Linear stores each.
+// The buffers of a MoE layer over a group of `tokens`: router
+// probabilities, the rows sent and received, the local experts' inputs,
+// hidden activations and outputs, and the backward scratch. Each holds E x
+// capacity rows on every ep layout: a rank's E/ep experts take up to
+// capacity rows from each of the ep ranks.
+std::vector<BufferPlan> moe_buffer_plan(const MoeConfig& c, int tokens);
+
+// Parameter views: the router [E, C] and this rank's experts' weights laid
+// out expert after expert ([E/ep, F, C], [E/ep, F], [E/ep, C, F], [E/ep, C]),
+// as torch's nn.Linear stores each.
 struct MoeParams {
   const float *router, *fc_w, *fc_b, *proj_w, *proj_b;
 };
@@ -46,7 +70,7 @@ struct MoeGrads {
 
 class MoeLayer {
  public:
-  MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker);
+  MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertParallel ep = {});
 
   // y[N, C] = MoE(x[N, C]). Returns the auxiliary loss, aux_coef x E x
   // sum_e f_e P_e (f_e: share of the group's tokens whose first choice is e;
@@ -56,8 +80,9 @@ class MoeLayer {
   // where loss = sum(y * dy) + aux_scale x the auxiliary loss.
   void backward(float* dx, const float* dy, const float* x, const MoeParams& p, const MoeGrads& g, float aux_scale);
 
-  // Routing of the last forward.
+  // Routing of the last forward (this rank's group, every expert).
   const MoeConfig& config() const { return c_; }
+  const ExpertParallel& ep() const { return ep_; }
   int capacity() const { return cap_; }
   const std::vector<int>& routed() const { return routed_; }    // assignments per expert, before dropping
   const std::vector<int>& kept() const { return count_; }       // assignments per expert that fit
@@ -66,18 +91,38 @@ class MoeLayer {
   const std::vector<double>& prob_mass() const { return mass_; }  // sum of router probabilities per expert
   const std::vector<int>& choices() const { return topk_; }     // [N, k] expert of each choice
   const std::vector<int>& slots() const { return slot_; }       // [N, k] slot in its expert, -1 if dropped
+  // Rows this rank's local experts took in the last forward, from each ep
+  // rank: [ep, E/ep].
+  const std::vector<int>& received() const { return recv_count_; }
 
  private:
+  // Rows of C floats over the ep group. out: sends each rank the rows of its
+  // experts (rows ordered by global expert), receives rows ordered by source
+  // rank, then local expert; !out: the reverse.
+  void exchange(const float* send, float* recv, bool out);
+  // Rows ordered by source rank, then local expert, copied to the local
+  // experts' slots (expert el's rows from every source contiguous from row
+  // el x ep x capacity), or (to_experts false) back.
+  void regroup(float* by_source, float* by_expert, bool to_experts) const;
+
   MoeConfig c_;
-  int N_, cap_;
+  ExpertParallel ep_;
+  int N_, cap_, El_;  // El_: experts on this rank
   std::vector<int> topk_, slot_, count_, routed_, tok_;  // tok_[e * cap + s]: the token in that slot
-  std::vector<float> gate_;                              // [N, k]
-  std::vector<double> mass_, first_share_;               // per expert
+  std::vector<int> pos_;                   // [E]: first row of expert e in the packed rows this rank sends
+  std::vector<int> recv_count_;            // [ep, El]: rows from each source for each local expert
+  std::vector<int> expert_rows_;           // [El]: rows each local expert took
+  std::vector<std::int64_t> out_counts_, out_displs_, in_counts_, in_displs_;  // per ep rank, in floats
+  std::vector<float> gate_;                // [N, k]
+  std::vector<double> mass_, first_share_; // per expert
   int dropped_ = 0;
   float aux_ = 0;
-  // probs [N, E]; per expert and slot: input rows, hidden pre- and post-GELU,
-  // output rows; backward scratch of the same shapes.
-  core::Buffer<float> probs_, xin_, hpre_, h_, yout_, dyout_, dh_, dxin_, dhpre_, dgate_, dlogits_;
+  // See moe_buffer_plan: probs [N, E]; packed rows sent and received and the
+  // outputs that came back (slots x C); the local experts' input rows, hidden
+  // pre- and post-GELU and outputs; backward scratch of the same shapes.
+  std::vector<core::Buffer<float>> bufs_;
+  float *probs_, *send_, *recv_, *yback_, *xin_, *hpre_, *h_, *yout_, *dyout_, *dh_, *dhpre_, *dxin_, *dgate_,
+      *dlogits_;
 };
 
 }  // namespace strata::models

@@ -12,12 +12,13 @@ namespace strata::models {
 
 enum class Init { normal, zeros, ones };
 
-// How a tensor-parallel rank's tensor relates to the whole: along dimension
-// `split_dim` the local tensor is `sections` blocks, block k being part
-// `part` of `parts` of section k of the global tensor (the fused QKV weight
-// has three sections, q, k and v, each split by heads). parts == 1: the
-// tensor is whole on every rank (replicated over tp).
-struct TpSlice {
+// How a rank's tensor relates to the whole along one mesh axis: along
+// dimension `split_dim` the local tensor is `sections` blocks, block k being
+// part `part` of `parts` of section k of the global tensor (the fused QKV
+// weight has three sections, q, k and v, each split by heads over tp; the
+// stacked experts [E, ...] one section split by experts over ep). parts == 1:
+// the tensor is whole on every rank of that axis.
+struct Slice {
   int split_dim = 0;
   int sections = 1;
   int parts = 1;
@@ -28,7 +29,9 @@ struct ParamSpec {
   std::string name;
   std::vector<std::int64_t> shape;         // local
   std::vector<std::int64_t> global_shape;  // of the whole tensor
-  TpSlice tp;
+  Slice tp;                 // over the tensor-parallel ranks
+  Slice ep;                 // over the expert-parallel ranks (dimension 0: experts); never with a tp split
+  bool expert = false;      // an expert's weight: synchronised over the expert-data-parallel group
   std::int64_t offset = 0;  // elements from the start of the flat buffer
   std::int64_t numel = 0;
   Init init = Init::zeros;
@@ -48,12 +51,18 @@ class ParamRegistry {
   // `global_shape` is the whole tensor; with a split `tp`, this rank holds
   // global_shape[split_dim] / parts of it along split_dim.
   int add(std::string name, std::vector<std::int64_t> global_shape, Init init, float init_std, bool decay,
-          TpSlice tp = {});
+          Slice tp = {});
+  // Marks parameter i as an expert weight, this rank holding `ep` of it
+  // (global_shape[0] experts, local shape[0] = experts / ep.parts).
+  void mark_expert(int i, Slice ep);
   const std::vector<ParamSpec>& specs() const { return specs_; }
   void mark_tied_copy(int i) { specs_[i].tied_copy = true; }
   // Appends every parameter of `other` after the last one (offsets shifted):
   // the layout of a rank that holds several model chunks.
   void append(const ParamRegistry& other);
+  // Appends the parameters of `other` in its flat range [begin, end) (whole
+  // parameters, covering it) after the last one: a sub-layout.
+  void append_range(const ParamRegistry& other, std::int64_t begin, std::int64_t end);
   const ParamSpec& at(int i) const { return specs_[i]; }
   const ParamSpec& find(const std::string& name) const;  // runtime error if absent
   std::int64_t numel() const { return numel_; }

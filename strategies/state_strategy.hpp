@@ -3,7 +3,9 @@
 // they are synchronised over the data-parallel group. "dp" (zero = 0) keeps
 // everything replicated and all-reduces gradient buckets during the backward
 // pass; "zero" (stages 1, 2, 3) shards optimizer state, then gradients, then
-// parameters. Adding a strategy is adding a file and a line in the factory.
+// parameters; with expert parallelism, "ep" keeps expert units apart, each
+// kind under one of those over its own group. Adding a strategy is adding a
+// file and a line in the factory.
 #pragma once
 
 #include <cstdint>
@@ -60,8 +62,12 @@ class StateStrategy {
 
 // The parameters of `reg` (which must outlive the strategy), cut into
 // `units`. dp: the data-parallel communicator, or nullptr for a single rank.
+// With an expert-parallel group `ep` of more than one rank, the expert units
+// are kept apart and synchronised over `edp`, the expert-data-parallel group
+// (strategies/ep.hpp).
 std::unique_ptr<StateStrategy> make_state_strategy(const StateConfig& cfg, const models::ParamRegistry& reg,
                                                    std::vector<models::Unit> units, comm::Communicator* dp,
-                                                   core::MemoryTracker& tracker);
+                                                   core::MemoryTracker& tracker, comm::Communicator* ep = nullptr,
+                                                   comm::Communicator* edp = nullptr);
 
 }  // namespace strata::strategies

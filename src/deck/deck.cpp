@@ -371,9 +371,17 @@ void Resolver::check_cross_keys() {
     error(fmt::format("{}: {} exceeds {}: a token is routed to top_k distinct experts",
                       primary({"model.moe_top_k", "model.moe_experts"}), show("model.moe_top_k"),
                       show("model.moe_experts")));
-  if (c.model.moe_experts > 0 && c.parallel.tp > 1)
-    error(fmt::format("{}: {} with {}: this build runs Mixture-of-Experts models with tp = 1",
-                      primary({"model.moe_experts", "parallel.tp"}), show("model.moe_experts"), show("parallel.tp")));
+  if (c.parallel.ep > 1 && c.model.moe_experts == 0)
+    error(fmt::format("{}: {} needs a Mixture-of-Experts model (model.kind = \"moe\", model.moe_experts >= 1); "
+                      "{}",
+                      primary({"parallel.ep", "model.moe_experts"}), show("parallel.ep"), show("model.moe_experts")));
+  if (c.parallel.dp % c.parallel.ep != 0)
+    error(fmt::format("{}: {} does not divide {}: the ep ranks holding different experts are a part of each "
+                      "data-parallel group",
+                      primary({"parallel.ep", "parallel.dp"}), show("parallel.ep"), show("parallel.dp")));
+  if (c.model.moe_experts > 0 && c.model.moe_experts % c.parallel.ep != 0)
+    error(fmt::format("{}: {} is not a multiple of {}: each expert-parallel rank holds experts / ep whole experts",
+                      primary({"model.moe_experts", "parallel.ep"}), show("model.moe_experts"), show("parallel.ep")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",
@@ -447,21 +455,20 @@ void Resolver::throw_if_errors() {
 }
 
 // Layouts the deck format describes but this build cannot run yet: data,
-// tensor, sequence and pipeline parallelism (every schedule) with every ZeRO
-// stage run; expert parallelism and offload do not.
+// tensor, sequence, pipeline (every schedule) and expert parallelism with
+// every ZeRO stage run; offload does not.
 // This is the one place to relax as each strategy arrives; the key table
 // already accepts the full range of every parallel key.
 void check_supported_by_this_build(Resolver& r) {
   const ParallelSection& p = r.config.parallel;
   constexpr const char* kOnly =
-      "this build runs data, tensor, sequence and pipeline parallelism (any dp, tp and pp, zero = 0..3, every "
-      "schedule); ep = 1 and offload = \"none\" (expert parallelism and offload are not built yet)";
+      "this build runs data, tensor, sequence, pipeline and expert parallelism (any dp, tp, pp and ep, zero = 0..3, "
+      "every schedule); offload = \"none\" (offload is not built yet)";
   auto refuse = [&](const std::string& key, bool unsupported) {
     if (!unsupported) return;
     const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
     r.error(fmt::format("{}: {} = {}: {}", r.primary({key}), key, value, kOnly));
   };
-  refuse("parallel.ep", p.ep != 1);
   refuse("parallel.offload", p.offload != "none");
 }
 

@@ -30,14 +30,21 @@ int rank_of(const Layout& l, const Coords& c) {
 
 namespace {
 
-enum class Axis { dp, tp, pp };
+enum class Axis { dp, tp, pp, ep, edp };
 
 // World ranks of the group along `axis` through `c`, in group-rank order.
 std::vector<int> group_members(const Layout& l, Coords c, Axis axis) {
   std::vector<int> out;
-  const int n = axis == Axis::dp ? l.dp : axis == Axis::tp ? l.tp : l.pp;
+  const int n = axis == Axis::dp ? l.dp : axis == Axis::tp ? l.tp : axis == Axis::pp ? l.pp : axis == Axis::ep ? l.ep
+                                                                                                    : l.dp / l.ep;
+  const int ep_base = c.dp / l.ep * l.ep, ep_coord = c.dp % l.ep;
   for (int i = 0; i < n; ++i) {
-    (axis == Axis::dp ? c.dp : axis == Axis::tp ? c.tp : c.pp) = i;
+    if (axis == Axis::ep)
+      c.dp = ep_base + i;
+    else if (axis == Axis::edp)
+      c.dp = i * l.ep + ep_coord;
+    else
+      (axis == Axis::dp ? c.dp : axis == Axis::tp ? c.tp : c.pp) = i;
     out.push_back(rank_of(l, c));
   }
   return out;
@@ -81,8 +88,11 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log) : layout_(l) {
   STRATA_CHECK_MPI(MPI_Comm_rank(world, &rank_));
   // Every rank sees the same size and layout, so every rank throws here
   // together and none is left waiting in the splits below.
-  if (l.pp < 1 || l.dp < 1 || l.tp < 1)
-    core::runtime_error("mesh: layout pp {} x dp {} x tp {} has an axis below 1", l.pp, l.dp, l.tp);
+  if (l.pp < 1 || l.dp < 1 || l.tp < 1 || l.ep < 1)
+    core::runtime_error("mesh: layout pp {} x dp {} x tp {} (ep {}) has an axis below 1", l.pp, l.dp, l.tp, l.ep);
+  if (l.dp % l.ep != 0)
+    core::runtime_error("mesh: ep {} does not divide dp {}: expert parallelism splits each data-parallel group", l.ep,
+                        l.dp);
   if (l.world() != size)
     core::runtime_error("mesh: layout pp {} x dp {} x tp {} = {} rank(s), but the world has {}: need pp*dp*tp == world",
                         l.pp, l.dp, l.tp, l.world(), size);
@@ -98,26 +108,34 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log) : layout_(l) {
     // holders of the tied word embedding.
     const bool holds_wte = c.pp == 0 || c.pp == l.pp - 1;
     emb_comm_ = split(world_comm_, holds_wte ? c.dp * l.tp + c.tp : MPI_UNDEFINED, c.pp);
+    // ep: the same (pp, tp) and dp / ep; edp: the same (pp, tp) and dp % ep.
+    const int groups = l.dp / l.ep;
+    ep_comm_ = split(world_comm_, (c.pp * groups + c.dp / l.ep) * l.tp + c.tp, c.dp % l.ep);
+    edp_comm_ = split(world_comm_, (c.pp * l.ep + c.dp % l.ep) * l.tp + c.tp, c.dp / l.ep);
     world_ = profiled(world_comm_, "world", log);
     if (emb_comm_ != MPI_COMM_NULL) emb_ = profiled(emb_comm_, "emb", log);
     dp_ = profiled(dp_comm_, "dp", log);
     tp_ = profiled(tp_comm_, "tp", log);
     pp_ = profiled(pp_comm_, "pp", log);
+    ep_ = profiled(ep_comm_, "ep", log);
+    edp_ = profiled(edp_comm_, "edp", log);
   } catch (...) {
     // The destructor does not run for a half-built object.
-    world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset();
-    free_comm(emb_comm_), free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
+    release();
     throw;
   }
 }
 
-Mesh::~Mesh() {
-  world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset();
+void Mesh::release() {
+  world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset(), ep_.reset(), edp_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // the handles died with MPI
+  free_comm(edp_comm_), free_comm(ep_comm_);
   free_comm(emb_comm_), free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
 }
+
+Mesh::~Mesh() { release(); }
 
 std::string Mesh::table() const {
   const int n = layout_.world();
@@ -130,11 +148,12 @@ std::string Mesh::table() const {
       MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world_comm_));
 
   struct Row {
-    std::string host, dp, tp, pp;
+    std::string host, dp, tp, pp, ep;
     Coords c;
   };
+  const bool ep = layout_.ep > 1;  // the ep group's column only when there is one
   std::vector<Row> rows(n);
-  std::size_t wh = 4, wd = 8, wt = 8;  // at least the headers' widths
+  std::size_t wh = 4, wd = 8, wt = 8, wp = 8;  // at least the headers' widths
   for (int r = 0; r < n; ++r) {
     const char* h = &all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME];
     Row& row = rows[r];
@@ -143,19 +162,23 @@ std::string Mesh::table() const {
     row.dp = group_text("dp", group_members(layout_, row.c, Axis::dp));
     row.tp = group_text("tp", group_members(layout_, row.c, Axis::tp));
     row.pp = group_text("pp", group_members(layout_, row.c, Axis::pp));
+    if (ep) row.ep = "  " + group_text("ep", group_members(layout_, row.c, Axis::ep));
     wh = std::max(wh, row.host.size());
     wd = std::max(wd, row.dp.size());
     wt = std::max(wt, row.tp.size());
+    wp = std::max(wp, row.pp.size());
   }
   const std::size_t wr = std::max<std::size_t>(4, fmt::formatted_size("{}", n - 1));
   const std::size_t wc =
       std::max<std::size_t>(2, fmt::formatted_size("{}", std::max({layout_.pp, layout_.dp, layout_.tp}) - 1));
   std::string out = fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}  {}\n", "rank", wr, "host", wh,
-                                "pp", wc, "dp", wc, "tp", wc, "dp group", wd, "tp group", wt, "pp group");
+                                "pp", wc, "dp", wc, "tp", wc, "dp group", wd, "tp group", wt,
+                                ep ? fmt::format("{:<{}}  ep group", "pp group", wp) : std::string("pp group"));
   for (int r = 0; r < n; ++r) {
     const Row& row = rows[r];
     out += fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}  {}\n", r, wr, row.host, wh, row.c.pp,
-                       wc, row.c.dp, wc, row.c.tp, wc, row.dp, wd, row.tp, wt, row.pp);
+                       wc, row.c.dp, wc, row.c.tp, wc, row.dp, wd, row.tp, wt,
+                       ep ? fmt::format("{:<{}}{}", row.pp, wp, row.ep) : row.pp);
   }
   return out;
 }

@@ -1,5 +1,9 @@
 // The process mesh: world = pp x dp x tp with tp varying fastest (tensor
 // parallel ranks are neighbours, so they share a node), then dp, then pp.
+// Expert parallelism divides dp: the ep consecutive dp ranks of an ep group
+// hold different experts (ep coordinate dp % ep), and the dp / ep ranks that
+// hold the same experts form an expert-data-parallel (edp) group (edp
+// coordinate dp / ep).
 // One function maps a rank to its coordinates and back; the Mesh builds one
 // communicator per axis with MPI_Comm_split, each wrapped in the profiling
 // layer so every call on any axis is recorded.
@@ -17,6 +21,7 @@ namespace strata::mesh {
 
 struct Layout {
   int pp = 1, dp = 1, tp = 1;
+  int ep = 1;  // divides dp
   int world() const { return pp * dp * tp; }
 };
 
@@ -45,6 +50,11 @@ class Mesh {
   comm::Communicator& dp() { return *dp_; }
   comm::Communicator& tp() { return *tp_; }
   comm::Communicator& pp() { return *pp_; }
+  // The expert-parallel group (size ep) and the expert-data-parallel group
+  // (size dp / ep) through this rank; with ep = 1, a group of one and a
+  // group equal to dp's.
+  comm::Communicator& ep() { return *ep_; }
+  comm::Communicator& edp() { return *edp_; }
   // The first and last pipeline stages of this rank's (dp, tp) position,
   // which both hold the tied word embedding; null on the other stages.
   comm::Communicator* embedding() { return emb_.get(); }
@@ -55,12 +65,14 @@ class Mesh {
   std::string table() const;
 
  private:
+  void release();
+
   Layout layout_;
   Coords coords_;
   int rank_ = 0;
   MPI_Comm world_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL,
-           emb_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<comm::Communicator> world_, dp_, tp_, pp_, emb_;
+           emb_comm_ = MPI_COMM_NULL, ep_comm_ = MPI_COMM_NULL, edp_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<comm::Communicator> world_, dp_, tp_, pp_, emb_, ep_, edp_;
 };
 
 }  // namespace strata::mesh

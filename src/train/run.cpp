@@ -98,7 +98,9 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
   const auto& par = deck.config.parallel;
   const int p = par.pp, v = p > 1 ? par.virtual_stages : 1;
   const int m = deck.config.data.global_batch / (micro_batch * par.dp);
-  const double n = par.dp;
+  // Dense parameters are kept over dp ranks, experts over the dp / ep ranks
+  // that hold the same ones.
+  const double n = par.dp, n_experts = double(par.dp) / par.ep;
   strategies::pp::Schedule schedule;
   bool split = false;
   if (p > 1) {
@@ -111,22 +113,34 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
   fmt::print(" {:>12}\n", "total");
   std::uint64_t largest = 0;
   for (int r = 0; r < p; ++r) {
-    double psi = 0;
+    double psi = 0, psi_experts = 0;
     std::uint64_t per_cat[K] = {};
     for (int c = 0; c < v; ++c) {
       const models::GptStage stage =
           p > 1 ? models::gpt_stage(gc, c * p + r, p * v, par.first_stage_layers, par.last_stage_layers)
                 : models::GptStage{};
-      psi += double(models::gpt_registry(gc, par.tp, 0, stage).numel());
+      const models::ParamRegistry reg = models::gpt_registry(gc, par.tp, 0, stage, par.ep, 0);
+      for (const auto& s : reg.specs())
+        (s.expert ? psi_experts : psi) += double(s.numel);
       const std::uint64_t slots = p > 1 ? std::uint64_t(max_in_flight(schedule[r], c)) : 1;
-      for (const auto& b : models::gpt_activation_plan(gc, micro_batch, par.tp, par.sequence_parallel, stage, split))
-        per_cat[int(b.category)] += 4 * std::uint64_t(b.numel) * slots;
+      std::vector<models::BufferPlan> plan =
+          models::gpt_activation_plan(gc, micro_batch, par.tp, par.sequence_parallel, stage, split);
+      const models::GptStage st = stage.last < 0 ? models::GptStage{0, gc.layers} : stage;
+      for (int l = st.first; l < st.last; ++l)
+        if (gc.is_moe(l))
+          for (auto& b : models::moe_buffer_plan(gc.moe_layer(), micro_batch * gc.seq_len)) plan.push_back(b);
+      for (const auto& b : plan) per_cat[int(b.category)] += 4 * std::uint64_t(b.numel) * slots;
     }
-    const double held[4][3] = {{4 * psi, 4 * psi, 8 * psi}, {4 * psi, 4 * psi, 8 * psi / n},
-                               {4 * psi, 4 * psi / n, 8 * psi / n}, {4 * psi / n, 4 * psi / n, 8 * psi / n}};
-    per_cat[int(core::MemCategory::params)] = std::uint64_t(held[par.zero][0]);
-    per_cat[int(core::MemCategory::grads)] = std::uint64_t(held[par.zero][1]);
-    per_cat[int(core::MemCategory::optimizer)] = std::uint64_t(held[par.zero][2]);
+    // Parameters, gradients and optimizer state: whole, or sharded over
+    // their group from the ZeRO stage that shards them.
+    const int stage_of[3] = {3, 2, 1};  // the first ZeRO stage that shards params, grads, optimizer state
+    for (int k = 0; k < 3; ++k) {
+      const double whole = k == 2 ? 8 : 4;
+      const bool sharded = par.zero >= stage_of[k];
+      const double bytes = whole * (sharded ? psi / n + psi_experts / n_experts : psi + psi_experts);
+      per_cat[int(k == 0 ? core::MemCategory::params : k == 1 ? core::MemCategory::grads
+                                                              : core::MemCategory::optimizer)] = std::uint64_t(bytes);
+    }
     // Token ids and targets: one micro-batch's, or a pipeline step's.
     per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len * (p > 1 ? m + 1 : 1);
     std::uint64_t total = 0;
@@ -212,7 +226,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   const models::GptConfig gc = gpt_config(cfg.model);
   const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
-  const mesh::Layout layout{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp};
+  const mesh::Layout layout{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep};
   prof::Timeline timeline(cfg.run.profile);
   comm::CommLog log(timeline.origin());
   mesh::Mesh mesh(comm, layout, log);
@@ -221,7 +235,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     const std::string table = mesh.table();
     if (rank == 0) {
       print_plan(deck, gc, cfg.data.micro_batch, params);
-      fmt::print("process mesh (pp {} x dp {} x tp {}):\n{}", layout.pp, layout.dp, layout.tp, table);
+      fmt::print("process mesh (pp {} x dp {} x tp {}{}):\n{}", layout.pp, layout.dp, layout.tp,
+                 layout.ep > 1 ? fmt::format(", ep {} within dp", layout.ep) : "", table);
     }
     return 0;
   }
@@ -258,7 +273,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   report::H5File file(comm, report_path(deck, options));
   write_provenance(file, prov);
 
-  prov.layout = fmt::format("pp {} x dp {} x tp {}", layout.pp, layout.dp, layout.tp);
+  prov.layout = fmt::format("pp {} x dp {} x tp {}{}", layout.pp, layout.dp, layout.tp,
+                            layout.ep > 1 ? fmt::format(" (ep {})", layout.ep) : "");
   core::MemoryTracker tracker(cfg.backend.memory_limit);
   std::vector<StepRecord> steps;
   std::vector<ExpertRecord> experts;  // MoE routing, copied after every step
@@ -282,7 +298,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   };
 
   try {
-    Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
+    Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(),
+                    &mesh.ep(), &mesh.edp());
     // Room for every record up front: a growing log would pay page faults
     // inside the measured calls. Per micro-batch a unit has at most a gather,
     // a prefetch and a reduce-scatter; per step, buckets and a few scalars.

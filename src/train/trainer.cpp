@@ -19,7 +19,7 @@ models::GptConfig gpt_config(const deck::ModelSection& m) {
 
 Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
                  double peak_flops, comm::Communicator* dp, comm::Communicator* tp, comm::Communicator* pp,
-                 comm::Communicator* emb)
+                 comm::Communicator* emb, comm::Communicator* ep, comm::Communicator* edp)
     : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(dp),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr), pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
       tracker_(&tracker) {
@@ -34,6 +34,10 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
   if (tp_ != nullptr) tpc_ = {tp_, tp_->size(), tp_->rank(), cfg_.parallel.sequence_parallel};
+  if (ep != nullptr && ep->size() > 1) {
+    epc_ = {ep, ep->size(), ep->rank()};
+    edp_ = edp;
+  }
   int p = 1, v = 1;
   if (pp_ != nullptr) {
     p = pp_->size();
@@ -82,7 +86,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;
   sc.tp_size = tpc_.size;
-  strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker);
+  strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, epc_.comm, edp_);
   if (v > 1)
     for (auto& ch : chunks_)
       ch.view = std::make_unique<models::ShiftedState>(strategy_->state(), ch.first_unit,
@@ -96,7 +100,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
 
 void Trainer::add_slot(Chunk& ch) {
   ch.slots.push_back(std::make_unique<models::Gpt>(gpt_config(cfg_.model), cfg_.data.micro_batch, *tracker_, tpc_,
-                                                   ch.stage, split_backward_));
+                                                   ch.stage, split_backward_, epc_));
   ch.free.push_back(ch.slots.back().get());
 }
 

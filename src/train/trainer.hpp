@@ -59,10 +59,11 @@ class Trainer {
   // tp: the tensor-parallel communicator (nullptr: tp = 1). pp: the pipeline
   // communicator, and emb: the group of the first and last stage (null on
   // other stages), when the model is cut into parallel.pp stages that run
-  // parallel.schedule.
+  // parallel.schedule. ep and edp: the expert-parallel and
+  // expert-data-parallel groups (parallel.ep > 1, a MoE model).
   Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
           comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr,
-          comm::Communicator* emb = nullptr);
+          comm::Communicator* emb = nullptr, comm::Communicator* ep = nullptr, comm::Communicator* edp = nullptr);
 
   // Runs 0-based optimizer step `step` and returns its record.
   StepRecord step(int step);
@@ -126,6 +127,8 @@ class Trainer {
   comm::Communicator* emb_ = nullptr;
   int pp_rank_ = 0;
   models::TensorParallel tpc_;  // the layer seam's context, for every stage model
+  models::ExpertParallel epc_;
+  comm::Communicator* edp_ = nullptr;
   bool split_backward_ = false;  // the schedule runs backward_input and backward_weight apart
   std::vector<Chunk> chunks_;
   models::ParamRegistry registry_;

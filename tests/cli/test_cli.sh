@@ -108,7 +108,8 @@ expect_input_error "missing deck" "nothere.toml" "$strata" run nothere.toml --ou
 expect_input_error "bad --set key" "--set" "$strata" run tiny.toml --set model.layerz=3 --output out_bad/x.h5
 expect_input_error "bad --set value" "model.layers" "$strata" run tiny.toml --set model.layers=-1 --output out_bad/x.h5
 expect_input_error "unknown flag" "--frobnicate" "$strata" run tiny.toml --frobnicate
-expect_input_error "layout refused" "parallel.ep" "$strata" run tiny.toml --set parallel.ep=2 --output out_bad/x.h5
+expect_input_error "ep without experts" "needs a Mixture-of-Experts model" "$strata" run tiny.toml --set parallel.ep=2 --output out_bad/x.h5
+expect_input_error "layout refused" "parallel.offload" "$strata" run tiny.toml --set parallel.offload=\"host\" --output out_bad/x.h5
 expect_input_error "micro-batches < pp for 1f1b" "at least as many micro-batches" "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_batch=4 --output out_bad/x.h5
 expect_input_error "heads % tp" "parallel.tp" "$strata" run tiny.toml --set parallel.tp=4 --output out_bad/x.h5
 expect_input_error "vocab % tp" "model.vocab = 255" "$strata" run tiny.toml --set parallel.tp=2 --set model.vocab=255 --output out_bad/x.h5

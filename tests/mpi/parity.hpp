@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "models/param_registry.hpp"
@@ -28,8 +29,10 @@ using mpi_test::world_size;
 // row of scores, which softmax ignores), it has no effect on the output, and
 // its rounding noise, summed in a different order on each layout, is
 // amplified by Adam into updates of varying sign.
+// `worst`, when given, names the tensor with the largest difference.
 inline double params_error(const models::ParamRegistry& local, const std::vector<float>& mine,
-                           const models::ParamRegistry& whole, const std::vector<float>& ref, double* key_abs) {
+                           const models::ParamRegistry& whole, const std::vector<float>& ref, double* key_abs,
+                           std::string* worst_name = nullptr) {
   double worst = 0;
   *key_abs = 0;
   for (const auto& s : local.specs()) {
@@ -47,7 +50,9 @@ inline double params_error(const models::ParamRegistry& local, const std::vector
         norm += want * want;
       }
     }
-    worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
+    const double e = std::sqrt(diff / std::max(norm, 1e-30));
+    if (e > worst && worst_name != nullptr) *worst_name = s.name;
+    worst = std::max(worst, e);
   }
   return worst;
 }

@@ -316,6 +316,28 @@ TEST_F(DeckTest, StringNotAllowedNamesTheAllowedValues) {
   EXPECT_NO_THROW(load("[model]\nkind = \"moe\"\nmoe_experts = 4\n"));
 }
 
+TEST_F(DeckTest, ExpertParallelLayoutsAreChecked) {
+  const std::string moe = "[model]\nkind = \"moe\"\nmoe_experts = 4\nheads = 4\nvocab = 256\n";
+  const std::string batch = "[data]\nglobal_batch = 16\nmicro_batch = 2\n";
+  EXPECT_NO_THROW(load(moe + batch + "[parallel]\ndp = 4\nep = 2\n"));
+  EXPECT_NO_THROW(load(moe + batch + "[parallel]\ndp = 4\nep = 4\nzero = 3\n"));
+  EXPECT_NO_THROW(load(moe + batch + "[parallel]\ndp = 2\nep = 2\ntp = 2\nsequence_parallel = true\n"));
+  EXPECT_NO_THROW(load(moe + batch + "[parallel]\ndp = 2\nep = 2\npp = 2\n"));
+  // ep divides dp; experts split evenly over ep; ep needs experts.
+  load_error(moe + batch + "[parallel]\ndp = 4\nep = 3\n",
+             {"parallel.ep = 3", "does not divide parallel.dp = 4", "part of each data-parallel group"});
+  load_error(moe + batch + "[parallel]\ndp = 2\nep = 4\n", {"parallel.ep = 4", "does not divide parallel.dp = 2"});
+  load_error("[model]\nkind = \"moe\"\nmoe_experts = 6\n" + batch + "[parallel]\ndp = 4\nep = 4\n",
+             {"model.moe_experts = 6", "not a multiple of parallel.ep = 4"});
+  load_error(batch + "[parallel]\ndp = 2\nep = 2\n",
+             {"parallel.ep = 2", "needs a Mixture-of-Experts model", "model.moe_experts = 0 (default)"});
+  // top_k and capacity, with ep as without.
+  load_error("[model]\nkind = \"moe\"\nmoe_experts = 2\nmoe_top_k = 3\n" + batch + "[parallel]\ndp = 2\nep = 2\n",
+             {"'model.moe_top_k'"});
+  load_error(moe + "moe_capacity_factor = -1\n" + batch + "[parallel]\ndp = 2\nep = 2\n",
+             {"key 'model.moe_capacity_factor' must be > 0"});
+}
+
 TEST_F(DeckTest, TomlSyntaxErrorNamesLineAndColumn) {
   const std::string msg = load_error("[run]\nsteps = 3\nlayers = = 4\n", {"deck.toml:3:", "TOML syntax error"});
   EXPECT_NE(msg.find("deck.toml:3:10"), std::string::npos) << msg;
@@ -369,7 +391,7 @@ TEST_F(DeckTest, RelativeDataPathIsFoundNextToTheDeck) {
 
 TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
   load_error("[parallel]\noffload = \"host\"\n",
-             {"deck.toml:2: parallel.offload = \"host\": this build runs data, tensor, sequence and pipeline"});
+             {"deck.toml:2: parallel.offload = \"host\": this build runs data, tensor, sequence, pipeline and expert"});
   EXPECT_NO_THROW(load("[model]\nseq_len = 8\n[parallel]\ntp = 2\nsequence_parallel = true\n"));
   load_error("[model]\nseq_len = 9\nheads = 4\n[parallel]\ntp = 2\nsequence_parallel = true\n",
              {"model.seq_len = 9", "parallel.tp = 2"});
@@ -408,7 +430,8 @@ TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
   load_error("[parallel]\nfirst_stage_layers = 1\n", {"split a pipeline", "parallel.pp = 1"});
   load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2", "needs the interleaved schedule with pp > 1"});
   load_error("[parallel]\noffload = \"host\"\n", {"deck.toml:2: parallel.offload = \"host\":"});
-  load_error("", {"--set parallel.ep=2: parallel.ep = 2:"}, {"parallel.ep=2"});
+  load_error("", {"--set parallel.ep=2: parallel.ep = 2 (--set parallel.ep=2) needs a Mixture-of-Experts model"},
+             {"parallel.ep=2"});
   // Data parallelism and every ZeRO stage run; the global batch must split over dp.
   EXPECT_NO_THROW(load("[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\ndp = 4\nzero = 3\n"));
   load_error("[data]\nglobal_batch = 8\nmicro_batch = 4\n[parallel]\ndp = 4\n",

@@ -1,0 +1,66 @@
+// Expert parallelism on the state seam (DeepSpeed-MoE's and Megatron's
+// expert-data parallelism): a MoE model's dense units (embeddings,
+// attention, norms, routers, dense MLPs) are synchronised over the whole
+// data-parallel group, its expert units over the expert-data-parallel group
+// (the dp / ep ranks that hold the same experts). Each kind is kept by its
+// own inner strategy (dp, or ZeRO sharded over that kind's group) with its
+// own flat layout; this class routes the model's units to them.
+//
+// Every token's expert gradient is computed on the rank holding its expert
+// (the tokens of the whole ep group arrive there), so the sum over the edp
+// group is the sum over all dp ranks: with the loss scaled by 1 / (micro-
+// batches x dp), both kinds end up with the global batch's mean gradient.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/state.hpp"
+#include "strategies/state_strategy.hpp"
+
+namespace strata::strategies {
+
+class ExpertParallelState final : public StateStrategy, public models::ParamState {
+ public:
+  // `make` builds an inner strategy over a sub-registry, its units and a
+  // group (the factory's own choice of dp or ZeRO).
+  using Make = std::unique_ptr<StateStrategy> (*)(const StateConfig&, const models::ParamRegistry&,
+                                                 std::vector<models::Unit>, comm::Communicator*,
+                                                 core::MemoryTracker&);
+  ExpertParallelState(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
+                      comm::Communicator* dp, comm::Communicator* ep, comm::Communicator* edp,
+                      core::MemoryTracker& tracker, Make make);
+
+  std::string name() const override { return dense_->name(); }
+  models::ParamState& state() override { return *this; }
+  void begin_step() override;
+  void begin_micro_batch(bool last) override;
+  void finish_gradients() override;
+  // The dense units' share plus the experts', summed over the ep group
+  // (each ep rank holds other experts).
+  double grad_norm_sq() override;
+  std::span<float> unit_grads(int u) override { return inner(u).unit_grads(local_[u]); }
+  void update(float coef, float lr, int step) override;
+  std::vector<float> full_params() override;
+  std::int64_t padding_elements() const override;
+
+  float* acquire_params(int u) override { return inner(u).state().acquire_params(local_[u]); }
+  void release_params(int u) override { inner(u).state().release_params(local_[u]); }
+  void prefetch(int u) override {
+    if (u >= 0 && u < int(local_.size())) inner(u).state().prefetch(local_[u]);
+  }
+  float* grads(int u) override { return inner(u).state().grads(local_[u]); }
+  void grads_done(int u) override { inner(u).state().grads_done(local_[u]); }
+
+ private:
+  StateStrategy& inner(int u) { return expert_[u] ? *experts_ : *dense_; }
+
+  std::vector<models::Unit> units_;
+  comm::Communicator* ep_;
+  std::vector<char> expert_;  // per unit: an expert unit
+  std::vector<int> local_;    // per unit: its index among its kind's units
+  models::ParamRegistry dense_reg_, expert_reg_;  // must outlive the inner strategies
+  std::unique_ptr<StateStrategy> dense_, experts_;
+};
+
+}  // namespace strata::strategies
