@@ -33,7 +33,7 @@ class Report:
             self.attrs = {k: (text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}
             self.tables = {}
             self.summary = {}
-            for name in ("steps", "memory", "timeline", "comm", "summary/comm", "summary/pipeline"):
+            for name in ("steps", "memory", "timeline", "comm", "experts", "summary/comm", "summary/pipeline"):
                 self.tables[name] = f[name][...] if name in f else None
             if "summary" in f:
                 for k, d in f["summary"].items():

@@ -60,6 +60,39 @@ def comm_per_axis_op(rep):
     return rows
 
 
+def moe_per_step(rep):
+    """[(step, auxiliary loss, load imbalance, drop rate)] per measured step:
+    the mean over ranks of /steps' MoE columns (empty for a dense model)."""
+    s = rep.measured_steps()
+    if len(s) == 0 or "drop_rate" not in s.dtype.names or len(rep.table("experts")) == 0:
+        return []
+    return [(int(k), float(s["moe_aux_loss"][s["step"] == k].mean()), float(s["load_imbalance"][s["step"] == k].mean()),
+             float(s["drop_rate"][s["step"] == k].mean())) for k in np.unique(s["step"])]
+
+
+def expert_load(rep):
+    """{layer: [(expert, share of the block's assignments, share of its own
+    assignments dropped)]} over the measured steps and every rank. Shares,
+    so that tensor-parallel ranks recording the same routing count alike."""
+    e = rep.table("experts")
+    if len(e) == 0:
+        return {}
+    s = rep.measured_steps()
+    steps = np.unique(s["step"]) if len(s) else np.unique(e["step"])
+    e = e[np.isin(e["step"], steps)]
+    out = {}
+    for layer in np.unique(e["layer"]):
+        b = e[e["layer"] == layer]
+        total = max(int(b["tokens_routed"].sum()), 1)
+        rows = []
+        for x in np.unique(b["expert"]):
+            r = b[b["expert"] == x]
+            routed, dropped = int(r["tokens_routed"].sum()), int(r["tokens_dropped"].sum())
+            rows.append((int(x), routed / total, dropped / routed if routed else 0.0))
+        out[int(layer)] = rows
+    return out
+
+
 def render(rep):
     out = []
     p = out.append
@@ -100,6 +133,16 @@ def render(rep):
         for row in sorted(pipe, key=lambda x: x["rank"]):
             p(f"  {row['rank']:>4}  {row['pp_rank']:>5}   {row['bubble']:.3f}         {row['bubble_over_compute']:.3f}"
               f"    {row['theory']:.3f}")
+    moe = moe_per_step(rep)
+    if moe:
+        p("")
+        p("mixture of experts per measured step (mean over ranks)")
+        p("  step   aux_loss  load_imbalance  drop_rate")
+        for k, aux, imb, drop in moe:
+            p(f"  {k:>4}   {aux:.5f}  {imb:>14.3f}  {100 * drop:>8.2f}%")
+        p("expert load over the measured steps (share of the block's assignments / share of them dropped)")
+        for layer, rows in expert_load(rep).items():
+            p(f"  block {layer}: " + "  ".join(f"e{x} {100 * share:.1f}%/{100 * drop:.1f}%" for x, share, drop in rows))
     comm = comm_per_axis_op(rep)
     if comm:
         p("")

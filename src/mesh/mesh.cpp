@@ -148,12 +148,12 @@ std::string Mesh::table() const {
       MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world_comm_));
 
   struct Row {
-    std::string host, dp, tp, pp, ep;
+    std::string host, dp, tp, pp, ep, edp;
     Coords c;
   };
   const bool ep = layout_.ep > 1;  // the ep group's column only when there is one
   std::vector<Row> rows(n);
-  std::size_t wh = 4, wd = 8, wt = 8, wp = 8;  // at least the headers' widths
+  std::size_t wh = 4, wd = 8, wt = 8, wp = 8, we = 8;  // at least the headers' widths
   for (int r = 0; r < n; ++r) {
     const char* h = &all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME];
     Row& row = rows[r];
@@ -162,7 +162,11 @@ std::string Mesh::table() const {
     row.dp = group_text("dp", group_members(layout_, row.c, Axis::dp));
     row.tp = group_text("tp", group_members(layout_, row.c, Axis::tp));
     row.pp = group_text("pp", group_members(layout_, row.c, Axis::pp));
-    if (ep) row.ep = "  " + group_text("ep", group_members(layout_, row.c, Axis::ep));
+    if (ep) {
+      row.ep = group_text("ep", group_members(layout_, row.c, Axis::ep));
+      row.edp = group_text("edp", group_members(layout_, row.c, Axis::edp));
+      we = std::max(we, row.ep.size());
+    }
     wh = std::max(wh, row.host.size());
     wd = std::max(wd, row.dp.size());
     wt = std::max(wt, row.tp.size());
@@ -173,12 +177,13 @@ std::string Mesh::table() const {
       std::max<std::size_t>(2, fmt::formatted_size("{}", std::max({layout_.pp, layout_.dp, layout_.tp}) - 1));
   std::string out = fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}  {}\n", "rank", wr, "host", wh,
                                 "pp", wc, "dp", wc, "tp", wc, "dp group", wd, "tp group", wt,
-                                ep ? fmt::format("{:<{}}  ep group", "pp group", wp) : std::string("pp group"));
+                                ep ? fmt::format("{:<{}}  {:<{}}  edp group", "pp group", wp, "ep group", we)
+                                   : std::string("pp group"));
   for (int r = 0; r < n; ++r) {
     const Row& row = rows[r];
     out += fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}  {}\n", r, wr, row.host, wh, row.c.pp,
                        wc, row.c.dp, wc, row.c.tp, wc, row.dp, wd, row.tp, wt,
-                       ep ? fmt::format("{:<{}}{}", row.pp, wp, row.ep) : row.pp);
+                       ep ? fmt::format("{:<{}}  {:<{}}  {}", row.pp, wp, row.ep, we, row.edp) : row.pp);
   }
   return out;
 }

@@ -108,6 +108,11 @@ expect_input_error "missing deck" "nothere.toml" "$strata" run nothere.toml --ou
 expect_input_error "bad --set key" "--set" "$strata" run tiny.toml --set model.layerz=3 --output out_bad/x.h5
 expect_input_error "bad --set value" "model.layers" "$strata" run tiny.toml --set model.layers=-1 --output out_bad/x.h5
 expect_input_error "unknown flag" "--frobnicate" "$strata" run tiny.toml --frobnicate
+moe="$src/inputs/moe-ep.toml"  # 8 experts, dp 8, ep 4
+expect_input_error "experts % ep" "model.moe_experts = 6" "$strata" run "$moe" --set model.moe_experts=6 --output out_bad/x.h5
+expect_input_error "ep does not divide dp" "does not divide parallel.dp = 8" "$strata" run "$moe" --set parallel.ep=3 --output out_bad/x.h5
+expect_input_error "top_k > experts" "exceeds model.moe_experts = 1" "$strata" run "$moe" --set model.moe_experts=1 --set parallel.ep=1 --output out_bad/x.h5
+expect_input_error "capacity factor <= 0" "'model.moe_capacity_factor' must be > 0" "$strata" run "$moe" --set model.moe_capacity_factor=0 --output out_bad/x.h5
 expect_input_error "ep without experts" "needs a Mixture-of-Experts model" "$strata" run tiny.toml --set parallel.ep=2 --output out_bad/x.h5
 expect_input_error "layout refused" "parallel.offload" "$strata" run tiny.toml --set parallel.offload=\"host\" --output out_bad/x.h5
 expect_input_error "micro-batches < pp for 1f1b" "at least as many micro-batches" "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_batch=4 --output out_bad/x.h5

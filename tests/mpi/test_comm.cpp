@@ -359,6 +359,37 @@ TEST(Mesh, AxesCollectives) {
   }
 }
 
+// Expert parallelism inside dp: the ep group is ep consecutive dp ranks, the
+// edp group the dp ranks ep apart; both keep pp and tp fixed.
+TEST(Mesh, ExpertGroupsSplitEachDataParallelGroup) {
+  const int n = world_size(), me = world_rank();
+  for (mesh::Layout l : layouts_of(n)) {
+    for (int ep = 2; ep <= l.dp; ++ep) {
+      if (l.dp % ep != 0) continue;
+      l.ep = ep;
+      SCOPED_TRACE(testing::Message() << "pp " << l.pp << " dp " << l.dp << " tp " << l.tp << " ep " << ep);
+      comm::CommLog log(prof::now_seconds());
+      mesh::Mesh m(MPI_COMM_WORLD, l, log);
+      const mesh::Coords c = mesh::coords_of(l, me);
+      for (bool expert : {true, false}) {
+        comm::Communicator& g = expert ? m.ep() : m.edp();
+        EXPECT_EQ(g.axis(), expert ? "ep" : "edp");
+        EXPECT_EQ(g.size(), expert ? ep : l.dp / ep);
+        std::vector<std::int32_t> members(std::size_t(g.size()), -1);
+        std::int32_t self = me;
+        g.all_gather(&self, members.data(), 1, DType::i32);
+        for (int i = 0; i < g.size(); ++i) {
+          mesh::Coords x = c;
+          x.dp = expert ? c.dp / ep * ep + i : i * ep + c.dp % ep;
+          EXPECT_EQ(members[std::size_t(i)], mesh::rank_of(l, x)) << (expert ? "ep" : "edp") << " member " << i;
+        }
+      }
+    }
+  }
+  comm::CommLog log(0.0);
+  EXPECT_THROW(mesh::Mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1, n + 1}, log), core::Error) << "ep must divide dp";
+}
+
 TEST(Mesh, Table) {
   const int n = world_size(), me = world_rank();
   const mesh::Layout l = n % 2 == 0 ? mesh::Layout{1, n / 2, 2} : mesh::Layout{n, 1, 1};

@@ -62,6 +62,9 @@ def reports(tmp_path_factory):
     (tmp / "deck.toml").write_text(DECK)
     strata(tmp, "--set", "parallel.pp=2", "--set", 'parallel.schedule="zb-h1"', "--output", "pp.h5", ranks=2)
     strata(tmp, "--output", "one.h5")
+    # A MoE model with its 4 experts over ep 2 of dp 2, tokens dropped.
+    strata(tmp, "--set", 'model.kind="moe"', "--set", "model.moe_experts=4", "--set", "model.moe_capacity_factor=1.0",
+           "--set", "parallel.dp=2", "--set", "parallel.ep=2", "--output", "moe.h5", ranks=2)
     strata(tmp, "--set", "backend.memory_limit=64KiB", "--output", "failed.h5", expect=1)
     # A sweep: three valid points (one fails on its memory limit), one skipped.
     (tmp / "sweep.toml").write_text(DECK + '[sweep]\nname = "t"\n"parallel.pp" = [1, 2]\n'
@@ -91,6 +94,28 @@ def test_summary_states_the_reports_figures(reports):
     assert all(abs(float(r[4]) - 1 / 13) < 1e-3 for r in rows)
     # The recv row carries its peer wait.
     assert any(l.split()[:2] == ["pp", "recv"] for l in out.splitlines() if l.strip())
+
+
+def test_summary_shows_expert_load_and_all_to_all(reports):
+    out = tool(str(reports / "moe.h5")).stdout
+    rep = Report(str(reports / "moe.h5"))
+    lines = out.splitlines()
+    start = lines.index("mixture of experts per measured step (mean over ranks)") + 2
+    steps = rep.measured_steps()
+    for k, line in zip(np.unique(steps["step"]), lines[start:start + 3]):
+        f = line.split()
+        assert int(f[0]) == k
+        assert abs(float(f[3].rstrip("%")) / 100 - steps["drop_rate"][steps["step"] == k].mean()) < 1e-4
+    # Each block's expert shares sum to 100%.
+    blocks = [l for l in lines if l.strip().startswith("block ")]
+    assert len(blocks) == 4
+    for b in blocks:
+        shares = [float(x.split("/")[0].rstrip("%")) for x in b.split()[3::2]]
+        assert len(shares) == 4 and abs(sum(shares) - 100) < 0.5, b
+    assert any(l.split()[:2] == ["ep", "all_to_allv"] for l in lines if l.strip())
+    # Dense gradients over dp; the experts' edp group is one rank here (dp / ep = 1): nothing to reduce.
+    assert any(l.split()[:2] == ["dp", "all_reduce"] for l in lines if l.strip())
+    assert not any(l.split()[:1] == ["edp"] for l in lines if l.strip())
 
 
 def test_plots_are_pictures(reports, tmp_path):
