@@ -205,3 +205,40 @@ TEST(ExpertParallel, AllToAllBytesEqualTheRoutedTokens) {
     EXPECT_EQ(got, want) << "step " << s << ": rows out " << out << ", back " << back;
   }
 }
+
+// The bytes each rank holds under ZeRO with expert parallelism: every unit
+// kept over its own group, dense units over dp (N = dp), expert units over
+// edp (N = dp / ep), each padded to a multiple of N: with S_u = ceil(unit /
+// N_u), params 4 N_u S_u (stages 1-2) or 4 S_u (stage 3), grads 4 N_u S_u
+// (stage 1) or 4 S_u, optimizer 8 S_u, summed over the rank's units (its
+// experts only).
+TEST(ExpertParallel, ZeroHoldsEachKindOverItsGroup) {
+  const int n = parity::world_size();
+  if (n != 4) return;
+  for (int zero : {1, 2, 3}) {
+    SCOPED_TRACE(fmt::format("zero {}", zero));
+    const Layout l{2, 4, 1, 1, zero};
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep}, log);
+    const auto c = config(l, 2 * kMicroBatch * l.dp, 1);
+    core::MemoryTracker tracker;
+    train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(), &mesh.ep(),
+                     &mesh.edp());
+    t.step(0);
+    std::uint64_t params = 0, grads = 0, optimizer = 0, expert_elements = 0;
+    for (const auto& u : t.units()) {
+      bool expert = false;
+      for (const auto& s : t.registry().specs())
+        if (s.offset == u.begin) expert = s.expert;
+      const std::uint64_t N = expert ? l.dp / l.ep : l.dp, S = (std::uint64_t(u.size()) + N - 1) / N;
+      params += 4 * (zero == 3 ? S : N * S);
+      grads += 4 * (zero == 1 ? N * S : S);
+      optimizer += 8 * S;
+      if (expert) expert_elements += std::uint64_t(u.size());
+    }
+    EXPECT_GT(expert_elements, 0u);
+    EXPECT_EQ(tracker.current(core::MemCategory::params), params);
+    EXPECT_EQ(tracker.current(core::MemCategory::grads), grads);
+    EXPECT_EQ(tracker.current(core::MemCategory::optimizer), optimizer);
+  }
+}
