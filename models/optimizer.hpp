@@ -27,6 +27,11 @@ class AdamW {
   // params and grads point at element `begin` of their flat buffers.
   // `step` counts from 1 (bias correction).
   void update(float* params, const float* grads, float lr, int step);
+  // The state (first and second moments), capacity elements each: what a
+  // checkpoint saves.
+  float* m() { return m_.data(); }
+  float* v() { return v_.data(); }
+  std::int64_t capacity() const { return std::int64_t(m_.size()); }
 
  private:
   const ParamRegistry& reg_;

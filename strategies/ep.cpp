@@ -77,4 +77,14 @@ std::int64_t ExpertParallelState::padding_elements() const {
   return dense_->padding_elements() + experts_->padding_elements();
 }
 
+std::vector<StateTensor> ExpertParallelState::state_tensors() {
+  std::vector<StateTensor> out;
+  for (auto* kind : {dense_.get(), experts_.get()})
+    for (StateTensor t : kind->state_tensors()) {
+      t.name = (kind == dense_.get() ? "dense." : "experts.") + t.name;
+      out.push_back(std::move(t));
+    }
+  return out;
+}
+
 }  // namespace strata::strategies

@@ -43,6 +43,7 @@ class ExpertParallelState final : public StateStrategy, public models::ParamStat
   void update(float coef, float lr, int step) override;
   std::vector<float> full_params() override;
   std::int64_t padding_elements() const override;
+  std::vector<StateTensor> state_tensors() override;
 
   float* acquire_params(int u) override { return inner(u).state().acquire_params(local_[u]); }
   void release_params(int u) override { inner(u).state().release_params(local_[u]); }

@@ -29,6 +29,15 @@ struct StateConfig {
   int tp_size = 1;                           // tensor-parallel ranks (for the gradient norm's weights)
 };
 
+// A named range of a strategy's state buffers (parameters as this rank holds
+// them, optimizer moments): the list of them is the rank's whole training
+// state, what a checkpoint saves and restores.
+struct StateTensor {
+  std::string name;
+  float* data;
+  std::int64_t count;
+};
+
 class StateStrategy {
  public:
   virtual ~StateStrategy() = default;
@@ -58,6 +67,9 @@ class StateStrategy {
   virtual std::vector<float> full_params() = 0;
   // Elements added so that every shard has the same size (0 for dp).
   virtual std::int64_t padding_elements() const = 0;
+  // Between steps: this rank's state, every element it holds that the next
+  // step reads (not gradients, which each step starts from zero).
+  virtual std::vector<StateTensor> state_tensors() = 0;
 };
 
 // The parameters of `reg` (which must outlive the strategy), cut into

@@ -215,4 +215,19 @@ std::vector<float> Zero::full_params() {
   return out;
 }
 
+std::vector<StateTensor> Zero::state_tensors() {
+  // Stages 1-2 hold every parameter (the padded full buffer), stage 3 its
+  // shard; the moments are per unit shard.
+  std::vector<StateTensor> out;
+  if (stage_ <= 2)
+    out.push_back({"params", params_full_.data(), std::int64_t(params_full_.size())});
+  else
+    out.push_back({"params", params_shard_.data(), std::int64_t(params_shard_.size())});
+  for (std::size_t u = 0; u < optimizers_.size(); ++u) {
+    out.push_back({"unit" + std::to_string(u) + ".adam_m", optimizers_[u]->m(), optimizers_[u]->capacity()});
+    out.push_back({"unit" + std::to_string(u) + ".adam_v", optimizers_[u]->v(), optimizers_[u]->capacity()});
+  }
+  return out;
+}
+
 }  // namespace strata::strategies

@@ -53,11 +53,10 @@ std::string read_deck_on_root(const std::string& path, MPI_Comm comm) {
   return payload.substr(1);
 }
 
-int run_command(const std::string& deck_path, const std::vector<std::string>& sets, const std::string& output,
-                bool dry_run, const std::string& command_line) {
+int run_command(const std::string& deck_path, const std::vector<std::string>& sets,
+                strata::train::RunOptions opts) {
   const std::string text = read_deck_on_root(deck_path, MPI_COMM_WORLD);
   const strata::deck::Deck deck = strata::deck::parse_deck(deck_path, text, sets);
-  strata::train::RunOptions opts{output, dry_run, command_line};
   return strata::train::run_deck(deck, opts, MPI_COMM_WORLD);
 }
 
@@ -149,14 +148,21 @@ int main(int argc, char** argv) {
   CLI::App app{"strata: train transformer models under parallelism strategies and record what each costs"};
   app.set_version_flag("--version", fmt::format("strata {} ({})", STRATA_VERSION, STRATA_GIT_COMMIT));
   app.require_subcommand(1);
-  std::string deck_path, output;
+  std::string deck_path;
   std::vector<std::string> sets;
-  bool dry_run = false;
+  strata::train::RunOptions ro;
+  ro.command_line = command_line;
   CLI::App* run = app.add_subcommand("run", "run the training job a deck describes and write its HDF5 report");
   run->add_option("deck", deck_path, "TOML deck (see docs/decks.md)")->required();
   run->add_option("--set", sets, "override a deck key: --set section.key=value (repeatable)");
-  run->add_option("--output,-o", output, "report path (default: run.output, else results/<run.name>.h5)");
-  run->add_flag("--dry-run", dry_run, "validate the deck, print the resolved configuration and memory estimate");
+  run->add_option("--output,-o", ro.output, "report path (default: run.output, else results/<run.name>.h5)");
+  run->add_flag("--dry-run", ro.dry_run, "validate the deck, print the resolved configuration and memory estimate");
+  run->add_option("--checkpoint-every", ro.checkpoint_every, "write a sharded checkpoint after every N steps")
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--checkpoint-dir", ro.checkpoint_dir,
+                  "where checkpoints go, one step-NNNNNN directory each (default: checkpoints/<run.name>)");
+  run->add_option("--resume", ro.resume,
+                  "continue from a checkpoint directory, or the latest complete one in a directory of them");
   SweepArgs sw;
   CLI::App* sweep = app.add_subcommand(
       "sweep", "run every valid point of a deck's [sweep] table, each as its own MPI job, and index the reports");
@@ -183,7 +189,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*run) status = run_command(deck_path, sets, output, dry_run, command_line);
+    if (*run) status = run_command(deck_path, sets, ro);
     if (*sweep) status = sweep_command(deck_path, sets, sw, command_line);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::input) {

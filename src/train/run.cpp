@@ -19,6 +19,7 @@
 #include "src/core/memory.hpp"
 #include "src/mesh/mesh.hpp"
 #include "src/train/peak.hpp"
+#include "src/train/checkpoint.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
 
@@ -231,6 +232,19 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   comm::CommLog log(timeline.origin());
   mesh::Mesh mesh(comm, layout, log);
 
+  CheckpointLayout ck_layout{world, layout.pp, layout.dp, layout.tp, layout.ep, cfg.parallel.zero,
+                             layout.pp > 1 ? cfg.parallel.virtual_stages : 1, cfg.run.name, deck.resolved_toml};
+  CheckpointRef resume;
+  if (!options.resume.empty()) {
+    resume = find_checkpoint(comm, options.resume, ck_layout);
+    if (resume.step >= cfg.run.steps)
+      core::input_error("--resume {}: the checkpoint is after step {}, and run.steps = {}: nothing left to run "
+                        "(raise run.steps to train on)",
+                        resume.dir, resume.step, cfg.run.steps);
+  }
+  const std::string checkpoint_dir =
+      options.checkpoint_dir.empty() ? "checkpoints/" + cfg.run.name : options.checkpoint_dir;
+
   if (options.dry_run) {
     const std::string table = mesh.table();
     if (rank == 0) {
@@ -272,6 +286,10 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   report::H5File file(comm, report_path(deck, options));
   write_provenance(file, prov);
+  if (!resume.dir.empty()) {
+    file.set_attr("/", "resumed_from", resume.dir);
+    file.set_attr("/", "resumed_at_step", std::int64_t(resume.step));
+  }
 
   prov.layout = fmt::format("pp {} x dp {} x tp {}{}", layout.pp, layout.dp, layout.tp,
                             layout.ep > 1 ? fmt::format(" (ep {})", layout.ep) : "");
@@ -318,8 +336,12 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n", "step", "loss", "lr", "grad_norm", "time_ms",
                  "tokens/s", "MFU%");
     }
+    if (!resume.dir.empty()) {
+      load_checkpoint(comm, resume, trainer.strategy().state_tensors());
+      if (rank == 0) fmt::print("resumed from {} (after step {})\n", resume.dir, resume.step);
+    }
     const InjectedFailure inject = injected_failure();
-    for (int s = 0; s < cfg.run.steps; ++s) {
+    for (int s = resume.step; s < cfg.run.steps; ++s) {
       if (rank == inject.rank && s == inject.step)
         core::runtime_error("failure injected by STRATA_INJECT_FAILURE at step {}", s);
       log.set_step(s);
@@ -332,6 +354,11 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       }
       const int every = cfg.run.log_every;
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
+      if (options.checkpoint_every > 0 && (s + 1) % options.checkpoint_every == 0) {
+        const std::string path =
+            write_checkpoint(comm, checkpoint_dir, s + 1, ck_layout, trainer.strategy().state_tensors());
+        if (rank == 0) fmt::print("checkpoint: {}\n", path);
+      }
     }
   } catch (const std::exception& e) {
     // Other ranks may be waiting in a collective, and closing the report is

@@ -16,6 +16,9 @@ struct RunOptions {
   std::string output;        // overrides run.output when not empty
   bool dry_run = false;      // validate and print the plan; write nothing
   std::string command_line;
+  int checkpoint_every = 0;  // write a checkpoint after every N steps (0: never)
+  std::string checkpoint_dir;  // default: checkpoints/<run.name>
+  std::string resume;        // a checkpoint (or a directory of them) to continue from
 };
 
 // Returns the process exit status (0). Throws core::Error on failure.

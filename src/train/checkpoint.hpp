@@ -1,0 +1,62 @@
+// Sharded checkpoints: every rank writes its own state (the strategy's
+// state tensors: parameters as it holds them, optimizer moments) to its own
+// file, and rank 0 a manifest with the layout; all of it under a temporary
+// directory that is renamed to DIR/step-NNNNNN only once every rank's file
+// and the manifest are on disk. A checkpoint directory therefore either
+// exists whole under its final name or not at all: a job killed while
+// writing leaves the partial directory (".step-NNNNNN.partial") behind and
+// every earlier checkpoint intact.
+//
+// Everything else a step reads is a function of the step number (data,
+// learning rate, AdamW's bias correction), so restoring the state tensors
+// and continuing at the saved step reproduces the uninterrupted run bit for
+// bit on the same layout.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strategies/state_strategy.hpp"
+
+namespace strata::train {
+
+// What a checkpoint's manifest records of the run that wrote it; a resume
+// needs the same layout (re-sharding onto another one is not built).
+struct CheckpointLayout {
+  int world = 1, pp = 1, dp = 1, tp = 1, ep = 1, zero = 0, virtual_stages = 1;
+  std::string run_name;
+  std::string resolved_deck;  // the deck the run resolved to (for the record)
+  bool operator==(const CheckpointLayout& o) const {
+    return world == o.world && pp == o.pp && dp == o.dp && tp == o.tp && ep == o.ep && zero == o.zero &&
+           virtual_stages == o.virtual_stages;
+  }
+  std::string describe() const;
+};
+
+// Collective over `comm`. Writes the state after `step` completed steps to
+// `dir`/step-NNNNNN (creating `dir`); returns that path. Each rank's file is
+// fsync'ed before the manifest is written, the manifest before the rename.
+std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, const CheckpointLayout& layout,
+                             const std::vector<strategies::StateTensor>& tensors);
+
+struct CheckpointRef {
+  std::string dir;  // the checkpoint directory (with its manifest)
+  int step = 0;     // completed steps: the run continues with this one
+};
+
+// `path`: a checkpoint directory, or a directory of them (the highest step
+// is taken; partial ones are ignored). Checks that it is complete and that
+// its layout and [model] match this run's: an input error naming the
+// difference otherwise, on every rank. Collective; call before writing
+// anything.
+CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointLayout& layout);
+
+// Reads this rank's file of `ref` into `tensors`, after checking its
+// checksum and every tensor's name and size. Collective: a failure on any
+// rank is an error on every rank.
+void load_checkpoint(MPI_Comm comm, const CheckpointRef& ref, const std::vector<strategies::StateTensor>& tensors);
+
+}  // namespace strata::train

@@ -1,0 +1,177 @@
+// Checkpoint and resume under mpiexec: a run stopped after step k, written
+// to a sharded checkpoint and continued by a fresh trainer from it, equals
+// the uninterrupted run bit for bit (every later loss, the final
+// parameters), for data parallelism, every ZeRO stage, a pipeline, tensor
+// parallelism and expert parallelism; and a checkpoint only counts once
+// published.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "src/comm/comm_log.hpp"
+#include "src/core/error.hpp"
+#include "src/deck/deck.hpp"
+#include "src/mesh/mesh.hpp"
+#include "src/prof/clock.hpp"
+#include "src/train/checkpoint.hpp"
+#include "src/train/trainer.hpp"
+#include "tests/mpi/parity.hpp"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Layout {
+  int pp = 1, dp = 1, tp = 1, ep = 1, zero = 0;
+  bool moe = false;
+};
+
+deck::Deck make_deck(const Layout& l) {
+  const std::string text = fmt::format(
+      "[run]\nsteps = 6\nwarmup_steps = 0\nseed = 7\n"
+      "[model]\nkind = \"{}\"\nmoe_experts = {}\nlayers = 2\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
+      "[data]\nglobal_batch = {}\nmicro_batch = 1\n"
+      "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\n"
+      "[optim]\nlr = 1e-2\nschedule = \"cosine\"\nwarmup = 2\nweight_decay = 0.1\ngrad_clip = 0.5\n"
+      "[backend]\nthreads = 1\n",
+      l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 2 * l.dp * l.pp, l.pp, l.dp, l.tp, l.ep, l.zero);
+  return deck::parse_deck("test.toml", text, {});
+}
+
+train::CheckpointLayout layout_of(const Layout& l, const deck::Deck& d) {
+  return {l.pp * l.dp * l.tp, l.pp, l.dp, l.tp, l.ep, l.zero, 1, "test", d.resolved_toml};
+}
+
+std::string temp_dir() {
+  // One directory for the job: rank 0 names it, every rank uses it.
+  char buf[256] = {};
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    const std::string d = (fs::temp_directory_path() / fmt::format("strata-ck-{}", ::getpid())).string();
+    fs::remove_all(d);
+    std::snprintf(buf, sizeof buf, "%s", d.c_str());
+  }
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return buf;
+}
+
+void check(const Layout& l) {
+  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} ep {} zero {} moe {}", l.pp, l.dp, l.tp, l.ep, l.zero, l.moe));
+  const deck::Deck d = make_deck(l);
+  const auto& c = d.config;
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep}, log);
+  auto trainer = [&](core::MemoryTracker& t) {
+    return std::make_unique<train::Trainer>(c, t, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(),
+                                            mesh.embedding(), &mesh.ep(), &mesh.edp());
+  };
+  core::MemoryTracker t0, t1, t2;
+  auto whole = trainer(t0);
+  std::vector<double> losses;
+  for (int s = 0; s < c.run.steps; ++s) losses.push_back(whole->step(s).loss);
+
+  const std::string dir = temp_dir();
+  const int k = 3;
+  {
+    auto first = trainer(t1);
+    for (int s = 0; s < k; ++s) EXPECT_EQ(first->step(s).loss, losses[s]);
+    train::write_checkpoint(MPI_COMM_WORLD, dir, k, layout_of(l, d), first->strategy().state_tensors());
+  }
+  auto resumed = trainer(t2);
+  const train::CheckpointRef ref = train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(l, d));
+  EXPECT_EQ(ref.step, k);
+  EXPECT_EQ(fs::path(ref.dir).filename(), "step-000003");
+  train::load_checkpoint(MPI_COMM_WORLD, ref, resumed->strategy().state_tensors());
+  for (int s = k; s < c.run.steps; ++s) EXPECT_EQ(resumed->step(s).loss, losses[s]) << "step " << s << " bit for bit";
+  EXPECT_EQ(resumed->strategy().full_params(), whole->strategy().full_params());
+
+  // Another layout is refused by name, with the input error's exit status.
+  Layout other = l;
+  other.zero = l.zero == 0 ? 1 : 0;
+  try {
+    train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(other, d));
+    ADD_FAILURE() << "a checkpoint of another layout was accepted";
+  } catch (const core::Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(std::string(e.what()).find("zero " + std::to_string(l.zero)), std::string::npos) << e.what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST(Checkpoint, ResumeIsBitExactOnEveryStrategy) {
+  const int n = parity::world_size();
+  for (int zero : {0, 1, 2, 3}) check({1, n, 1, 1, zero});
+  if (n == 2) {
+    check({2, 1, 1});
+    check({1, 1, 2});
+  }
+  if (n == 4) {
+    check({2, 2, 1, 1, 1});
+    check({1, 4, 1, 2, 2, true});
+    check({1, 2, 2, 2, 0, true});
+  }
+}
+
+// Only a published checkpoint (renamed into place with its manifest) is
+// found: a partial directory of a later step, as a job killed while writing
+// leaves, is passed over for the last complete one; and a rank file that
+// does not match its manifest's tensors is an error on every rank.
+TEST(Checkpoint, PartialAndCorruptCheckpointsAreNotLoaded) {
+  const int n = parity::world_size();
+  const Layout l{1, n};
+  const deck::Deck d = make_deck(l);
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  core::MemoryTracker tracker;
+  train::Trainer t(d.config, tracker, nullptr, 0.0, &mesh.dp());
+  t.step(0);
+  const std::string dir = temp_dir();
+  train::write_checkpoint(MPI_COMM_WORLD, dir, 1, layout_of(l, d), t.strategy().state_tensors());
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    // What a kill between the rank files and the manifest leaves.
+    fs::create_directories(fs::path(dir) / ".step-000002.partial");
+    fs::copy(fs::path(dir) / "step-000001" / "rank-00000.bin", fs::path(dir) / ".step-000002.partial");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto ref = train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(l, d));
+  EXPECT_EQ(ref.step, 1);
+  train::load_checkpoint(MPI_COMM_WORLD, ref, t.strategy().state_tensors());
+  // One byte flipped in the last rank's file: the checksum catches it.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == n - 1) {
+    const fs::path f = fs::path(ref.dir) / fmt::format("rank-{:05d}.bin", n - 1);
+    std::FILE* fp = std::fopen(f.c_str(), "r+b");
+    ASSERT_NE(fp, nullptr);
+    std::fseek(fp, -20, SEEK_END);
+    const int c = std::fgetc(fp);
+    std::fseek(fp, -20, SEEK_END);
+    std::fputc(c ^ 0x5a, fp);
+    std::fclose(fp);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  try {
+    train::load_checkpoint(MPI_COMM_WORLD, ref, t.strategy().state_tensors());
+    ADD_FAILURE() << "a corrupt rank file was loaded";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) fs::remove_all(dir);
+}
