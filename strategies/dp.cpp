@@ -53,4 +53,16 @@ void DataParallel::update(float coef, float lr, int step) {
 
 std::vector<float> DataParallel::full_params() { return std::vector<float>(params_.data(), params_.data() + numel()); }
 
+FullState DataParallel::full_state() {
+  const std::size_t n = std::size_t(numel());
+  return {std::vector<float>(params_.data(), params_.data() + n), std::vector<float>(optimizer_.m(), optimizer_.m() + n),
+          std::vector<float>(optimizer_.v(), optimizer_.v() + n)};
+}
+
+void DataParallel::set_full_state(const FullState& s) {
+  std::copy(s.params.begin(), s.params.end(), params_.data());
+  std::copy(s.m.begin(), s.m.end(), optimizer_.m());
+  std::copy(s.v.begin(), s.v.end(), optimizer_.v());
+}
+
 }  // namespace strata::strategies

@@ -28,6 +28,8 @@ class DataParallel final : public StateStrategy, public models::ReplicatedState 
   void update(float coef, float lr, int step) override;
   std::vector<float> full_params() override;
   std::int64_t padding_elements() const override { return 0; }
+  FullState full_state() override;
+  void set_full_state(const FullState& s) override;
   std::vector<StateTensor> state_tensors() override {
     return {{"params", params_.data(), numel()}, {"adam_m", optimizer_.m(), optimizer_.capacity()},
             {"adam_v", optimizer_.v(), optimizer_.capacity()}};

@@ -58,8 +58,7 @@ void ExpertParallelState::update(float coef, float lr, int step) {
   experts_->update(coef, lr, step);
 }
 
-std::vector<float> ExpertParallelState::full_params() {
-  const std::vector<float> d = dense_->full_params(), e = experts_->full_params();
+std::vector<float> ExpertParallelState::merge(const std::vector<float>& d, const std::vector<float>& e) const {
   std::int64_t n = 0;
   for (const auto& u : units_) n = std::max(n, u.end);
   std::vector<float> out(std::size_t(n), 0.0f);
@@ -71,6 +70,31 @@ std::vector<float> ExpertParallelState::full_params() {
     at += units_[u].size();
   }
   return out;
+}
+
+void ExpertParallelState::split(const std::vector<float>& whole, std::vector<float>* d, std::vector<float>* e) const {
+  d->clear();
+  e->clear();
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    std::vector<float>& to = expert_[u] ? *e : *d;
+    to.insert(to.end(), whole.begin() + units_[u].begin, whole.begin() + units_[u].end);
+  }
+}
+
+std::vector<float> ExpertParallelState::full_params() { return merge(dense_->full_params(), experts_->full_params()); }
+
+FullState ExpertParallelState::full_state() {
+  const FullState d = dense_->full_state(), e = experts_->full_state();
+  return {merge(d.params, e.params), merge(d.m, e.m), merge(d.v, e.v)};
+}
+
+void ExpertParallelState::set_full_state(const FullState& s) {
+  FullState d, e;
+  split(s.params, &d.params, &e.params);
+  split(s.m, &d.m, &e.m);
+  split(s.v, &d.v, &e.v);
+  dense_->set_full_state(d);
+  experts_->set_full_state(e);
 }
 
 std::int64_t ExpertParallelState::padding_elements() const {

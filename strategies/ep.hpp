@@ -44,6 +44,8 @@ class ExpertParallelState final : public StateStrategy, public models::ParamStat
   std::vector<float> full_params() override;
   std::int64_t padding_elements() const override;
   std::vector<StateTensor> state_tensors() override;
+  FullState full_state() override;
+  void set_full_state(const FullState& s) override;
 
   float* acquire_params(int u) override { return inner(u).state().acquire_params(local_[u]); }
   void release_params(int u) override { inner(u).state().release_params(local_[u]); }
@@ -55,6 +57,9 @@ class ExpertParallelState final : public StateStrategy, public models::ParamStat
 
  private:
   StateStrategy& inner(int u) { return expert_[u] ? *experts_ : *dense_; }
+  // The rank's registry layout from the two kinds' layouts (merge), and back.
+  std::vector<float> merge(const std::vector<float>& dense, const std::vector<float>& experts) const;
+  void split(const std::vector<float>& whole, std::vector<float>* dense, std::vector<float>* experts) const;
 
   std::vector<models::Unit> units_;
   comm::Communicator* ep_;

@@ -38,6 +38,12 @@ struct StateTensor {
   std::int64_t count;
 };
 
+// The whole training state of a rank's parameters in registry layout:
+// parameters and AdamW's two moments, each registry.numel() elements.
+struct FullState {
+  std::vector<float> params, m, v;
+};
+
 class StateStrategy {
  public:
   virtual ~StateStrategy() = default;
@@ -70,6 +76,12 @@ class StateStrategy {
   // Between steps: this rank's state, every element it holds that the next
   // step reads (not gradients, which each step starts from zero).
   virtual std::vector<StateTensor> state_tensors() = 0;
+  // Between steps: the full state in registry layout on every rank
+  // (collective over the strategy's groups), and its inverse, which sets
+  // this rank's part from a full state (no communication). What a
+  // checkpoint re-shards through when the layout changes.
+  virtual FullState full_state() = 0;
+  virtual void set_full_state(const FullState& s) = 0;
 };
 
 // The parameters of `reg` (which must outlive the strategy), cut into

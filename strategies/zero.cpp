@@ -230,4 +230,37 @@ std::vector<StateTensor> Zero::state_tensors() {
   return out;
 }
 
+FullState Zero::full_state() {
+  FullState out;
+  out.params = full_params();
+  // Each rank's moments cover its block of every unit: gathered unit by unit.
+  for (auto* which : {&out.m, &out.v}) {
+    which->assign(std::size_t(reg_.numel()), 0.0f);
+    for (std::size_t u = 0; u < us_.size(); ++u) {
+      const auto& s = us_[u];
+      const float* mine = which == &out.m ? optimizers_[u]->m() : optimizers_[u]->v();
+      std::vector<float> all(std::size_t(n_ * s.shard));
+      if (n_ > 1)
+        dp_->all_gather(mine, all.data(), s.shard, comm::DType::f32);
+      else
+        std::copy(mine, mine + s.shard, all.begin());
+      std::copy(all.begin(), all.begin() + s.size, which->begin() + units_[u].begin);
+    }
+  }
+  return out;
+}
+
+void Zero::set_full_state(const FullState& st) {
+  for (std::size_t u = 0; u < us_.size(); ++u) {
+    const auto& s = us_[u];
+    const float* p = st.params.data() + units_[u].begin;
+    if (stage_ <= 2)
+      std::copy(p, p + s.size, params_full_.data() + n_ * s.q);
+    else
+      std::copy(st.params.data() + s.own_begin, st.params.data() + s.own_end, params_shard_.data() + s.q);
+    std::copy(st.m.data() + s.own_begin, st.m.data() + s.own_end, optimizers_[u]->m());
+    std::copy(st.v.data() + s.own_begin, st.v.data() + s.own_end, optimizers_[u]->v());
+  }
+}
+
 }  // namespace strata::strategies

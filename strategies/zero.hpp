@@ -38,6 +38,8 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::int64_t padding_elements() const override { return std::int64_t(n_) * shard_total_ - reg_.numel(); }
 
   std::vector<StateTensor> state_tensors() override;
+  FullState full_state() override;
+  void set_full_state(const FullState& s) override;
 
   float* acquire_params(int unit) override;
   void release_params(int unit) override;

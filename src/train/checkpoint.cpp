@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -70,74 +71,193 @@ void fsync_path(const fs::path& p) {
   ::close(fd);
 }
 
+// A checkpoint file: bytes written through a running checksum, which ends
+// the file; the reader checks it.
+class Writer {
+ public:
+  explicit Writer(const fs::path& path) : path_(path), f_(std::fopen(path.c_str(), "wb")) {}
+  void put(const void* p, std::size_t n) {
+    sum_.add(p, n);
+    ok_ = ok_ && f_ != nullptr && std::fwrite(p, 1, n, f_) == n;
+  }
+  template <typename T>
+  void put(const T& x) { put(&x, sizeof x); }
+  void put_string(const std::string& s) {
+    put(std::uint32_t(s.size()));
+    put(s.data(), s.size());
+  }
+  // Appends the checksum, flushes and fsyncs; returns an error or "".
+  std::string close(std::uint64_t* checksum) {
+    if (f_ == nullptr) return fmt::format("cannot create {}: {}", path_.string(), std::strerror(errno));
+    const std::uint64_t h = sum_.h;
+    ok_ = ok_ && std::fwrite(&h, sizeof h, 1, f_) == 1 && std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0;
+    ok_ = std::fclose(f_) == 0 && ok_;
+    f_ = nullptr;
+    if (checksum != nullptr) *checksum = h;
+    return ok_ ? "" : fmt::format("cannot write {}: {}", path_.string(), std::strerror(errno));
+  }
+
+ private:
+  fs::path path_;
+  std::FILE* f_;
+  Checksum sum_;
+  bool ok_ = true;
+};
+
+class Reader {
+ public:
+  explicit Reader(const fs::path& path) : path_(path), f_(std::fopen(path.c_str(), "rb")) { ok_ = f_ != nullptr; }
+  ~Reader() {
+    if (f_ != nullptr) std::fclose(f_);
+  }
+  bool ok() const { return ok_; }
+  void get(void* p, std::size_t n) {
+    ok_ = ok_ && std::fread(p, 1, n, f_) == n;
+    if (ok_) sum_.add(p, n);
+  }
+  template <typename T>
+  T get() {
+    T x{};
+    get(&x, sizeof x);
+    return x;
+  }
+  std::string get_string() {
+    const auto n = get<std::uint32_t>();
+    std::string s(ok_ && n < (1u << 20) ? n : 0, '\0');
+    if (n >= (1u << 20)) ok_ = false;
+    get(s.data(), s.size());
+    return s;
+  }
+  // The header every file starts with.
+  bool header(const char (&magic)[8]) {
+    char m[8] = {};
+    get(m, sizeof m);
+    return ok_ && std::memcmp(m, magic, sizeof m) == 0 && get<std::uint32_t>() == kVersion;
+  }
+  // After the last field: the stored checksum matches, nothing follows.
+  bool finish() {
+    const std::uint64_t want = sum_.h;
+    std::uint64_t stored = 0;
+    return ok_ && std::fread(&stored, sizeof stored, 1, f_) == 1 && stored == want && std::fgetc(f_) == EOF;
+  }
+  std::string opened_error() const { return fmt::format("cannot open {}: {}", path_.string(), std::strerror(errno)); }
+
+ private:
+  fs::path path_;
+  std::FILE* f_;
+  Checksum sum_;
+  bool ok_ = true;
+};
+
+constexpr char kGlobalMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'G', 'L'};
+std::string global_file(int rank) { return fmt::format("global-{:05d}.bin", rank); }
+
 // This rank's file: magic, version, the tensor table (name, count), the
-// data in that order, then the checksum of everything before it.
+// data in that order, then the checksum.
 std::string write_rank_file(const fs::path& path, const std::vector<strategies::StateTensor>& tensors,
                             std::uint64_t* checksum) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return fmt::format("cannot create {}: {}", path.string(), std::strerror(errno));
-  Checksum sum;
-  bool ok = true;
-  auto put = [&](const void* p, std::size_t n) {
-    sum.add(p, n);
-    ok = ok && std::fwrite(p, 1, n, f) == n;
-  };
-  put(kMagic, sizeof kMagic);
-  put(&kVersion, sizeof kVersion);
-  const std::uint32_t count = std::uint32_t(tensors.size());
-  put(&count, sizeof count);
+  Writer w(path);
+  w.put(kMagic, sizeof kMagic);
+  w.put(kVersion);
+  w.put(std::uint32_t(tensors.size()));
   for (const auto& t : tensors) {
-    const std::uint32_t len = std::uint32_t(t.name.size());
-    put(&len, sizeof len);
-    put(t.name.data(), len);
-    put(&t.count, sizeof t.count);
+    w.put_string(t.name);
+    w.put(t.count);
   }
-  for (const auto& t : tensors) put(t.data, sizeof(float) * std::size_t(t.count));
-  ok = ok && std::fwrite(&sum.h, sizeof sum.h, 1, f) == 1 && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  ok = std::fclose(f) == 0 && ok;
-  *checksum = sum.h;
-  return ok ? "" : fmt::format("cannot write {}: {}", path.string(), std::strerror(errno));
+  for (const auto& t : tensors) w.put(t.data, sizeof(float) * std::size_t(t.count));
+  return w.close(checksum);
 }
 
 std::string read_rank_file(const fs::path& path, const std::vector<strategies::StateTensor>& tensors) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return fmt::format("cannot open {}: {}", path.string(), std::strerror(errno));
-  Checksum sum;
-  bool ok = true;
-  auto get = [&](void* p, std::size_t n) {
-    ok = ok && std::fread(p, 1, n, f) == n;
-    if (ok) sum.add(p, n);
-  };
-  std::string err;
-  char magic[8] = {};
-  std::uint32_t version = 0, count = 0;
-  get(magic, sizeof magic);
-  get(&version, sizeof version);
-  get(&count, sizeof count);
-  if (!ok || std::memcmp(magic, kMagic, sizeof magic) != 0 || version != kVersion) {
-    err = fmt::format("{} is not a strata checkpoint file of version {}", path.string(), kVersion);
-  } else if (count != tensors.size()) {
-    err = fmt::format("{} holds {} state tensors, this run has {}", path.string(), count, tensors.size());
+  Reader r(path);
+  if (!r.ok()) return r.opened_error();
+  if (!r.header(kMagic)) return fmt::format("{} is not a strata checkpoint file of version {}", path.string(), kVersion);
+  const auto count = r.get<std::uint32_t>();
+  if (count != tensors.size())
+    return fmt::format("{} holds {} state tensors, this run has {}", path.string(), count, tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string name = r.get_string();
+    const auto n = r.get<std::int64_t>();
+    if (!r.ok() || name != tensors[i].name || n != tensors[i].count)
+      return fmt::format("{}: tensor {} is '{}' of {} elements, this run has '{}' of {}", path.string(), i, name, n,
+                         tensors[i].name, tensors[i].count);
   }
-  for (std::size_t i = 0; err.empty() && i < tensors.size(); ++i) {
-    std::uint32_t len = 0;
-    get(&len, sizeof len);
-    std::string name(ok && len < 4096 ? len : 0, '\0');
-    get(name.data(), name.size());
-    std::int64_t n = 0;
-    get(&n, sizeof n);
-    if (!ok || name != tensors[i].name || n != tensors[i].count)
-      err = fmt::format("{}: tensor {} is '{}' of {} elements, this run has '{}' of {}", path.string(), i, name, n,
-                        tensors[i].name, tensors[i].count);
+  for (const auto& t : tensors) r.get(t.data, sizeof(float) * std::size_t(t.count));
+  return r.finish() ? "" : fmt::format("{} is truncated or corrupt (checksum)", path.string());
+}
+
+// The layout-independent file: per parameter of `reg`, its name, local and
+// global shape and tp/ep slices, then its parameters, m and v.
+std::string write_global_file(const fs::path& path, const models::ParamRegistry& reg,
+                              const strategies::FullState& full) {
+  Writer w(path);
+  w.put(kGlobalMagic, sizeof kGlobalMagic);
+  w.put(kVersion);
+  w.put(std::uint32_t(reg.specs().size()));
+  for (const auto& s : reg.specs()) {
+    w.put_string(s.name);
+    w.put(std::uint32_t(s.shape.size()));
+    for (std::size_t d = 0; d < s.shape.size(); ++d) {
+      w.put(s.shape[d]);
+      w.put(s.global_shape[d]);
+    }
+    for (const models::Slice& sl : {s.tp, s.ep}) {
+      w.put(std::int32_t(sl.split_dim));
+      w.put(std::int32_t(sl.sections));
+      w.put(std::int32_t(sl.parts));
+      w.put(std::int32_t(sl.part));
+    }
+    for (const auto* v : {&full.params, &full.m, &full.v}) w.put(v->data() + s.offset, sizeof(float) * std::size_t(s.numel));
   }
-  for (std::size_t i = 0; err.empty() && i < tensors.size(); ++i)
-    get(tensors[i].data, sizeof(float) * std::size_t(tensors[i].count));
-  std::uint64_t stored = 0;
-  const std::uint64_t computed = sum.h;
-  if (err.empty() && (std::fread(&stored, sizeof stored, 1, f) != 1 || !ok || stored != computed))
-    err = fmt::format("{} is truncated or corrupt (checksum)", path.string());
-  std::fclose(f);
-  return err;
+  return w.close(nullptr);
+}
+
+// Whole tensors by name, assembled from global files: values of params, m,
+// v at every global index, and which indices some file provided.
+struct GlobalTensor {
+  std::vector<float> params, m, v;
+  std::vector<char> have;
+};
+
+std::string read_global_file(const fs::path& path, std::map<std::string, GlobalTensor>& out) {
+  Reader r(path);
+  if (!r.ok()) return r.opened_error();
+  if (!r.header(kGlobalMagic)) return fmt::format("{} is not a strata global state file", path.string());
+  const auto count = r.get<std::uint32_t>();
+  for (std::uint32_t i = 0; r.ok() && i < count; ++i) {
+    models::ParamSpec s;
+    s.name = r.get_string();
+    const auto nd = r.get<std::uint32_t>();
+    if (nd > 8) return fmt::format("{} is corrupt", path.string());
+    std::int64_t local = 1, global = 1;
+    for (std::uint32_t d = 0; d < nd; ++d) {
+      s.shape.push_back(r.get<std::int64_t>());
+      s.global_shape.push_back(r.get<std::int64_t>());
+      local *= s.shape.back(), global *= s.global_shape.back();
+    }
+    for (models::Slice* sl : {&s.tp, &s.ep}) {
+      sl->split_dim = r.get<std::int32_t>();
+      sl->sections = r.get<std::int32_t>();
+      sl->parts = r.get<std::int32_t>();
+      sl->part = r.get<std::int32_t>();
+    }
+    s.numel = local;
+    GlobalTensor& g = out[s.name];
+    if (g.have.empty()) {
+      g.params.assign(std::size_t(global), 0.0f), g.m.assign(std::size_t(global), 0.0f);
+      g.v.assign(std::size_t(global), 0.0f), g.have.assign(std::size_t(global), 0);
+    }
+    if (std::int64_t(g.have.size()) != global)
+      return fmt::format("{}: '{}' has {} elements, another file says {}", path.string(), s.name, global,
+                         g.have.size());
+    std::vector<float> buf(static_cast<std::size_t>(local));
+    for (auto* dst : {&g.params, &g.m, &g.v}) {
+      r.get(buf.data(), sizeof(float) * buf.size());
+      for (std::int64_t k = 0; r.ok() && k < local; ++k) (*dst)[std::size_t(s.global_index(k))] = buf[std::size_t(k)];
+    }
+    for (std::int64_t k = 0; k < local; ++k) g.have[std::size_t(s.global_index(k))] = 1;
+  }
+  return r.finish() ? "" : fmt::format("{} is truncated or corrupt (checksum)", path.string());
 }
 
 // The [model] section of a resolved deck: what fixes the parameters' shapes.
@@ -156,7 +276,9 @@ std::string CheckpointLayout::describe() const {
 }
 
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, const CheckpointLayout& layout,
-                             const std::vector<strategies::StateTensor>& tensors) {
+                             strategies::StateStrategy& strategy, const models::ParamRegistry& reg,
+                             bool global_writer) {
+  const strategies::FullState full = strategy.full_state();  // collective: before any rank writes
   int rank = 0, size = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
@@ -172,7 +294,8 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
   agree(comm, err, core::ErrorKind::runtime);
 
   std::uint64_t checksum = 0;
-  err = write_rank_file(partial / rank_file(rank), tensors, &checksum);
+  err = write_rank_file(partial / rank_file(rank), strategy.state_tensors(), &checksum);
+  if (err.empty() && global_writer) err = write_global_file(partial / global_file(rank), reg, full);
   // A job killed here, with some ranks' files written and no manifest,
   // must leave every earlier checkpoint loadable (the kill test).
   if (const char* v = std::getenv("STRATA_INJECT_CHECKPOINT_KILL"); v != nullptr && rank == 0 && std::atoi(v) == step)
@@ -181,6 +304,9 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
   std::vector<unsigned long long> sums(static_cast<std::size_t>(size));
   unsigned long long mine = checksum;
   STRATA_CHECK_MPI(MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, sums.data(), 1, MPI_UNSIGNED_LONG_LONG, 0, comm));
+  std::vector<int> writers(static_cast<std::size_t>(size));
+  const int writes = global_writer;
+  STRATA_CHECK_MPI(MPI_Gather(&writes, 1, MPI_INT, writers.data(), 1, MPI_INT, 0, comm));
 
   if (rank == 0) {
     toml::table m;
@@ -204,6 +330,10 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
     }
     m.insert("files", std::move(files));
     m.insert("checksums", std::move(checksums));
+    toml::array globals;
+    for (int r = 0; r < size; ++r)
+      if (writers[std::size_t(r)]) globals.push_back(global_file(r));
+    m.insert("global_files", std::move(globals));
     m.insert("resolved_deck", layout.resolved_deck);
     {
       std::ofstream out(partial / kManifest);
@@ -235,8 +365,8 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
 CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointLayout& layout) {
   int rank = 0;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
-  std::string err, dir;
-  int step = 0;
+  std::string err, dir, saved_text, globals_text;
+  int step = 0, reshard = 0;
   if (rank == 0) {
     std::error_code ec;
     fs::path p(path);
@@ -271,9 +401,13 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
         saved.world = get("world"), saved.pp = get("pp"), saved.dp = get("dp"), saved.tp = get("tp");
         saved.ep = get("ep"), saved.zero = get("zero"), saved.virtual_stages = get("virtual_stages");
         const std::string deck = m["resolved_deck"].value_or(std::string());
-        if (!(saved == layout))
-          err = fmt::format("--resume {}: the checkpoint was written by {}; this run is {}. Resume with the same "
-                            "layout (re-sharding onto another one is not built yet)",
+        reshard = !(saved == layout);
+        saved_text = saved.describe();
+        if (const toml::array* g = m["global_files"].as_array())
+          for (const auto& x : *g) globals_text += x.value_or(std::string()) + "\n";
+        if (reshard && globals_text.empty())
+          err = fmt::format("--resume {}: the checkpoint was written by {}; this run is {}, and the checkpoint has "
+                            "no global state files to re-shard from: resume with its layout",
                             dir, saved.describe(), layout.describe());
         else if (model_section(deck) != model_section(layout.resolved_deck))
           err = fmt::format("--resume {}: the checkpoint's model differs from this deck's:\n{}\nversus\n{}", dir,
@@ -287,14 +421,54 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
   CheckpointRef ref;
   ref.dir = broadcast_string(comm, dir, 0);
   STRATA_CHECK_MPI(MPI_Bcast(&step, 1, MPI_INT, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(&reshard, 1, MPI_INT, 0, comm));
   ref.step = step;
+  ref.reshard = reshard != 0;
+  ref.saved_layout = broadcast_string(comm, saved_text, 0);
+  std::istringstream lines(broadcast_string(comm, globals_text, 0));
+  for (std::string f; std::getline(lines, f);) ref.global_files.push_back(f);
   return ref;
 }
 
-void load_checkpoint(MPI_Comm comm, const CheckpointRef& ref, const std::vector<strategies::StateTensor>& tensors) {
+void load_checkpoint(MPI_Comm comm, const CheckpointRef& ref, strategies::StateStrategy& strategy,
+                     const models::ParamRegistry& reg) {
   int rank = 0;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
-  agree(comm, read_rank_file(fs::path(ref.dir) / rank_file(rank), tensors), core::ErrorKind::runtime);
+  if (!ref.reshard) {
+    agree(comm, read_rank_file(fs::path(ref.dir) / rank_file(rank), strategy.state_tensors()),
+          core::ErrorKind::runtime);
+    return;
+  }
+  // Another layout: the whole tensors this rank's registry names, from every
+  // global file (each holds some ranks' slices), then this rank's slices.
+  std::string err;
+  std::map<std::string, GlobalTensor> found;
+  for (const auto& f : ref.global_files) {
+    err = read_global_file(fs::path(ref.dir) / f, found);
+    if (!err.empty()) break;
+  }
+  strategies::FullState st;
+  for (auto* v : {&st.params, &st.m, &st.v}) v->assign(std::size_t(reg.numel()), 0.0f);
+  for (const auto& s : reg.specs()) {
+    if (!err.empty()) break;
+    const auto it = found.find(s.name);
+    if (it == found.end()) {
+      err = fmt::format("{}: the checkpoint holds no parameter '{}'", ref.dir, s.name);
+      break;
+    }
+    const GlobalTensor& g = it->second;
+    for (std::int64_t k = 0; k < s.numel && err.empty(); ++k) {
+      const std::size_t gi = std::size_t(s.global_index(k));
+      if (gi >= g.have.size() || !g.have[gi]) {
+        err = fmt::format("{}: element {} of '{}' is in none of its global files", ref.dir, gi, s.name);
+        break;
+      }
+      const std::size_t at = std::size_t(s.offset + k);
+      st.params[at] = g.params[gi], st.m[at] = g.m[gi], st.v[at] = g.v[gi];
+    }
+  }
+  agree(comm, err, core::ErrorKind::runtime);
+  strategy.set_full_state(st);
 }
 
 }  // namespace strata::train

@@ -11,6 +11,12 @@
 // learning rate, AdamW's bias correction), so restoring the state tensors
 // and continuing at the saved step reproduces the uninterrupted run bit for
 // bit on the same layout.
+//
+// For another layout, the ranks of expert-data-parallel coordinate 0 (dp
+// rank 0 without ep) also write their full state (parameters and moments,
+// gathered over their groups) parameter by parameter with each one's name,
+// global shape and slices (global-RRRRR.bin): a rank of any layout rebuilds
+// its part from those by name and global index.
 #pragma once
 
 #include <mpi.h>
@@ -19,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "models/param_registry.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::train {
@@ -39,24 +46,33 @@ struct CheckpointLayout {
 // Collective over `comm`. Writes the state after `step` completed steps to
 // `dir`/step-NNNNNN (creating `dir`); returns that path. Each rank's file is
 // fsync'ed before the manifest is written, the manifest before the rename.
+// `global_writer`: this rank also writes the layout-independent full state
+// of its registry `reg` (one rank per distinct registry: edp coordinate 0).
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, const CheckpointLayout& layout,
-                             const std::vector<strategies::StateTensor>& tensors);
+                             strategies::StateStrategy& strategy, const models::ParamRegistry& reg,
+                             bool global_writer);
 
 struct CheckpointRef {
   std::string dir;  // the checkpoint directory (with its manifest)
   int step = 0;     // completed steps: the run continues with this one
+  bool reshard = false;       // written by another layout: load through the full state
+  std::string saved_layout;   // its layout, described
+  std::vector<std::string> global_files;
 };
 
 // `path`: a checkpoint directory, or a directory of them (the highest step
 // is taken; partial ones are ignored). Checks that it is complete and that
-// its layout and [model] match this run's: an input error naming the
-// difference otherwise, on every rank. Collective; call before writing
+// its [model] matches this run's (an input error naming the difference
+// otherwise, on every rank); a different layout sets `reshard`. Collective; call before writing
 // anything.
 CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointLayout& layout);
 
-// Reads this rank's file of `ref` into `tensors`, after checking its
-// checksum and every tensor's name and size. Collective: a failure on any
+// Restores this rank's state from `ref`: on the same layout its own file
+// into the strategy's state tensors (checksum, names and sizes checked); on
+// another, every rank rebuilds its registry's parameters and moments from
+// the global files by name and global index. Collective: a failure on any
 // rank is an error on every rank.
-void load_checkpoint(MPI_Comm comm, const CheckpointRef& ref, const std::vector<strategies::StateTensor>& tensors);
+void load_checkpoint(MPI_Comm comm, const CheckpointRef& ref, strategies::StateStrategy& strategy,
+                     const models::ParamRegistry& reg);
 
 }  // namespace strata::train

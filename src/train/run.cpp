@@ -337,8 +337,10 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                  "tokens/s", "MFU%");
     }
     if (!resume.dir.empty()) {
-      load_checkpoint(comm, resume, trainer.strategy().state_tensors());
-      if (rank == 0) fmt::print("resumed from {} (after step {})\n", resume.dir, resume.step);
+      load_checkpoint(comm, resume, trainer.strategy(), trainer.registry());
+      if (rank == 0)
+        fmt::print("resumed from {} (after step {}{})\n", resume.dir, resume.step,
+                   resume.reshard ? ", re-sharded from " + resume.saved_layout : "");
     }
     const InjectedFailure inject = injected_failure();
     for (int s = resume.step; s < cfg.run.steps; ++s) {
@@ -356,7 +358,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
       if (options.checkpoint_every > 0 && (s + 1) % options.checkpoint_every == 0) {
         const std::string path =
-            write_checkpoint(comm, checkpoint_dir, s + 1, ck_layout, trainer.strategy().state_tensors());
+            write_checkpoint(comm, checkpoint_dir, s + 1, ck_layout, trainer.strategy(), trainer.registry(),
+                             mesh.coords().dp / layout.ep == 0);
         if (rank == 0) fmt::print("checkpoint: {}\n", path);
       }
     }
