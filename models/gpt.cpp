@@ -112,23 +112,28 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
   // stage's activations; a stage without the head has no head buffers.
   const std::int64_t L = stage.last - stage.first, C = c.d_model, F = c.ffn() / tp, T = c.seq_len,
                      NH = c.heads / tp, Ct = c.d_model / tp;
+  // Recomputation keeps one block's worth of what it rebuilds (at least one
+  // block on the stage): full, every per-block buffer but the block outputs;
+  // selective, the attention probabilities.
+  const std::int64_t Lr = c.recompute == Recompute::full ? std::min<std::int64_t>(L, 1) : L;
+  const std::int64_t La = c.recompute == Recompute::none ? L : std::min<std::int64_t>(L, 1);
   const std::int64_t V = stage.head ? c.vocab / tp : 0, H = stage.head ? 1 : 0;
   const std::int64_t N = B * T, Nl = sp ? N / tp : N;
   const auto A = MemCategory::activations, W = MemCategory::workspace;
   std::vector<BufferPlan> plan = {
       {"encoded", Nl * C, A},
-      {"ln1", L * N * C, A},
-      {"ln1_mean", L * Nl, A},
-      {"ln1_rstd", L * Nl, A},
-      {"qkv", L * N * 3 * Ct, A},
-      {"atty", L * N * Ct, A},
-      {"att", L * B * NH * T * T, A},
-      {"res2", L * Nl * C, A},
-      {"ln2", L * N * C, A},
-      {"ln2_mean", L * Nl, A},
-      {"ln2_rstd", L * Nl, A},
-      {"fch", L * N * F, A},
-      {"fch_gelu", L * N * F, A},
+      {"ln1", Lr * N * C, A},
+      {"ln1_mean", Lr * Nl, A},
+      {"ln1_rstd", Lr * Nl, A},
+      {"qkv", Lr * N * 3 * Ct, A},
+      {"atty", Lr * N * Ct, A},
+      {"att", La * B * NH * T * T, A},
+      {"res2", Lr * Nl * C, A},
+      {"ln2", Lr * N * C, A},
+      {"ln2_mean", Lr * Nl, A},
+      {"ln2_rstd", Lr * Nl, A},
+      {"fch", Lr * N * F, A},
+      {"fch_gelu", Lr * N * F, A},
       {"res3", L * Nl * C, A},
       {"lnf", H * N * C, A},
       {"lnf_mean", H * Nl, A},
@@ -182,6 +187,18 @@ double gpt_model_flops(const GptConfig& c, int B) {
   return 3.0 * sum;  // backward = 2x forward (input and weight gradients)
 }
 
+double gpt_hardware_flops(const GptConfig& c, int B) {
+  const double C = c.d_model, F = c.ffn(), T = c.seq_len, N = double(B) * T;
+  double again = 0;
+  for (int l = 0; l < c.layers; ++l) {
+    const double attention_core = 2 * N * T * C * 2;
+    if (c.recompute == Recompute::selective) again += attention_core;
+    if (c.recompute == Recompute::full)
+      again += 2 * N * C * 3 * C + attention_core + 2 * N * C * C + (c.is_moe(l) ? 0 : 2 * N * C * F);
+  }
+  return gpt_model_flops(c, B) + again;
+}
+
 std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptStage stage) {
   stage = resolved(c, stage);
   std::vector<Unit> u;
@@ -216,6 +233,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
     : c_(config), B_(micro_batch), tp_(tp), stage_(resolved(config, stage)),
       reg_(gpt_registry(config, tp.size, tp.rank, stage_, ep.size, ep.rank)), split_(split_backward) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
+  STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");
   STRATA_CHECK(c_.heads % tp_.size == 0 && c_.vocab % tp_.size == 0, "heads {} and vocab {} over tp {}", c_.heads,
                c_.vocab, tp_.size);
   units_ = gpt_units(reg_, c_, stage_);
@@ -313,32 +331,74 @@ Gpt::LayerParams Gpt::layer_view(float* base, float* experts, int l) const {
           o[12] < 0 ? nullptr : base + o[12]};
 }
 
+Gpt::BlockActs Gpt::block_acts(int lb) const {
+  // Full recomputation keeps one block's worth (slot 0) and rebuilds it in
+  // the backward pass; selective keeps every block's but one attention
+  // probability matrix.
+  const int B = B_, T = c_.seq_len, C = c_.d_model, tp = tp_.size;
+  const std::int64_t Ct = C / tp, Ft = c_.ffn() / tp, NHt = c_.heads / tp, N = std::int64_t(B) * T;
+  const std::int64_t Nl = tp_.sequence_parallel ? N / tp : N;
+  const std::int64_t k = c_.recompute == Recompute::full ? 0 : lb;
+  const std::int64_t ka = c_.recompute == Recompute::none ? lb : 0;
+  return {ln1_ + k * N * C,  ln1_mean_ + k * Nl, ln1_rstd_ + k * Nl, qkv_ + k * N * 3 * Ct, atty_ + k * N * Ct,
+          att_ + ka * B * NHt * T * T, res2_ + k * Nl * C, ln2_ + k * N * C, ln2_mean_ + k * Nl,
+          ln2_rstd_ + k * Nl, fch_ + k * N * Ft, fch_gelu_ + k * N * Ft};
+}
+
+void Gpt::norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
+  // A norm over this rank's rows, its output gathered to all N rows.
+  const int C = c_.d_model, N = B_ * c_.seq_len, tp = tp_.size;
+  const bool sp = tp_.sequence_parallel;
+  const int Nl = sp ? N / tp : N, r0 = sp ? tp_.rank * Nl : 0;
+  kernels::layernorm_forward(out_all + std::int64_t(r0) * C, mean, rstd, x, w, b, Nl, C);
+  if (sp) tp_all_gather(out_all + std::int64_t(r0) * C, out_all, std::int64_t(Nl) * C);
+}
+
+void Gpt::residual_rows(float* out, const float* x, const float* bias) {
+  // out = x + (the row-parallel partial sums in dbuf_, summed over ranks) + bias.
+  const int C = c_.d_model, N = B_ * c_.seq_len, tp = tp_.size;
+  const bool sp = tp_.sequence_parallel;
+  const int Nl = sp ? N / tp : N;
+  const std::int64_t NlC = std::int64_t(Nl) * C;
+  const float* sum = dbuf_;
+  if (sp) {
+    tp_reduce_scatter(dbuf_, sp_rows_, NlC);
+    sum = sp_rows_;
+  } else {
+    tp_sum(dbuf_, std::int64_t(N) * C);
+  }
+  kernels::residual_forward(out, x, sum, NlC);
+  kernels::bias_add(out, bias, Nl, C);
+}
+
+void Gpt::block_front(const BlockActs& a, const LayerParams& p, const float* x) {
+  const int B = B_, T = c_.seq_len, C = c_.d_model, tp = tp_.size, N = B * T;
+  const int Ct = C / tp, NHt = c_.heads / tp;
+  norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
+  linear_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * Ct);  // column-parallel: this rank's heads
+  kernels::attention_forward(a.atty, a.att, a.qkv, B, T, Ct, NHt);
+  // Row-parallel output projection: partial sums over this rank's heads,
+  // summed over the ranks (g), then the bias and the residual, once.
+  linear_forward(dbuf_, a.atty, p.proj_w, nullptr, N, Ct, C);
+  residual_rows(a.res2, x, p.proj_b);
+  norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b);
+}
+
+void Gpt::mlp_front(const BlockActs& a, const LayerParams& p) {
+  const int N = B_ * c_.seq_len, C = c_.d_model, Ft = c_.ffn() / tp_.size;
+  linear_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
+  kernels::gelu_forward(a.fch_gelu, a.fch, std::int64_t(N) * Ft);
+}
+
 float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
-  // Local sizes: this tensor-parallel rank's heads (Ct channels of q, k, v),
-  // MLP hidden units (Ft) and vocabulary rows [v0, v0 + Vt); with sequence
-  // parallelism its Nl rows of the residual stream start at row r0.
+  // Local sizes: this tensor-parallel rank's MLP hidden units (Ft) and
+  // vocabulary rows [v0, v0 + Vt); with sequence parallelism its Nl rows of
+  // the residual stream start at row r0.
   const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
-  const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_.rank * Vt;
+  const int Ft = c_.ffn() / tp, Vt = c_.vocab / tp, v0 = tp_.rank * Vt;
   const bool sp = tp_.sequence_parallel;
   const int N = B * T, Nl = sp ? N / tp : N, r0 = sp ? tp_.rank * Nl : 0;
   const std::int64_t NC = std::int64_t(N) * C, NlC = std::int64_t(Nl) * C;
-  // A norm over this rank's rows, its output gathered to all N rows.
-  auto norm = [&](float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
-    kernels::layernorm_forward(out_all + std::int64_t(r0) * C, mean, rstd, x, w, b, Nl, C);
-    if (sp) tp_all_gather(out_all + std::int64_t(r0) * C, out_all, NlC);
-  };
-  // out = x + (the row-parallel partial sums in dbuf_, summed over ranks) + bias.
-  auto residual = [&](float* out, const float* x, const float* bias) {
-    const float* sum = dbuf_;
-    if (sp) {
-      tp_reduce_scatter(dbuf_, sp_rows_, NlC);
-      sum = sp_rows_;
-    } else {
-      tp_sum(dbuf_, NC);
-    }
-    kernels::residual_forward(out, x, sum, NlC);
-    kernels::bias_add(out, bias, Nl, C);
-  };
   if (stage_.embedding) {
     ScopedSpan s(tl, 0, Phase::forward);
     const float* wte = st.acquire_params(kWteUnit);
@@ -370,24 +430,9 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     const int eu = expert_unit_[std::size_t(lb)];
     LayerParams p = layer_view(base, nullptr, lb);
     const float* x = lb == 0 ? encoded_ : res3_ + (lb - 1) * NlC;
-    float* ln1 = ln1_ + lb * NC;
-    float* qkv = qkv_ + std::int64_t(lb) * N * 3 * Ct;
-    float* atty = atty_ + std::int64_t(lb) * N * Ct;
-    float* att = att_ + std::int64_t(lb) * B * NHt * T * T;
-    float* res2 = res2_ + lb * NlC;
-    float* ln2 = ln2_ + lb * NC;
-    float* fch = fch_ + std::int64_t(lb) * N * Ft;
-    float* fch_gelu = fch_gelu_ + std::int64_t(lb) * N * Ft;
+    const BlockActs a = block_acts(lb);
     float* res3 = res3_ + lb * NlC;
-
-    norm(ln1, ln1_mean_ + lb * Nl, ln1_rstd_ + lb * Nl, x, p.ln1_w, p.ln1_b);
-    linear_forward(qkv, ln1, p.qkv_w, p.qkv_b, N, C, 3 * Ct);  // column-parallel: this rank's heads
-    kernels::attention_forward(atty, att, qkv, B, T, Ct, NHt);
-    // Row-parallel output projection: partial sums over this rank's heads,
-    // summed over the ranks (g), then the bias and the residual, once.
-    linear_forward(dbuf_, atty, p.proj_w, nullptr, N, Ct, C);
-    residual(res2, x, p.proj_b);
-    norm(ln2, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, res2, p.ln2_w, p.ln2_b);
+    block_front(a, p, x);
     if (moe_[std::size_t(lb)]) {
       // Mixture of experts: the routed experts' outputs (their biases
       // included) added to the residual stream; the auxiliary loss joins
@@ -397,14 +442,13 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
       // and a sequence-parallel rank keeps its own rows of it.
       p = layer_view(base, st.acquire_params(eu), lb);
       st.prefetch(eu + 1);
-      aux += moe_[std::size_t(lb)]->forward(dbuf_, ln2, {p.router, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b});
-      kernels::residual_forward(res3, res2, dbuf_ + std::int64_t(r0) * C, NlC);
+      aux += moe_[std::size_t(lb)]->forward(dbuf_, a.ln2, {p.router, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b});
+      kernels::residual_forward(res3, a.res2, dbuf_ + std::int64_t(r0) * C, NlC);
       st.release_params(eu);
     } else {
-      linear_forward(fch, ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
-      kernels::gelu_forward(fch_gelu, fch, std::int64_t(N) * Ft);
-      linear_forward(dbuf_, fch_gelu, p.fcproj_w, nullptr, N, Ft, C);  // row-parallel
-      residual(res3, res2, p.fcproj_b);
+      mlp_front(a, p);
+      linear_forward(dbuf_, a.fch_gelu, p.fcproj_w, nullptr, N, Ft, C);  // row-parallel
+      residual_rows(res3, a.res2, p.fcproj_b);
     }
     st.release_params(block_unit(lb));
   }
@@ -414,7 +458,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   float* uf = st.acquire_params(head_unit_);
   float* wte = st.acquire_params(head_wte_unit_);
   const float* xL = output();
-  norm(lnf_, lnf_mean_, lnf_rstd_, xL, uf + lnfw_off_, uf + lnfb_off_);
+  norm_rows(lnf_, lnf_mean_, lnf_rstd_, xL, uf + lnfw_off_, uf + lnfb_off_);
   linear_forward(logits_, lnf_, wte, nullptr, N, C, Vt);  // tied head: this rank's vocabulary columns
   // Vocabulary-parallel cross-entropy: the row maximum, the sum of
   // exponentials and the target's logit are combined over the ranks; no rank
@@ -517,14 +561,16 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     if (lb > 0) st.prefetch(block_unit(lb - 1));
     LayerParams g = layer_view(st.grads(block_unit(lb)), moe ? st.grads(eu) : nullptr, lb);
     const float* x = lb == 0 ? encoded_ : res3_ + (lb - 1) * NlC;
-    const float* ln1 = ln1_ + lb * NC;
-    const float* qkv = qkv_ + std::int64_t(lb) * N * 3 * Ct;
-    const float* atty = atty_ + std::int64_t(lb) * N * Ct;
-    const float* att = att_ + std::int64_t(lb) * B * NHt * T * T;
-    const float* res2 = res2_ + lb * NlC;
-    const float* ln2 = ln2_ + lb * NC;
-    const float* fch = fch_ + std::int64_t(lb) * N * Ft;
-    const float* fch_gelu = fch_gelu_ + std::int64_t(lb) * N * Ft;
+    const BlockActs a = block_acts(lb);
+    if (c_.recompute == Recompute::full) {
+      // The block's forward again from its stored input (a MoE layer keeps
+      // its own activations and routing: only its input is rebuilt). The
+      // time counts in the block's backward span.
+      block_front(a, p, x);
+      if (!moe) mlp_front(a, p);
+    }
+    const float *ln1 = a.ln1, *qkv = a.qkv, *atty = a.atty, *att = a.att, *res2 = a.res2, *ln2 = a.ln2,
+                *fch = a.fch, *fch_gelu = a.fch_gelu;
     // Input-only, the MLP's and QKV's output gradients are written straight
     // into the kept buffers.
     float* dfch = input_only ? dy_fc_ + std::int64_t(lb) * N * Ft : dfch_;
@@ -555,15 +601,18 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
       kernels::gelu_backward(dfch, fch, dgelu_, std::int64_t(N) * Ft);
       linear_back(dbuf_, g.fc_w, g.fc_b, dfch, ln2, p.fc_w, C, Ft, dfch);
     }
-    norm_back(res2, p.ln2_w, ln2_mean_ + lb * Nl, ln2_rstd_ + lb * Nl, g.ln2_w, g.ln2_b, 3, !moe);
+    norm_back(res2, p.ln2_w, a.ln2_mean, a.ln2_rstd, g.ln2_w, g.ln2_b, 3, !moe);
     // Attention branch: dres_ now holds d(res2).
     const float* d2 = dres_all();
     linear_back(dbuf_, g.proj_w, sp ? nullptr : g.proj_b, d2, atty, p.proj_w, Ct, C, keep2);
     if (sp) kernels::bias_backward(sp_grads_ + 2 * C, dres_, Nl, C);
     kernels::fill_zero(dqkv, std::int64_t(N) * 3 * Ct);
+    // Selective recomputation: the attention probabilities again from q
+    // and k (Korthikanti et al.); atty gets the same values it holds.
+    if (c_.recompute == Recompute::selective) kernels::attention_forward(a.atty, a.att, a.qkv, B, T, Ct, NHt);
     kernels::attention_backward(dqkv, dprobs_, dbuf_, qkv, att, B, T, Ct, NHt);
     linear_back(dbuf_, g.qkv_w, g.qkv_b, dqkv, ln1, p.qkv_w, C, 3 * Ct, dqkv);
-    norm_back(x, p.ln1_w, ln1_mean_ + lb * Nl, ln1_rstd_ + lb * Nl, g.ln1_w, g.ln1_b, 0);
+    norm_back(x, p.ln1_w, a.ln1_mean, a.ln1_rstd, g.ln1_w, g.ln1_b, 0);
     if (sp) {
       float* gs[6] = {g.ln1_w, g.ln1_b, g.proj_b, g.ln2_w, g.ln2_b, g.fcproj_b};
       sp_reduce_param_grads(gs, moe ? 5 : 6, C);  // the experts' biases are whole, not per-row partial

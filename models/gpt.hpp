@@ -34,6 +34,12 @@ struct GptMoe {
   float aux_coef = 0.01f;
 };
 
+// Activation recomputation (gradient checkpointing): none; selective, the
+// attention probabilities rebuilt from q and k in the backward pass
+// (Korthikanti et al., 2022); full, each block's forward rebuilt from its
+// stored input in its backward pass.
+enum class Recompute { none, selective, full };
+
 struct GptConfig {
   int layers = 2;
   int d_model = 64;
@@ -42,6 +48,7 @@ struct GptConfig {
   int vocab = 256;
   int seq_len = 64;
   GptMoe moe;
+  Recompute recompute = Recompute::none;
   int ffn() const { return ffn_mult * d_model; }
   bool is_moe(int layer) const { return moe.experts > 0 && layer % moe.every == moe.every - 1; }
   // The configuration of its MoE layers.
@@ -105,6 +112,11 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch,
 std::vector<double> gpt_forward_flops(const GptConfig& c, int B);
 // Model FLOPs of forward + backward over B sequences: 3x the forward.
 double gpt_model_flops(const GptConfig& c, int B);
+// FLOPs executed: the model's plus the forward work recomputation repeats
+// (full: each block's norms-to-MLP-first-linear matmuls, a MoE block's
+// attention part only; selective: the attention scores and their product
+// with v).
+double gpt_hardware_flops(const GptConfig& c, int B);
 
 // The units of the state seam, contiguous and in flat-buffer order: wte and
 // wpe if the stage has the embedding, each block (a MoE block as two: its
@@ -172,6 +184,21 @@ class Gpt {
         *router;
   };
   static constexpr int kParamsPerLayer = 13;
+  // One block's activations (the slot recomputation shares, or its own).
+  struct BlockActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+  };
+  BlockActs block_acts(int lb) const;
+  // A norm over this rank's rows, gathered to all rows under sequence
+  // parallelism; the residual add of the row-parallel sums in dbuf_ (summed
+  // or reduce-scattered over tp) and a bias.
+  void norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b);
+  void residual_rows(float* out, const float* x, const float* bias);
+  // A block's forward up to its MLP (norms, attention, the residual) and
+  // the dense MLP's first linear and GELU: run by the forward pass, and
+  // again by a fully recomputing backward.
+  void block_front(const BlockActs& a, const LayerParams& p, const float* x);
+  void mlp_front(const BlockActs& a, const LayerParams& p);
   // Views into block l's unit (its first element at `unit_base`) and, for a
   // MoE block, its expert unit (null: the expert views are not used).
   LayerParams layer_view(float* unit_base, float* expert_base, int l) const;

@@ -111,7 +111,8 @@ def render(rep):
         p("")
         p("throughput")
         p(f"  tokens/s {s.get('tokens_per_s', 0):.0f}   model FLOP/s {s.get('flops_per_s', 0) / 1e9:.2f} G   "
-          f"MFU {100 * s.get('mfu', 0):.1f}% (peak {s.get('peak_flops', 0) / 1e9:.1f} GFLOP/s, "
+          f"MFU {100 * s.get('mfu', 0):.1f}% HFU {100 * s.get('hfu', s.get('mfu', 0)):.1f}% "
+          f"(peak {s.get('peak_flops', 0) / 1e9:.1f} GFLOP/s, "
           f"{s.get('peak_source', '?')})")
         p(f"  step time over {len(times)} measured steps: min {1e3 * times.min():.2f} ms, median {1e3 * med:.2f} ms, "
           f"max {1e3 * times.max():.2f} ms, spread (max-min)/median {100 * (times.max() - times.min()) / med:.1f}%")

@@ -26,6 +26,7 @@ struct ModelSection {
   int ffn_mult = 4;
   int vocab = 256;
   int seq_len = 64;
+  std::string recompute = "none";  // activation recomputation: none, selective, full
   // Mixture of experts (moe_experts = 0: a dense model).
   int moe_experts = 0;
   int moe_every = 1;

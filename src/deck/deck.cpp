@@ -382,6 +382,12 @@ void Resolver::check_cross_keys() {
   if (c.model.moe_experts > 0 && c.model.moe_experts % c.parallel.ep != 0)
     error(fmt::format("{}: {} is not a multiple of {}: each expert-parallel rank holds experts / ep whole experts",
                       primary({"model.moe_experts", "parallel.ep"}), show("model.moe_experts"), show("parallel.ep")));
+  if (c.model.recompute != "none" && c.parallel.schedule == "zb-h1" && c.parallel.pp > 1)
+    error(fmt::format("{}: {} with {}: the zero-bubble schedule keeps every block's activations until the weight "
+                      "half of its backward, which recomputation would have overwritten; use another schedule or "
+                      "recompute = \"none\"",
+                      primary({"model.recompute", "parallel.schedule"}), show("model.recompute"),
+                      show("parallel.schedule")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",

@@ -157,6 +157,7 @@ const std::vector<KeySpec>& key_table() {
       key<&Config::model, &ModelSection::ffn_mult>("model", "ffn_mult", "MLP hidden width as a multiple of d_model").at_least(1),
       key<&Config::model, &ModelSection::vocab>("model", "vocab", "vocabulary size (>= 256 for text data: byte-level tokens)").at_least(2),
       key<&Config::model, &ModelSection::seq_len>("model", "seq_len", "tokens per sequence").at_least(1),
+      key<&Config::model, &ModelSection::recompute>("model", "recompute", "activation recomputation: none; selective (attention probabilities rebuilt in the backward pass); full (each block's forward rebuilt from its input)").one_of({"none", "selective", "full"}),
       key<&Config::model, &ModelSection::moe_experts>("model", "moe_experts", "experts of each Mixture-of-Experts block; 0: a dense model").at_least(0),
       key<&Config::model, &ModelSection::moe_every>("model", "moe_every", "every k-th block is a MoE block (blocks l with l % k == k - 1)").at_least(1),
       key<&Config::model, &ModelSection::moe_top_k>("model", "moe_top_k", "experts each token is routed to").between(1, 2),

@@ -260,12 +260,17 @@ std::string read_global_file(const fs::path& path, std::map<std::string, GlobalT
   return r.finish() ? "" : fmt::format("{} is truncated or corrupt (checksum)", path.string());
 }
 
-// The [model] section of a resolved deck: what fixes the parameters' shapes.
+// The [model] section of a resolved deck: what fixes the parameters' shapes
+// (recomputation, which does not, left out).
 std::string model_section(const std::string& resolved) {
   const auto a = resolved.find("[model]");
   if (a == std::string::npos) return "";
   const auto b = resolved.find("\n[", a + 1);
-  return resolved.substr(a, b == std::string::npos ? std::string::npos : b - a);
+  std::istringstream in(resolved.substr(a, b == std::string::npos ? std::string::npos : b - a));
+  std::string out;
+  for (std::string line; std::getline(in, line);)
+    if (!line.starts_with("recompute")) out += line + "\n";
+  return out;
 }
 
 }  // namespace

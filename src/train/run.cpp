@@ -304,7 +304,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   std::vector<CommAggregate> comm_figures;
   Bubble bubble;
   auto finish = [&](const char* status) {
-    summary = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch), job_peak);
+    summary = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch),
+                        models::gpt_hardware_flops(gc, cfg.data.global_batch), job_peak);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
                             layout.pp > 1 ? cfg.parallel.virtual_stages : 1, cfg.parallel.schedule);

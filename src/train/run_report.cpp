@@ -14,7 +14,7 @@ static double median(std::vector<double> v) {
 }
 
 Summary summarise(const std::vector<StepRecord>& steps, const std::vector<MemoryRecord>& memory,
-                  double model_flops_per_step, double peak_flops) {
+                  double model_flops_per_step, double hardware_flops_per_step, double peak_flops) {
   Summary s;
   std::vector<double> times, rates;
   for (const auto& r : steps) {
@@ -28,6 +28,8 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
   s.model_flops_per_step = model_flops_per_step;
   s.flops_per_s = s.step_time > 0 ? model_flops_per_step / s.step_time : 0;
   s.mfu = peak_flops > 0 ? s.flops_per_s / peak_flops : 0;
+  s.hardware_flops_per_step = hardware_flops_per_step;
+  s.hfu = peak_flops > 0 && s.step_time > 0 ? hardware_flops_per_step / s.step_time / peak_flops : 0;
   if (!steps.empty()) {
     s.initial_loss = steps.front().loss;
     s.final_loss = steps.back().loss;
@@ -81,6 +83,8 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_f64("model_flops", "FLOP", "model FLOPs of the step (forward + backward, no recomputation)")
       .col_f64("flops_per_s", "FLOP/s", "model_flops / step_time")
       .col_f64("mfu", "1", "flops_per_s / peak FLOP/s (see /summary/peak_flops)")
+      .col_f64("hardware_flops", "FLOP", "FLOPs executed: model_flops plus the recomputed forward work")
+      .col_f64("hfu", "1", "hardware FLOPs utilisation: hardware_flops / step_time / peak FLOP/s")
       .col_f64("moe_aux_loss", "nats",
                "MoE: this rank's auxiliary losses, summed over its MoE blocks, mean over micro-batches (in loss)")
       .col_f64("load_imbalance", "1", "MoE: max over this rank's MoE blocks of max / mean assignments per expert")
@@ -88,7 +92,7 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
   for (const auto& r : steps)
     st.add_row({std::int64_t(rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
                 std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
-                r.mfu, r.moe_aux, r.load_imbalance, r.drop_rate});
+                r.mfu, r.hardware_flops, r.hfu, r.moe_aux, r.load_imbalance, r.drop_rate});
   f.write_table(st);
 
   report::Table ex("experts", "MoE routing per step, rank, block and expert (empty for a dense model)");
@@ -264,6 +268,9 @@ void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
   f.write_scalar(g, "peak_flops", p.peak_flops, "FLOP/s", "peak that MFU is measured against: the sum of every rank's peak (peak_source)");
   f.write_scalar(g, "peak_source", p.peak_source, "where the per-rank peak comes from: the deck, or an sgemm measured on every rank at once");
   f.write_scalar(g, "mfu", s.mfu, "1", "model FLOPs utilisation: flops_per_s / peak_flops");
+  f.write_scalar(g, "hardware_flops_per_step", s.hardware_flops_per_step, "FLOP",
+                 "FLOPs executed per step: the model's plus the forward work activation recomputation repeats");
+  f.write_scalar(g, "hfu", s.hfu, "1", "hardware FLOPs utilisation: hardware_flops_per_step / step_time / peak_flops");
   f.write_scalar(g, "initial_loss", s.initial_loss, "nats", "loss of step 0");
   f.write_scalar(g, "final_loss", s.final_loss, "nats", "loss of the last step");
   f.write_scalar(g, "parameters", double(p.parameters), "1", "number of model parameters");

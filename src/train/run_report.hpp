@@ -55,13 +55,15 @@ struct Summary {
   double model_flops_per_step = 0;
   double flops_per_s = 0;      // model FLOPs / median step time
   double mfu = 0;
+  double hardware_flops_per_step = 0;  // model FLOPs plus recomputation
+  double hfu = 0;
   double initial_loss = 0, final_loss = 0;
   std::uint64_t peak_bytes[core::kNumMemCategories] = {};
   std::uint64_t peak_total = 0;
 };
 
 Summary summarise(const std::vector<StepRecord>& steps, const std::vector<MemoryRecord>& memory,
-                  double model_flops_per_step, double peak_flops);
+                  double model_flops_per_step, double hardware_flops_per_step, double peak_flops);
 
 void write_provenance(report::H5File& f, const Provenance& p);
 void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& steps,

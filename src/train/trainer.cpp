@@ -14,7 +14,10 @@ namespace strata::train {
 models::GptConfig gpt_config(const deck::ModelSection& m) {
   models::GptMoe moe{m.moe_experts,          m.moe_every,       m.moe_top_k,          m.moe_capacity_factor,
                      m.moe_drop_tokens,      m.moe_renormalize, float(m.moe_aux_coef)};
-  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len, moe};
+  const models::Recompute rc = m.recompute == "full"        ? models::Recompute::full
+                               : m.recompute == "selective" ? models::Recompute::selective
+                                                            : models::Recompute::none;
+  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, rc};
 }
 
 Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
@@ -33,6 +36,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
                cfg_.data.global_batch, dp_size_, B);
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
+  hardware_flops_per_step_ = models::gpt_hardware_flops(gc, cfg_.data.global_batch);
   if (tp_ != nullptr) tpc_ = {tp_, tp_->size(), tp_->rank(), cfg_.parallel.sequence_parallel};
   if (ep != nullptr && ep->size() > 1) {
     epc_ = {ep, ep->size(), ep->rank()};
@@ -172,6 +176,8 @@ StepRecord Trainer::step(int step) {
   r.model_flops = model_flops_per_step_;
   r.flops_per_s = r.model_flops / r.step_time;
   r.mfu = peak_flops_ > 0 ? r.flops_per_s / peak_flops_ : 0.0;
+  r.hardware_flops = hardware_flops_per_step_;
+  r.hfu = peak_flops_ > 0 ? r.hardware_flops / r.step_time / peak_flops_ : 0.0;
   return r;
 }
 

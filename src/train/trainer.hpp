@@ -33,6 +33,8 @@ struct StepRecord {
   double model_flops = 0;     // forward + backward, no recomputation
   double flops_per_s = 0;
   double mfu = 0;             // flops_per_s / peak
+  double hardware_flops = 0;  // model_flops plus recomputed forward work
+  double hfu = 0;             // hardware_flops / step_time / peak
   // Mixture of experts, this rank's MoE blocks (0 for a dense model): the
   // auxiliary loss (summed over blocks, mean over micro-batches), the worst
   // block's max / mean assignments per expert, and the share of assignments
@@ -142,7 +144,7 @@ class Trainer {
   core::MemoryTracker* tracker_;
   int dp_size_ = 1, dp_rank_ = 0;
   int micro_batches_;  // per rank and step
-  double model_flops_per_step_;
+  double model_flops_per_step_, hardware_flops_per_step_;
   std::unique_ptr<strategies::StateStrategy> strategy_;
   std::unique_ptr<DataSource> data_;
   core::Buffer<std::int32_t> tokens_, targets_;

@@ -75,7 +75,7 @@ void expect_same_config(const Config& a, const Config& b) {
 const std::vector<std::string> kAllKeys = {
     "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every",
     "model.kind", "model.layers", "model.d_model", "model.heads", "model.ffn_mult", "model.vocab", "model.seq_len",
-    "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
+    "model.recompute", "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
     "model.moe_renormalize", "model.moe_aux_coef",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.zero", "parallel.bucket_mb", "parallel.schedule",

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "src/deck/deck.hpp"
 #include "src/train/data.hpp"
@@ -140,4 +141,61 @@ TEST(Trainer, MoeRoutingRecordsAddUp) {
   // coef x E x sum_e f_e P_e, with sum_e f_e = 1 and P_e <= 1: in (0, coef x E] per block.
   EXPECT_GT(r.moe_aux, 0.0);
   EXPECT_LE(r.moe_aux, 0.1 * 4 * c.model.layers);
+}
+
+// Activation recomputation changes where activations come from, not the
+// arithmetic: selective and full reproduce the plain run bit for bit (every
+// loss and the final parameters), dense and MoE; the activation bytes fall
+// by what the recomputed buffers of all but one block hold, and the
+// hardware FLOPs exceed the model FLOPs by the recomputed forward work.
+TEST(Trainer, RecomputationIsExactAndSavesTheActivationsItRebuilds) {
+  const int L = 3, B = 2, T = 8, C = 16, NH = 2, F = 4 * C, N = B * T;
+  for (const char* kind : {"gpt", "moe"}) {
+    SCOPED_TRACE(kind);
+    const std::vector<std::string> base = {
+        "model.layers=3", "data.global_batch=4", "data.micro_batch=2", std::string("model.kind=") + kind,
+        std::string("model.moe_experts=") + (std::string(kind) == "moe" ? "4" : "0"), "model.moe_every=2"};
+    std::map<std::string, std::vector<double>> loss;
+    std::map<std::string, std::vector<float>> params;
+    std::map<std::string, std::uint64_t> acts;
+    std::map<std::string, double> hw, model;
+    for (const char* mode : {"none", "selective", "full"}) {
+      auto sets = base;
+      sets.push_back(std::string("model.recompute=") + mode);
+      const auto c = tiny_config(sets);
+      core::MemoryTracker tracker;
+      train::Trainer t(c, tracker, nullptr, 1e9);
+      for (int s = 0; s < c.run.steps; ++s) {
+        const auto r = t.step(s);
+        loss[mode].push_back(r.loss);
+        hw[mode] = r.hardware_flops;
+        model[mode] = r.model_flops;
+        EXPECT_GE(r.hfu, r.mfu);
+      }
+      params[mode] = t.strategy().full_params();
+      acts[mode] = tracker.current(core::MemCategory::activations);
+    }
+    for (const char* mode : {"selective", "full"}) {
+      EXPECT_EQ(loss[mode], loss["none"]) << mode << ": losses bit for bit";
+      EXPECT_EQ(params[mode], params["none"]) << mode << ": parameters bit for bit";
+      EXPECT_EQ(model[mode], model["none"]);
+    }
+    // Bytes each block keeps without recomputation (fp32): the attention
+    // probabilities B x NH x T x T; and with them every per-block buffer
+    // full recomputation rebuilds: ln1, qkv, atty, res2, ln2 (N x C, 3C, C,
+    // C, C), the two norms' mean and rstd (4 N), the MLP hidden before and
+    // after GELU (2 N F); the block outputs stay.
+    const std::uint64_t att = 4ull * B * NH * T * T;
+    const std::uint64_t block = att + 4ull * (7ull * N * C + 4ull * N + 2ull * N * F);
+    EXPECT_EQ(acts["none"] - acts["selective"], (L - 1) * att);
+    EXPECT_EQ(acts["none"] - acts["full"], (L - 1) * block);
+    // Recomputed forward FLOPs per step: selective the attention core
+    // (2 N T C twice) per block; full also QKV, the projection and (dense
+    // blocks) the MLP's first linear. Global batch 4 sequences.
+    const double Ng = 4.0 * T, core_flops = 2 * Ng * T * C * 2;
+    const int dense = std::string(kind) == "moe" ? 2 : 3;  // block 1 is the MoE block
+    EXPECT_DOUBLE_EQ(hw["selective"] - model["none"], L * core_flops);
+    EXPECT_DOUBLE_EQ(hw["full"] - model["none"],
+                     L * (core_flops + 2 * Ng * C * 3 * C + 2 * Ng * C * C) + dense * 2 * Ng * C * F);
+  }
 }
