@@ -395,8 +395,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     }
   }
   if (rank == 0) {
-    fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%\n",
-               s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu);
+    fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%{}\n",
+               s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu,
+               s.hardware_flops_per_step > s.model_flops_per_step ? fmt::format(" | HFU {:.1f}%", 100 * s.hfu) : "");
     if (!comm_figures.empty()) {
       fmt::print("communication on rank 0 over {} measured steps:\n", s.measured_steps);
       fmt::print("  {:<6} {:<15} {:>3} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n", "calls",

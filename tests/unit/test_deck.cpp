@@ -316,6 +316,16 @@ TEST_F(DeckTest, StringNotAllowedNamesTheAllowedValues) {
   EXPECT_NO_THROW(load("[model]\nkind = \"moe\"\nmoe_experts = 4\n"));
 }
 
+TEST_F(DeckTest, RecomputationIsCheckedAgainstTheSchedule) {
+  EXPECT_NO_THROW(load("[model]\nrecompute = \"full\"\n"));
+  EXPECT_NO_THROW(load("[model]\nrecompute = \"selective\"\n[data]\nglobal_batch = 8\nmicro_batch = 2\n"
+                       "[parallel]\npp = 2\nschedule = \"1f1b\"\n"));
+  load_error("[model]\nrecompute = \"some\"\n", {"'model.recompute'", "\"full\"", "\"none\"", "\"selective\""});
+  load_error("[model]\nrecompute = \"full\"\n[data]\nglobal_batch = 8\nmicro_batch = 2\n"
+             "[parallel]\npp = 2\nschedule = \"zb-h1\"\n",
+             {"model.recompute = \"full\"", "parallel.schedule = \"zb-h1\"", "zero-bubble"});
+}
+
 TEST_F(DeckTest, ExpertParallelLayoutsAreChecked) {
   const std::string moe = "[model]\nkind = \"moe\"\nmoe_experts = 4\nheads = 4\nvocab = 256\n";
   const std::string batch = "[data]\nglobal_batch = 16\nmicro_batch = 2\n";
