@@ -16,14 +16,31 @@ struct AdamWSettings {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
 };
 
+// Optimizer offload (ZeRO-Offload): the moments live in a host arena (a
+// tracker of its own, with its own limit), and each update copies the
+// gradients and parameters of its range there, runs AdamW on the host and
+// copies the parameters back. What moved and how long it took is summed
+// into `stats`.
+struct OffloadStats {
+  double bytes_to_host = 0, bytes_to_device = 0;
+  double copy_time = 0;    // s, both directions
+  double update_time = 0;  // s, AdamW on the host
+};
+struct HostOffload {
+  core::MemoryTracker* host = nullptr;  // null: no offload
+  OffloadStats* stats = nullptr;
+};
+
 class AdamW {
  public:
   // Optimizer state (m and v) for the elements [begin, end) of the flat
   // buffer described by `registry`: 8 bytes per element, category optimizer.
   // `capacity` >= end - begin sizes the state when a shard is padded (ZeRO
   // keeps state for its whole padded shard so every rank holds the same bytes).
+  // With `offload.host`, m and v (and staging for the range's gradients
+  // and parameters) come from the host tracker instead.
   AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end, const AdamWSettings& s,
-        core::MemoryTracker& tracker, std::int64_t capacity = -1);
+        core::MemoryTracker& tracker, std::int64_t capacity = -1, HostOffload offload = {});
   // params and grads point at element `begin` of their flat buffers.
   // `step` counts from 1 (bias correction).
   void update(float* params, const float* grads, float lr, int step);
@@ -37,7 +54,10 @@ class AdamW {
   const ParamRegistry& reg_;
   std::int64_t begin_, end_;
   AdamWSettings s_;
+  HostOffload offload_;
   core::Buffer<float> m_, v_;
+  core::Buffer<float> host_params_, host_grads_;  // offload staging for [begin, end)
+  void update_range(float* params, const float* grads, float lr, int step);
 };
 
 }  // namespace strata::models

@@ -9,7 +9,7 @@ namespace strata::strategies {
 DataParallel::DataParallel(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
                            comm::Communicator* dp, core::MemoryTracker& tracker)
     : models::ReplicatedState(reg, std::move(units), tracker, cfg.seed), reg_(reg), tp_size_(cfg.tp_size),
-      dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr), optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker) {
+      dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr), optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker, -1, cfg.offload) {
   const std::int64_t n = numel();
   const std::int64_t per = std::max<std::int64_t>(1, cfg.bucket_bytes / std::int64_t(sizeof(float)));
   for (std::int64_t hi = n; hi > 0; hi -= per) buckets_.push_back({std::max<std::int64_t>(0, hi - per), hi});

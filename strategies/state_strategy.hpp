@@ -27,6 +27,7 @@ struct StateConfig {
   models::AdamWSettings adamw;
   std::uint64_t seed = 0;
   int tp_size = 1;                           // tensor-parallel ranks (for the gradient norm's weights)
+  models::HostOffload offload;               // optimizer state on the host (parallel.offload = "host")
 };
 
 // A named range of a strategy's state buffers (parameters as this rank holds

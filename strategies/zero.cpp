@@ -45,7 +45,8 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
   else
     grads_shard_ = core::Buffer<float>(tracker, MemCategory::grads, shard, "gradient shard");
   for (const auto& s : us_)
-    optimizers_.push_back(std::make_unique<models::AdamW>(reg_, s.own_begin, s.own_end, cfg.adamw, tracker, s.shard));
+    optimizers_.push_back(
+        std::make_unique<models::AdamW>(reg_, s.own_begin, s.own_end, cfg.adamw, tracker, s.shard, cfg.offload));
   unit_grads_.resize(units_.size());
   gathered_.resize(units_.size());
 }

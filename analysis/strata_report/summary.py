@@ -22,10 +22,17 @@ def step_times(rep):
     return np.array([s["step_time"][s["step"] == k].max() for k in np.unique(s["step"])])
 
 
-def memory_per_rank(rep):
-    """{rank: (held at the end of the last step, peak over the run)} per category."""
+def memory_per_rank(rep, pool="device"):
+    """{rank: (held at the end of the last step, peak over the run)} per category, in one pool: the
+    device, or the host arena optimizer offload uses (reports before the pool column are all device)."""
     m = rep.table("memory")
     out = {}
+    if len(m) == 0:
+        return out
+    if "pool" in m.dtype.names:
+        m = m[np.array([text(x) for x in m["pool"]]) == pool]
+    elif pool != "device":
+        return out
     if len(m) == 0:
         return out
     cats = np.array([text(c) for c in m["category"]])
@@ -124,6 +131,19 @@ def render(rep):
         p("  rank " + "".join(f"{c:>24}" for c in CATEGORIES))
         for r, (held, peak) in sorted(mem.items()):
             p(f"  {r:>4} " + "".join(f"{fmt_bytes(held[c]) + ' / ' + fmt_bytes(peak[c]):>24}" for c in CATEGORIES))
+    host = memory_per_rank(rep, "host")
+    if host:
+        p("host arena (optimizer offload), held at the end of the last step")
+        p("  rank " + "".join(f"{c:>14}" for c in ("params", "grads", "optimizer")))
+        for r, (held, _) in sorted(host.items()):
+            p(f"  {r:>4} " + "".join(f"{fmt_bytes(held[c]):>14}" for c in ("params", "grads", "optimizer")))
+        s_ = rep.measured_steps()
+        if len(s_) and "offload_bytes_to_host" in s_.dtype.names:
+            n = len(np.unique(s_["step"]))
+            p(f"  per step, mean over ranks: {fmt_bytes(s_['offload_bytes_to_host'].sum() / n / rep.world)} to the host, "
+              f"{fmt_bytes(s_['offload_bytes_to_device'].sum() / n / rep.world)} back, copies "
+              f"{1e3 * s_['offload_copy_time'].sum() / n / rep.world:.2f} ms (not hidden), host update "
+              f"{1e3 * s_['offload_update_time'].sum() / n / rep.world:.2f} ms")
     pipe = rep.table("summary/pipeline")
     if len(pipe) and pipe["stages"].max() > 1:
         p("")

@@ -76,6 +76,7 @@ struct BackendSection {
   std::string precision = "fp32";
   int threads = 0;                    // 0: OMP_NUM_THREADS or all cores
   std::uint64_t memory_limit = 0;     // bytes; 0: no limit
+  std::uint64_t host_memory_limit = 0;  // bytes of the host arena (offload); 0: no limit
   double peak_tflops = 0.0;           // 0: measure an sgemm at start-up
 };
 

@@ -469,13 +469,13 @@ void check_supported_by_this_build(Resolver& r) {
   const ParallelSection& p = r.config.parallel;
   constexpr const char* kOnly =
       "this build runs data, tensor, sequence, pipeline and expert parallelism (any dp, tp, pp and ep, zero = 0..3, "
-      "every schedule); offload = \"none\" (offload is not built yet)";
+      "every schedule), optimizer offload to the host; offload = \"nvme\" is not built yet";
   auto refuse = [&](const std::string& key, bool unsupported) {
     if (!unsupported) return;
     const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
     r.error(fmt::format("{}: {} = {}: {}", r.primary({key}), key, value, kOnly));
   };
-  refuse("parallel.offload", p.offload != "none");
+  refuse("parallel.offload", p.offload == "nvme");
 }
 
 std::string resolved_toml(const Config& c) {

@@ -198,6 +198,7 @@ const std::vector<KeySpec>& key_table() {
       key<&Config::backend, &BackendSection::precision>("backend", "precision", "compute precision").one_of({"fp32"}, {"bf16", "fp16"}),
       key<&Config::backend, &BackendSection::threads>("backend", "threads", "compute threads per rank; 0: OMP_NUM_THREADS or all cores").at_least(0),
       key<&Config::backend, &BackendSection::memory_limit>("backend", "memory_limit", "memory budget per rank in bytes (or \"512MiB\", \"2GB\"); 0: no limit").as_bytes(),
+      key<&Config::backend, &BackendSection::host_memory_limit>("backend", "host_memory_limit", "host arena budget per rank for parallel.offload = \"host\" (bytes, or \"8GiB\"); 0: no limit").as_bytes(),
       key<&Config::backend, &BackendSection::peak_tflops>("backend", "peak_tflops", "peak TFLOP/s per rank for utilisation figures; 0: measure an sgemm at start-up").at_least(0),
   };
   return table;

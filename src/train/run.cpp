@@ -168,6 +168,7 @@ void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memor
   constexpr int K = core::kNumMemCategories;
   std::vector<double> mine(2 * K, 0.0), all(std::size_t(2 * K) * size);
   for (const auto& m : memory) {
+    if (m.host) continue;  // the device's
     const int c = int(m.category);
     if (m.step == last_step) mine[c] = double(m.current);
     mine[K + c] = std::max(mine[K + c], double(m.peak));
@@ -354,6 +355,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       for (int c = 0; c < core::kNumMemCategories; ++c) {
         const auto cat = core::MemCategory(c);
         memory.push_back({s, cat, tracker.current(cat), tracker.peak(cat)});
+        if (cfg.parallel.offload != "none")
+          memory.push_back({s, cat, trainer.host_tracker().current(cat), trainer.host_tracker().peak(cat), true});
       }
       const int every = cfg.run.log_every;
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());

@@ -35,6 +35,7 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
     s.final_loss = steps.back().loss;
   }
   for (const auto& m : memory) {
+    if (m.host) continue;  // the device's figures; the host arena is reported apart
     auto& p = s.peak_bytes[int(m.category)];
     p = std::max(p, m.peak);
   }
@@ -85,6 +86,10 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_f64("mfu", "1", "flops_per_s / peak FLOP/s (see /summary/peak_flops)")
       .col_f64("hardware_flops", "FLOP", "FLOPs executed: model_flops plus the recomputed forward work")
       .col_f64("hfu", "1", "hardware FLOPs utilisation: hardware_flops / step_time / peak FLOP/s")
+      .col_f64("offload_bytes_to_host", "B", "optimizer offload: gradients and parameters copied to the host")
+      .col_f64("offload_bytes_to_device", "B", "optimizer offload: updated parameters copied back")
+      .col_f64("offload_copy_time", "s", "optimizer offload: time in those copies (none of it hidden)")
+      .col_f64("offload_update_time", "s", "optimizer offload: AdamW on the host")
       .col_f64("moe_aux_loss", "nats",
                "MoE: this rank's auxiliary losses, summed over its MoE blocks, mean over micro-batches (in loss)")
       .col_f64("load_imbalance", "1", "MoE: max over this rank's MoE blocks of max / mean assignments per expert")
@@ -92,7 +97,8 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
   for (const auto& r : steps)
     st.add_row({std::int64_t(rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
                 std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
-                r.mfu, r.hardware_flops, r.hfu, r.moe_aux, r.load_imbalance, r.drop_rate});
+                r.mfu, r.hardware_flops, r.hfu, r.offload.bytes_to_host, r.offload.bytes_to_device,
+                r.offload.copy_time, r.offload.update_time, r.moe_aux, r.load_imbalance, r.drop_rate});
   f.write_table(st);
 
   report::Table ex("experts", "MoE routing per step, rank, block and expert (empty for a dense model)");
@@ -112,11 +118,12 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
   mem.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
       .col_str("category", 16, "", "params, grads, optimizer, activations, workspace or comm")
+      .col_str("pool", 8, "", "device, or host (the arena optimizer offload keeps its state in)")
       .col_i64("current_bytes", "B", "bytes held at the end of the step")
       .col_i64("peak_bytes", "B", "largest bytes held at any moment of the step");
   for (const auto& m : memory)
     mem.add_row({std::int64_t(rank), std::int64_t(m.step), std::string(core::category_name(m.category)),
-                 std::int64_t(m.current), std::int64_t(m.peak)});
+                 std::string(m.host ? "host" : "device"), std::int64_t(m.current), std::int64_t(m.peak)});
   f.write_table(mem);
 
   report::Table tl("timeline", "compute spans per rank: forward and backward per layer, optimizer per step");

@@ -46,6 +46,7 @@ struct MemoryRecord {
   core::MemCategory category;
   std::uint64_t current;
   std::uint64_t peak;
+  bool host = false;  // the host arena (optimizer offload), not the device
 };
 
 struct Summary {

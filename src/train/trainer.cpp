@@ -25,7 +25,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
                  comm::Communicator* emb, comm::Communicator* ep, comm::Communicator* edp)
     : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(dp),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr), pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
-      tracker_(&tracker) {
+      tracker_(&tracker), host_tracker_(config.backend.host_memory_limit) {
   if (dp_ != nullptr) {
     dp_size_ = dp_->size();
     dp_rank_ = dp_->rank();
@@ -90,6 +90,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;
   sc.tp_size = tpc_.size;
+  if (cfg_.parallel.offload == "host") sc.offload = {&host_tracker_, &offload_};
   strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, epc_.comm, edp_);
   if (v > 1)
     for (auto& ch : chunks_)
@@ -141,6 +142,8 @@ StepRecord Trainer::step(int step) {
   // 1 / (micro-batches x dp), and the dp ranks' gradients are summed.
   const float loss_scale = 1.0f / float(micro_batches_ * dp_size_);
   strategy_->begin_step();
+  offload_ = {};
+  host_tracker_.reset_peaks();
   routing_.clear();
   experts_.clear();
   r.loss = (pp_ != nullptr ? run_pipeline(step, loss_scale) : run_micro_batches(step, loss_scale)) * loss_scale;
@@ -177,6 +180,7 @@ StepRecord Trainer::step(int step) {
   r.flops_per_s = r.model_flops / r.step_time;
   r.mfu = peak_flops_ > 0 ? r.flops_per_s / peak_flops_ : 0.0;
   r.hardware_flops = hardware_flops_per_step_;
+  r.offload = offload_;
   r.hfu = peak_flops_ > 0 ? r.hardware_flops / r.step_time / peak_flops_ : 0.0;
   return r;
 }

@@ -35,6 +35,7 @@ struct StepRecord {
   double mfu = 0;             // flops_per_s / peak
   double hardware_flops = 0;  // model_flops plus recomputed forward work
   double hfu = 0;             // hardware_flops / step_time / peak
+  models::OffloadStats offload;  // optimizer offload's copies and host update (zero without)
   // Mixture of experts, this rank's MoE blocks (0 for a dense model): the
   // auxiliary loss (summed over blocks, mean over micro-batches), the worst
   // block's max / mean assignments per expert, and the share of assignments
@@ -84,6 +85,8 @@ class Trainer {
   int micro_batches() const { return micro_batches_; }
   // The MoE routing of the last step (empty for a dense model).
   const std::vector<ExpertRecord>& expert_records() const { return experts_; }
+  // The host arena optimizer offload allocates from (empty without offload).
+  const core::MemoryTracker& host_tracker() const { return host_tracker_; }
   double model_flops_per_step() const { return model_flops_per_step_; }
 
  private:
@@ -142,6 +145,8 @@ class Trainer {
   std::vector<char> completes_chunk_, last_of_mb_;
   core::Buffer<std::int32_t> mb_tokens_, mb_targets_;  // every micro-batch of a step (pipeline only)
   core::MemoryTracker* tracker_;
+  core::MemoryTracker host_tracker_;  // limit backend.host_memory_limit
+  models::OffloadStats offload_;      // this step's
   int dp_size_ = 1, dp_rank_ = 0;
   int micro_batches_;  // per rank and step
   double model_flops_per_step_, hardware_flops_per_step_;

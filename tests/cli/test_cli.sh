@@ -66,6 +66,14 @@ for sched in interleaved zb-h1; do
   then ok "2-stage $sched pipeline run and report"; else bad "2-stage $sched pipeline"; cat pp2-$sched.log checkpp.log; fi
 done
 
+# --- optimizer offload to the host: the same losses, the optimizer state in the host arena ---
+if mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=2 --output out/zero2.h5 > off0.log 2>&1 \
+   && mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=2 --set parallel.offload=\"host\" \
+        --output out/offload.h5 > off1.log 2>&1 \
+   && "$py" "$src/tests/python/check_report.py" out/offload.h5 --steps 4 --layers 2 --world 2 >> off1.log 2>&1 \
+   && "$py" -c "import sys,h5py; a,b=(h5py.File(p)['steps'][...] for p in sys.argv[1:]); assert (a['loss']==b['loss']).all() and (b['offload_bytes_to_host']>0).all()" out/zero2.h5 out/offload.h5 >> off1.log 2>&1
+then ok "offload to host: same losses, optimizer state on the host"; else bad "offload to host"; cat off0.log off1.log; fi
+
 # --- every deck in inputs/ resolves and plans at its own world size ---
 for deck in "$src"/inputs/*.toml; do
   n=$("$strata" run "$deck" --dry-run 2>&1 | sed -n 's/.*launch with mpiexec -n \([0-9]*\).*/\1/p')
@@ -153,7 +161,7 @@ expect_input_error "resume: no checkpoint" "no complete checkpoint" "$strata" ru
 expect_input_error "resume: another model" "the checkpoint's model differs" mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=8 --set model.layers=3 --resume ck1 --output out_bad/x.h5
 expect_input_error "resume: nothing left" "nothing left to run" mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=6 --resume ck1 --output out_bad/x.h5
 expect_input_error "ep without experts" "needs a Mixture-of-Experts model" "$strata" run tiny.toml --set parallel.ep=2 --output out_bad/x.h5
-expect_input_error "layout refused" "parallel.offload" "$strata" run tiny.toml --set parallel.offload=\"host\" --output out_bad/x.h5
+expect_input_error "layout refused" "parallel.offload" "$strata" run tiny.toml --set parallel.offload=\"nvme\" --output out_bad/x.h5
 expect_input_error "micro-batches < pp for 1f1b" "at least as many micro-batches" "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_batch=4 --output out_bad/x.h5
 expect_input_error "heads % tp" "parallel.tp" "$strata" run tiny.toml --set parallel.tp=4 --output out_bad/x.h5
 expect_input_error "vocab % tp" "model.vocab = 255" "$strata" run tiny.toml --set parallel.tp=2 --set model.vocab=255 --output out_bad/x.h5

@@ -16,7 +16,7 @@ ROOT_ATTRS = ["schema", "schema_version", "strata_version", "git_commit", "comma
 TABLES = {
     "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "tokens_per_s", "model_flops", "mfu",
               "moe_aux_loss", "load_imbalance", "drop_rate"],
-    "memory": ["rank", "step", "category", "current_bytes", "peak_bytes"],
+    "memory": ["rank", "step", "category", "pool", "current_bytes", "peak_bytes"],
     "experts": ["rank", "step", "layer", "expert", "tokens_routed", "tokens_dropped", "prob_mass"],
     "timeline": ["rank", "step", "micro_batch", "chunk", "layer", "phase", "start", "end"],
     "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait"],
@@ -81,6 +81,8 @@ def main():
         if not np.all(np.isfinite(steps["loss"])) or not np.all(steps["tokens_per_s"] > 0):
             errors.append("/steps has non-finite losses or non-positive throughput")
         mem = f["memory"][...]
+        pools = np.array([text(p) for p in mem["pool"]])
+        host, mem = mem[pools == "host"], mem[pools == "device"]
         cats = {text(c) for c in mem["category"]}
         if cats != {"params", "grads", "optimizer", "activations", "workspace", "comm"}:
             errors.append(f"/memory categories {cats}")
@@ -96,10 +98,16 @@ def main():
         expect = {"dp": (4 * psi, 4 * psi, 8 * psi), "zero1": (4 * psi_p, 4 * psi_p, 8 * psi_p // n),
                   "zero2": (4 * psi_p, 4 * psi_p // n, 8 * psi_p // n),
                   "zero3": (4 * psi_p // n, 4 * psi_p // n, 8 * psi_p // n)}[text(f["summary/strategy"][()])]
+        # With optimizer offload the optimizer state is in the host arena, none on the device.
+        offloaded = len(host) > 0
         for cat, want in zip(("params", "grads", "optimizer"), expect if pure_dp else ()):
             held = mem[[text(c) == cat for c in mem["category"]]]["current_bytes"]
-            if not np.all(held == want):
+            if not np.all(held == (0 if offloaded and cat == "optimizer" else want)):
                 errors.append(f"{cat} bytes {sorted(set(held))} differ from the analytical {want}")
+            if offloaded and cat == "optimizer":
+                on_host = host[[text(c) == cat for c in host["category"]]]["current_bytes"]
+                if not np.all(on_host == want):
+                    errors.append(f"host optimizer bytes {sorted(set(on_host))} differ from {want}")
         tl = f["timeline"][...]
         phases = {text(x) for x in tl["phase"]}
         whole = {"forward", "backward", "optimizer"}
