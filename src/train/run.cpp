@@ -142,6 +142,10 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
       per_cat[int(k == 0 ? core::MemCategory::params : k == 1 ? core::MemCategory::grads
                                                               : core::MemCategory::optimizer)] = std::uint64_t(bytes);
     }
+    // Optimizer offload: the moments (and 4 + 4 bytes of staging per element
+    // the rank updates) live in the host arena instead.
+    const double host = par.offload == "host" ? double(per_cat[int(core::MemCategory::optimizer)]) * 2 : 0;
+    if (par.offload == "host") per_cat[int(core::MemCategory::optimizer)] = 0;
     // Token ids and targets: one micro-batch's, or a pipeline step's.
     per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len * (p > 1 ? m + 1 : 1);
     std::uint64_t total = 0;
@@ -150,7 +154,8 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
       fmt::print(" {:>12}", core::format_bytes(double(per_cat[c])));
       total += per_cat[c];
     }
-    fmt::print(" {:>12}\n", core::format_bytes(double(total)));
+    fmt::print(" {:>12}{}\n", core::format_bytes(double(total)),
+               host > 0 ? fmt::format("   + host arena {}", core::format_bytes(host)) : "");
     largest = std::max(largest, total);
   }
   const auto limit = deck.config.backend.memory_limit;
