@@ -117,6 +117,11 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
   // selective, the attention probabilities.
   const std::int64_t Lr = c.recompute == Recompute::full ? std::min<std::int64_t>(L, 1) : L;
   const std::int64_t La = c.recompute == Recompute::none ? L : std::min<std::int64_t>(L, 1);
+  // The dense MLP's hidden activations exist for dense blocks only (a MoE
+  // layer holds its experts' own).
+  std::int64_t Ld = 0;
+  for (int l = stage.first; l < stage.last; ++l) Ld += c.is_moe(l) ? 0 : 1;
+  const std::int64_t Ldr = c.recompute == Recompute::full ? std::min<std::int64_t>(Ld, 1) : Ld;
   const std::int64_t V = stage.head ? c.vocab / tp : 0, H = stage.head ? 1 : 0;
   const std::int64_t N = B * T, Nl = sp ? N / tp : N;
   const auto A = MemCategory::activations, W = MemCategory::workspace;
@@ -132,8 +137,8 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
       {"ln2", Lr * N * C, A},
       {"ln2_mean", Lr * Nl, A},
       {"ln2_rstd", Lr * Nl, A},
-      {"fch", Lr * N * F, A},
-      {"fch_gelu", Lr * N * F, A},
+      {"fch", Ldr * N * F, A},
+      {"fch_gelu", Ldr * N * F, A},
       {"res3", L * Nl * C, A},
       {"lnf", H * N * C, A},
       {"lnf_mean", H * Nl, A},
@@ -158,8 +163,8 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
   if (split_backward) {
     // Kept from a micro-batch's input-gradient pass to its weight-gradient
     // pass, like activations (the head's output gradient stays in logits).
-    plan.push_back({"dy_fcproj", L * N * C, A});
-    plan.push_back({"dy_fc", L * N * F, A});
+    plan.push_back({"dy_fcproj", Ld * N * C, A});
+    plan.push_back({"dy_fc", Ld * N * F, A});
     plan.push_back({"dy_proj", L * N * C, A});
     plan.push_back({"dy_qkv", L * N * 3 * Ct, A});
   }
@@ -245,12 +250,13 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
       "ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
       "ln2.weight", "ln2.bias", "moe.experts.fc.weight", "moe.experts.fc.bias", "moe.experts.proj.weight",
       "moe.experts.proj.bias", "moe.router.weight"};
-  int unit = stage_.embedding ? 2 : 0;
+  int unit = stage_.embedding ? 2 : 0, dense_blocks = 0;
   for (int lb = 0; lb < blocks_; ++lb) {
     const int l = stage_.first + lb;
     const bool moe = c_.is_moe(l);
     block_unit_.push_back(unit++);
     expert_unit_.push_back(moe ? unit++ : -1);
+    dense_index_.push_back(moe ? -1 : dense_blocks++);
     const char* const* names = moe ? kMoe : kDense;
     std::array<std::int64_t, kParamsPerLayer> o{};
     // Offsets within the parameter's unit: a MoE block's experts (8..11)
@@ -340,9 +346,11 @@ Gpt::BlockActs Gpt::block_acts(int lb) const {
   const std::int64_t Nl = tp_.sequence_parallel ? N / tp : N;
   const std::int64_t k = c_.recompute == Recompute::full ? 0 : lb;
   const std::int64_t ka = c_.recompute == Recompute::none ? lb : 0;
+  // The dense MLP's buffers, per dense block (a MoE block's point at the first, unused).
+  const std::int64_t kd = c_.recompute == Recompute::full ? 0 : std::max(dense_index_[std::size_t(lb)], 0);
   return {ln1_ + k * N * C,  ln1_mean_ + k * Nl, ln1_rstd_ + k * Nl, qkv_ + k * N * 3 * Ct, atty_ + k * N * Ct,
           att_ + ka * B * NHt * T * T, res2_ + k * Nl * C, ln2_ + k * N * C, ln2_mean_ + k * Nl,
-          ln2_rstd_ + k * Nl, fch_ + k * N * Ft, fch_gelu_ + k * N * Ft};
+          ln2_rstd_ + k * Nl, fch_ + kd * N * Ft, fch_gelu_ + kd * N * Ft};
 }
 
 void Gpt::norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
@@ -573,9 +581,10 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
                 *fch = a.fch, *fch_gelu = a.fch_gelu;
     // Input-only, the MLP's and QKV's output gradients are written straight
     // into the kept buffers.
-    float* dfch = input_only ? dy_fc_ + std::int64_t(lb) * N * Ft : dfch_;
+    const std::int64_t di = std::max(dense_index_[std::size_t(lb)], 0);  // the dense MLP's kept gradients
+    float* dfch = input_only ? dy_fc_ + di * N * Ft : dfch_;
     float* dqkv = input_only ? dy_qkv_ + std::int64_t(lb) * N * 3 * Ct : dqkv_;
-    float* keep3 = input_only ? dy_fcproj_ + lb * NC : nullptr;
+    float* keep3 = input_only ? dy_fcproj_ + di * NC : nullptr;
     float* keep2 = input_only ? dy_proj_ + lb * NC : nullptr;
 
     // MLP branch: dres_ holds d(res3); the identity path leaves it as d(res2).
@@ -654,9 +663,10 @@ void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
     if (eu >= 0) {
       st.grads_done(eu);  // its gradients came with the input-gradient half
     } else {
-      linear_backward_weight(g.fcproj_w, sp ? nullptr : g.fcproj_b, dy_fcproj_ + lb * NC,
-                             fch_gelu_ + std::int64_t(lb) * N * Ft, N, Ft, C);
-      linear_backward_weight(g.fc_w, g.fc_b, dy_fc_ + std::int64_t(lb) * N * Ft, ln2_ + lb * NC, N, C, Ft);
+      const std::int64_t di = dense_index_[std::size_t(lb)];
+      linear_backward_weight(g.fcproj_w, sp ? nullptr : g.fcproj_b, dy_fcproj_ + di * NC, block_acts(lb).fch_gelu,
+                             N, Ft, C);
+      linear_backward_weight(g.fc_w, g.fc_b, dy_fc_ + di * N * Ft, ln2_ + lb * NC, N, C, Ft);
     }
     linear_backward_weight(g.proj_w, sp ? nullptr : g.proj_b, dy_proj_ + lb * NC, atty_ + std::int64_t(lb) * N * Ct,
                            N, Ct, C);

@@ -228,6 +228,7 @@ class Gpt {
   int block_unit(int lb) const { return block_unit_[std::size_t(lb)]; }
   std::vector<int> block_unit_;   // per block, and the unit after the last block
   std::vector<int> expert_unit_;  // per block: its experts' unit, -1 for a dense block
+  std::vector<int> dense_index_;  // per block: its index among the stage's dense blocks, -1 for a MoE block
   ParamRegistry reg_;
   std::vector<Unit> units_;
   // Unit-relative offsets of each block's 12 parameters, in LayerParams order,

@@ -183,19 +183,47 @@ TEST(Trainer, RecomputationIsExactAndSavesTheActivationsItRebuilds) {
     // Bytes each block keeps without recomputation (fp32): the attention
     // probabilities B x NH x T x T; and with them every per-block buffer
     // full recomputation rebuilds: ln1, qkv, atty, res2, ln2 (N x C, 3C, C,
-    // C, C), the two norms' mean and rstd (4 N), the MLP hidden before and
-    // after GELU (2 N F); the block outputs stay.
-    const std::uint64_t att = 4ull * B * NH * T * T;
-    const std::uint64_t block = att + 4ull * (7ull * N * C + 4ull * N + 2ull * N * F);
+    // C, C), the two norms' mean and rstd (4 N), and for a dense block the
+    // MLP hidden before and after GELU (2 N F); the block outputs stay.
+    // The MLP hidden buffers exist for dense blocks only (block 1 of the MoE
+    // model is a MoE block).
+    const std::uint64_t att = 4ull * B * NH * T * T, hidden = 4ull * 2 * N * F;
+    const std::uint64_t block = att + 4ull * (7ull * N * C + 4ull * N);
+    const std::uint64_t dense_blocks = std::string(kind) == "moe" ? 2 : 3;
     EXPECT_EQ(acts["none"] - acts["selective"], (L - 1) * att);
-    EXPECT_EQ(acts["none"] - acts["full"], (L - 1) * block);
+    EXPECT_EQ(acts["none"] - acts["full"], (L - 1) * block + (dense_blocks - 1) * hidden);
     // Recomputed forward FLOPs per step: selective the attention core
     // (2 N T C twice) per block; full also QKV, the projection and (dense
     // blocks) the MLP's first linear. Global batch 4 sequences.
     const double Ng = 4.0 * T, core_flops = 2 * Ng * T * C * 2;
-    const int dense = std::string(kind) == "moe" ? 2 : 3;  // block 1 is the MoE block
     EXPECT_DOUBLE_EQ(hw["selective"] - model["none"], L * core_flops);
     EXPECT_DOUBLE_EQ(hw["full"] - model["none"],
-                     L * (core_flops + 2 * Ng * C * 3 * C + 2 * Ng * C * C) + dense * 2 * Ng * C * F);
+                     L * (core_flops + 2 * Ng * C * 3 * C + 2 * Ng * C * C) + double(dense_blocks) * 2 * Ng * C * F);
   }
+}
+
+// A MoE block's MLP is its experts: the model holds the dense MLP's hidden
+// activations for its dense blocks only.
+TEST(Trainer, MoeBlocksHoldNoDenseMlpActivations) {
+  const int B = 2, T = 8, F = 4 * 16, N = B * T;  // micro-batch, seq_len, 4 x d_model
+  auto acts = [&](const std::vector<std::string>& sets) {
+    core::MemoryTracker tracker;
+    train::Trainer t(tiny_config(sets), tracker, nullptr, 0.0);
+    return tracker.current(core::MemCategory::activations);
+  };
+  const std::vector<std::string> base = {"model.layers=4", "data.global_batch=4", "data.micro_batch=2",
+                                         "model.kind=moe", "model.moe_experts=2", "model.moe_top_k=1"};
+  auto with = [&](const char* every) {
+    auto s = base;
+    s.push_back(std::string("model.moe_every=") + every);
+    return s;
+  };
+  // Two MoE blocks (every 2) against four (every 1): two more dense blocks,
+  // each with its N x F hidden rows before and after GELU, and two fewer MoE
+  // layers, each with its own buffers (models::moe_buffer_plan).
+  models::GptConfig gc = train::gpt_config(tiny_config(with("1")).model);
+  std::uint64_t moe_layer = 0;
+  for (const auto& b : models::moe_buffer_plan(gc.moe_layer(), N))
+    if (b.category == core::MemCategory::activations) moe_layer += 4ull * std::uint64_t(b.numel);
+  EXPECT_EQ(acts(with("2")) + 2 * moe_layer, acts(with("1")) + 2 * 4ull * 2 * N * F);
 }
