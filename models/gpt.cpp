@@ -171,6 +171,15 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
   return plan;
 }
 
+std::vector<BufferPlan> gpt_moe_plan(const GptConfig& c, int B, GptStage stage) {
+  stage = resolved(c, stage);
+  std::vector<BufferPlan> plan;
+  for (int l = stage.first; l < stage.last; ++l)
+    if (c.is_moe(l))
+      for (auto& b : moe_buffer_plan(c.moe_layer(), B * c.seq_len)) plan.push_back(std::move(b));
+  return plan;
+}
+
 std::vector<double> gpt_forward_flops(const GptConfig& c, int B) {
   const double C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len, N = double(B) * T;
   std::vector<double> f(c.layers + 2, 0.0);

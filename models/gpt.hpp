@@ -106,6 +106,11 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch,
                                             bool sequence_parallel = false, GptStage stage = {},
                                             bool split_backward = false);
 
+// The buffers the MoE layers of a stage allocate (each its own, from
+// moe_buffer_plan), beside the model's activation plan: the dry run's
+// estimate adds them.
+std::vector<BufferPlan> gpt_moe_plan(const GptConfig& c, int micro_batch, GptStage stage = {});
+
 // Forward matmul FLOPs of one micro-batch of B sequences, per layer:
 // [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
 // T x T scores (as Megatron's formula does), not only the causal half.

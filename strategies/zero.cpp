@@ -195,22 +195,23 @@ void Zero::update(float coef, float lr, int step) {
   }
 }
 
+std::vector<float> Zero::gather_unit(int u, const float* mine) {
+  const auto& s = us_[u];
+  std::vector<float> all(std::size_t(n_ * s.shard));
+  if (n_ > 1)
+    dp_->all_gather(mine, all.data(), s.shard, comm::DType::f32);
+  else
+    std::memcpy(all.data(), mine, sizeof(float) * std::size_t(s.shard));
+  return all;
+}
+
 std::vector<float> Zero::full_params() {
   std::vector<float> out(std::size_t(reg_.numel()));
   for (std::size_t u = 0; u < us_.size(); ++u) {
     const auto& s = us_[u];
-    const float* src = nullptr;
-    std::vector<float> tmp;
-    if (stage_ <= 2) {
-      src = params_full_.data() + n_ * s.q;
-    } else {
-      tmp.resize(std::size_t(n_ * s.shard));
-      if (n_ > 1)
-        dp_->all_gather(params_shard_.data() + s.q, tmp.data(), s.shard, comm::DType::f32);
-      else
-        std::memcpy(tmp.data(), params_shard_.data() + s.q, sizeof(float) * std::size_t(s.shard));
-      src = tmp.data();
-    }
+    std::vector<float> gathered;
+    const float* src = params_full_.data() + n_ * s.q;
+    if (stage_ > 2) src = (gathered = gather_unit(int(u), params_shard_.data() + s.q)).data();
     std::memcpy(out.data() + units_[u].begin, src, sizeof(float) * std::size_t(s.size));
   }
   return out;
@@ -238,14 +239,9 @@ FullState Zero::full_state() {
   for (auto* which : {&out.m, &out.v}) {
     which->assign(std::size_t(reg_.numel()), 0.0f);
     for (std::size_t u = 0; u < us_.size(); ++u) {
-      const auto& s = us_[u];
-      const float* mine = which == &out.m ? optimizers_[u]->m() : optimizers_[u]->v();
-      std::vector<float> all(std::size_t(n_ * s.shard));
-      if (n_ > 1)
-        dp_->all_gather(mine, all.data(), s.shard, comm::DType::f32);
-      else
-        std::copy(mine, mine + s.shard, all.begin());
-      std::copy(all.begin(), all.begin() + s.size, which->begin() + units_[u].begin);
+      const std::vector<float> all =
+          gather_unit(int(u), which == &out.m ? optimizers_[u]->m() : optimizers_[u]->v());
+      std::copy(all.begin(), all.begin() + us_[u].size, which->begin() + units_[u].begin);
     }
   }
   return out;

@@ -70,6 +70,9 @@ class Zero final : public StateStrategy, public models::ParamState {
     int refs = 0;
   };
 
+  // Every rank's block of unit u (this rank's at `mine`, shard elements),
+  // concatenated: N x shard elements (collective over dp).
+  std::vector<float> gather_unit(int u, const float* mine);
   float* own_params(int u);      // this rank's block of unit u's parameters
   float* own_grads(int u);       // this rank's block of unit u's gradients
   void launch_reduce_scatter(int u, core::Buffer<float> input, const float* src);

@@ -219,6 +219,8 @@ struct GlobalTensor {
   std::vector<char> have;
 };
 
+// Tensors whose name is not a key of `out` are read (the checksum covers
+// them) but not kept.
 std::string read_global_file(const fs::path& path, std::map<std::string, GlobalTensor>& out) {
   Reader r(path);
   if (!r.ok()) return r.opened_error();
@@ -242,7 +244,13 @@ std::string read_global_file(const fs::path& path, std::map<std::string, GlobalT
       sl->part = r.get<std::int32_t>();
     }
     s.numel = local;
-    GlobalTensor& g = out[s.name];
+    std::vector<float> buf(static_cast<std::size_t>(local));
+    const auto it = out.find(s.name);
+    if (it == out.end()) {
+      for (int k = 0; k < 3; ++k) r.get(buf.data(), sizeof(float) * buf.size());
+      continue;
+    }
+    GlobalTensor& g = it->second;
     if (g.have.empty()) {
       g.params.assign(std::size_t(global), 0.0f), g.m.assign(std::size_t(global), 0.0f);
       g.v.assign(std::size_t(global), 0.0f), g.have.assign(std::size_t(global), 0);
@@ -250,7 +258,6 @@ std::string read_global_file(const fs::path& path, std::map<std::string, GlobalT
     if (std::int64_t(g.have.size()) != global)
       return fmt::format("{}: '{}' has {} elements, another file says {}", path.string(), s.name, global,
                          g.have.size());
-    std::vector<float> buf(static_cast<std::size_t>(local));
     for (auto* dst : {&g.params, &g.m, &g.v}) {
       r.get(buf.data(), sizeof(float) * buf.size());
       for (std::int64_t k = 0; r.ok() && k < local; ++k) (*dst)[std::size_t(s.global_index(k))] = buf[std::size_t(k)];
@@ -448,6 +455,7 @@ void load_checkpoint(MPI_Comm comm, const CheckpointRef& ref, strategies::StateS
   // global file (each holds some ranks' slices), then this rank's slices.
   std::string err;
   std::map<std::string, GlobalTensor> found;
+  for (const auto& s : reg.specs()) found[s.name];  // the tensors this rank's registry holds
   for (const auto& f : ref.global_files) {
     err = read_global_file(fs::path(ref.dir) / f, found);
     if (!err.empty()) break;
@@ -456,12 +464,11 @@ void load_checkpoint(MPI_Comm comm, const CheckpointRef& ref, strategies::StateS
   for (auto* v : {&st.params, &st.m, &st.v}) v->assign(std::size_t(reg.numel()), 0.0f);
   for (const auto& s : reg.specs()) {
     if (!err.empty()) break;
-    const auto it = found.find(s.name);
-    if (it == found.end()) {
+    const GlobalTensor& g = found.at(s.name);
+    if (g.have.empty()) {
       err = fmt::format("{}: the checkpoint holds no parameter '{}'", ref.dir, s.name);
       break;
     }
-    const GlobalTensor& g = it->second;
     for (std::int64_t k = 0; k < s.numel && err.empty(); ++k) {
       const std::size_t gi = std::size_t(s.global_index(k));
       if (gi >= g.have.size() || !g.have[gi]) {

@@ -124,13 +124,9 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
       for (const auto& s : reg.specs())
         (s.expert ? psi_experts : psi) += double(s.numel);
       const std::uint64_t slots = p > 1 ? std::uint64_t(max_in_flight(schedule[r], c)) : 1;
-      std::vector<models::BufferPlan> plan =
-          models::gpt_activation_plan(gc, micro_batch, par.tp, par.sequence_parallel, stage, split);
-      const models::GptStage st = stage.last < 0 ? models::GptStage{0, gc.layers} : stage;
-      for (int l = st.first; l < st.last; ++l)
-        if (gc.is_moe(l))
-          for (auto& b : models::moe_buffer_plan(gc.moe_layer(), micro_batch * gc.seq_len)) plan.push_back(b);
-      for (const auto& b : plan) per_cat[int(b.category)] += 4 * std::uint64_t(b.numel) * slots;
+      for (const auto& plan : {models::gpt_activation_plan(gc, micro_batch, par.tp, par.sequence_parallel, stage, split),
+                               models::gpt_moe_plan(gc, micro_batch, stage)})
+        for (const auto& b : plan) per_cat[int(b.category)] += 4 * std::uint64_t(b.numel) * slots;
     }
     // Parameters, gradients and optimizer state: whole, or sharded over
     // their group from the ZeRO stage that shards them.
@@ -238,8 +234,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   comm::CommLog log(timeline.origin());
   mesh::Mesh mesh(comm, layout, log);
 
-  CheckpointLayout ck_layout{world, layout.pp, layout.dp, layout.tp, layout.ep, cfg.parallel.zero,
-                             layout.pp > 1 ? cfg.parallel.virtual_stages : 1, cfg.run.name, deck.resolved_toml};
+  const int chunks = layout.pp > 1 ? cfg.parallel.virtual_stages : 1;  // model chunks per pipeline rank
+  CheckpointLayout ck_layout{world,  layout.pp, layout.dp,    layout.tp,          layout.ep,
+                             cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml};
   CheckpointRef resume;
   if (!options.resume.empty()) {
     resume = find_checkpoint(comm, options.resume, ck_layout);
@@ -314,7 +311,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                         models::gpt_hardware_flops(gc, cfg.data.global_batch), job_peak);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
-                            layout.pp > 1 ? cfg.parallel.virtual_stages : 1, cfg.parallel.schedule);
+                            chunks, cfg.parallel.schedule);
     write_tables(file, rank, steps, experts, memory, cfg.run.profile ? &timeline : nullptr, &log);
     write_comm_summary(file, rank, comm_figures);
     write_pipeline_summary(file, rank, bubble);
