@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "src/core/precision.hpp"
+
 namespace strata::kernels {
 
 // ---- runtime ----
@@ -119,6 +121,30 @@ void cross_entropy_from_parts(float* losses, const float* m, const float* s, con
 // WRITES dlogits, which may be the same pointer as logits.
 void softmax_cross_entropy_backward_sharded(float* dlogits, const float* logits, const float* m, const float* s,
                                             const std::int32_t* targets, int v_begin, float dloss, int N, int V);
+
+// ---- mixed precision: 16-bit storage (bf16 or fp16, see src/core/precision.hpp) ----
+// Every conversion rounds to nearest, ties to even; sums are taken in fp32
+// (or double) and rounded once.
+// y[i] = float(x[i])
+void widen(float* y, const std::uint16_t* x, std::int64_t n, core::Precision p);
+// y[i] = round(x[i])
+void narrow(std::uint16_t* y, const float* x, std::int64_t n, core::Precision p);
+// y[i] = round(float(y[i]) + x[i]): a 16-bit accumulator taking an fp32 addend.
+void narrow_add(std::uint16_t* y, const float* x, std::int64_t n, core::Precision p);
+// y[i] = round(float(y[i]) + float(x[i]))
+void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, core::Precision p);
+// Sum of squares of the widened elements, in double (as sum_squares).
+double sum_squares_half(const std::uint16_t* x, std::int64_t n, core::Precision p);
+// Whether every element is finite (the loss scaler's overflow check).
+bool all_finite(const float* x, std::int64_t n);
+bool all_finite_half(const std::uint16_t* x, std::int64_t n, core::Precision p);
+// AdamW on fp32 master weights from 16-bit gradients (ZeRO's mixed-precision
+// step): g = float(grad[i]) * grad_scale (unscaling and clipping folded into
+// one factor), master updated exactly as adamw_update does, and the 16-bit
+// parameter the model reads rewritten as round(master).
+void adamw_update_mixed(float* master, std::uint16_t* param, const std::uint16_t* grad, float grad_scale, float* m,
+                        float* v, std::int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                        int step, core::Precision p);
 
 // ---- AdamW (Loshchilov & Hutter), as torch.optim.AdamW computes it ----
 // step t >= 1:

@@ -16,25 +16,56 @@ void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t 
 }
 
 ReplicatedState::ReplicatedState(const ParamRegistry& reg, std::vector<Unit> units, core::MemoryTracker& tracker,
-                                 std::uint64_t seed)
+                                 std::uint64_t seed, core::Precision precision)
     : units_(std::move(units)),
-      params_(tracker, core::MemCategory::params, std::size_t(reg.numel()), "parameters"),
-      grads_(tracker, core::MemCategory::grads, std::size_t(reg.numel()), "gradients") {
-  init_flat_range(reg, seed, 0, reg.numel(), params_.data());
+      params_(tracker, core::MemCategory::params, precision, std::size_t(reg.numel()), "parameters"),
+      grads_(tracker, core::MemCategory::grads, precision, std::size_t(reg.numel()), "gradients"),
+      views_(tracker, units_.size(), precision) {
+  if (!params_.half()) {
+    init_flat_range(reg, seed, 0, reg.numel(), params_.f32());
+  } else {
+    std::vector<float> init(std::size_t(reg.numel()));
+    init_flat_range(reg, seed, 0, reg.numel(), init.data());
+    params_.write(0, reg.numel(), init.data());
+  }
 }
 
-double grad_sum_squares(const ParamRegistry& reg, const float* grads, std::int64_t begin, std::int64_t end,
-                        int tp_size) {
+float* ReplicatedState::acquire_params(int unit) {
+  const Unit& u = units_[std::size_t(unit)];
+  return params_.half() ? views_.acquire(unit, params_.h16(u.begin), u.size()) : params_.f32(u.begin);
+}
+
+void ReplicatedState::release_params(int unit) {
+  if (params_.half()) views_.release(unit);
+}
+
+float* ReplicatedState::grads(int unit) {
+  const Unit& u = units_[std::size_t(unit)];
+  return grads_.half() ? views_.grads(unit, u.size()) : grads_.f32(u.begin);
+}
+
+void ReplicatedState::grads_done(int unit) {
+  if (!grads_.half()) return;
+  if (const float* g = views_.written(unit)) {
+    const Unit& u = units_[std::size_t(unit)];
+    kernels::narrow_add(grads_.h16(u.begin), g, u.size(), grads_.precision());
+    views_.done(unit);
+  }
+}
+
+double grad_sum_squares(const ParamRegistry& reg, const void* grads, std::int64_t begin, std::int64_t end,
+                        int tp_size, core::Precision precision) {
   double sq = 0;
   for (const auto& s : reg.specs()) {
     const std::int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
     if (lo >= hi || s.tied_copy) continue;
-    const double part = kernels::sum_squares(grads + (lo - begin), hi - lo);
+    const double part =
+        precision == core::Precision::fp32
+            ? kernels::sum_squares(static_cast<const float*>(grads) + (lo - begin), hi - lo)
+            : kernels::sum_squares_half(static_cast<const std::uint16_t*>(grads) + (lo - begin), hi - lo, precision);
     sq += s.replicated() && tp_size > 1 ? part / tp_size : part;
   }
   return sq;
 }
-
-void ReplicatedState::zero_grads() { kernels::fill_zero(grads_.data(), std::int64_t(grads_.size())); }
 
 }  // namespace strata::models

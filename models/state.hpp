@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "models/flat.hpp"
 #include "models/param_registry.hpp"
 #include "src/core/memory.hpp"
 
@@ -67,28 +68,34 @@ void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t 
 // tp group is the global squared norm, every element counted once; a tied
 // copy (the last pipeline stage's wte) counts 0, its twin on the first stage
 // counting for both.
-double grad_sum_squares(const ParamRegistry& reg, const float* grads, std::int64_t begin, std::int64_t end,
-                        int tp_size);
+// `grads` is stored at `precision` (fp32 or 16-bit).
+double grad_sum_squares(const ParamRegistry& reg, const void* grads, std::int64_t begin, std::int64_t end,
+                        int tp_size, core::Precision precision = core::Precision::fp32);
 
 // The trivial state: every parameter and gradient held whole on this rank,
 // no communication. The single-rank run, and the base of data parallelism.
+// At a 16-bit precision parameters and gradients are stored 16-bit and the
+// model works on WideViews of them (models/flat.hpp).
 class ReplicatedState : public ParamState {
  public:
   ReplicatedState(const ParamRegistry& reg, std::vector<Unit> units, core::MemoryTracker& tracker,
-                  std::uint64_t seed);
-  float* acquire_params(int unit) override { return params_.data() + units_[unit].begin; }
-  void release_params(int) override {}
-  float* grads(int unit) override { return grads_.data() + units_[unit].begin; }
+                  std::uint64_t seed, core::Precision precision = core::Precision::fp32);
+  float* acquire_params(int unit) override;
+  void release_params(int unit) override;
+  float* grads(int unit) override;
+  void grads_done(int unit) override;
 
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
+  // fp32 storage only.
+  float* params() { return params_.f32(); }
+  float* grads() { return grads_.f32(); }
   std::int64_t numel() const { return std::int64_t(params_.size()); }
   const std::vector<Unit>& units() const { return units_; }
-  void zero_grads();
+  void zero_grads() { grads_.zero(); }
 
  protected:
   std::vector<Unit> units_;
-  core::Buffer<float> params_, grads_;
+  Flat params_, grads_;
+  WideViews views_;
 };
 
 }  // namespace strata::models

@@ -3,15 +3,19 @@
 #include <algorithm>
 
 #include "kernels/kernels.hpp"
+#include "models/state.hpp"
 
 namespace strata::strategies {
 
 DataParallel::DataParallel(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
                            comm::Communicator* dp, core::MemoryTracker& tracker)
-    : models::ReplicatedState(reg, std::move(units), tracker, cfg.seed), reg_(reg), tp_size_(cfg.tp_size),
-      dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr), optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker, -1, cfg.offload) {
+    : models::ReplicatedState(reg, std::move(units), tracker, cfg.seed, cfg.precision), reg_(reg),
+      tp_size_(cfg.tp_size), dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
+      optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker, -1, cfg.offload, cfg.precision) {
   const std::int64_t n = numel();
-  const std::int64_t per = std::max<std::int64_t>(1, cfg.bucket_bytes / std::int64_t(sizeof(float)));
+  if (optimizer_.mixed()) models::init_flat_range(reg, cfg.seed, 0, n, optimizer_.master());
+  const std::int64_t per =
+      std::max<std::int64_t>(1, cfg.bucket_bytes / core::element_bytes(cfg.precision));
   for (std::int64_t hi = n; hi > 0; hi -= per) buckets_.push_back({std::max<std::int64_t>(0, hi - per), hi});
 }
 
@@ -24,14 +28,14 @@ void DataParallel::begin_step() {
 void DataParallel::launch_ready(std::int64_t watermark) {
   while (launched_ < buckets_.size() && buckets_[launched_].begin >= watermark) {
     const auto& b = buckets_[launched_++];
-    in_flight_.push_back(dp_->iall_reduce(grads_.data() + b.begin, b.end - b.begin, comm::DType::f32,
-                                          comm::ReduceOp::sum));
+    in_flight_.push_back(dp_->iall_reduce(grads_.at(b.begin), b.end - b.begin, grads_.dtype(), comm::ReduceOp::sum));
   }
   // MPICH progresses non-blocking collectives only inside MPI calls: poll.
   for (auto& r : in_flight_) r->test();
 }
 
 void DataParallel::grads_done(int unit) {
+  models::ReplicatedState::grads_done(unit);  // 16-bit: the fp32 accumulator into the store
   // Units complete from the last to the first, so everything at or above this
   // unit's first element is final.
   if (dp_ != nullptr && last_) launch_ready(units_[unit].begin);
@@ -44,25 +48,37 @@ void DataParallel::finish_gradients() {
   in_flight_.clear();
 }
 
-double DataParallel::grad_norm_sq() { return models::grad_sum_squares(reg_, grads_.data(), 0, numel(), tp_size_); }
-
-void DataParallel::update(float coef, float lr, int step) {
-  if (coef != 1.0f) kernels::scale_inplace(grads_.data(), coef, numel());
-  optimizer_.update(params_.data(), grads_.data(), lr, step);
+double DataParallel::grad_norm_sq() {
+  return models::grad_sum_squares(reg_, grads_.at(0), 0, numel(), tp_size_, grads_.precision());
 }
 
-std::vector<float> DataParallel::full_params() { return std::vector<float>(params_.data(), params_.data() + numel()); }
+void DataParallel::update(float coef, float lr, int step) { optimizer_.update(params_.at(0), grads_.at(0), coef, lr, step); }
+
+std::vector<float> DataParallel::full_params() {
+  if (optimizer_.mixed()) return std::vector<float>(optimizer_.master(), optimizer_.master() + numel());
+  return std::vector<float>(params_.f32(), params_.f32() + numel());
+}
 
 FullState DataParallel::full_state() {
   const std::size_t n = std::size_t(numel());
-  return {std::vector<float>(params_.data(), params_.data() + n), std::vector<float>(optimizer_.m(), optimizer_.m() + n),
+  return {full_params(), std::vector<float>(optimizer_.m(), optimizer_.m() + n),
           std::vector<float>(optimizer_.v(), optimizer_.v() + n)};
 }
 
 void DataParallel::set_full_state(const FullState& s) {
-  std::copy(s.params.begin(), s.params.end(), params_.data());
+  // In mixed precision the 16-bit parameters are the master weights rounded.
+  params_.write(0, numel(), s.params.data());
+  if (optimizer_.mixed()) std::copy(s.params.begin(), s.params.end(), optimizer_.master());
   std::copy(s.m.begin(), s.m.end(), optimizer_.m());
   std::copy(s.v.begin(), s.v.end(), optimizer_.v());
+}
+
+std::vector<StateTensor> DataParallel::state_tensors() {
+  std::vector<StateTensor> out{{"params", params_.at(0), numel(), core::element_bytes(params_.precision())},
+                               {"adam_m", optimizer_.m(), optimizer_.capacity()},
+                               {"adam_v", optimizer_.v(), optimizer_.capacity()}};
+  if (optimizer_.mixed()) out.push_back({"master", optimizer_.master(), optimizer_.capacity()});
+  return out;
 }
 
 }  // namespace strata::strategies

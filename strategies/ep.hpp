@@ -39,7 +39,7 @@ class ExpertParallelState final : public StateStrategy, public models::ParamStat
   // The dense units' share plus the experts', summed over the ep group
   // (each ep rank holds other experts).
   double grad_norm_sq() override;
-  std::span<float> unit_grads(int u) override { return inner(u).unit_grads(local_[u]); }
+  GradSpan unit_grads(int u) override { return inner(u).unit_grads(local_[u]); }
   void update(float coef, float lr, int step) override;
   std::vector<float> full_params() override;
   std::int64_t padding_elements() const override;

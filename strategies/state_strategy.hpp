@@ -28,6 +28,9 @@ struct StateConfig {
   std::uint64_t seed = 0;
   int tp_size = 1;                           // tensor-parallel ranks (for the gradient norm's weights)
   models::HostOffload offload;               // optimizer state on the host (parallel.offload = "host")
+  // fp32, or mixed precision: parameters and gradients 16-bit, fp32 master
+  // weights and moments in the optimizer (backend.precision).
+  core::Precision precision = core::Precision::fp32;
 };
 
 // A named range of a strategy's state buffers (parameters as this rank holds
@@ -35,12 +38,23 @@ struct StateConfig {
 // state, what a checkpoint saves and restores.
 struct StateTensor {
   std::string name;
-  float* data;
+  void* data;
   std::int64_t count;
+  int element_bytes = 4;  // 2 for 16-bit parameters
+  std::size_t bytes() const { return std::size_t(count) * std::size_t(element_bytes); }
+};
+
+// A unit's gradients as the strategy stores them (unit_grads).
+struct GradSpan {
+  void* data;
+  std::int64_t count;
+  comm::DType dtype;
 };
 
 // The whole training state of a rank's parameters in registry layout:
-// parameters and AdamW's two moments, each registry.numel() elements.
+// parameters and AdamW's two moments, each registry.numel() elements. In
+// mixed precision the parameters are the fp32 master weights (the 16-bit
+// ones are their rounding).
 struct FullState {
   std::vector<float> params, m, v;
 };
@@ -66,11 +80,12 @@ class StateStrategy {
   // units of the same size under the same dp size get matching parts, so a
   // tied parameter kept as a unit on two pipeline stages can be summed part
   // by part.
-  virtual std::span<float> unit_grads(int unit) = 0;
-  // Scales the gradients by coef (clipping; 1 for none), applies AdamW with
+  virtual GradSpan unit_grads(int unit) = 0;
+  // Scales the gradients by coef (clipping and loss-scale removal; 1 for none), applies AdamW with
   // lr at 1-based `step`, and leaves parameters ready for the next forward.
   virtual void update(float coef, float lr, int step) = 0;
-  // The whole parameter vector in registry layout on every rank (collective).
+  // The whole parameter vector in registry layout on every rank (collective);
+  // in mixed precision the fp32 master weights.
   virtual std::vector<float> full_params() = 0;
   // Elements added so that every shard has the same size (0 for dp).
   virtual std::int64_t padding_elements() const = 0;

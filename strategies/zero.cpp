@@ -14,7 +14,8 @@ using core::MemCategory;
 Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
            comm::Communicator* dp, core::MemoryTracker& tracker)
     : stage_(cfg.zero), reg_(reg), units_(std::move(units)), dp_(dp), tracker_(tracker),
-      tp_size_(cfg.tp_size), bucket_bytes_(cfg.bucket_bytes) {
+      tp_size_(cfg.tp_size), precision_(cfg.precision), views_(tracker, units_.size(), cfg.precision),
+      bucket_bytes_(cfg.bucket_bytes) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {
     n_ = dp_->size();
@@ -31,59 +32,69 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
     us_.push_back(s);
   }
   const std::size_t full = std::size_t(n_) * std::size_t(shard_total_), shard = std::size_t(shard_total_);
-  if (stage_ <= 2) {
-    params_full_ = core::Buffer<float>(tracker, MemCategory::params, full, "parameters (padded)");
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      models::init_flat_range(reg_, cfg.seed, units_[u].begin, units_[u].end, params_full_.data() + n_ * us_[u].q);
-  } else {
-    params_shard_ = core::Buffer<float>(tracker, MemCategory::params, shard, "parameter shard");
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      models::init_flat_range(reg_, cfg.seed, us_[u].own_begin, us_[u].own_end, params_shard_.data() + us_[u].q);
+  if (stage_ <= 2)
+    params_full_ = models::Flat(tracker, MemCategory::params, precision_, full, "parameters (padded)");
+  else
+    params_shard_ = models::Flat(tracker, MemCategory::params, precision_, shard, "parameter shard");
+  // The keyed initial values: every unit whole (stages 1-2) or this rank's
+  // block (stage 3), rounded when stored 16-bit.
+  std::vector<float> init;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const auto& s = us_[u];
+    const std::int64_t lo = stage_ <= 2 ? units_[u].begin : s.own_begin, hi = stage_ <= 2 ? units_[u].end : s.own_end;
+    init.resize(std::size_t(hi - lo));
+    models::init_flat_range(reg_, cfg.seed, lo, hi, init.data());
+    params_store().write(stage_ <= 2 ? n_ * s.q : s.q, hi - lo, init.data());
   }
   if (stage_ == 1)
-    grads_full_ = core::Buffer<float>(tracker, MemCategory::grads, full, "gradients (padded)");
+    grads_full_ = models::Flat(tracker, MemCategory::grads, precision_, full, "gradients (padded)");
   else
-    grads_shard_ = core::Buffer<float>(tracker, MemCategory::grads, shard, "gradient shard");
-  for (const auto& s : us_)
-    optimizers_.push_back(
-        std::make_unique<models::AdamW>(reg_, s.own_begin, s.own_end, cfg.adamw, tracker, s.shard, cfg.offload));
+    grads_shard_ = models::Flat(tracker, MemCategory::grads, precision_, shard, "gradient shard");
+  for (const auto& s : us_) {
+    optimizers_.push_back(std::make_unique<models::AdamW>(reg_, s.own_begin, s.own_end, cfg.adamw, tracker, s.shard,
+                                                          cfg.offload, precision_));
+    if (mixed()) models::init_flat_range(reg_, cfg.seed, s.own_begin, s.own_end, optimizers_.back()->master());
+  }
   unit_grads_.resize(units_.size());
   gathered_.resize(units_.size());
 }
 
 Zero::~Zero() = default;
 
-float* Zero::own_params(int u) {
+std::int64_t Zero::own_params_index(int u) const {
   const auto& s = us_[u];
-  return stage_ <= 2 ? params_full_.data() + n_ * s.q + r_ * s.shard : params_shard_.data() + s.q;
+  return stage_ <= 2 ? n_ * s.q + r_ * s.shard : s.q;
 }
 
-float* Zero::own_grads(int u) {
+std::int64_t Zero::own_grads_index(int u) const {
   const auto& s = us_[u];
-  return stage_ == 1 ? grads_full_.data() + n_ * s.q + r_ * s.shard : grads_shard_.data() + s.q;
+  return stage_ == 1 ? n_ * s.q + r_ * s.shard : s.q;
 }
 
 void Zero::begin_step() {
   STRATA_CHECK(pending_.empty(), "reduce-scatters still in flight at the start of a step");
-  if (stage_ == 1)
-    kernels::fill_zero(grads_full_.data(), std::int64_t(grads_full_.size()));
-  else
-    kernels::fill_zero(grads_shard_.data(), std::int64_t(grads_shard_.size()));
+  grads_store().zero();
 }
 
 float* Zero::acquire_params(int u) {
-  if (stage_ <= 2) return params_full_.data() + n_ * us_[u].q;
-  auto& g = gathered_[u];
-  if (g.data.size() == 0) prefetch(u);
-  if (g.request) {
-    g.request->wait();
-    g.request.reset();
+  models::Flat* whole = &params_full_;
+  std::int64_t at = n_ * us_[u].q;
+  if (stage_ > 2) {
+    auto& g = gathered_[u];
+    if (g.data.size() == 0) prefetch(u);
+    if (g.request) {
+      g.request->wait();
+      g.request.reset();
+    }
+    ++g.refs;
+    whole = &g.data;
+    at = 0;
   }
-  ++g.refs;
-  return g.data.data();
+  return mixed() ? views_.acquire(u, whole->h16(at), us_[u].size) : whole->f32(at);
 }
 
 void Zero::release_params(int u) {
+  if (mixed()) views_.release(u);
   if (stage_ <= 2) return;
   auto& g = gathered_[u];
   STRATA_CHECK(g.refs > 0, "unit {} released more often than acquired", u);
@@ -95,37 +106,47 @@ void Zero::prefetch(int u) {
   auto& g = gathered_[u];
   if (g.data.size() != 0) return;
   const auto& s = us_[u];
-  g.data = core::Buffer<float>(tracker_, MemCategory::params, std::size_t(n_ * s.shard), "gathered unit");
+  g.data = models::Flat(tracker_, MemCategory::params, precision_, std::size_t(n_ * s.shard), "gathered unit");
   if (n_ > 1)
-    g.request = dp_->iall_gather(params_shard_.data() + s.q, g.data.data(), s.shard, comm::DType::f32);
+    g.request = dp_->iall_gather(params_shard_.at(s.q), g.data.at(0), s.shard, g.data.dtype());
   else
-    std::memcpy(g.data.data(), params_shard_.data() + s.q, sizeof(float) * std::size_t(s.shard));
+    std::memcpy(g.data.at(0), params_shard_.at(s.q), std::size_t(s.shard) * std::size_t(core::element_bytes(precision_)));
 }
 
 float* Zero::grads(int u) {
-  if (stage_ == 1) return grads_full_.data() + n_ * us_[u].q;
+  // Stage 1 and 16-bit grads: padded to the unit's N blocks, so the
+  // accumulator is exactly what the reduce-scatter takes.
+  if (mixed()) return views_.grads(u, n_ * us_[u].shard);
+  if (stage_ == 1) return grads_full_.f32(n_ * us_[u].q);
   auto& b = unit_grads_[u];
   if (b.size() == 0)  // the tracker hands out zeroed memory
-    b = core::Buffer<float>(tracker_, MemCategory::comm, std::size_t(n_ * us_[u].shard), "unreduced unit gradients");
-  return b.data();
+    b = models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(n_ * us_[u].shard),
+                     "unreduced unit gradients");
+  return b.f32();
 }
 
-void Zero::launch_reduce_scatter(int u, core::Buffer<float> input, const float* src) {
+void Zero::launch_reduce_scatter(int u, models::Flat input, const void* src) {
   const auto& s = us_[u];
   Pending p{u, std::move(input),
-            core::Buffer<float>(tracker_, MemCategory::comm, std::size_t(s.shard), "reduce-scatter output"), nullptr};
+            models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(s.shard), "reduce-scatter output"),
+            nullptr};
   in_flight_bytes_ += std::int64_t(p.input.bytes());
   if (n_ > 1)
-    p.request = dp_->ireduce_scatter(src, p.output.data(), s.shard, comm::DType::f32, comm::ReduceOp::sum);
+    p.request = dp_->ireduce_scatter(src, p.output.at(0), s.shard, p.output.dtype(), comm::ReduceOp::sum);
   else
-    std::memcpy(p.output.data(), src, sizeof(float) * std::size_t(s.shard));
+    std::memcpy(p.output.at(0), src, p.output.bytes());
   pending_.push_back(std::move(p));
 }
 
 void Zero::grads_done(int u) {
+  const std::int64_t padded = n_ * us_[u].shard;
   if (stage_ == 1) {
     // Stage 1 keeps whole gradients through accumulation and reduces once.
-    if (last_) launch_reduce_scatter(u, core::Buffer<float>(), grads_full_.data() + n_ * us_[u].q);
+    if (const float* g = mixed() ? views_.written(u) : nullptr) {
+      kernels::narrow_add(grads_full_.h16(n_ * us_[u].q), g, padded, precision_);
+      views_.done(u);
+    }
+    if (last_) launch_reduce_scatter(u, models::Flat(), grads_full_.at(n_ * us_[u].q));
   } else {
     // Stages 2 and 3 reduce every micro-batch into the shard, so no rank
     // ever holds more than its shard between micro-batches. A split backward
@@ -133,9 +154,18 @@ void Zero::grads_done(int u) {
     // input-gradient half wrote before the other's weight-gradient half said
     // done): nothing is left, and every dp rank, running the same schedule,
     // skips alike.
-    if (unit_grads_[u].size() == 0) return;
-    core::Buffer<float> b = std::move(unit_grads_[u]);
-    const float* src = b.data();
+    models::Flat b;
+    if (!mixed()) {
+      if (unit_grads_[u].size() == 0) return;
+      b = std::move(unit_grads_[u]);
+    } else {
+      const float* g = views_.written(u);
+      if (g == nullptr) return;
+      b = models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(padded), "unreduced unit gradients");
+      b.write(0, padded, g);
+      views_.done(u);
+    }
+    const void* src = b.at(0);
     launch_reduce_scatter(u, std::move(b), src);
   }
   poll();
@@ -154,9 +184,9 @@ void Zero::complete(Pending& p) {
   if (p.request) p.request->wait();
   const auto& s = us_[p.unit];
   if (stage_ == 1)
-    std::memcpy(own_grads(p.unit), p.output.data(), sizeof(float) * std::size_t(s.shard));
+    std::memcpy(own_grads(p.unit), p.output.at(0), p.output.bytes());
   else
-    kernels::add_inplace(own_grads(p.unit), p.output.data(), s.shard);
+    grads_store().add(own_grads_index(p.unit), s.shard, p.output, 0);
 }
 
 void Zero::poll() {
@@ -173,24 +203,22 @@ void Zero::finish_gradients() {
 double Zero::grad_norm_sq() {
   double sq = 0;
   for (std::size_t u = 0; u < us_.size(); ++u)
-    sq += models::grad_sum_squares(reg_, own_grads(int(u)), us_[u].own_begin, us_[u].own_end, tp_size_);
+    sq += models::grad_sum_squares(reg_, own_grads(int(u)), us_[u].own_begin, us_[u].own_end, tp_size_, precision_);
   if (n_ > 1) dp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
   return sq;
 }
 
 void Zero::update(float coef, float lr, int step) {
   for (std::size_t u = 0; u < us_.size(); ++u) {
-    const std::int64_t k = us_[u].own_end - us_[u].own_begin;
-    if (k == 0) continue;
-    if (coef != 1.0f) kernels::scale_inplace(own_grads(int(u)), coef, k);
-    optimizers_[u]->update(own_params(int(u)), own_grads(int(u)), lr, step);
+    if (us_[u].own_end == us_[u].own_begin) continue;
+    optimizers_[u]->update(own_params(int(u)), own_grads(int(u)), coef, lr, step);
   }
   if (stage_ <= 2 && n_ > 1) {
     // Every rank's updated block back into everyone's replicated parameters.
     std::vector<comm::RequestPtr> reqs;
     for (std::size_t u = 0; u < us_.size(); ++u)
-      reqs.push_back(dp_->iall_gather(own_params(int(u)), params_full_.data() + n_ * us_[u].q, us_[u].shard,
-                                      comm::DType::f32));
+      reqs.push_back(dp_->iall_gather(own_params(int(u)), params_full_.at(n_ * us_[u].q), us_[u].shard,
+                                      params_full_.dtype()));
     for (auto& r : reqs) r->wait();
   }
 }
@@ -206,12 +234,16 @@ std::vector<float> Zero::gather_unit(int u, const float* mine) {
 }
 
 std::vector<float> Zero::full_params() {
+  // Mixed precision: the master weights, each rank's block of every unit.
   std::vector<float> out(std::size_t(reg_.numel()));
   for (std::size_t u = 0; u < us_.size(); ++u) {
     const auto& s = us_[u];
     std::vector<float> gathered;
-    const float* src = params_full_.data() + n_ * s.q;
-    if (stage_ > 2) src = (gathered = gather_unit(int(u), params_shard_.data() + s.q)).data();
+    if (mixed())
+      gathered = gather_unit(int(u), optimizers_[u]->master());
+    else if (stage_ > 2)
+      gathered = gather_unit(int(u), params_shard_.f32(s.q));
+    const float* src = gathered.empty() ? params_full_.f32(n_ * s.q) : gathered.data();
     std::memcpy(out.data() + units_[u].begin, src, sizeof(float) * std::size_t(s.size));
   }
   return out;
@@ -219,15 +251,15 @@ std::vector<float> Zero::full_params() {
 
 std::vector<StateTensor> Zero::state_tensors() {
   // Stages 1-2 hold every parameter (the padded full buffer), stage 3 its
-  // shard; the moments are per unit shard.
-  std::vector<StateTensor> out;
-  if (stage_ <= 2)
-    out.push_back({"params", params_full_.data(), std::int64_t(params_full_.size())});
-  else
-    out.push_back({"params", params_shard_.data(), std::int64_t(params_shard_.size())});
+  // shard; the moments (and master weights) are per unit shard.
+  models::Flat& p = params_store();
+  std::vector<StateTensor> out{{"params", p.at(0), std::int64_t(p.size()), core::element_bytes(precision_)}};
   for (std::size_t u = 0; u < optimizers_.size(); ++u) {
-    out.push_back({"unit" + std::to_string(u) + ".adam_m", optimizers_[u]->m(), optimizers_[u]->capacity()});
-    out.push_back({"unit" + std::to_string(u) + ".adam_v", optimizers_[u]->v(), optimizers_[u]->capacity()});
+    auto& o = *optimizers_[u];
+    const std::string unit = "unit" + std::to_string(u);
+    out.push_back({unit + ".adam_m", o.m(), o.capacity()});
+    out.push_back({unit + ".adam_v", o.v(), o.capacity()});
+    if (mixed()) out.push_back({unit + ".master", o.master(), o.capacity()});
   }
   return out;
 }
@@ -248,13 +280,14 @@ FullState Zero::full_state() {
 }
 
 void Zero::set_full_state(const FullState& st) {
+  // In mixed precision the 16-bit parameters are the master weights rounded.
   for (std::size_t u = 0; u < us_.size(); ++u) {
     const auto& s = us_[u];
-    const float* p = st.params.data() + units_[u].begin;
     if (stage_ <= 2)
-      std::copy(p, p + s.size, params_full_.data() + n_ * s.q);
+      params_full_.write(n_ * s.q, s.size, st.params.data() + units_[u].begin);
     else
-      std::copy(st.params.data() + s.own_begin, st.params.data() + s.own_end, params_shard_.data() + s.q);
+      params_shard_.write(s.q, s.own_end - s.own_begin, st.params.data() + s.own_begin);
+    if (mixed()) std::copy(st.params.data() + s.own_begin, st.params.data() + s.own_end, optimizers_[u]->master());
     std::copy(st.m.data() + s.own_begin, st.m.data() + s.own_end, optimizers_[u]->m());
     std::copy(st.v.data() + s.own_begin, st.v.data() + s.own_end, optimizers_[u]->v());
   }

@@ -8,6 +8,13 @@
 //   stage 3: params 4 S,   grads 4 S,   optimizer 8 S   (16 Psi / N)
 // plus, while in use, gathered units (params) and unreduced unit gradients
 // and reduce-scatter outputs (comm).
+// Mixed precision (bf16, fp16) stores parameters and gradients 16-bit and
+// keeps fp32 master weights in the optimizer, 12 bytes per owned element:
+//   stage 1: params 2 N S, grads 2 N S, optimizer 12 S   (4 Psi + 12 Psi / N)
+//   stage 2: params 2 N S, grads 2 S,   optimizer 12 S   (2 Psi + 14 Psi / N)
+//   stage 3: params 2 S,   grads 2 S,   optimizer 12 S   (16 Psi / N)
+// and every collective moves 16-bit elements; the model reads fp32 views of
+// the units it uses (workspace, models::WideViews).
 #pragma once
 
 #include <memory>
@@ -32,8 +39,8 @@ class Zero final : public StateStrategy, public models::ParamState {
   double grad_norm_sq() override;
   void update(float coef, float lr, int step) override;
   std::vector<float> full_params() override;
-  std::span<float> unit_grads(int u) override {
-    return {own_grads(u), std::size_t(us_[u].own_end - us_[u].own_begin)};
+  GradSpan unit_grads(int u) override {
+    return {own_grads(u), us_[u].own_end - us_[u].own_begin, grads_store().dtype()};
   }
   std::int64_t padding_elements() const override { return std::int64_t(n_) * shard_total_ - reg_.numel(); }
 
@@ -59,13 +66,13 @@ class Zero final : public StateStrategy, public models::ParamState {
   // and the block that comes back.
   struct Pending {
     int unit;
-    core::Buffer<float> input;   // empty for stage 1 (the input is the full gradient buffer)
-    core::Buffer<float> output;
+    models::Flat input;   // empty for stage 1 (the input is the full gradient buffer)
+    models::Flat output;
     comm::RequestPtr request;
   };
   // A gathered unit (stage 3).
   struct Gathered {
-    core::Buffer<float> data;
+    models::Flat data;
     comm::RequestPtr request;    // set while a prefetch is in flight
     int refs = 0;
   };
@@ -73,9 +80,16 @@ class Zero final : public StateStrategy, public models::ParamState {
   // Every rank's block of unit u (this rank's at `mine`, shard elements),
   // concatenated: N x shard elements (collective over dp).
   std::vector<float> gather_unit(int u, const float* mine);
-  float* own_params(int u);      // this rank's block of unit u's parameters
-  float* own_grads(int u);       // this rank's block of unit u's gradients
-  void launch_reduce_scatter(int u, core::Buffer<float> input, const float* src);
+  // Where parameters and gradients are kept (stage by stage, above) and this
+  // rank's block of unit u in them, at the store's precision.
+  models::Flat& params_store() { return stage_ <= 2 ? params_full_ : params_shard_; }
+  models::Flat& grads_store() { return stage_ == 1 ? grads_full_ : grads_shard_; }
+  std::int64_t own_params_index(int u) const;
+  std::int64_t own_grads_index(int u) const;
+  void* own_params(int u) { return params_store().at(own_params_index(u)); }
+  void* own_grads(int u) { return grads_store().at(own_grads_index(u)); }
+  bool mixed() const { return precision_ != core::Precision::fp32; }
+  void launch_reduce_scatter(int u, models::Flat input, const void* src);
   void complete(Pending& p);
   void poll();
   void pop_front();
@@ -89,10 +103,12 @@ class Zero final : public StateStrategy, public models::ParamState {
   int tp_size_;
   std::vector<UnitShard> us_;
   std::int64_t shard_total_ = 0;
-  core::Buffer<float> params_full_, grads_full_;     // stages 1-2 (params), stage 1 (grads): padded N*S
-  core::Buffer<float> params_shard_, grads_shard_;   // stage 3 (params), stages 2-3 (grads): S
+  core::Precision precision_;
+  models::Flat params_full_, grads_full_;     // stages 1-2 (params), stage 1 (grads): padded N*S
+  models::Flat params_shard_, grads_shard_;   // stage 3 (params), stages 2-3 (grads): S
   std::vector<std::unique_ptr<models::AdamW>> optimizers_;  // one per unit shard
-  std::vector<core::Buffer<float>> unit_grads_;      // stages 2-3: this micro-batch's unreduced unit gradients
+  std::vector<models::Flat> unit_grads_;      // fp32, stages 2-3: this micro-batch's unreduced unit gradients
+  models::WideViews views_;                   // mixed precision: what the model reads and writes
   std::vector<Gathered> gathered_;                   // stage 3
   std::vector<Pending> pending_;
   std::int64_t in_flight_bytes_ = 0;  // unreduced gradient bytes held by pending_ (stages 2, 3)

@@ -12,6 +12,8 @@ std::size_t dtype_size(DType t) {
     case DType::f64: return 8;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
   }
   STRATA_CHECK(false, "unknown DType {}", int(t));
   return 0;

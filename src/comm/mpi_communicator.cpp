@@ -8,6 +8,7 @@
 
 #include "src/comm/mpi_check.hpp"
 #include "src/core/error.hpp"
+#include "src/core/precision.hpp"
 
 namespace strata::comm {
 
@@ -74,8 +75,46 @@ class MpiRequest : public Request {
 
 }  // namespace
 
+namespace {
+
+// The 16-bit formats: a committed datatype each (two bytes, so MPI moves them
+// as it would any 16-bit integer) and one user-defined sum that tells them
+// apart by datatype. Created on first use, after MPI_Init, and kept until the
+// process ends (MPI_Finalize frees them).
+struct HalfTypes {
+  MPI_Datatype bf16 = MPI_DATATYPE_NULL, f16 = MPI_DATATYPE_NULL;
+  MPI_Op sum = MPI_OP_NULL;
+};
+
+void half_sum(void* in, void* inout, int* len, MPI_Datatype* dt);
+
+const HalfTypes& half_types() {
+  static const HalfTypes types = [] {
+    HalfTypes h;
+    STRATA_CHECK_MPI(MPI_Type_contiguous(1, MPI_UINT16_T, &h.bf16));
+    STRATA_CHECK_MPI(MPI_Type_commit(&h.bf16));
+    STRATA_CHECK_MPI(MPI_Type_contiguous(1, MPI_UINT16_T, &h.f16));
+    STRATA_CHECK_MPI(MPI_Type_commit(&h.f16));
+    STRATA_CHECK_MPI(MPI_Op_create(&half_sum, /*commute=*/1, &h.sum));
+    return h;
+  }();
+  return types;
+}
+
+void half_sum(void* in, void* inout, int* len, MPI_Datatype* dt) {
+  const core::Precision p = *dt == half_types().bf16 ? core::Precision::bf16 : core::Precision::fp16;
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = core::float_to_half(core::half_to_float(a[i], p) + core::half_to_float(b[i], p), p);
+}
+
+}  // namespace
+
 MPI_Datatype mpi_datatype(DType t) {
   switch (t) {
+    case DType::bf16: return half_types().bf16;
+    case DType::f16: return half_types().f16;
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
     case DType::i32: return MPI_INT32_T;
@@ -85,7 +124,11 @@ MPI_Datatype mpi_datatype(DType t) {
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  if (t == DType::bf16 || t == DType::f16) {
+    STRATA_CHECK(op == ReduceOp::sum, "16-bit reductions are sums only");
+    return half_types().sum;
+  }
   switch (op) {
     case ReduceOp::sum: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;
@@ -108,12 +151,12 @@ bool MpiCommunicator::gather_in_place(const void* send, const void* recv, std::i
 
 void MpiCommunicator::all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) {
   const int n = to_int(count, "all_reduce", "count");
-  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_datatype(t), mpi_op(op), comm_));
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_datatype(t), mpi_op(op, t), comm_));
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t, ReduceOp op) {
   const int n = to_int(recv_count, "reduce_scatter", "recv_count");
-  STRATA_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, n, mpi_datatype(t), mpi_op(op), comm_));
+  STRATA_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, n, mpi_datatype(t), mpi_op(op, t), comm_));
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, std::int64_t send_count, DType t) {
@@ -179,7 +222,7 @@ void MpiCommunicator::barrier() { STRATA_CHECK_MPI(MPI_Barrier(comm_)); }
 RequestPtr MpiCommunicator::iall_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) {
   const int n = to_int(count, "iall_reduce", "count");
   MPI_Request r;
-  STRATA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_datatype(t), mpi_op(op), comm_, &r));
+  STRATA_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf, n, mpi_datatype(t), mpi_op(op, t), comm_, &r));
   return std::make_unique<MpiRequest>(r);
 }
 
@@ -187,7 +230,7 @@ RequestPtr MpiCommunicator::ireduce_scatter(const void* send, void* recv, std::i
                                             ReduceOp op) {
   const int n = to_int(recv_count, "ireduce_scatter", "recv_count");
   MPI_Request r;
-  STRATA_CHECK_MPI(MPI_Ireduce_scatter_block(send, recv, n, mpi_datatype(t), mpi_op(op), comm_, &r));
+  STRATA_CHECK_MPI(MPI_Ireduce_scatter_block(send, recv, n, mpi_datatype(t), mpi_op(op, t), comm_, &r));
   return std::make_unique<MpiRequest>(r);
 }
 

@@ -13,7 +13,7 @@
 namespace strata::comm {
 
 MPI_Datatype mpi_datatype(DType t);
-MPI_Op mpi_op(ReduceOp op);
+MPI_Op mpi_op(ReduceOp op, DType t);
 
 class MpiCommunicator : public Communicator {
  public:

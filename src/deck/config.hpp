@@ -74,6 +74,8 @@ struct OptimSection {
 struct BackendSection {
   std::string device = "cpu";
   std::string precision = "fp32";
+  double loss_scale = 65536.0;        // fp16: initial dynamic loss scale
+  int loss_scale_window = 1000;       // fp16: good steps in a row before the scale doubles
   int threads = 0;                    // 0: OMP_NUM_THREADS or all cores
   std::uint64_t memory_limit = 0;     // bytes; 0: no limit
   std::uint64_t host_memory_limit = 0;  // bytes of the host arena (offload); 0: no limit

@@ -195,7 +195,9 @@ const std::vector<KeySpec>& key_table() {
       key<&Config::optim, &OptimSection::grad_clip>("optim", "grad_clip", "clip the global gradient norm to this; 0: no clipping").at_least(0),
       // [backend]
       key<&Config::backend, &BackendSection::device>("backend", "device", "where kernels run").one_of({"cpu"}, {"cuda"}),
-      key<&Config::backend, &BackendSection::precision>("backend", "precision", "compute precision").one_of({"fp32"}, {"bf16", "fp16"}),
+      key<&Config::backend, &BackendSection::precision>("backend", "precision", "fp32, or mixed precision: 16-bit parameters, gradients and collectives, fp32 master weights and optimizer").one_of({"fp32", "bf16", "fp16"}),
+      key<&Config::backend, &BackendSection::loss_scale>("backend", "loss_scale", "fp16: initial dynamic loss scale (halved on overflow, the step skipped)").at_least(1),
+      key<&Config::backend, &BackendSection::loss_scale_window>("backend", "loss_scale_window", "fp16: good steps in a row before the loss scale doubles").at_least(1),
       key<&Config::backend, &BackendSection::threads>("backend", "threads", "compute threads per rank; 0: OMP_NUM_THREADS or all cores").at_least(0),
       key<&Config::backend, &BackendSection::memory_limit>("backend", "memory_limit", "memory budget per rank in bytes (or \"512MiB\", \"2GB\"); 0: no limit").as_bytes(),
       key<&Config::backend, &BackendSection::host_memory_limit>("backend", "host_memory_limit", "host arena budget per rank for parallel.offload = \"host\" (bytes, or \"8GiB\"); 0: no limit").as_bytes(),

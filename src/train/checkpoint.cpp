@@ -164,7 +164,7 @@ std::string write_rank_file(const fs::path& path, const std::vector<strategies::
     w.put_string(t.name);
     w.put(t.count);
   }
-  for (const auto& t : tensors) w.put(t.data, sizeof(float) * std::size_t(t.count));
+  for (const auto& t : tensors) w.put(t.data, t.bytes());
   return w.close(checksum);
 }
 
@@ -182,7 +182,7 @@ std::string read_rank_file(const fs::path& path, const std::vector<strategies::S
       return fmt::format("{}: tensor {} is '{}' of {} elements, this run has '{}' of {}", path.string(), i, name, n,
                          tensors[i].name, tensors[i].count);
   }
-  for (const auto& t : tensors) r.get(t.data, sizeof(float) * std::size_t(t.count));
+  for (const auto& t : tensors) r.get(t.data, t.bytes());
   return r.finish() ? "" : fmt::format("{} is truncated or corrupt (checksum)", path.string());
 }
 
@@ -283,13 +283,13 @@ std::string model_section(const std::string& resolved) {
 }  // namespace
 
 std::string CheckpointLayout::describe() const {
-  return fmt::format("{} rank(s): pp {} x dp {} x tp {}, ep {}, zero {}, virtual_stages {}", world, pp, dp, tp, ep,
-                     zero, virtual_stages);
+  return fmt::format("{} rank(s): pp {} x dp {} x tp {}, ep {}, zero {}, virtual_stages {}, {}", world, pp, dp, tp,
+                     ep, zero, virtual_stages, precision);
 }
 
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, const CheckpointLayout& layout,
                              strategies::StateStrategy& strategy, const models::ParamRegistry& reg,
-                             bool global_writer) {
+                             bool global_writer, const ScalerState& scaler) {
   const strategies::FullState full = strategy.full_state();  // collective: before any rank writes
   int rank = 0, size = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
@@ -333,8 +333,14 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
     l.insert("ep", int64_t(layout.ep));
     l.insert("zero", int64_t(layout.zero));
     l.insert("virtual_stages", int64_t(layout.virtual_stages));
+    l.insert("precision", layout.precision);
     l.insert("run_name", layout.run_name);
     m.insert("layout", std::move(l));
+    toml::table sc;
+    sc.insert("scale", scaler.scale);
+    sc.insert("good_steps", int64_t(scaler.good_steps));
+    sc.insert("skipped_steps", int64_t(scaler.skipped_steps));
+    m.insert("loss_scale", std::move(sc));
     toml::array files, checksums;
     for (int r = 0; r < size; ++r) {
       files.push_back(rank_file(r));
@@ -378,7 +384,8 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
   int rank = 0;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   std::string err, dir, saved_text, globals_text;
-  int step = 0, reshard = 0;
+  int step = 0, reshard = 0, good = 0, skipped = 0, same_precision = 1;
+  double scale = 1;
   if (rank == 0) {
     std::error_code ec;
     fs::path p(path);
@@ -412,6 +419,11 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
         auto get = [&](const char* k) { return int((*l)[k].value_or(int64_t(-1))); };
         saved.world = get("world"), saved.pp = get("pp"), saved.dp = get("dp"), saved.tp = get("tp");
         saved.ep = get("ep"), saved.zero = get("zero"), saved.virtual_stages = get("virtual_stages");
+        saved.precision = (*l)["precision"].value_or(std::string("fp32"));
+        scale = m["loss_scale"]["scale"].value_or(1.0);
+        good = int(m["loss_scale"]["good_steps"].value_or(int64_t(0)));
+        skipped = int(m["loss_scale"]["skipped_steps"].value_or(int64_t(0)));
+        same_precision = saved.precision == layout.precision;
         const std::string deck = m["resolved_deck"].value_or(std::string());
         reshard = !(saved == layout);
         saved_text = saved.describe();
@@ -434,8 +446,14 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
   ref.dir = broadcast_string(comm, dir, 0);
   STRATA_CHECK_MPI(MPI_Bcast(&step, 1, MPI_INT, 0, comm));
   STRATA_CHECK_MPI(MPI_Bcast(&reshard, 1, MPI_INT, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(&good, 1, MPI_INT, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(&skipped, 1, MPI_INT, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(&same_precision, 1, MPI_INT, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(&scale, 1, MPI_DOUBLE, 0, comm));
   ref.step = step;
   ref.reshard = reshard != 0;
+  ref.scaler = {scale, good, skipped};
+  ref.same_precision = same_precision != 0;
   ref.saved_layout = broadcast_string(comm, saved_text, 0);
   std::istringstream lines(broadcast_string(comm, globals_text, 0));
   for (std::string f; std::getline(lines, f);) ref.global_files.push_back(f);

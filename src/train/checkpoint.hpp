@@ -26,19 +26,23 @@
 #include <vector>
 
 #include "models/param_registry.hpp"
+#include "src/train/trainer.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::train {
 
 // What a checkpoint's manifest records of the run that wrote it; a resume
 // needs the same layout (re-sharding onto another one is not built).
+// The precision belongs to it: 16-bit parameters and fp32 master weights
+// are other state tensors than fp32 parameters.
 struct CheckpointLayout {
   int world = 1, pp = 1, dp = 1, tp = 1, ep = 1, zero = 0, virtual_stages = 1;
   std::string run_name;
   std::string resolved_deck;  // the deck the run resolved to (for the record)
+  std::string precision = "fp32";
   bool operator==(const CheckpointLayout& o) const {
     return world == o.world && pp == o.pp && dp == o.dp && tp == o.tp && ep == o.ep && zero == o.zero &&
-           virtual_stages == o.virtual_stages;
+           virtual_stages == o.virtual_stages && precision == o.precision;
   }
   std::string describe() const;
 };
@@ -48,9 +52,10 @@ struct CheckpointLayout {
 // fsync'ed before the manifest is written, the manifest before the rename.
 // `global_writer`: this rank also writes the layout-independent full state
 // of its registry `reg` (one rank per distinct registry: edp coordinate 0).
+// `scaler`: the loss scaler's state after `step` (the manifest keeps it).
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, const CheckpointLayout& layout,
                              strategies::StateStrategy& strategy, const models::ParamRegistry& reg,
-                             bool global_writer);
+                             bool global_writer, const ScalerState& scaler = {});
 
 struct CheckpointRef {
   std::string dir;  // the checkpoint directory (with its manifest)
@@ -58,6 +63,8 @@ struct CheckpointRef {
   bool reshard = false;       // written by another layout: load through the full state
   std::string saved_layout;   // its layout, described
   std::vector<std::string> global_files;
+  ScalerState scaler;          // the loss scaler after `step`
+  bool same_precision = true;  // its scale applies to this run (else the deck's initial one)
 };
 
 // `path`: a checkpoint directory, or a directory of them (the highest step

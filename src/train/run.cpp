@@ -129,18 +129,25 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
         for (const auto& b : plan) per_cat[int(b.category)] += 4 * std::uint64_t(b.numel) * slots;
     }
     // Parameters, gradients and optimizer state: whole, or sharded over
-    // their group from the ZeRO stage that shards them.
+    // their group from the ZeRO stage that shards them. Mixed precision:
+    // 2 + 2 + 12 bytes per element (16-bit parameters and gradients; fp32
+    // master weights and moments), else 4 + 4 + 8.
+    const auto precision = core::parse_precision(deck.config.backend.precision).value_or(core::Precision::fp32);
+    const double eb = core::element_bytes(precision), opt = precision == core::Precision::fp32 ? 8 : 12;
     const int stage_of[3] = {3, 2, 1};  // the first ZeRO stage that shards params, grads, optimizer state
+    double owned = 0;                   // elements this rank updates
     for (int k = 0; k < 3; ++k) {
-      const double whole = k == 2 ? 8 : 4;
+      const double whole = k == 2 ? opt : eb;
       const bool sharded = par.zero >= stage_of[k];
-      const double bytes = whole * (sharded ? psi / n + psi_experts / n_experts : psi + psi_experts);
+      const double elements = sharded ? psi / n + psi_experts / n_experts : psi + psi_experts;
+      if (k == 2) owned = elements;
       per_cat[int(k == 0 ? core::MemCategory::params : k == 1 ? core::MemCategory::grads
-                                                              : core::MemCategory::optimizer)] = std::uint64_t(bytes);
+                                                              : core::MemCategory::optimizer)] =
+          std::uint64_t(whole * elements);
     }
-    // Optimizer offload: the moments (and 4 + 4 bytes of staging per element
-    // the rank updates) live in the host arena instead.
-    const double host = par.offload == "host" ? double(per_cat[int(core::MemCategory::optimizer)]) * 2 : 0;
+    // Optimizer offload: that state (and staging for the gradients and
+    // parameters of the elements the rank updates) lives in the host arena.
+    const double host = par.offload == "host" ? owned * (opt + 2 * eb) : 0;
     if (par.offload == "host") per_cat[int(core::MemCategory::optimizer)] = 0;
     // Token ids and targets: one micro-batch's, or a pipeline step's.
     per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len * (p > 1 ? m + 1 : 1);
@@ -204,8 +211,9 @@ InjectedFailure injected_failure() {
 }
 
 void print_step(const StepRecord& r) {
-  fmt::print("{:>6} {:>10.5f} {:>10.3e} {:>10.4f} {:>10.2f} {:>12.0f} {:>8.2f}{}\n", r.step, r.loss, r.lr,
-             r.grad_norm, r.step_time * 1e3, r.tokens_per_s, 100.0 * r.mfu, r.warmup ? "  (warm-up)" : "");
+  fmt::print("{:>6} {:>10.5f} {:>10.3e} {:>10.4f} {:>10.2f} {:>12.0f} {:>8.2f}{}{}\n", r.step, r.loss, r.lr,
+             r.grad_norm, r.step_time * 1e3, r.tokens_per_s, 100.0 * r.mfu, r.warmup ? "  (warm-up)" : "",
+             r.skipped ? fmt::format("  (skipped: fp16 overflow at loss scale {:g})", r.loss_scale) : "");
   std::fflush(stdout);
 }
 
@@ -236,7 +244,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   const int chunks = layout.pp > 1 ? cfg.parallel.virtual_stages : 1;  // model chunks per pipeline rank
   CheckpointLayout ck_layout{world,  layout.pp, layout.dp,    layout.tp,          layout.ep,
-                             cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml};
+                             cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml, cfg.backend.precision};
   CheckpointRef resume;
   if (!options.resume.empty()) {
     resume = find_checkpoint(comm, options.resume, ck_layout);
@@ -328,12 +336,13 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     const std::size_t units = trainer.model().units().size();
     log.reserve(std::size_t(cfg.run.steps) * (3 * units * std::size_t(trainer.micro_batches()) + units + 64));
     prov.strategy = trainer.strategy().name();
+    prov.precision = cfg.backend.precision;
     prov.padding_elements = trainer.strategy().padding_elements();
     file.set_attr("/", "data", trainer.data().describe());
     if (rank == 0) {
-      fmt::print("strata {} | {} | {} rank(s): {} | {} | {} thread(s) | {:.3f} M parameters | data: {}\n",
-                 STRATA_VERSION, prov.backend, world, prov.layout, prov.strategy, prov.threads, double(params) / 1e6,
-                 trainer.data().describe());
+      fmt::print("strata {} | {} | {} rank(s): {} | {} | {} | {} thread(s) | {:.3f} M parameters | data: {}\n",
+                 STRATA_VERSION, prov.backend, world, prov.layout, prov.strategy, prov.precision, prov.threads,
+                 double(params) / 1e6, trainer.data().describe());
       fmt::print("peak {:.1f} GFLOP/s per rank ({}) | global batch {} = dp {} x {} x micro-batch {} | seq {}\n",
                  job_peak / world / 1e9, peak.source, cfg.data.global_batch, cfg.parallel.dp, trainer.micro_batches(),
                  cfg.data.micro_batch, cfg.model.seq_len);
@@ -342,6 +351,11 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     }
     if (!resume.dir.empty()) {
       load_checkpoint(comm, resume, trainer.strategy(), trainer.registry());
+      // The skipped steps carry over (AdamW's step count); the scale only
+      // within one precision (an fp32 run's is 1).
+      ScalerState sc = resume.scaler;
+      if (!resume.same_precision) sc.scale = trainer.scaler().scale, sc.good_steps = 0;
+      trainer.set_scaler(sc);
       if (rank == 0)
         fmt::print("resumed from {} (after step {}{})\n", resume.dir, resume.step,
                    resume.reshard ? ", re-sharded from " + resume.saved_layout : "");
@@ -365,7 +379,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       if (options.checkpoint_every > 0 && (s + 1) % options.checkpoint_every == 0) {
         const std::string path =
             write_checkpoint(comm, checkpoint_dir, s + 1, ck_layout, trainer.strategy(), trainer.registry(),
-                             mesh.coords().dp / layout.ep == 0);
+                             mesh.coords().dp / layout.ep == 0, trainer.scaler());
         if (rank == 0) fmt::print("checkpoint: {}\n", path);
       }
     }

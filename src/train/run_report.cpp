@@ -30,6 +30,7 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
   s.mfu = peak_flops > 0 ? s.flops_per_s / peak_flops : 0;
   s.hardware_flops_per_step = hardware_flops_per_step;
   s.hfu = peak_flops > 0 && s.step_time > 0 ? hardware_flops_per_step / s.step_time / peak_flops : 0;
+  for (const auto& r : steps) s.skipped_steps += r.skipped;
   if (!steps.empty()) {
     s.initial_loss = steps.front().loss;
     s.final_loss = steps.back().loss;
@@ -90,6 +91,8 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_f64("offload_bytes_to_device", "B", "optimizer offload: updated parameters copied back")
       .col_f64("offload_copy_time", "s", "optimizer offload: time in those copies (none of it hidden)")
       .col_f64("offload_update_time", "s", "optimizer offload: AdamW on the host")
+      .col_f64("loss_scale", "1", "the loss scale of the step's backward pass (fp16's dynamic scale; 1 otherwise)")
+      .col_i64("skipped", "1", "1 if the gradients overflowed (fp16) and the update was skipped")
       .col_f64("moe_aux_loss", "nats",
                "MoE: this rank's auxiliary losses, summed over its MoE blocks, mean over micro-batches (in loss)")
       .col_f64("load_imbalance", "1", "MoE: max over this rank's MoE blocks of max / mean assignments per expert")
@@ -98,7 +101,8 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
     st.add_row({std::int64_t(rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
                 std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
                 r.mfu, r.hardware_flops, r.hfu, r.offload.bytes_to_host, r.offload.bytes_to_device,
-                r.offload.copy_time, r.offload.update_time, r.moe_aux, r.load_imbalance, r.drop_rate});
+                r.offload.copy_time, r.offload.update_time, r.loss_scale, std::int64_t(r.skipped), r.moe_aux,
+                r.load_imbalance, r.drop_rate});
   f.write_table(st);
 
   report::Table ex("experts", "MoE routing per step, rank, block and expert (empty for a dense model)");
@@ -280,6 +284,9 @@ void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
   f.write_scalar(g, "hfu", s.hfu, "1", "hardware FLOPs utilisation: hardware_flops_per_step / step_time / peak_flops");
   f.write_scalar(g, "initial_loss", s.initial_loss, "nats", "loss of step 0");
   f.write_scalar(g, "final_loss", s.final_loss, "nats", "loss of the last step");
+  f.write_scalar(g, "precision", p.precision, "fp32, or the 16-bit format of mixed precision (bf16, fp16)");
+  f.write_scalar(g, "skipped_steps", double(s.skipped_steps), "1",
+                 "steps whose update was skipped because fp16 gradients overflowed");
   f.write_scalar(g, "parameters", double(p.parameters), "1", "number of model parameters");
   f.write_scalar(g, "layout", p.layout, "process mesh: pp x dp x tp");
   f.write_scalar(g, "strategy", p.strategy, "state strategy: dp, zero1, zero2 or zero3");

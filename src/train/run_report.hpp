@@ -38,6 +38,7 @@ struct Provenance {
   std::string peak_source;
   std::string layout;          // "pp 1 x dp 2 x tp 1"
   std::string strategy;        // "dp", "zero1", ...
+  std::string precision = "fp32";  // backend.precision
   std::int64_t padding_elements = 0;
 };
 
@@ -59,6 +60,7 @@ struct Summary {
   double hardware_flops_per_step = 0;  // model FLOPs plus recomputation
   double hfu = 0;
   double initial_loss = 0, final_loss = 0;
+  int skipped_steps = 0;  // fp16 overflows
   std::uint64_t peak_bytes[core::kNumMemCategories] = {};
   std::uint64_t peak_total = 0;
 };

@@ -25,7 +25,9 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
                  comm::Communicator* emb, comm::Communicator* ep, comm::Communicator* edp)
     : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(dp),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr), pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
-      tracker_(&tracker), host_tracker_(config.backend.host_memory_limit) {
+      tracker_(&tracker), host_tracker_(config.backend.host_memory_limit),
+      precision_(core::parse_precision(config.backend.precision).value_or(core::Precision::fp32)) {
+  if (precision_ == core::Precision::fp16) scaler_.scale = config.backend.loss_scale;
   if (dp_ != nullptr) {
     dp_size_ = dp_->size();
     dp_rank_ = dp_->rank();
@@ -91,6 +93,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
   sc.seed = cfg_.run.seed;
   sc.tp_size = tpc_.size;
   if (cfg_.parallel.offload == "host") sc.offload = {&host_tracker_, &offload_};
+  sc.precision = precision_;
   strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, epc_.comm, edp_);
   if (v > 1)
     for (auto& ch : chunks_)
@@ -127,8 +130,8 @@ void Trainer::sum_tied_embedding() {
   const std::int64_t offset = registry_.find("wte").offset;
   const auto u = std::find_if(units_.begin(), units_.end(), [&](const models::Unit& x) { return x.begin == offset; });
   STRATA_CHECK(u != units_.end(), "the tied embedding is not a unit of its own");
-  const std::span<float> g = strategy_->unit_grads(int(u - units_.begin()));
-  emb_->all_reduce(g.data(), std::int64_t(g.size()), comm::DType::f32, comm::ReduceOp::sum);
+  const strategies::GradSpan g = strategy_->unit_grads(int(u - units_.begin()));
+  emb_->all_reduce(g.data, g.count, g.dtype, comm::ReduceOp::sum);
 }
 
 StepRecord Trainer::step(int step) {
@@ -139,14 +142,19 @@ StepRecord Trainer::step(int step) {
   r.warmup = step < cfg_.run.warmup_steps;
 
   // The mean loss over the global batch: every micro-batch's mean weighs
-  // 1 / (micro-batches x dp), and the dp ranks' gradients are summed.
-  const float loss_scale = 1.0f / float(micro_batches_ * dp_size_);
+  // 1 / (micro-batches x dp), and the dp ranks' gradients are summed. The
+  // backward pass also carries fp16's loss scale.
+  const float mean_weight = 1.0f / float(micro_batches_ * dp_size_);
+  const double scale = scaler_.scale;
+  const float backward_scale = scale == 1.0 ? mean_weight : float(scale * double(mean_weight));
+  r.loss_scale = scale;
   strategy_->begin_step();
   offload_ = {};
   host_tracker_.reset_peaks();
   routing_.clear();
   experts_.clear();
-  r.loss = (pp_ != nullptr ? run_pipeline(step, loss_scale) : run_micro_batches(step, loss_scale)) * loss_scale;
+  r.loss = (pp_ != nullptr ? run_pipeline(step, backward_scale) : run_micro_batches(step, backward_scale)) *
+           mean_weight;
   if (dp_size_ > 1) dp_->all_reduce(&r.loss, 1, comm::DType::f64, comm::ReduceOp::sum);
 
   {
@@ -155,21 +163,35 @@ StepRecord Trainer::step(int step) {
     // The tied word embedding lives on the first and the last stage: each
     // copy's gradient becomes their sum, so both take the same update.
     sum_tied_embedding();
+    // Summed over every group, so every rank sees the same norm: an
+    // overflow anywhere (fp16) makes it infinite everywhere.
     double sq = strategy_->grad_norm_sq();
     if (tp_ != nullptr) tp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
     if (pp_ != nullptr) pp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
-    r.grad_norm = std::sqrt(sq);
-    // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
-    float coef = 1.0f;
-    if (cfg_.optim.grad_clip > 0) {
-      const double c = cfg_.optim.grad_clip / (r.grad_norm + 1e-6);
-      if (c < 1.0) {
-        coef = float(c);
-        r.clipped = true;
+    r.grad_norm = std::sqrt(sq) / scale;
+    r.lr = learning_rate(cfg_.optim, step, cfg_.run.steps);
+    if (precision_ == core::Precision::fp16 && !std::isfinite(sq)) {
+      // Skipped: parameters and optimizer state stay as they were.
+      r.skipped = true;
+      scaler_.scale = std::max(1.0, scale / 2);
+      scaler_.good_steps = 0;
+      ++scaler_.skipped_steps;
+    } else {
+      // As torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+      double coef = 1.0;
+      if (cfg_.optim.grad_clip > 0) {
+        const double c = cfg_.optim.grad_clip / (r.grad_norm + 1e-6);
+        if (c < 1.0) {
+          coef = c;
+          r.clipped = true;
+        }
+      }
+      strategy_->update(float(coef / scale), float(r.lr), step + 1 - scaler_.skipped_steps);
+      if (precision_ == core::Precision::fp16 && ++scaler_.good_steps >= cfg_.backend.loss_scale_window) {
+        scaler_.scale = scale * 2;
+        scaler_.good_steps = 0;
       }
     }
-    r.lr = learning_rate(cfg_.optim, step, cfg_.run.steps);
-    strategy_->update(coef, float(r.lr), step + 1);
   }
 
   finish_routing(r);

@@ -36,6 +36,11 @@ struct StepRecord {
   double hardware_flops = 0;  // model_flops plus recomputed forward work
   double hfu = 0;             // hardware_flops / step_time / peak
   models::OffloadStats offload;  // optimizer offload's copies and host update (zero without)
+  // Mixed precision: the loss scale the step's backward used (1 unless
+  // fp16), and whether its gradients overflowed, so that the update was
+  // skipped (grad_norm is then not finite).
+  double loss_scale = 1;
+  bool skipped = false;
   // Mixture of experts, this rank's MoE blocks (0 for a dense model): the
   // auxiliary loss (summed over blocks, mean over micro-batches), the worst
   // block's max / mean assignments per expert, and the share of assignments
@@ -54,6 +59,19 @@ struct ExpertRecord {
 };
 
 models::GptConfig gpt_config(const deck::ModelSection& m);
+
+// fp16's dynamic loss scaling (as PyTorch's GradScaler and DeepSpeed do):
+// the backward pass runs on the loss times `scale`, so that small gradients
+// survive fp16's range; a step whose gradients overflow is skipped and the
+// scale halved (not below 1); after `window` good steps in a row it doubles.
+// `skipped_steps` counts the steps skipped so far: step s applies AdamW's
+// update number s + 1 - skipped_steps (its bias correction). What a
+// checkpoint must carry beside the tensors.
+struct ScalerState {
+  double scale = 1;
+  int good_steps = 0;
+  int skipped_steps = 0;
+};
 
 class Trainer {
  public:
@@ -88,6 +106,8 @@ class Trainer {
   // The host arena optimizer offload allocates from (empty without offload).
   const core::MemoryTracker& host_tracker() const { return host_tracker_; }
   double model_flops_per_step() const { return model_flops_per_step_; }
+  const ScalerState& scaler() const { return scaler_; }
+  void set_scaler(const ScalerState& s) { scaler_ = s; }
 
  private:
   // One model chunk of this rank (one pipeline stage; the interleaved
@@ -149,6 +169,8 @@ class Trainer {
   models::OffloadStats offload_;      // this step's
   int dp_size_ = 1, dp_rank_ = 0;
   int micro_batches_;  // per rank and step
+  core::Precision precision_;
+  ScalerState scaler_;
   double model_flops_per_step_, hardware_flops_per_step_;
   std::unique_ptr<strategies::StateStrategy> strategy_;
   std::unique_ptr<DataSource> data_;

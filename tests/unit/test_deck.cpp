@@ -83,7 +83,7 @@ const std::vector<std::string> kAllKeys = {
     "parallel.sequence_parallel", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps", "optim.grad_clip",
-    "backend.device", "backend.precision", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops",
+    "backend.device", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops",
 };
 
 class DeckTest : public ::testing::Test {
@@ -306,7 +306,9 @@ TEST_F(DeckTest, StringNotAllowedNamesTheAllowedValues) {
   // Values of the design that this build cannot run yet say what is allowed now.
   load_error("[backend]\ndevice = \"cuda\"\n",
              {"deck.toml:2: key 'backend.device' \"cuda\" is not available in this build yet; allowed now: \"cpu\""});
-  load_error("[backend]\nprecision = \"bf16\"\n", {"deck.toml:2:", "'backend.precision'", "allowed now: \"fp32\""});
+  load_error("[backend]\nprecision = \"fp8\"\n",
+             {"deck.toml:2:", "'backend.precision'", "\"fp32\", \"bf16\", \"fp16\""});
+  load_error("[backend]\nloss_scale = 0.5\n", {"deck.toml:2:", "'backend.loss_scale'", ">= 1"});
   // A moe model needs experts, and experts need a moe model; top_k at most the experts.
   load_error("[model]\nkind = \"moe\"\n", {"deck.toml:2:", "model.kind = \"moe\"", "needs model.moe_experts >= 1"});
   load_error("[model]\nmoe_experts = 4\n", {"model.moe_experts = 4", "needs model.kind = \"moe\""});

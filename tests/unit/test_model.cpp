@@ -187,15 +187,15 @@ TEST(Model, AdamWOverSlicesEqualsWhole) {
   models::AdamWSettings s{0.9f, 0.95f, 1e-8f, 0.1f};
   models::AdamW whole(r, 0, n, s, tracker), lo(r, 0, half, s, tracker), hi(r, half, n, s, tracker);
   for (int step = 1; step <= 3; ++step) {
-    whole.update(p1.data(), g.data(), 1e-2f, step);
-    lo.update(p2.data(), g.data(), 1e-2f, step);
-    hi.update(p2.data() + half, g.data() + half, 1e-2f, step);
+    whole.update(p1.data(), g.data(), 1.0f, 1e-2f, step);
+    lo.update(p2.data(), g.data(), 1.0f, 1e-2f, step);
+    hi.update(p2.data() + half, g.data() + half, 1.0f, 1e-2f, step);
   }
   for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(p1[i], p2[i]) << i;
   // Decay applies to matrices only: a LayerNorm gain with zero gradient stays 1.
   std::vector<float> p3(st.params(), st.params() + n), zero(n, 0.0f);
   models::AdamW d(r, 0, n, s, tracker);
-  d.update(p3.data(), zero.data(), 1e-1f, 1);
+  d.update(p3.data(), zero.data(), 1.0f, 1e-1f, 1);
   EXPECT_EQ(p3[r.find("h.0.ln1.weight").offset], 1.0f);
   EXPECT_LT(std::fabs(p3[r.find("wte").offset]), std::fabs(st.params()[r.find("wte").offset]));
 }

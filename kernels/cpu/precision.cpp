@@ -1,0 +1,57 @@
+// Bulk conversions between fp32 and the 16-bit formats, and the reductions
+// the mixed-precision state needs; the scalar rounding is core's, so every
+// conversion in the program rounds alike.
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/kernels.hpp"
+
+namespace strata::kernels {
+
+using core::Precision;
+
+void widen(float* y, const std::uint16_t* x, std::int64_t n, Precision p) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i) y[i] = core::half_to_float(x[i], p);
+}
+
+void narrow(std::uint16_t* y, const float* x, std::int64_t n, Precision p) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i) y[i] = core::float_to_half(x[i], p);
+}
+
+void narrow_add(std::uint16_t* y, const float* x, std::int64_t n, Precision p) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i) y[i] = core::float_to_half(core::half_to_float(y[i], p) + x[i], p);
+}
+
+void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, Precision p) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i)
+    y[i] = core::float_to_half(core::half_to_float(y[i], p) + core::half_to_float(x[i], p), p);
+}
+
+double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
+  double s = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double v = core::half_to_float(x[i], p);
+    s += v * v;
+  }
+  return s;
+}
+
+bool all_finite(const float* x, std::int64_t n) {
+  bool ok = true;
+  for (std::int64_t i = 0; i < n; ++i) ok &= std::isfinite(x[i]);
+  return ok;
+}
+
+bool all_finite_half(const std::uint16_t* x, std::int64_t n, Precision p) {
+  // Exponent all ones: inf or NaN (bf16: 8 bits at 7..14; fp16: 5 bits at 10..14).
+  const std::uint16_t mask = p == Precision::bf16 ? 0x7f80u : 0x7c00u;
+  bool ok = true;
+  for (std::int64_t i = 0; i < n; ++i) ok &= (x[i] & mask) != mask;
+  return ok;
+}
+
+}  // namespace strata::kernels

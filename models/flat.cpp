@@ -1,0 +1,86 @@
+#include "models/flat.hpp"
+
+#include <cstring>
+
+#include "kernels/kernels.hpp"
+#include "src/core/error.hpp"
+
+namespace strata::models {
+
+Flat::Flat(core::MemoryTracker& tracker, core::MemCategory c, core::Precision p, std::size_t n, std::string_view what)
+    : buf_(tracker, c, n * std::size_t(core::element_bytes(p)), what), p_(p), n_(n) {}
+
+comm::DType Flat::dtype() const {
+  return p_ == core::Precision::bf16 ? comm::DType::bf16 : p_ == core::Precision::fp16 ? comm::DType::f16
+                                                                                        : comm::DType::f32;
+}
+
+float* Flat::f32(std::int64_t i) {
+  STRATA_CHECK(!half(), "fp32 access to {} storage", core::precision_name(p_));
+  return reinterpret_cast<float*>(buf_.data()) + i;
+}
+
+std::uint16_t* Flat::h16(std::int64_t i) {
+  STRATA_CHECK(half(), "16-bit access to fp32 storage");
+  return reinterpret_cast<std::uint16_t*>(buf_.data()) + i;
+}
+
+void Flat::zero() { std::memset(buf_.data(), 0, buf_.bytes()); }
+
+void Flat::read(std::int64_t i, std::int64_t n, float* out) const {
+  if (half())
+    kernels::widen(out, static_cast<const std::uint16_t*>(at(i)), n, p_);
+  else
+    std::memcpy(out, at(i), sizeof(float) * std::size_t(n));
+}
+
+void Flat::write(std::int64_t i, std::int64_t n, const float* in) {
+  if (half())
+    kernels::narrow(h16(i), in, n, p_);
+  else
+    std::memcpy(f32(i), in, sizeof(float) * std::size_t(n));
+}
+
+void Flat::add(std::int64_t i, std::int64_t n, const Flat& src, std::int64_t j) {
+  STRATA_CHECK(src.p_ == p_, "adding {} to {}", core::precision_name(src.p_), core::precision_name(p_));
+  if (half())
+    kernels::add_half(h16(i), static_cast<const std::uint16_t*>(src.at(j)), n, p_);
+  else
+    kernels::add_inplace(f32(i), static_cast<const float*>(src.at(j)), n);
+}
+
+WideViews::WideViews(core::MemoryTracker& tracker, std::size_t units, core::Precision p)
+    : tracker_(tracker), p_(p), views_(units) {}
+
+float* WideViews::acquire(int u, const std::uint16_t* src, std::int64_t n) {
+  View& v = views_[std::size_t(u)];
+  if (v.refs++ == 0) {
+    v.params = core::Buffer<float>(tracker_, core::MemCategory::workspace, std::size_t(n),
+                                   "fp32 view of a unit's parameters");
+    kernels::widen(v.params.data(), src, n, p_);
+  }
+  return v.params.data();
+}
+
+void WideViews::release(int u) {
+  View& v = views_[std::size_t(u)];
+  STRATA_CHECK(v.refs > 0, "unit {} released more often than acquired", u);
+  if (--v.refs == 0) v.params.reset();
+}
+
+float* WideViews::grads(int u, std::int64_t n) {
+  View& v = views_[std::size_t(u)];
+  if (v.grads.size() == 0)  // the tracker hands out zeroed memory
+    v.grads = core::Buffer<float>(tracker_, core::MemCategory::workspace, std::size_t(n),
+                                  "fp32 accumulator of a unit's gradients");
+  return v.grads.data();
+}
+
+float* WideViews::written(int u) {
+  View& v = views_[std::size_t(u)];
+  return v.grads.size() == 0 ? nullptr : v.grads.data();
+}
+
+void WideViews::done(int u) { views_[std::size_t(u)].grads.reset(); }
+
+}  // namespace strata::models

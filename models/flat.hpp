@@ -1,0 +1,90 @@
+// Parameters and gradients at the training precision. `Flat` is a tracked
+// flat array whose elements are fp32 or 16-bit (bf16, fp16): what a state
+// strategy keeps its parameters and gradients in, so that mixed precision
+// holds 2 bytes per parameter and per gradient for real.
+//
+// The CPU kernels compute in fp32. `WideViews` is how a strategy that stores
+// 16-bit serves them: while a unit is acquired, an fp32 copy of its
+// parameters; from a micro-batch's first grads() to its grads_done(), an
+// fp32 accumulator for its gradients, which the strategy then rounds into its
+// 16-bit store (or a 16-bit reduce-scatter input). Both are workspace, held
+// only while in use: one unit at a time in a block-by-block pass, plus the
+// tied embedding, which the head keeps from forward to backward.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "src/comm/communicator.hpp"
+#include "src/core/memory.hpp"
+#include "src/core/precision.hpp"
+
+namespace strata::models {
+
+class Flat {
+ public:
+  Flat() = default;
+  Flat(core::MemoryTracker& tracker, core::MemCategory c, core::Precision p, std::size_t n, std::string_view what);
+  // Move-only; a moved-from Flat is empty (size 0), as a moved-from Buffer.
+  Flat(Flat&& o) noexcept { *this = std::move(o); }
+  Flat& operator=(Flat&& o) noexcept {
+    buf_ = std::move(o.buf_);
+    p_ = o.p_;
+    n_ = std::exchange(o.n_, 0);
+    return *this;
+  }
+
+  core::Precision precision() const { return p_; }
+  bool half() const { return p_ != core::Precision::fp32; }
+  std::size_t size() const { return n_; }
+  std::size_t bytes() const { return buf_.bytes(); }
+  comm::DType dtype() const;
+  // Element i, whatever the precision (what communication takes).
+  void* at(std::int64_t i) { return buf_.data() + i * core::element_bytes(p_); }
+  const void* at(std::int64_t i) const { return buf_.data() + i * core::element_bytes(p_); }
+  // Element i as stored: fp32 storage only, resp. 16-bit storage only.
+  float* f32(std::int64_t i = 0);
+  std::uint16_t* h16(std::int64_t i = 0);
+  void reset() { buf_.reset(), n_ = 0; }
+  void zero();
+  // Elements [i, i + n) widened into out, resp. set from fp32 (rounded).
+  void read(std::int64_t i, std::int64_t n, float* out) const;
+  void write(std::int64_t i, std::int64_t n, const float* in);
+  // Elements [i, i + n) += src's [j, j + n) (same precision; 16-bit sums
+  // are rounded once).
+  void add(std::int64_t i, std::int64_t n, const Flat& src, std::int64_t j);
+
+ private:
+  core::Buffer<std::byte> buf_;
+  core::Precision p_ = core::Precision::fp32;
+  std::size_t n_ = 0;
+};
+
+class WideViews {
+ public:
+  WideViews(core::MemoryTracker& tracker, std::size_t units, core::Precision p);
+
+  // Unit u's parameters (n elements of 16-bit src) in fp32, widened on the
+  // first of nested acquires and freed by the last release.
+  float* acquire(int u, const std::uint16_t* src, std::int64_t n);
+  void release(int u);
+  // Unit u's fp32 gradient accumulator of n elements, zero when created.
+  float* grads(int u, std::int64_t n);
+  // The accumulator if this micro-batch wrote one (else null); done() frees it.
+  float* written(int u);
+  void done(int u);
+
+ private:
+  struct View {
+    core::Buffer<float> params, grads;
+    int refs = 0;
+  };
+  core::MemoryTracker& tracker_;
+  core::Precision p_;
+  std::vector<View> views_;
+};
+
+}  // namespace strata::models
