@@ -79,14 +79,22 @@ namespace {
 
 // The 16-bit formats: a committed datatype each (two bytes, so MPI moves them
 // as it would any 16-bit integer) and one user-defined sum that tells them
-// apart by datatype. Created on first use, after MPI_Init, and kept until the
-// process ends (MPI_Finalize frees them).
+// apart by datatype. Created on first use, after MPI_Init, and freed at the
+// start of MPI_Finalize (which deletes MPI_COMM_SELF's attributes first).
 struct HalfTypes {
   MPI_Datatype bf16 = MPI_DATATYPE_NULL, f16 = MPI_DATATYPE_NULL;
   MPI_Op sum = MPI_OP_NULL;
 };
 
 void half_sum(void* in, void* inout, int* len, MPI_Datatype* dt);
+
+int free_half_types(MPI_Comm, int, void* attr, void*) {
+  auto* h = static_cast<HalfTypes*>(attr);
+  MPI_Type_free(&h->bf16);
+  MPI_Type_free(&h->f16);
+  MPI_Op_free(&h->sum);
+  return MPI_SUCCESS;
+}
 
 const HalfTypes& half_types() {
   static const HalfTypes types = [] {
@@ -98,6 +106,13 @@ const HalfTypes& half_types() {
     STRATA_CHECK_MPI(MPI_Op_create(&half_sum, /*commute=*/1, &h.sum));
     return h;
   }();
+  static const bool freed_at_finalize = [] {
+    int key = MPI_KEYVAL_INVALID;
+    STRATA_CHECK_MPI(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_half_types, &key, nullptr));
+    STRATA_CHECK_MPI(MPI_Comm_set_attr(MPI_COMM_SELF, key, const_cast<HalfTypes*>(&types)));
+    return true;
+  }();
+  (void)freed_at_finalize;
   return types;
 }
 

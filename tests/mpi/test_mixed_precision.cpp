@@ -1,0 +1,253 @@
+// Mixed precision (backend.precision = bf16 | fp16) under mpiexec with N
+// ranks: the trajectory within 1e-2 of the fp32 single-rank run after 10
+// steps, loss falling, under dp, every ZeRO stage, and a tp x pp and an
+// expert-parallel layout; the per-rank bytes of parameters, gradients and
+// optimizer state equal to ZeRO's mixed-precision figures (2 + 2 + 12 per
+// parameter) to the byte; 16-bit collectives moving half fp32's bytes; and
+// fp16's dynamic loss scaling skipping overflowing steps on every rank alike.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "src/comm/comm_log.hpp"
+#include "src/deck/deck.hpp"
+#include "src/mesh/mesh.hpp"
+#include "src/prof/clock.hpp"
+#include "src/train/trainer.hpp"
+#include "tests/mpi/parity.hpp"
+
+using namespace strata;
+using core::MemCategory;
+
+namespace {
+
+// The state-strategy tests' tiny GPT (d_model 16: units divisible by 4;
+// 6: shards padded), on text so that the loss can fall, with a mesh and a
+// precision; MoE when experts > 0.
+deck::Config config(mesh::Layout l, int zero, int d_model, int global_batch, int micro_batch, int steps,
+                    const std::string& precision, int experts = 0) {
+  std::string text = fmt::format(
+      "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 21\n"
+      "[model]\nlayers = 2\nd_model = {}\nheads = 2\nvocab = 256\nseq_len = 8\n{}"
+      "[data]\nsource = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\nglobal_batch = {}\nmicro_batch = {}\n"
+      "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\nbucket_mb = 0.004\n"
+      "[optim]\nlr = 1e-2\nweight_decay = 0.1\ngrad_clip = 1.0\nschedule = \"cosine\"\nwarmup = 2\n"
+      "[backend]\nthreads = 1\nprecision = \"{}\"\n",
+      steps, d_model, experts > 0 ? fmt::format("kind = \"moe\"\nmoe_experts = {}\nmoe_every = 2\n", experts) : "",
+      global_batch, micro_batch, l.pp, l.dp, l.tp, l.ep, zero, precision);
+  return deck::parse_deck("test.toml", text, {}).config;
+}
+
+struct Trajectory {
+  std::vector<train::StepRecord> steps;
+  std::vector<float> params;
+  models::ParamRegistry registry;
+};
+
+Trajectory run(const deck::Config& c, mesh::Mesh* mesh) {
+  core::MemoryTracker tracker;
+  std::unique_ptr<train::Trainer> t;
+  if (mesh == nullptr)
+    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0);
+  else
+    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, &mesh->dp(), &mesh->tp(), &mesh->pp(),
+                                         mesh->embedding(), &mesh->ep(), &mesh->edp());
+  Trajectory r;
+  for (int s = 0; s < c.run.steps; ++s) r.steps.push_back(t->step(s));
+  r.params = t->strategy().full_params();
+  r.registry = t->registry();
+  return r;
+}
+
+// The mixed-precision run against the fp32 single-rank run: every loss and
+// every gradient norm within 1e-2 relative (the norm catches a loss scale
+// left in the gradients, to which Adam itself is blind), the loss falling;
+// the master weights close over the whole parameter vector (`whole`) and
+// norm-wise per tensor (`tensor`). bf16 keeps 8 significant bits: each
+// gradient element is rounded by up to 2^-9 relative, Adam's per-element
+// normalisation turns that into updates of ~lr whatever the gradient's
+// size, and tensors of small norm (the biases, which start at zero) show it
+// most. Dense: whole 1e-2, tensor 0.15 (measured after 10 steps at lr 1e-2:
+// whole <= 7.7e-3, tensor <= 0.10 on one rank of pp 2 x tp 2). MoE: whole
+// 5e-2, tensor 0.3, because a rounded router logit can flip a token's
+// top-2 choice or its drop, a discrete change (measured 3.2e-2, 0.19).
+void expect_close(const Trajectory& mixed, const Trajectory& ref, const std::string& what, double whole_bound = 1e-2,
+                  double tensor_bound = 0.15) {
+  ASSERT_EQ(mixed.steps.size(), ref.steps.size());
+  for (std::size_t s = 0; s < ref.steps.size(); ++s) {
+    EXPECT_NEAR(mixed.steps[s].loss, ref.steps[s].loss, 1e-2 * std::fabs(ref.steps[s].loss)) << what << " step " << s;
+    EXPECT_NEAR(mixed.steps[s].grad_norm, ref.steps[s].grad_norm, 1e-2 * ref.steps[s].grad_norm) << what << " step " << s;
+  }
+  EXPECT_LT(mixed.steps.back().loss, mixed.steps.front().loss - 0.5) << what << ": the loss falls";
+  double key_abs = 0, diff = 0, norm = 0;
+  std::string worst;
+  const double e = parity::params_error(mixed.registry, mixed.params, ref.registry, ref.params, &key_abs, &worst);
+  EXPECT_LE(e, tensor_bound) << what << " (worst tensor " << worst << ")";
+  for (const auto& s : mixed.registry.specs()) {
+    const auto& w = ref.registry.find(s.name);
+    for (std::int64_t k = 0; k < s.numel; ++k) {
+      const double want = ref.params[std::size_t(w.offset + s.global_index(k))];
+      diff += (mixed.params[std::size_t(s.offset + k)] - want) * (mixed.params[std::size_t(s.offset + k)] - want);
+      norm += want * want;
+    }
+  }
+  const double whole = std::sqrt(diff / norm);
+  EXPECT_LE(whole, whole_bound) << what;
+  if (mpi_test::world_rank() == 0)
+    fmt::print("{}: final loss {:.6f} vs fp32 {:.6f}; parameters {:.2e} (whole), {:.2e} ({})\n", what,
+               mixed.steps.back().loss, ref.steps.back().loss, whole, e, worst);
+}
+
+std::int64_t shard_elems(const std::vector<models::Unit>& units, int n) {
+  std::int64_t s = 0;
+  for (const auto& u : units) s += (u.size() + n - 1) / n;
+  return s;
+}
+
+}  // namespace
+
+TEST(MixedPrecision, DataParallelAndZeroTrackFp32) {
+  const int n = parity::world_size(), mb = 2, G = 2 * mb * n;
+  const Trajectory ref = run(config({1, 1, 1}, 0, 16, G, mb, 10, "fp32"), nullptr);
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  for (const std::string precision : {"bf16", "fp16"})
+    for (int zero = 0; zero <= 3; ++zero) {
+      const Trajectory r = run(config({1, n, 1}, zero, 16, G, mb, 10, precision), &mesh);
+      int skipped = 0;
+      for (const auto& s : r.steps) skipped += s.skipped;
+      EXPECT_EQ(skipped, 0) << "the default loss scale fits this model's gradients";
+      expect_close(r, ref, fmt::format("{} dp {} zero {}", precision, n, zero));
+    }
+}
+
+// On 2 ranks pp 2 and MoE dp 2 x ep 2; on 4, pp 2 x tp 2 (SP) and dp 4 x ep 2.
+TEST(MixedPrecision, TensorPipelineAndExpertLayoutsTrackFp32) {
+  const int n = parity::world_size();
+  {
+    const Trajectory ref = run(config({1, 1, 1}, 0, 16, 8, 2, 10, "fp32"), nullptr);
+    const mesh::Layout l{2, 1, n / 2};
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh mesh(MPI_COMM_WORLD, l, log);
+    auto c = config(l, 0, 16, 8, 2, 10, "bf16");
+    c.parallel.sequence_parallel = l.tp > 1;
+    expect_close(run(c, &mesh), ref, fmt::format("bf16 pp 2 x tp {}", l.tp));
+  }
+  {
+    const Trajectory ref = run(config({1, 1, 1}, 0, 16, 8, 2, 10, "fp32", 4), nullptr);
+    const mesh::Layout l{1, n, 1, 2};
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh mesh(MPI_COMM_WORLD, l, log);
+    expect_close(run(config(l, 2, 16, 8, 2, 10, "bf16", 4), &mesh), ref, fmt::format("bf16 MoE dp {} x ep 2, zero 2", n), 5e-2, 0.3);
+  }
+}
+
+// ZeRO's mixed-precision figures (Rajbhandari et al., 2020, with K = 12):
+// dp 2 + 2 + 12 = 16 Psi; stage 1 4 Psi + 12 Psi/N; stage 2 2 Psi + 14 Psi/N;
+// stage 3 16 Psi/N; held at the end of a step. The fp32 views the CPU
+// kernels read are workspace, gone by then.
+TEST(MixedPrecision, PerRankBytesAreZerosMixedPrecisionFigures) {
+  const int n = parity::world_size();
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  for (const std::string precision : {"bf16", "fp16"})
+    for (int d_model : {16, 6})
+      for (int zero = 0; zero <= 3; ++zero) {
+        SCOPED_TRACE(fmt::format("{} d_model {} zero {}", precision, d_model, zero));
+        const auto c = config({1, n, 1}, zero, d_model, 2 * n, 2, 1, precision);
+        core::MemoryTracker tracker;
+        train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+        const std::size_t workspace_before = tracker.current(MemCategory::workspace);
+        t.step(0);
+        const std::uint64_t psi = std::uint64_t(t.registry().numel());
+        const std::uint64_t S = std::uint64_t(shard_elems(t.units(), n)), psi_p = S * n;
+        const std::uint64_t params = tracker.current(MemCategory::params),
+                            grads = tracker.current(MemCategory::grads),
+                            opt = tracker.current(MemCategory::optimizer);
+        switch (zero) {
+          case 0: EXPECT_EQ(params, 2 * psi); EXPECT_EQ(grads, 2 * psi); EXPECT_EQ(opt, 12 * psi); break;
+          case 1: EXPECT_EQ(params + grads, 4 * psi_p); EXPECT_EQ(opt, 12 * S); break;
+          case 2: EXPECT_EQ(params, 2 * psi_p); EXPECT_EQ(grads + opt, 14 * S); break;
+          case 3: EXPECT_EQ(params + grads + opt, 16 * S); EXPECT_EQ(params, 2 * S); break;
+        }
+        EXPECT_EQ(tracker.current(MemCategory::comm), 0u);
+        EXPECT_EQ(tracker.current(MemCategory::workspace), workspace_before) << "no fp32 view outlives its use";
+        EXPECT_GT(tracker.peak(MemCategory::workspace), workspace_before) << "the kernels read fp32 views";
+      }
+}
+
+// 16-bit collectives: the analytical volumes of the fp32 test
+// (test_state_strategies Volume) at 2 bytes per element; the 8-byte loss and
+// gradient-norm all-reduces stay fp64.
+TEST(MixedPrecision, CollectivesMoveTwoBytesPerElement) {
+  const int n = parity::world_size();
+  for (int zero = 0; zero <= 3; ++zero) {
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+    const auto c = config({1, n, 1}, zero, 6, 2 * n, 2, 1, "bf16");
+    core::MemoryTracker tracker;
+    train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+    log.set_step(0);
+    const std::size_t before = log.records().size();
+    t.step(0);
+    std::map<std::string, std::int64_t> bytes;
+    for (std::size_t i = before; i < log.records().size(); ++i) bytes[std::string(log.records()[i].op)] += log.records()[i].bytes;
+    const auto& units = t.units();
+    const std::int64_t psi = t.registry().numel(), psi_p = n * shard_elems(units, n);
+    const std::int64_t lnf_p = n * ((units.back().size() + n - 1) / n), wpe_p = n * ((units[1].size() + n - 1) / n);
+    if (zero == 0) {
+      EXPECT_EQ(bytes["all_reduce"], 2 * psi + 8);
+    } else {
+      EXPECT_EQ(bytes["all_reduce"], 8 + 8);
+      EXPECT_EQ(bytes["reduce_scatter"], 2 * psi_p);
+      EXPECT_EQ(bytes["all_gather"], zero < 3 ? 2 * psi_p : 2 * (2 * psi_p - lnf_p - wpe_p));
+    }
+  }
+}
+
+// fp16 dynamic loss scaling from a scale far too large (2^20: the scaled
+// gradients overflow fp16's 65504): the first steps are skipped on every
+// rank, each halving the scale and leaving parameters and optimizer state
+// untouched; once the gradients fit, steps apply and the scale doubles after
+// every `window` good ones.
+TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingSteps) {
+  const int n = parity::world_size();
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  auto c = config({1, n, 1}, 2, 16, 2 * n, 2, 20, "fp16");
+  c.backend.loss_scale = std::ldexp(1.0, 20);
+  c.backend.loss_scale_window = 3;
+  core::MemoryTracker tracker;
+  train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+  std::vector<float> before = t.strategy().full_params();
+  double scale = c.backend.loss_scale;
+  int skipped = 0, good = 0;
+  for (int s = 0; s < c.run.steps; ++s) {
+    const auto r = t.step(s);
+    EXPECT_EQ(r.loss_scale, scale) << "step " << s;
+    int mine = r.skipped, all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_TRUE(all == 0 || all == n) << "every rank skips alike";
+    const std::vector<float> after = t.strategy().full_params();
+    if (r.skipped) {
+      EXPECT_FALSE(std::isfinite(r.grad_norm));
+      EXPECT_EQ(after, before) << "a skipped step changes no parameter";
+      ++skipped;
+      scale /= 2;
+    } else {
+      EXPECT_TRUE(std::isfinite(r.grad_norm));
+      EXPECT_NE(after, before);
+      if (++good % c.backend.loss_scale_window == 0) scale *= 2;
+    }
+    before = after;
+  }
+  EXPECT_GE(skipped, 2) << "2^20 times this model's largest gradients (above 0.1) overflows fp16";
+  EXPECT_GT(good, c.backend.loss_scale_window) << "the scale has grown again";
+  EXPECT_EQ(t.scaler().skipped_steps, skipped);
+  EXPECT_EQ(t.scaler().scale, scale);
+}
