@@ -35,6 +35,7 @@ namespace {
 struct Layout {
   int pp = 1, dp = 1, tp = 1, ep = 1, zero = 0;
   bool moe = false;
+  std::string precision = "fp32";
 };
 
 // The same global batch (8 sequences) on every layout, so that any two
@@ -46,13 +47,16 @@ deck::Deck make_deck(const Layout& l) {
       "[data]\nglobal_batch = {}\nmicro_batch = 1\n"
       "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\n"
       "[optim]\nlr = 1e-2\nschedule = \"cosine\"\nwarmup = 2\nweight_decay = 0.1\ngrad_clip = 0.5\n"
-      "[backend]\nthreads = 1\n",
-      l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 8, l.pp, l.dp, l.tp, l.ep, l.zero);
+      "[backend]\nthreads = 1\nprecision = \"{}\"\nloss_scale = {}\nloss_scale_window = 2\n",
+      l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 8, l.pp, l.dp, l.tp, l.ep, l.zero, l.precision,
+      // fp16: a scale that overflows for the first steps, so that the
+      // checkpoint carries skipped steps and a scale in motion.
+      l.precision == "fp16" ? "1e9" : "65536.0");
   return deck::parse_deck("test.toml", text, {});
 }
 
 train::CheckpointLayout layout_of(const Layout& l, const deck::Deck& d) {
-  return {l.pp * l.dp * l.tp, l.pp, l.dp, l.tp, l.ep, l.zero, 1, "test", d.resolved_toml};
+  return {l.pp * l.dp * l.tp, l.pp, l.dp, l.tp, l.ep, l.zero, 1, "test", d.resolved_toml, l.precision};
 }
 
 std::string temp_dir() {
@@ -70,7 +74,8 @@ std::string temp_dir() {
 }
 
 void check(const Layout& l) {
-  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} ep {} zero {} moe {}", l.pp, l.dp, l.tp, l.ep, l.zero, l.moe));
+  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} ep {} zero {} moe {} {}", l.pp, l.dp, l.tp, l.ep, l.zero, l.moe,
+                           l.precision));
   const deck::Deck d = make_deck(l);
   const auto& c = d.config;
   comm::CommLog log(prof::now_seconds());
@@ -82,7 +87,15 @@ void check(const Layout& l) {
   core::MemoryTracker t0, t1, t2;
   auto whole = trainer(t0);
   std::vector<double> losses;
-  for (int s = 0; s < c.run.steps; ++s) losses.push_back(whole->step(s).loss);
+  int skipped = 0;
+  for (int s = 0; s < c.run.steps; ++s) {
+    const auto r = whole->step(s);
+    losses.push_back(r.loss);
+    skipped += r.skipped;
+  }
+  if (l.precision == "fp16") {
+    EXPECT_GT(skipped, 0) << "the fp16 case should carry skipped steps over the checkpoint";
+  }
 
   const std::string dir = temp_dir();
   const int k = 3;
@@ -90,7 +103,7 @@ void check(const Layout& l) {
     auto first = trainer(t1);
     for (int s = 0; s < k; ++s) EXPECT_EQ(first->step(s).loss, losses[s]);
     train::write_checkpoint(MPI_COMM_WORLD, dir, k, layout_of(l, d), first->strategy(), first->registry(),
-                            mesh.coords().dp / l.ep == 0);
+                            mesh.coords().dp / l.ep == 0, first->scaler());
   }
   auto resumed = trainer(t2);
   const train::CheckpointRef ref = train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(l, d));
@@ -98,6 +111,7 @@ void check(const Layout& l) {
   EXPECT_EQ(fs::path(ref.dir).filename(), "step-000003");
   EXPECT_FALSE(ref.reshard);
   train::load_checkpoint(MPI_COMM_WORLD, ref, resumed->strategy(), resumed->registry());
+  resumed->set_scaler(ref.scaler);  // as run_deck does
   for (int s = k; s < c.run.steps; ++s) EXPECT_EQ(resumed->step(s).loss, losses[s]) << "step " << s << " bit for bit";
   EXPECT_EQ(resumed->strategy().full_params(), whole->strategy().full_params());
 
@@ -112,6 +126,12 @@ void check(const Layout& l) {
 TEST(Checkpoint, ResumeIsBitExactOnEveryStrategy) {
   const int n = parity::world_size();
   for (int zero : {0, 1, 2, 3}) check({1, n, 1, 1, zero});
+  // Mixed precision: the 16-bit parameters, the master weights and fp16's
+  // loss scaler (scale, good steps, skipped steps) all carry over.
+  for (const char* precision : {"bf16", "fp16"}) {
+    check({1, n, 1, 1, 0, false, precision});
+    check({1, n, 1, 1, 3, false, precision});
+  }
   if (n == 2) {
     check({2, 1, 1});
     check({1, 1, 2});

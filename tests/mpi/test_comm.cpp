@@ -17,6 +17,7 @@
 #include "src/comm/mpi_communicator.hpp"
 #include "src/comm/profiled_communicator.hpp"
 #include "src/core/error.hpp"
+#include "src/core/precision.hpp"
 #include "src/mesh/mesh.hpp"
 #include "src/prof/clock.hpp"
 
@@ -256,6 +257,42 @@ TEST(Comm, WorldCollectives) {
   EXPECT_EQ(c.axis(), "world");
   check_collectives(c, 1);
   check_collectives(c, 2);
+}
+
+// The 16-bit types: sums of values every partial sum of which is exact in
+// both formats (small integers times a power of two) equal the exact sum
+// whatever the reduction order, blocking and not; other ops are refused;
+// elements are 2 bytes on the wire, so the profiled bytes are half fp32's.
+TEST(Comm, SixteenBitSums) {
+  DupWorld w;
+  comm::MpiCommunicator c(w.c, "world");
+  const int n = c.size(), r = c.rank();
+  for (const auto [t, p] : {std::pair{DType::bf16, core::Precision::bf16}, std::pair{DType::f16, core::Precision::fp16}}) {
+    EXPECT_EQ(comm::dtype_size(t), 2u);
+    const int count = 3 * n;
+    std::vector<std::uint16_t> buf(static_cast<std::size_t>(count)), out(3);
+    auto value = [&](int rank, int i) { return float((rank + 1) * (i % 5 + 1)) * 0.25f; };  // <= 2^6: exact sums
+    for (int i = 0; i < count; ++i) buf[std::size_t(i)] = core::float_to_half(value(r, i), p);
+    std::vector<std::uint16_t> in = buf;
+    c.all_reduce(buf.data(), count, t, ReduceOp::sum);
+    c.reduce_scatter(in.data(), out.data(), 3, t, ReduceOp::sum);
+    std::vector<std::uint16_t> nb = in;
+    c.iall_reduce(nb.data(), count, t, ReduceOp::sum)->wait();
+    for (int i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, i);
+      EXPECT_EQ(core::half_to_float(buf[std::size_t(i)], p), want) << i;
+      EXPECT_EQ(nb[std::size_t(i)], buf[std::size_t(i)]) << i;
+      if (i / 3 == r) EXPECT_EQ(core::half_to_float(out[std::size_t(i % 3)], p), want) << i;
+    }
+    EXPECT_THROW(c.all_reduce(buf.data(), count, t, ReduceOp::max), core::Error);
+  }
+  comm::CommLog log(prof::now_seconds());
+  comm::ProfiledCommunicator pc(std::make_unique<comm::MpiCommunicator>(w.c, "world"), log);
+  std::vector<std::uint16_t> x(10, 0);
+  pc.all_reduce(x.data(), 10, DType::bf16, ReduceOp::sum);
+  ASSERT_EQ(log.records().size(), 1u);
+  EXPECT_EQ(log.records()[0].bytes, 20);
 }
 
 TEST(Comm, CountsBeyondIntAreRefused) {

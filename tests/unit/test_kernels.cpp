@@ -949,4 +949,156 @@ TEST(AdamW, ThreeStepsAgainstDouble) {
   adamw_case(rng, 0.3f);  // 1 - beta1 >= 0.5: the other branch of torch's lerp
 }
 
+// ---- mixed precision: 16-bit formats against a reference decoder in double ----
+
+// The value of a 16-bit code, decoded from the format's definition (not
+// from the implementation): bf16 has 8 exponent and 7 mantissa bits, fp16
+// 5 and 10. NaN for NaN codes.
+double reference_decode(std::uint16_t c, strata::core::Precision p) {
+  const bool bf = p == strata::core::Precision::bf16;
+  const int man_bits = bf ? 7 : 10, exp_bits = bf ? 8 : 5, bias = bf ? 127 : 15;
+  const int e = (c >> man_bits) & ((1 << exp_bits) - 1), m = c & ((1 << man_bits) - 1);
+  const double sign = (c & 0x8000) ? -1.0 : 1.0;
+  if (e == (1 << exp_bits) - 1)
+    return m == 0 ? sign * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(double(m), 1 - bias - man_bits);
+  return sign * std::ldexp(1.0 + std::ldexp(double(m), -man_bits), e - bias);
+}
+
+// Round to nearest, ties to even, of x onto the format's finite values (the
+// positive ones, sorted, as codes 0..max in order); past the largest finite
+// value by half an ulp or more: infinity.
+std::uint16_t reference_round(double x, strata::core::Precision p) {
+  const bool bf = p == strata::core::Precision::bf16;
+  const std::uint16_t max_finite = bf ? 0x7f7f : 0x7bff, inf = bf ? 0x7f80 : 0x7c00;
+  const std::uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  const double a = std::fabs(x);
+  const double top = reference_decode(max_finite, p);
+  const double ulp_top = top - reference_decode(max_finite - 1, p);
+  if (a >= top + ulp_top / 2) return sign | inf;
+  // Largest code whose value is <= a (positive codes increase with value).
+  std::uint16_t lo = 0, hi = max_finite;
+  while (lo < hi) {
+    const std::uint16_t mid = std::uint16_t((lo + hi + 1) / 2);
+    if (reference_decode(mid, p) <= a) lo = mid; else hi = std::uint16_t(mid - 1);
+  }
+  if (lo == max_finite) return sign | lo;
+  const double below = reference_decode(lo, p), above = reference_decode(std::uint16_t(lo + 1), p);
+  std::uint16_t pick = lo;
+  if (a - below > above - a || (a - below == above - a && (lo & 1))) pick = std::uint16_t(lo + 1);
+  return sign | pick;
+}
+
+const strata::core::Precision kHalves[] = {strata::core::Precision::bf16, strata::core::Precision::fp16};
+
+TEST(Precision, EveryCodeWidensToItsValueAndNarrowsBack) {
+  for (const auto p : kHalves) {
+    std::vector<std::uint16_t> codes(65536);
+    std::iota(codes.begin(), codes.end(), std::uint16_t(0));
+    Vec wide(codes.size());
+    k::widen(wide.data(), codes.data(), std::int64_t(codes.size()), p);
+    std::vector<std::uint16_t> back(codes.size());
+    k::narrow(back.data(), wide.data(), std::int64_t(codes.size()), p);
+    for (std::size_t c = 0; c < codes.size(); ++c) {
+      const double want = reference_decode(std::uint16_t(c), p);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(wide[c])) << c;
+        ASSERT_TRUE(std::isnan(reference_decode(back[c], p))) << "NaN stays NaN: " << c;
+      } else {
+        ASSERT_EQ(double(wide[c]), want) << "code " << c;
+        ASSERT_EQ(back[c], c) << "code " << c;
+      }
+    }
+  }
+}
+
+TEST(Precision, NarrowingRoundsToNearestEvenOnFreshInputs) {
+  SEEDED_RNG(rng);
+  for (const auto p : kHalves) {
+    const bool bf = p == strata::core::Precision::bf16;
+    // Magnitudes spread over the whole range, subnormals included, and the
+    // exact midpoints between neighbours (the ties).
+    std::uniform_real_distribution<double> expo(bf ? -135.0 : -26.0, bf ? 128.5 : 16.5), unit(-1.0, 1.0);
+    std::uniform_int_distribution<int> code(0, bf ? 0x7f7e : 0x7bfe);
+    Vec x;
+    for (int i = 0; i < 20000; ++i) x.push_back(float(unit(rng) * std::exp2(expo(rng))));
+    for (int i = 0; i < 2000; ++i) {
+      const auto c = std::uint16_t(code(rng));
+      x.push_back(float((reference_decode(c, p) + reference_decode(std::uint16_t(c + 1), p)) / 2));
+    }
+    for (float v : {65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e30f, std::numeric_limits<float>::infinity(), 0.0f, -0.0f,
+                    std::numeric_limits<float>::denorm_min(), 5.96e-8f, 2.98e-8f, 2.99e-8f})
+      x.push_back(v);
+    std::vector<std::uint16_t> y(x.size());
+    k::narrow(y.data(), x.data(), std::int64_t(x.size()), p);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(y[i], reference_round(double(x[i]), p)) << strata::core::precision_name(p) << " x = " << x[i];
+  }
+}
+
+TEST(Precision, SumsRoundOnceAndReductionsSeeTheWidenedValues) {
+  SEEDED_RNG(rng);
+  for (const auto p : kHalves) {
+    const std::size_t n = 5000;
+    Vec a = uniform(rng, n, -4.0f, 4.0f), b = uniform(rng, n, -4.0f, 4.0f);
+    std::vector<std::uint16_t> ha(n), hb(n);
+    k::narrow(ha.data(), a.data(), std::int64_t(n), p);
+    k::narrow(hb.data(), b.data(), std::int64_t(n), p);
+    std::vector<std::uint16_t> acc = ha, sum = ha;
+    k::narrow_add(acc.data(), b.data(), std::int64_t(n), p);  // 16-bit += fp32
+    k::add_half(sum.data(), hb.data(), std::int64_t(n), p);   // 16-bit += 16-bit
+    double sq = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double da = reference_decode(ha[i], p), db = reference_decode(hb[i], p);
+      // The addend is fp32 (the kernels' accumulation precision); the sum of
+      // two fp32 values in fp32, then one rounding to the format.
+      ASSERT_EQ(acc[i], reference_round(double(float(da) + b[i]), p)) << i;
+      ASSERT_EQ(sum[i], reference_round(double(float(da) + float(db)), p)) << i;
+      sq += da * da;
+    }
+    EXPECT_NEAR(k::sum_squares_half(ha.data(), std::int64_t(n), p), sq, 1e-12 * sq);
+    EXPECT_TRUE(k::all_finite_half(ha.data(), std::int64_t(n), p));
+    for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()}) {
+      std::vector<std::uint16_t> h = ha;
+      h[std::uniform_int_distribution<std::size_t>(0, n - 1)(rng)] = strata::core::float_to_half(bad, p);
+      EXPECT_FALSE(k::all_finite_half(h.data(), std::int64_t(n), p)) << bad;
+    }
+    Vec f = a;
+    EXPECT_TRUE(k::all_finite(f.data(), std::int64_t(n)));
+    f[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_FALSE(k::all_finite(f.data(), std::int64_t(n)));
+  }
+  // fp16 overflows where bf16 does not: 70000 is past 65504.
+  const float big = 70000.0f;
+  EXPECT_FALSE(std::isfinite(strata::core::fp16_to_float(strata::core::float_to_fp16(big))));
+  EXPECT_TRUE(std::isfinite(strata::core::bf16_to_float(strata::core::float_to_bf16(big))));
+}
+
+// The mixed AdamW is fp32 AdamW on the master weights, given the widened
+// gradients times grad_scale, bit for bit; the 16-bit parameters are the
+// master weights rounded.
+TEST(AdamW, MixedUpdatesTheMasterAsFp32AndRoundsTheParameters) {
+  SEEDED_RNG(rng);
+  for (const auto p : kHalves) {
+    const std::size_t n = 3000;
+    Vec master = uniform(rng, n), g = uniform(rng, n, -100.0f, 100.0f), m(n, 0.0f), v(n, 0.0f);
+    std::vector<std::uint16_t> g16(n), p16(n);
+    k::narrow(g16.data(), g.data(), std::int64_t(n), p);
+    Vec ref = master, rm = m, rv = v, rg(n);
+    const float scale = 1.0f / 1024.0f;
+    for (int step = 1; step <= 3; ++step) {
+      k::adamw_update_mixed(master.data(), p16.data(), g16.data(), scale, m.data(), v.data(), std::int64_t(n), 1e-2f,
+                            0.9f, 0.95f, 1e-8f, 0.1f, step, p);
+      for (std::size_t i = 0; i < n; ++i) rg[i] = float(reference_decode(g16[i], p)) * scale;
+      k::adamw_update(ref.data(), rg.data(), rm.data(), rv.data(), std::int64_t(n), 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                      step);
+      ASSERT_EQ(master, ref) << "step " << step;
+      ASSERT_EQ(m, rm);
+      ASSERT_EQ(v, rv);
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(p16[i], reference_round(double(master[i]), p)) << i;
+    }
+  }
+}
+
 }  // namespace
