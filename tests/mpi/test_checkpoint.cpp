@@ -51,7 +51,7 @@ deck::Deck make_deck(const Layout& l) {
       l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 8, l.pp, l.dp, l.tp, l.ep, l.zero, l.precision,
       // fp16: a scale that overflows for the first steps, so that the
       // checkpoint carries skipped steps and a scale in motion.
-      l.precision == "fp16" ? "1e9" : "65536.0");
+      l.precision == "fp16" ? "262144.0" : "65536.0");
   return deck::parse_deck("test.toml", text, {});
 }
 
