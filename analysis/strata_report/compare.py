@@ -20,6 +20,7 @@ def figures(rep):
         ("status", rep.status, None),
         ("layout", s.get("layout", "?"), None),
         ("strategy", s.get("strategy", "?"), None),
+        ("precision", s.get("precision", "fp32"), None),
         ("schedule", schedule(rep), None),
         ("ranks", rep.world, None),
         ("tokens/s", s.get("tokens_per_s", 0.0), "{:.0f}"),

@@ -108,7 +108,8 @@ def render(rep):
     p(f"status  {rep.status}" + (f": {a['error']}" if rep.status != "complete" and "error" in a else ""))
     s = rep.summary
     p(f"run     {a.get('deck_path', '?')} | {rep.world} rank(s): {s.get('layout', '?')} | strategy "
-      f"{s.get('strategy', '?')} | {s.get('parameters', 0) / 1e6:.3f} M parameters | started {a.get('start_time', '?')}"
+      f"{s.get('strategy', '?')} | {s.get('precision', 'fp32')} | {s.get('parameters', 0) / 1e6:.3f} M parameters | "
+      f"started {a.get('start_time', '?')}"
       + (f" | SLURM job {a['slurm_job_id']}" if str(a.get("slurm_job_id", "")) not in ("", "0") else ""))
     if rep.status != "complete":
         p("(a failed run: its tables hold what it wrote before failing)")
@@ -124,6 +125,12 @@ def render(rep):
         p(f"  step time over {len(times)} measured steps: min {1e3 * times.min():.2f} ms, median {1e3 * med:.2f} ms, "
           f"max {1e3 * times.max():.2f} ms, spread (max-min)/median {100 * (times.max() - times.min()) / med:.1f}%")
         p(f"  loss {s.get('initial_loss', float('nan')):.4f} -> {s.get('final_loss', float('nan')):.4f}")
+        all_steps = rep.table("steps")
+        if len(all_steps) and "loss_scale" in all_steps.dtype.names and s.get("precision") == "fp16":
+            r0 = all_steps[all_steps["rank"] == all_steps["rank"].min()]
+            p(f"  fp16 loss scale {r0['loss_scale'][0]:g} -> {r0['loss_scale'][-1]:g}, "
+              f"{int(r0['skipped'].sum())} step(s) skipped on overflow"
+              + (f" (steps {', '.join(str(int(x)) for x in r0['step'][r0['skipped'] == 1][:10])})" if r0['skipped'].any() else ""))
     mem = memory_per_rank(rep)
     if mem:
         p("")

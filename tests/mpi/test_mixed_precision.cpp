@@ -4,7 +4,8 @@
 // expert-parallel layout; the per-rank bytes of parameters, gradients and
 // optimizer state equal to ZeRO's mixed-precision figures (2 + 2 + 12 per
 // parameter) to the byte; 16-bit collectives moving half fp32's bytes; and
-// fp16's dynamic loss scaling skipping overflowing steps on every rank alike.
+// fp16's dynamic loss scaling skipping overflowing steps on every rank alike;
+// optimizer offload keeping the master weights on the host, exactly.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -250,4 +251,49 @@ TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingSteps) {
   EXPECT_GT(good, c.backend.loss_scale_window) << "the scale has grown again";
   EXPECT_EQ(t.scaler().skipped_steps, skipped);
   EXPECT_EQ(t.scaler().scale, scale);
+}
+
+// Optimizer offload in mixed precision (ZeRO-Offload's split): the host
+// arena holds the fp32 master weights and moments (12 bytes per element the
+// rank updates) and 16-bit staging for its gradients and parameters (2 + 2);
+// per step the 16-bit gradients go to the host and the 16-bit parameters
+// come back (2 bytes per element each way); the trajectory is the on-device
+// mixed-precision one bit for bit.
+TEST(MixedPrecision, HostOffloadKeepsTheMasterWeightsOnTheHost) {
+  const int n = parity::world_size();
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  for (int zero : {0, 2, 3}) {
+    SCOPED_TRACE(fmt::format("zero {}", zero));
+    std::map<bool, std::vector<double>> loss;
+    std::map<bool, std::vector<float>> params;
+    std::map<bool, std::size_t> device_optimizer;
+    for (bool offload : {false, true}) {
+      auto c = config({1, n, 1}, zero, 6, 2 * n, 1, 4, "bf16");
+      c.parallel.offload = offload ? "host" : "none";
+      core::MemoryTracker tracker;
+      train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+      std::int64_t own = 0;  // elements this rank updates
+      for (const auto& u : t.units()) {
+        const std::int64_t shard = zero == 0 ? u.size() : (u.size() + n - 1) / n;
+        own += zero == 0 ? u.size() : std::max<std::int64_t>(0, std::min(u.size() - mesh.dp().rank() * shard, shard));
+      }
+      for (int s = 0; s < c.run.steps; ++s) {
+        const auto r = t.step(s);
+        loss[offload].push_back(r.loss);
+        EXPECT_EQ(r.offload.bytes_to_host, offload ? 2.0 * double(own) : 0.0);
+        EXPECT_EQ(r.offload.bytes_to_device, offload ? 2.0 * double(own) : 0.0);
+      }
+      params[offload] = t.strategy().full_params();
+      device_optimizer[offload] = tracker.current(MemCategory::optimizer);
+      if (offload) {
+        EXPECT_EQ(device_optimizer[true], 0u);
+        EXPECT_EQ(t.host_tracker().current(MemCategory::optimizer), device_optimizer[false]);
+        EXPECT_EQ(t.host_tracker().current(MemCategory::params), 2u * std::size_t(own));
+        EXPECT_EQ(t.host_tracker().current(MemCategory::grads), 2u * std::size_t(own));
+      }
+    }
+    EXPECT_EQ(loss[true], loss[false]) << "bit for bit";
+    EXPECT_EQ(params[true], params[false]);
+  }
 }

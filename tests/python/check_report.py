@@ -87,7 +87,8 @@ def main():
         if cats != {"params", "grads", "optimizer", "activations", "workspace", "comm"}:
             errors.append(f"/memory categories {cats}")
         # Held bytes at the end of every step: the ZeRO paper's figures for
-        # fp32 AdamW, with the stated shard padding (psi_p = psi + padding).
+        # AdamW, with the stated shard padding (psi_p = psi + padding): 4 + 4
+        # + 8 bytes per parameter in fp32, 2 + 2 + 12 in mixed precision.
         # (Only for pure data parallelism: with tp or pp a rank holds a slice
         # of the model, whose size the parity tests check instead.)
         layout = text(f["summary/layout"][()])
@@ -95,9 +96,11 @@ def main():
         psi = int(f["summary/parameters"][()])
         psi_p = psi + int(f["summary/padding_elements"][()])
         n = a.world
-        expect = {"dp": (4 * psi, 4 * psi, 8 * psi), "zero1": (4 * psi_p, 4 * psi_p, 8 * psi_p // n),
-                  "zero2": (4 * psi_p, 4 * psi_p // n, 8 * psi_p // n),
-                  "zero3": (4 * psi_p // n, 4 * psi_p // n, 8 * psi_p // n)}[text(f["summary/strategy"][()])]
+        mixed = "summary/precision" in f and text(f["summary/precision"][()]) != "fp32"
+        e, k = (2, 12) if mixed else (4, 8)  # bytes per parameter (and gradient), per optimizer element
+        expect = {"dp": (e * psi, e * psi, k * psi), "zero1": (e * psi_p, e * psi_p, k * psi_p // n),
+                  "zero2": (e * psi_p, e * psi_p // n, k * psi_p // n),
+                  "zero3": (e * psi_p // n, e * psi_p // n, k * psi_p // n)}[text(f["summary/strategy"][()])]
         # With optimizer offload the optimizer state is in the host arena, none on the device.
         offloaded = len(host) > 0
         for cat, want in zip(("params", "grads", "optimizer"), expect if pure_dp else ()):
