@@ -110,6 +110,24 @@ got = {int(r["step"]): r["loss"] for r in b}
 assert sorted(got) == [2, 3, 4, 5] and all(abs(got[k] - want[k]) <= 1e-5 * abs(want[k]) for k in got), (got, want)
 PY
 then ok "resume on another world re-shards (losses within 1e-5)"; else bad "resume re-sharded"; cat ck6.log; fi
+# fp16 with a loss scale that overflows at step 1 and again after it doubles (step 4): the checkpoint of
+# step 2 carries the halved scale and the skipped step, so the resumed run skips step 4 too, bit for bit.
+fp16=(--set 'backend.precision="fp16"' --set backend.loss_scale=262144 --set backend.loss_scale_window=2 --set parallel.zero=2)
+if ck "${fp16[@]}" --checkpoint-every 2 --checkpoint-dir ck7 --output out/ck-fp16.h5 > ck7.log 2>&1 \
+   && grep -q "skipped_steps = 1" ck7/step-000002/manifest.toml \
+   && ck "${fp16[@]}" --resume ck7/step-000002 --output out/ck-fp16-resumed.h5 > ck8.log 2>&1 \
+   && "$py" - out/ck-fp16.h5 out/ck-fp16-resumed.h5 >> ck8.log 2>&1 <<'PY'
+import sys, h5py, numpy as np
+a, b = (h5py.File(p, "r")["steps"][...] for p in sys.argv[1:3])
+key = lambda r: (int(r["rank"]), int(r["step"]))
+want = {key(r): r for r in a}
+for r in b:
+    w = want[key(r)]
+    assert r["loss"] == w["loss"] and r["skipped"] == w["skipped"] and r["loss_scale"] == w["loss_scale"], (r, w)
+    assert r["grad_norm"] == w["grad_norm"] or (np.isnan(r["grad_norm"]) and np.isnan(w["grad_norm"])), (r, w)
+assert sorted({int(r["step"]) for r in b if r["skipped"]}) == [4], b
+PY
+then ok "fp16 resume carries the loss scaler: skips and losses bit for bit"; else bad "fp16 resume"; cat ck7.log ck8.log; fi
 # Killed (SIGKILL) while writing step 4's checkpoint: step 2's stays whole, step 4's is never published.
 STRATA_INJECT_CHECKPOINT_KILL=4 ck --checkpoint-every 2 --checkpoint-dir ck4 --output out/ck-killed.h5 > ck4.log 2>&1
 rc=$?
