@@ -138,12 +138,18 @@ TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
 // norm, whose forward and backward are adjacent, and the position embedding,
 // which only the forward pass reads (each gathered once). Scalars:
 // the loss (dp: also; zero: and the gradient norm) are 8-byte all-reduces.
+// In mixed precision (bf16) every gradient and parameter collective moves
+// 2 bytes per element, the scalars stay fp64.
 TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
   const int n = parity::world_size();
+  for (const std::string precision : {"fp32", "bf16"})
   for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE(precision);
+    const std::int64_t e = precision == "fp32" ? 4 : 2;
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
-    const auto c = config(n, zero, 6, 2 * n, 2, 1);
+    auto c = config(n, zero, 6, 2 * n, 2, 1);
+    c.backend.precision = precision;
     core::MemoryTracker tracker;
     train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
     log.set_step(0);
@@ -160,12 +166,12 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
     const std::int64_t psi = t.model().registry().numel(), S = shard_elems(t.model(), n), psi_p = n * S;
     const std::int64_t lnf_p = n * ((units.back().size() + n - 1) / n), wpe_p = n * ((units[1].size() + n - 1) / n);
     if (zero == 0) {
-      EXPECT_EQ(bytes["all_reduce"], 4 * psi + 8);
+      EXPECT_EQ(bytes["all_reduce"], e * psi + 8);
       EXPECT_EQ(bytes.count("reduce_scatter") + bytes.count("all_gather"), 0u);
     } else {
       EXPECT_EQ(bytes["all_reduce"], 8 + 8);
-      EXPECT_EQ(bytes["reduce_scatter"], 4 * psi_p);
-      EXPECT_EQ(bytes["all_gather"], zero < 3 ? 4 * psi_p : 4 * (2 * psi_p - lnf_p - wpe_p));
+      EXPECT_EQ(bytes["reduce_scatter"], e * psi_p);
+      EXPECT_EQ(bytes["all_gather"], zero < 3 ? e * psi_p : e * (2 * psi_p - lnf_p - wpe_p));
     }
   }
 }
@@ -193,19 +199,26 @@ TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
 // gradients and parameters, and the trajectory is the on-device one bit for
 // bit, under dp and every ZeRO stage. Per step the host receives 8 bytes
 // and returns 4 per element the rank updates; the arena holds 8 (moments)
-// + 4 + 4 (staging) per element.
+// + 4 + 4 (staging) per element. In mixed precision (bf16, ZeRO-Offload's
+// split) the fp32 master weights live there too (12 bytes with the
+// moments): the host receives the 16-bit gradients and returns the 16-bit
+// parameters (2 bytes each way), through 2 + 2 bytes of staging.
 TEST(StateStrategies, HostOffloadIsExactAndMovesTheOptimizerState) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  for (const std::string precision : {"fp32", "bf16"})
   for (int zero : {0, 1, 2, 3}) {
-    SCOPED_TRACE(fmt::format("zero {}", zero));
+    SCOPED_TRACE(fmt::format("zero {} {}", zero, precision));
+    const bool mixed = precision != "fp32";
+    const double to_host = mixed ? 2 : 8, to_device = mixed ? 2 : 4, staging = mixed ? 2 : 4;
     std::map<bool, std::vector<double>> loss;
     std::map<bool, std::vector<float>> params;
     std::map<bool, std::size_t> device_optimizer;
     for (bool offload : {false, true}) {
       auto c = config(n, zero, 6, 2 * n, 1, 4);
       c.parallel.offload = offload ? "host" : "none";
+      c.backend.precision = precision;
       core::MemoryTracker tracker;
       train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
       // Elements this rank updates: its shard of every unit (dp: all).
@@ -218,16 +231,16 @@ TEST(StateStrategies, HostOffloadIsExactAndMovesTheOptimizerState) {
       for (int s = 0; s < c.run.steps; ++s) {
         const auto r = t.step(s);
         loss[offload].push_back(r.loss);
-        EXPECT_EQ(r.offload.bytes_to_host, offload ? 8.0 * double(own) : 0.0);
-        EXPECT_EQ(r.offload.bytes_to_device, offload ? 4.0 * double(own) : 0.0);
+        EXPECT_EQ(r.offload.bytes_to_host, offload ? to_host * double(own) : 0.0);
+        EXPECT_EQ(r.offload.bytes_to_device, offload ? to_device * double(own) : 0.0);
       }
       params[offload] = t.strategy().full_params();
       device_optimizer[offload] = tracker.current(MemCategory::optimizer);
       if (offload) {
         EXPECT_EQ(device_optimizer[true], 0u) << "no optimizer state left on the device";
         EXPECT_EQ(t.host_tracker().current(MemCategory::optimizer), device_optimizer[false]);
-        EXPECT_EQ(t.host_tracker().current(MemCategory::params), 4u * std::size_t(own));
-        EXPECT_EQ(t.host_tracker().current(MemCategory::grads), 4u * std::size_t(own));
+        EXPECT_EQ(t.host_tracker().current(MemCategory::params), std::size_t(staging) * std::size_t(own));
+        EXPECT_EQ(t.host_tracker().current(MemCategory::grads), std::size_t(staging) * std::size_t(own));
       }
     }
     EXPECT_EQ(loss[true], loss[false]) << "bit for bit";
