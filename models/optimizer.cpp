@@ -4,18 +4,28 @@
 #include <cstring>
 
 #include "kernels/kernels.hpp"
+#include "models/nvme.hpp"
 #include "src/prof/clock.hpp"
 
 namespace strata::models {
 
 AdamW::AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end, const AdamWSettings& s,
              core::MemoryTracker& tracker, std::int64_t capacity, HostOffload offload, core::Precision precision)
-    : reg_(registry), begin_(begin), end_(end), s_(s), offload_(offload), precision_(precision) {
-  core::MemoryTracker& home = offload.host != nullptr ? *offload.host : tracker;
-  const std::size_t cap = std::size_t(capacity < 0 ? end - begin : capacity);
-  m_ = core::Buffer<float>(home, core::MemCategory::optimizer, cap, "adamw.m");
-  v_ = core::Buffer<float>(home, core::MemCategory::optimizer, cap, "adamw.v");
-  if (mixed()) master_ = core::Buffer<float>(home, core::MemCategory::optimizer, cap, "fp32 master weights");
+    : reg_(registry), begin_(begin), end_(end), s_(s), offload_(offload), precision_(precision),
+      capacity_(capacity < 0 ? end - begin : capacity) {
+  if (nvme()) {
+    // Chunks of up to the file's chunk size, fewer for a small range, each
+    // a multiple of 1024 elements so every transfer stays 4096-aligned.
+    chunk_ = std::min(offload_.nvme->chunk_elements(), (capacity_ + 1023) / 1024 * 1024);
+    const std::int64_t chunks = chunk_ == 0 ? 0 : (capacity_ + chunk_ - 1) / chunk_;
+    region_ = offload_.nvme->reserve(chunks * chunk_bytes());
+  } else {
+    core::MemoryTracker& home = offload.host != nullptr ? *offload.host : tracker;
+    const std::size_t cap = std::size_t(capacity_);
+    m_ = core::Buffer<float>(home, core::MemCategory::optimizer, cap, "adamw.m");
+    v_ = core::Buffer<float>(home, core::MemCategory::optimizer, cap, "adamw.v");
+    if (mixed()) master_ = core::Buffer<float>(home, core::MemCategory::optimizer, cap, "fp32 master weights");
+  }
   if (offload_.host != nullptr) {
     const std::size_t bytes = std::size_t(end - begin) * std::size_t(core::element_bytes(precision));
     host_params_ = core::Buffer<std::byte>(*offload_.host, core::MemCategory::params, bytes,
@@ -25,6 +35,46 @@ AdamW::AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end
   }
 }
 
+std::int64_t AdamW::chunk_bytes() const { return chunk_ * (mixed() ? 3 : 2) * std::int64_t(sizeof(float)); }
+
+void AdamW::set_master(const float* values) {
+  const bool brought = materialize(true);
+  std::copy(values, values + capacity_, master_.data());
+  if (brought) materialize(false);
+}
+
+bool AdamW::materialize(bool in_memory) {
+  if (!nvme() || in_memory == (m_.size() != 0)) return false;
+  NvmeFile& f = *offload_.nvme;
+  const std::size_t cap = std::size_t(capacity_);
+  if (in_memory) {
+    m_ = core::Buffer<float>(*offload_.host, core::MemCategory::optimizer, cap, "adamw.m (read from NVMe)");
+    v_ = core::Buffer<float>(*offload_.host, core::MemCategory::optimizer, cap, "adamw.v (read from NVMe)");
+    if (mixed())
+      master_ = core::Buffer<float>(*offload_.host, core::MemCategory::optimizer, cap, "master weights (from NVMe)");
+  }
+  float* buf = f.buffer(0);
+  for (std::int64_t lo = 0; lo < capacity_; lo += chunk_) {
+    const std::int64_t k = std::min(chunk_, capacity_ - lo), at = region_ + lo / chunk_ * chunk_bytes();
+    float* parts[3] = {m_.data(), v_.data(), master_.data()};
+    const int tensors = mixed() ? 3 : 2;
+    if (in_memory) {
+      f.read_async(buf, chunk_bytes(), at).get();
+      for (int t = 0; t < tensors; ++t) std::copy(buf + t * chunk_, buf + t * chunk_ + k, parts[t] + lo);
+    } else {
+      std::fill(buf, buf + tensors * chunk_, 0.0f);
+      for (int t = 0; t < tensors; ++t) std::copy(parts[t] + lo, parts[t] + lo + k, buf + t * chunk_);
+      f.write_async(buf, chunk_bytes(), at).get();
+    }
+  }
+  if (!in_memory) {
+    m_.reset();
+    v_.reset();
+    master_.reset();
+  }
+  return true;
+}
+
 void AdamW::update(void* params, void* grads, float grad_scale, float lr, int step) {
   const std::int64_t n = end_ - begin_;
   if (!mixed() && grad_scale != 1.0f) {
@@ -32,7 +82,7 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
     grad_scale = 1.0f;
   }
   if (offload_.host == nullptr) {
-    update_range(params, grads, grad_scale, lr, step);
+    update_span(begin_, end_, params, grads, m_.data(), v_.data(), master_.data(), grad_scale, lr, step);
     return;
   }
   // Gradients to the host (and in fp32 the parameters: in mixed precision
@@ -42,7 +92,11 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
   std::memcpy(host_grads_.data(), grads, bytes);
   if (!mixed()) std::memcpy(host_params_.data(), params, bytes);
   const double t1 = prof::now_seconds();
-  update_range(host_params_.data(), host_grads_.data(), grad_scale, lr, step);
+  if (nvme() && m_.size() == 0)
+    stream_update(host_params_.data(), host_grads_.data(), grad_scale, lr, step);
+  else
+    update_span(begin_, end_, host_params_.data(), host_grads_.data(), m_.data(), v_.data(), master_.data(),
+                grad_scale, lr, step);
   const double t2 = prof::now_seconds();
   std::memcpy(params, host_params_.data(), bytes);
   const double t3 = prof::now_seconds();
@@ -54,19 +108,58 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
   }
 }
 
-void AdamW::update_range(void* params, const void* grads, float grad_scale, float lr, int step) {
+// Double buffering: while chunk c is updated in one buffer, chunk c + 1 is
+// read into the other; then chunk c is written back from its buffer, and
+// the next read into a buffer waits only for that buffer's write.
+void AdamW::stream_update(void* params, const void* grads, float grad_scale, float lr, int step) {
+  NvmeFile& f = *offload_.nvme;
+  const std::int64_t n = end_ - begin_, chunks = (n + chunk_ - 1) / chunk_, cb = chunk_bytes();
+  std::future<double> reading, writing[2];
+  double io = 0, wait = 0;
+  auto finish = [&](std::future<double>& op) {
+    if (!op.valid()) return;
+    const double t = prof::now_seconds();
+    io += op.get();
+    wait += prof::now_seconds() - t;
+  };
+  if (chunks > 0) reading = f.read_async(f.buffer(0), cb, region_);
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const int b = int(c % 2);
+    finish(reading);
+    if (c + 1 < chunks) {
+      finish(writing[1 - b]);
+      reading = f.read_async(f.buffer(1 - b), cb, region_ + (c + 1) * cb);
+    }
+    float* m = f.buffer(b);
+    const std::int64_t lo = begin_ + c * chunk_;
+    update_span(lo, std::min(end_, lo + chunk_), params, grads, m, m + chunk_, mixed() ? m + 2 * chunk_ : nullptr,
+                grad_scale, lr, step);
+    writing[b] = f.write_async(f.buffer(b), cb, region_ + c * cb);
+  }
+  finish(writing[0]);
+  finish(writing[1]);
+  if (OffloadStats* st = offload_.stats) {
+    st->nvme_bytes_read += double(chunks * cb);
+    st->nvme_bytes_written += double(chunks * cb);
+    st->nvme_io_time += io;
+    st->nvme_wait_time += wait;
+  }
+}
+
+void AdamW::update_span(std::int64_t lo, std::int64_t hi, void* params, const void* grads, float* m, float* v,
+                        float* master, float grad_scale, float lr, int step) {
   for (const auto& spec : reg_.specs()) {
-    const std::int64_t lo = std::max(spec.offset, begin_), hi = std::min(spec.offset + spec.numel, end_);
-    if (lo >= hi) continue;
-    const std::int64_t k = lo - begin_;
+    const std::int64_t a = std::max(spec.offset, lo), b = std::min(spec.offset + spec.numel, hi);
+    if (a >= b) continue;
+    const std::int64_t k = a - begin_, j = a - lo;
     const float decay = spec.decay ? s_.weight_decay : 0.0f;
     if (mixed())
-      kernels::adamw_update_mixed(master_.data() + k, static_cast<std::uint16_t*>(params) + k,
-                                  static_cast<const std::uint16_t*>(grads) + k, grad_scale, m_.data() + k,
-                                  v_.data() + k, hi - lo, lr, s_.beta1, s_.beta2, s_.eps, decay, step, precision_);
+      kernels::adamw_update_mixed(master + j, static_cast<std::uint16_t*>(params) + k,
+                                  static_cast<const std::uint16_t*>(grads) + k, grad_scale, m + j, v + j, b - a, lr,
+                                  s_.beta1, s_.beta2, s_.eps, decay, step, precision_);
     else
-      kernels::adamw_update(static_cast<float*>(params) + k, static_cast<const float*>(grads) + k, m_.data() + k,
-                            v_.data() + k, hi - lo, lr, s_.beta1, s_.beta2, s_.eps, decay, step);
+      kernels::adamw_update(static_cast<float*>(params) + k, static_cast<const float*>(grads) + k, m + j, v + j,
+                            b - a, lr, s_.beta1, s_.beta2, s_.eps, decay, step);
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "models/param_registry.hpp"
 #include "src/core/memory.hpp"
@@ -25,11 +26,20 @@ struct AdamWSettings {
 struct OffloadStats {
   double bytes_to_host = 0, bytes_to_device = 0;
   double copy_time = 0;    // s, both directions
-  double update_time = 0;  // s, AdamW on the host
+  double update_time = 0;  // s, AdamW on the host (with NVMe: including waits for I/O)
+  // NVMe: optimizer state read from and written to the file, the time the
+  // transfers took (on their own threads) and the part of it the update
+  // waited for (the rest was hidden behind the update of other chunks).
+  double nvme_bytes_read = 0, nvme_bytes_written = 0;
+  double nvme_io_time = 0, nvme_wait_time = 0;
 };
+class NvmeFile;
+// NVMe offload: as host offload, but the moments (and master weights) live
+// in `nvme`'s file and stream through its chunk buffers during the update.
 struct HostOffload {
   core::MemoryTracker* host = nullptr;  // null: no offload
   OffloadStats* stats = nullptr;
+  NvmeFile* nvme = nullptr;             // with host: state on NVMe
 };
 
 class AdamW {
@@ -54,11 +64,19 @@ class AdamW {
   void update(void* params, void* grads, float grad_scale, float lr, int step);
   // The state (first and second moments, and in mixed precision the master
   // weights), capacity elements each: what a checkpoint saves.
+  // With NVMe offload only between materialize(true) and materialize(false).
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
   float* master() { return master_.data(); }  // null in fp32
-  std::int64_t capacity() const { return std::int64_t(m_.size()); }
+  std::int64_t capacity() const { return capacity_; }
   bool mixed() const { return precision_ != core::Precision::fp32; }
+  // Sets the master weights (capacity elements), wherever they live.
+  void set_master(const float* values);
+  // NVMe offload: reads the state from the file into host buffers, where
+  // m(), v() and master() see it (a checkpoint, a parity check), and writes
+  // it back and frees them. Returns whether anything changed (no-op
+  // without NVMe or when already so).
+  bool materialize(bool in_memory);
 
  private:
   const ParamRegistry& reg_;
@@ -66,10 +84,38 @@ class AdamW {
   AdamWSettings s_;
   HostOffload offload_;
   core::Precision precision_;
+  std::int64_t capacity_;
   core::Buffer<float> m_, v_, master_;
   // Offload staging for [begin, end), at the parameters' precision.
   core::Buffer<std::byte> host_params_, host_grads_;
-  void update_range(void* params, const void* grads, float grad_scale, float lr, int step);
+  // NVMe: this optimizer's region of the file, in chunks of chunk_ elements.
+  std::int64_t region_ = 0, chunk_ = 0;
+  bool nvme() const { return offload_.nvme != nullptr; }
+  std::int64_t chunk_bytes() const;
+  // AdamW over elements [lo, hi) of the range: params and grads point at
+  // element begin, m, v and master at element lo.
+  void update_span(std::int64_t lo, std::int64_t hi, void* params, const void* grads, float* m, float* v,
+                   float* master, float grad_scale, float lr, int step);
+  void stream_update(void* params, const void* grads, float grad_scale, float lr, int step);
+};
+
+// NVMe offload: the optimizers' state in memory for a scope, released at its
+// end unless it was in memory already (a caller further out holds it).
+class StateInMemory {
+ public:
+  template <typename Range>
+  explicit StateInMemory(const Range& optimizers) {
+    for (AdamW* o : optimizers)
+      if (o->materialize(true)) brought_.push_back(o);
+  }
+  ~StateInMemory() {
+    for (AdamW* o : brought_) o->materialize(false);
+  }
+  StateInMemory(const StateInMemory&) = delete;
+  StateInMemory& operator=(const StateInMemory&) = delete;
+
+ private:
+  std::vector<AdamW*> brought_;
 };
 
 }  // namespace strata::models

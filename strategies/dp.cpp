@@ -13,7 +13,11 @@ DataParallel::DataParallel(const StateConfig& cfg, const models::ParamRegistry& 
       tp_size_(cfg.tp_size), dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
       optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker, -1, cfg.offload, cfg.precision) {
   const std::int64_t n = numel();
-  if (optimizer_.mixed()) models::init_flat_range(reg, cfg.seed, 0, n, optimizer_.master());
+  if (optimizer_.mixed()) {
+    std::vector<float> init(static_cast<std::size_t>(n));
+    models::init_flat_range(reg, cfg.seed, 0, n, init.data());
+    optimizer_.set_master(init.data());
+  }
   const std::int64_t per =
       std::max<std::int64_t>(1, cfg.bucket_bytes / core::element_bytes(cfg.precision));
   for (std::int64_t hi = n; hi > 0; hi -= per) buckets_.push_back({std::max<std::int64_t>(0, hi - per), hi});
@@ -55,17 +59,20 @@ double DataParallel::grad_norm_sq() {
 void DataParallel::update(float coef, float lr, int step) { optimizer_.update(params_.at(0), grads_.at(0), coef, lr, step); }
 
 std::vector<float> DataParallel::full_params() {
+  const models::StateInMemory held(std::vector<models::AdamW*>{&optimizer_});
   if (optimizer_.mixed()) return std::vector<float>(optimizer_.master(), optimizer_.master() + numel());
   return std::vector<float>(params_.f32(), params_.f32() + numel());
 }
 
 FullState DataParallel::full_state() {
+  const models::StateInMemory held(std::vector<models::AdamW*>{&optimizer_});
   const std::size_t n = std::size_t(numel());
   return {full_params(), std::vector<float>(optimizer_.m(), optimizer_.m() + n),
           std::vector<float>(optimizer_.v(), optimizer_.v() + n)};
 }
 
 void DataParallel::set_full_state(const FullState& s) {
+  const models::StateInMemory held(std::vector<models::AdamW*>{&optimizer_});
   // In mixed precision the 16-bit parameters are the master weights rounded.
   params_.write(0, numel(), s.params.data());
   if (optimizer_.mixed()) std::copy(s.params.begin(), s.params.end(), optimizer_.master());

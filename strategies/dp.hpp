@@ -31,6 +31,7 @@ class DataParallel final : public StateStrategy, public models::ReplicatedState 
   FullState full_state() override;
   void set_full_state(const FullState& s) override;
   std::vector<StateTensor> state_tensors() override;
+  void hold_state_in_memory(bool in_memory) override { optimizer_.materialize(in_memory); }
 
   void grads_done(int unit) override;
 

@@ -44,6 +44,10 @@ class ExpertParallelState final : public StateStrategy, public models::ParamStat
   std::vector<float> full_params() override;
   std::int64_t padding_elements() const override;
   std::vector<StateTensor> state_tensors() override;
+  void hold_state_in_memory(bool in_memory) override {
+    dense_->hold_state_in_memory(in_memory);
+    experts_->hold_state_in_memory(in_memory);
+  }
   FullState full_state() override;
   void set_full_state(const FullState& s) override;
 

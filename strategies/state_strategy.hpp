@@ -98,6 +98,9 @@ class StateStrategy {
   // checkpoint re-shards through when the layout changes.
   virtual FullState full_state() = 0;
   virtual void set_full_state(const FullState& s) = 0;
+  // NVMe offload: the optimizer state read into (host) memory, so that
+  // state_tensors() can point at it, and written back; no-op otherwise.
+  virtual void hold_state_in_memory(bool in_memory) = 0;
 };
 
 // The parameters of `reg` (which must outlive the strategy), cut into

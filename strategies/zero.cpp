@@ -53,13 +53,23 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
   for (const auto& s : us_) {
     optimizers_.push_back(std::make_unique<models::AdamW>(reg_, s.own_begin, s.own_end, cfg.adamw, tracker, s.shard,
                                                           cfg.offload, precision_));
-    if (mixed()) models::init_flat_range(reg_, cfg.seed, s.own_begin, s.own_end, optimizers_.back()->master());
+    if (mixed()) {
+      std::vector<float> master(std::size_t(s.shard), 0.0f);  // the padding stays zero
+      models::init_flat_range(reg_, cfg.seed, s.own_begin, s.own_end, master.data());
+      optimizers_.back()->set_master(master.data());
+    }
   }
   unit_grads_.resize(units_.size());
   gathered_.resize(units_.size());
 }
 
 Zero::~Zero() = default;
+
+std::vector<models::AdamW*> Zero::optimizer_list() const {
+  std::vector<models::AdamW*> out;
+  for (const auto& o : optimizers_) out.push_back(o.get());
+  return out;
+}
 
 std::int64_t Zero::own_params_index(int u) const {
   const auto& s = us_[u];
@@ -235,6 +245,7 @@ std::vector<float> Zero::gather_unit(int u, const float* mine) {
 
 std::vector<float> Zero::full_params() {
   // Mixed precision: the master weights, each rank's block of every unit.
+  const models::StateInMemory held(optimizer_list());
   std::vector<float> out(std::size_t(reg_.numel()));
   for (std::size_t u = 0; u < us_.size(); ++u) {
     const auto& s = us_[u];
@@ -265,6 +276,7 @@ std::vector<StateTensor> Zero::state_tensors() {
 }
 
 FullState Zero::full_state() {
+  const models::StateInMemory held(optimizer_list());
   FullState out;
   out.params = full_params();
   // Each rank's moments cover its block of every unit: gathered unit by unit.
@@ -280,6 +292,7 @@ FullState Zero::full_state() {
 }
 
 void Zero::set_full_state(const FullState& st) {
+  const models::StateInMemory held(optimizer_list());
   // In mixed precision the 16-bit parameters are the master weights rounded.
   for (std::size_t u = 0; u < us_.size(); ++u) {
     const auto& s = us_[u];

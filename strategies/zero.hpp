@@ -45,6 +45,9 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::int64_t padding_elements() const override { return std::int64_t(n_) * shard_total_ - reg_.numel(); }
 
   std::vector<StateTensor> state_tensors() override;
+  void hold_state_in_memory(bool in_memory) override {
+    for (auto& o : optimizers_) o->materialize(in_memory);
+  }
   FullState full_state() override;
   void set_full_state(const FullState& s) override;
 
@@ -89,6 +92,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   void* own_params(int u) { return params_store().at(own_params_index(u)); }
   void* own_grads(int u) { return grads_store().at(own_grads_index(u)); }
   bool mixed() const { return precision_ != core::Precision::fp32; }
+  std::vector<models::AdamW*> optimizer_list() const;
   void launch_reduce_scatter(int u, models::Flat input, const void* src);
   void complete(Pending& p);
   void poll();

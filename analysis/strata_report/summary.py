@@ -151,6 +151,13 @@ def render(rep):
               f"{fmt_bytes(s_['offload_bytes_to_device'].sum() / n / rep.world)} back, copies "
               f"{1e3 * s_['offload_copy_time'].sum() / n / rep.world:.2f} ms (not hidden), host update "
               f"{1e3 * s_['offload_update_time'].sum() / n / rep.world:.2f} ms")
+        if len(s_) and "nvme_bytes_read" in s_.dtype.names and s_["nvme_bytes_read"].sum() > 0:
+            io, wait = s_["nvme_io_time"].sum(), s_["nvme_wait_time"].sum()
+            p(f"  NVMe ({a.get('offload_io', '?')}), per step, mean over ranks: "
+              f"{fmt_bytes(s_['nvme_bytes_read'].sum() / n / rep.world)} read, "
+              f"{fmt_bytes(s_['nvme_bytes_written'].sum() / n / rep.world)} written, "
+              f"I/O {1e3 * io / n / rep.world:.2f} ms at {s_['nvme_bytes_read'].sum() * 2 / max(io, 1e-12) / 2**30:.2f} GiB/s, "
+              f"waited {1e3 * wait / n / rep.world:.2f} ms ({100 * (1 - wait / io) if io > 0 else 0:.0f}% hidden)")
     pipe = rep.table("summary/pipeline")
     if len(pipe) and pipe["stages"].max() > 1:
         p("")

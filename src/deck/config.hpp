@@ -82,6 +82,13 @@ struct BackendSection {
   double peak_tflops = 0.0;           // 0: measure an sgemm at start-up
 };
 
+// NVMe offload (parallel.offload = "nvme"): where each rank's optimizer file
+// lives and the chunks it streams through.
+struct OffloadSection {
+  std::string path;                   // a directory; required with "nvme"
+  double chunk_mb = 4.0;              // MiB per state tensor per chunk
+};
+
 struct Config {
   RunSection run;
   ModelSection model;
@@ -89,6 +96,7 @@ struct Config {
   ParallelSection parallel;
   OptimSection optim;
   BackendSection backend;
+  OffloadSection offload;
 };
 
 }  // namespace strata::deck

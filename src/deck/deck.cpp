@@ -361,6 +361,9 @@ void Resolver::check_cross_keys() {
                       "chunk per rank",
                       primary({"parallel.virtual_stages", "parallel.schedule", "parallel.pp"}),
                       show("parallel.virtual_stages"), show("parallel.schedule"), show("parallel.pp")));
+  if (c.parallel.offload == "nvme" && c.offload.path.empty())
+    error(fmt::format("{}: {} needs offload.path, the directory each rank's optimizer file goes in (on the NVMe)",
+                      primary({"parallel.offload", "offload.path"}), show("parallel.offload")));
   if (c.model.kind == "moe" && c.model.moe_experts == 0)
     error(fmt::format("{}: {} needs model.moe_experts >= 1 ({})", primary({"model.kind", "model.moe_experts"}),
                       show("model.kind"), show("model.moe_experts")));
@@ -460,24 +463,6 @@ void Resolver::throw_if_errors() {
   core::input_error("{}", join(lines, "\n"));
 }
 
-// Layouts the deck format describes but this build cannot run yet: data,
-// tensor, sequence, pipeline (every schedule) and expert parallelism with
-// every ZeRO stage run; offload does not.
-// This is the one place to relax as each strategy arrives; the key table
-// already accepts the full range of every parallel key.
-void check_supported_by_this_build(Resolver& r) {
-  const ParallelSection& p = r.config.parallel;
-  constexpr const char* kOnly =
-      "this build runs data, tensor, sequence, pipeline and expert parallelism (any dp, tp, pp and ep, zero = 0..3, "
-      "every schedule), optimizer offload to the host; offload = \"nvme\" is not built yet";
-  auto refuse = [&](const std::string& key, bool unsupported) {
-    if (!unsupported) return;
-    const std::string value = toml_literal(find_key("parallel", key.substr(9))->get(r.config));
-    r.error(fmt::format("{}: {} = {}: {}", r.primary({key}), key, value, kOnly));
-  };
-  refuse("parallel.offload", p.offload == "nvme");
-}
-
 std::string resolved_toml(const Config& c) {
   std::string out = "# Resolved deck: every key with its final value (defaults, deck, --set).\n";
   std::string_view section;
@@ -528,7 +513,6 @@ Deck parse_deck(const std::string& path, const std::string& text, const std::vec
   // Cross-key checks read the final values, so they wait until every key is valid.
   r.throw_if_errors();
   r.check_cross_keys();
-  check_supported_by_this_build(r);
   r.throw_if_errors();
 
   deck.config = r.config;

@@ -137,8 +137,8 @@ KeySpec KeySpec::as_bytes() const {
 
 // The table. Values listed under `later` are part of the design but refused by
 // this build with "not available yet"; move one into the allowed list when its
-// backend lands. Parallel layouts are refused separately, in deck.cpp
-// (check_supported_by_this_build), because they depend on several keys.
+// backend lands. Constraints between keys are checked in deck.cpp
+// (check_cross_keys).
 const std::vector<KeySpec>& key_table() {
   static const std::vector<KeySpec> table = {
       // [run]
@@ -202,6 +202,9 @@ const std::vector<KeySpec>& key_table() {
       key<&Config::backend, &BackendSection::memory_limit>("backend", "memory_limit", "memory budget per rank in bytes (or \"512MiB\", \"2GB\"); 0: no limit").as_bytes(),
       key<&Config::backend, &BackendSection::host_memory_limit>("backend", "host_memory_limit", "host arena budget per rank for parallel.offload = \"host\" (bytes, or \"8GiB\"); 0: no limit").as_bytes(),
       key<&Config::backend, &BackendSection::peak_tflops>("backend", "peak_tflops", "peak TFLOP/s per rank for utilisation figures; 0: measure an sgemm at start-up").at_least(0),
+      // [offload]
+      key<&Config::offload, &OffloadSection::path>("offload", "path", "parallel.offload = \"nvme\": the directory of each rank's optimizer file (on the NVMe)"),
+      key<&Config::offload, &OffloadSection::chunk_mb>("offload", "chunk_mb", "parallel.offload = \"nvme\": MiB of each state tensor per streamed chunk").above(0),
   };
   return table;
 }

@@ -306,7 +306,9 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
   agree(comm, err, core::ErrorKind::runtime);
 
   std::uint64_t checksum = 0;
+  strategy.hold_state_in_memory(true);  // NVMe offload: the state where state_tensors() points
   err = write_rank_file(partial / rank_file(rank), strategy.state_tensors(), &checksum);
+  strategy.hold_state_in_memory(false);
   if (err.empty() && global_writer) err = write_global_file(partial / global_file(rank), reg, full);
   // A job killed here, with some ranks' files written and no manifest,
   // must leave every earlier checkpoint loadable (the kill test).
@@ -465,8 +467,10 @@ void load_checkpoint(MPI_Comm comm, const CheckpointRef& ref, strategies::StateS
   int rank = 0;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   if (!ref.reshard) {
-    agree(comm, read_rank_file(fs::path(ref.dir) / rank_file(rank), strategy.state_tensors()),
-          core::ErrorKind::runtime);
+    strategy.hold_state_in_memory(true);
+    const std::string err = read_rank_file(fs::path(ref.dir) / rank_file(rank), strategy.state_tensors());
+    strategy.hold_state_in_memory(false);  // back to the NVMe file
+    agree(comm, err, core::ErrorKind::runtime);
     return;
   }
   // Another layout: the whole tensors this rank's registry names, from every

@@ -146,9 +146,16 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
           std::uint64_t(whole * elements);
     }
     // Optimizer offload: that state (and staging for the gradients and
-    // parameters of the elements the rank updates) lives in the host arena.
-    const double host = par.offload == "host" ? owned * (opt + 2 * eb) : 0;
-    if (par.offload == "host") per_cat[int(core::MemCategory::optimizer)] = 0;
+    // parameters of the elements the rank updates) lives in the host arena;
+    // with NVMe the state is in the file and the arena holds two chunks.
+    double host = 0, file = 0;
+    if (par.offload == "host") host = owned * (opt + 2 * eb);
+    if (par.offload == "nvme") {
+      const double chunk = std::max(1.0, std::floor(deck.config.offload.chunk_mb * 256.0)) * 1024;
+      host = owned * 2 * eb + 2 * chunk * opt;
+      file = owned * opt;  // plus padding to whole chunks per optimizer
+    }
+    if (par.offload != "none") per_cat[int(core::MemCategory::optimizer)] = 0;
     // Token ids and targets: one micro-batch's, or a pipeline step's.
     per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len * (p > 1 ? m + 1 : 1);
     std::uint64_t total = 0;
@@ -158,7 +165,8 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
       total += per_cat[c];
     }
     fmt::print(" {:>12}{}\n", core::format_bytes(double(total)),
-               host > 0 ? fmt::format("   + host arena {}", core::format_bytes(host)) : "");
+               (host > 0 ? fmt::format("   + host arena {}", core::format_bytes(host)) : "") +
+                   (file > 0 ? fmt::format(" + NVMe file ~{}", core::format_bytes(file)) : ""));
     largest = std::max(largest, total);
   }
   const auto limit = deck.config.backend.memory_limit;
@@ -337,6 +345,12 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     log.reserve(std::size_t(cfg.run.steps) * (3 * units * std::size_t(trainer.micro_batches()) + units + 64));
     prov.strategy = trainer.strategy().name();
     prov.precision = cfg.backend.precision;
+    if (const models::NvmeFile* f = trainer.nvme_file()) {
+      prov.offload_io = f->mode();
+      file.set_attr("/", "offload_io", prov.offload_io);
+      if (rank == 0)
+        fmt::print("NVMe offload: {} ({:.2f} MiB on rank 0, {})\n", f->path(), double(f->size()) / (1 << 20), f->mode());
+    }
     prov.padding_elements = trainer.strategy().padding_elements();
     file.set_attr("/", "data", trainer.data().describe());
     if (rank == 0) {

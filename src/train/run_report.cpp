@@ -64,6 +64,7 @@ void write_provenance(report::H5File& f, const Provenance& p) {
   f.set_attr("/", "backend", p.backend);
   f.set_attr("/", "threads", std::int64_t(p.threads));
   f.set_attr("/", "data", p.data);
+  f.set_attr("/", "offload_io", p.offload_io);
   f.set_attr("/", "simulated", std::int64_t(0));
   f.set_attr("/", "status", "running");
 }
@@ -90,7 +91,11 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_f64("offload_bytes_to_host", "B", "optimizer offload: gradients and parameters copied to the host")
       .col_f64("offload_bytes_to_device", "B", "optimizer offload: updated parameters copied back")
       .col_f64("offload_copy_time", "s", "optimizer offload: time in those copies (none of it hidden)")
-      .col_f64("offload_update_time", "s", "optimizer offload: AdamW on the host")
+      .col_f64("offload_update_time", "s", "optimizer offload: AdamW on the host (NVMe: with its waits for I/O)")
+      .col_f64("nvme_bytes_read", "B", "NVMe offload: optimizer state read from the rank's file")
+      .col_f64("nvme_bytes_written", "B", "NVMe offload: optimizer state written back")
+      .col_f64("nvme_io_time", "s", "NVMe offload: summed duration of those transfers (on I/O threads)")
+      .col_f64("nvme_wait_time", "s", "NVMe offload: time the update waited for them (the rest was hidden)")
       .col_f64("loss_scale", "1", "the loss scale of the step's backward pass (fp16's dynamic scale; 1 otherwise)")
       .col_i64("skipped", "1", "1 if the gradients overflowed (fp16) and the update was skipped")
       .col_f64("moe_aux_loss", "nats",
@@ -101,7 +106,8 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
     st.add_row({std::int64_t(rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
                 std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
                 r.mfu, r.hardware_flops, r.hfu, r.offload.bytes_to_host, r.offload.bytes_to_device,
-                r.offload.copy_time, r.offload.update_time, r.loss_scale, std::int64_t(r.skipped), r.moe_aux,
+                r.offload.copy_time, r.offload.update_time, r.offload.nvme_bytes_read, r.offload.nvme_bytes_written,
+                r.offload.nvme_io_time, r.offload.nvme_wait_time, r.loss_scale, std::int64_t(r.skipped), r.moe_aux,
                 r.load_imbalance, r.drop_rate});
   f.write_table(st);
 

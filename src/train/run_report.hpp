@@ -39,6 +39,7 @@ struct Provenance {
   std::string layout;          // "pp 1 x dp 2 x tp 1"
   std::string strategy;        // "dp", "zero1", ...
   std::string precision = "fp32";  // backend.precision
+  std::string offload_io;          // NVMe offload: "O_DIRECT" or "buffered (why)"; empty otherwise
   std::int64_t padding_elements = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "models/gpt.hpp"
+#include "models/nvme.hpp"
 #include "src/comm/communicator.hpp"
 #include "src/core/memory.hpp"
 #include "src/deck/config.hpp"
@@ -105,6 +106,8 @@ class Trainer {
   const std::vector<ExpertRecord>& expert_records() const { return experts_; }
   // The host arena optimizer offload allocates from (empty without offload).
   const core::MemoryTracker& host_tracker() const { return host_tracker_; }
+  // NVMe offload's file (null without).
+  const models::NvmeFile* nvme_file() const { return nvme_.get(); }
   double model_flops_per_step() const { return model_flops_per_step_; }
   const ScalerState& scaler() const { return scaler_; }
   void set_scaler(const ScalerState& s) { scaler_ = s; }
@@ -167,6 +170,7 @@ class Trainer {
   core::MemoryTracker* tracker_;
   core::MemoryTracker host_tracker_;  // limit backend.host_memory_limit
   models::OffloadStats offload_;      // this step's
+  std::unique_ptr<models::NvmeFile> nvme_;  // parallel.offload = "nvme"
   int dp_size_ = 1, dp_rank_ = 0;
   int micro_batches_;  // per rank and step
   core::Precision precision_;

@@ -179,7 +179,7 @@ expect_input_error "resume: no checkpoint" "no complete checkpoint" "$strata" ru
 expect_input_error "resume: another model" "the checkpoint's model differs" mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=8 --set model.layers=3 --resume ck1 --output out_bad/x.h5
 expect_input_error "resume: nothing left" "nothing left to run" mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=6 --resume ck1 --output out_bad/x.h5
 expect_input_error "ep without experts" "needs a Mixture-of-Experts model" "$strata" run tiny.toml --set parallel.ep=2 --output out_bad/x.h5
-expect_input_error "layout refused" "parallel.offload" "$strata" run tiny.toml --set parallel.offload=\"nvme\" --output out_bad/x.h5
+expect_input_error "nvme offload without a path" "needs offload.path" "$strata" run tiny.toml --set parallel.offload=\"nvme\" --output out_bad/x.h5
 expect_input_error "micro-batches < pp for 1f1b" "at least as many micro-batches" "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_batch=4 --output out_bad/x.h5
 expect_input_error "heads % tp" "parallel.tp" "$strata" run tiny.toml --set parallel.tp=4 --output out_bad/x.h5
 expect_input_error "vocab % tp" "model.vocab = 255" "$strata" run tiny.toml --set parallel.tp=2 --set model.vocab=255 --output out_bad/x.h5

@@ -83,7 +83,7 @@ const std::vector<std::string> kAllKeys = {
     "parallel.sequence_parallel", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps", "optim.grad_clip",
-    "backend.device", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops",
+    "backend.device", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops", "offload.path", "offload.chunk_mb",
 };
 
 class DeckTest : public ::testing::Test {
@@ -403,7 +403,9 @@ TEST_F(DeckTest, RelativeDataPathIsFoundNextToTheDeck) {
 
 TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
   load_error("[parallel]\noffload = \"nvme\"\n",
-             {"deck.toml:2: parallel.offload = \"nvme\": this build runs data, tensor, sequence, pipeline and expert"});
+             {"deck.toml:2: parallel.offload = \"nvme\" needs offload.path, the directory each rank's optimizer file"});
+  EXPECT_NO_THROW(load("[parallel]\noffload = \"nvme\"\n[offload]\npath = \"/tmp\"\nchunk_mb = 0.5\n"));
+  load_error("[offload]\nchunk_mb = 0\n", {"deck.toml:2:", "'offload.chunk_mb' must be > 0"});
   EXPECT_NO_THROW(load("[parallel]\noffload = \"host\"\n[backend]\nhost_memory_limit = \"1GiB\"\n"));
   EXPECT_NO_THROW(load("[model]\nseq_len = 8\n[parallel]\ntp = 2\nsequence_parallel = true\n"));
   load_error("[model]\nseq_len = 9\nheads = 4\n[parallel]\ntp = 2\nsequence_parallel = true\n",
@@ -442,7 +444,6 @@ TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
              {"leaves 5 layer(s) for the other 3 of parallel.pp = 4", "split evenly, at least one each"});
   load_error("[parallel]\nfirst_stage_layers = 1\n", {"split a pipeline", "parallel.pp = 1"});
   load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2", "needs the interleaved schedule with pp > 1"});
-  load_error("[parallel]\noffload = \"nvme\"\n", {"deck.toml:2: parallel.offload = \"nvme\":"});
   load_error("", {"--set parallel.ep=2: parallel.ep = 2 (--set parallel.ep=2) needs a Mixture-of-Experts model"},
              {"parallel.ep=2"});
   // Data parallelism and every ZeRO stage run; the global batch must split over dp.
