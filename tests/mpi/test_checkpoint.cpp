@@ -36,6 +36,7 @@ struct Layout {
   int pp = 1, dp = 1, tp = 1, ep = 1, zero = 0;
   bool moe = false;
   std::string precision = "fp32";
+  std::string offload = "none";
 };
 
 // The same global batch (8 sequences) on every layout, so that any two
@@ -45,10 +46,12 @@ deck::Deck make_deck(const Layout& l) {
       "[run]\nsteps = 6\nwarmup_steps = 0\nseed = 7\n"
       "[model]\nkind = \"{}\"\nmoe_experts = {}\nlayers = 2\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
       "[data]\nglobal_batch = {}\nmicro_batch = 1\n"
-      "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\n"
+      "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\noffload = \"{}\"\n"
+      "[offload]\npath = \"{}\"\nchunk_mb = 0.00390625\n"
       "[optim]\nlr = 1e-2\nschedule = \"cosine\"\nwarmup = 2\nweight_decay = 0.1\ngrad_clip = 0.5\n"
       "[backend]\nthreads = 1\nprecision = \"{}\"\nloss_scale = {}\nloss_scale_window = 2\n",
-      l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 8, l.pp, l.dp, l.tp, l.ep, l.zero, l.precision,
+      l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 8, l.pp, l.dp, l.tp, l.ep, l.zero, l.offload,
+      (fs::temp_directory_path() / "strata-ck-nvme").string(), l.precision,
       // fp16: a scale that overflows for the first steps, so that the
       // checkpoint carries skipped steps and a scale in motion.
       l.precision == "fp16" ? "262144.0" : "65536.0");
@@ -74,8 +77,8 @@ std::string temp_dir() {
 }
 
 void check(const Layout& l) {
-  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} ep {} zero {} moe {} {}", l.pp, l.dp, l.tp, l.ep, l.zero, l.moe,
-                           l.precision));
+  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} ep {} zero {} moe {} {} offload {}", l.pp, l.dp, l.tp, l.ep, l.zero,
+                           l.moe, l.precision, l.offload));
   const deck::Deck d = make_deck(l);
   const auto& c = d.config;
   comm::CommLog log(prof::now_seconds());
@@ -132,6 +135,10 @@ TEST(Checkpoint, ResumeIsBitExactOnEveryStrategy) {
     check({1, n, 1, 1, 0, false, precision});
     check({1, n, 1, 1, 3, false, precision});
   }
+  // NVMe offload: the state read from the rank's file for the checkpoint,
+  // and written into the resumed run's file.
+  check({1, n, 1, 1, 2, false, "fp32", "nvme"});
+  check({1, n, 1, 1, 0, false, "bf16", "nvme"});
   if (n == 2) {
     check({2, 1, 1});
     check({1, 1, 2});

@@ -9,7 +9,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -203,47 +206,80 @@ TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
 // split) the fp32 master weights live there too (12 bytes with the
 // moments): the host receives the 16-bit gradients and returns the 16-bit
 // parameters (2 bytes each way), through 2 + 2 bytes of staging.
-TEST(StateStrategies, HostOffloadIsExactAndMovesTheOptimizerState) {
+// NVMe offload moves the same bytes between device and host, but the state
+// lives in the rank's file and streams through two chunk buffers of the
+// host arena: with 1024-element chunks (offload.chunk_mb = 1/256) every
+// optimizer range of k elements reads and writes ceil(k / 1024) whole
+// chunks of m, v (and master weights) per step, many chunks per range here,
+// so the double buffering and the padding of the last chunk are exercised.
+TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("strata-nvme-{}", ::getpid())).string();
   for (const std::string precision : {"fp32", "bf16"})
   for (int zero : {0, 1, 2, 3}) {
     SCOPED_TRACE(fmt::format("zero {} {}", zero, precision));
     const bool mixed = precision != "fp32";
     const double to_host = mixed ? 2 : 8, to_device = mixed ? 2 : 4, staging = mixed ? 2 : 4;
-    std::map<bool, std::vector<double>> loss;
-    std::map<bool, std::vector<float>> params;
-    std::map<bool, std::size_t> device_optimizer;
-    for (bool offload : {false, true}) {
-      auto c = config(n, zero, 6, 2 * n, 1, 4);
-      c.parallel.offload = offload ? "host" : "none";
+    const std::int64_t chunk_bytes = 1024 * (mixed ? 3 : 2) * 4;
+    std::map<std::string, std::vector<double>> loss;
+    std::map<std::string, std::vector<float>> params;
+    std::size_t device_optimizer = 0;
+    for (const std::string offload : {"none", "host", "nvme"}) {
+      SCOPED_TRACE(offload);
+      auto c = config(n, zero, 16, 2 * n, 1, 4);
+      c.parallel.offload = offload;
+      c.offload.path = dir;
+      c.offload.chunk_mb = 1.0 / 256;
       c.backend.precision = precision;
       core::MemoryTracker tracker;
       train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
-      // Elements this rank updates: its shard of every unit (dp: all).
-      std::int64_t own = 0;
+      // Elements this rank updates, per optimizer: its shard of every unit
+      // (dp: one optimizer for all).
+      std::int64_t own = 0, nvme_bytes = 0;
       for (const auto& u : t.units()) {
         const std::int64_t shard = zero == 0 ? u.size() : (u.size() + n - 1) / n;
         const int r = mesh.dp().rank();
-        own += zero == 0 ? u.size() : std::max<std::int64_t>(0, std::min(u.size() - r * shard, shard));
+        const std::int64_t k = zero == 0 ? u.size() : std::max<std::int64_t>(0, std::min(u.size() - r * shard, shard));
+        own += k;
+        if (zero > 0) nvme_bytes += (k + 1023) / 1024 * chunk_bytes;
       }
+      if (zero == 0) nvme_bytes = (own + 1023) / 1024 * chunk_bytes;
+      const bool off = offload != "none";
       for (int s = 0; s < c.run.steps; ++s) {
         const auto r = t.step(s);
         loss[offload].push_back(r.loss);
-        EXPECT_EQ(r.offload.bytes_to_host, offload ? to_host * double(own) : 0.0);
-        EXPECT_EQ(r.offload.bytes_to_device, offload ? to_device * double(own) : 0.0);
+        EXPECT_EQ(r.offload.bytes_to_host, off ? to_host * double(own) : 0.0);
+        EXPECT_EQ(r.offload.bytes_to_device, off ? to_device * double(own) : 0.0);
+        EXPECT_EQ(r.offload.nvme_bytes_read, offload == "nvme" ? double(nvme_bytes) : 0.0);
+        EXPECT_EQ(r.offload.nvme_bytes_written, offload == "nvme" ? double(nvme_bytes) : 0.0);
       }
       params[offload] = t.strategy().full_params();
-      device_optimizer[offload] = tracker.current(MemCategory::optimizer);
-      if (offload) {
-        EXPECT_EQ(device_optimizer[true], 0u) << "no optimizer state left on the device";
-        EXPECT_EQ(t.host_tracker().current(MemCategory::optimizer), device_optimizer[false]);
+      if (!off) device_optimizer = tracker.current(MemCategory::optimizer);
+      if (off) {
+        EXPECT_EQ(tracker.current(MemCategory::optimizer), 0u) << "no optimizer state left on the device";
+        EXPECT_EQ(t.host_tracker().current(MemCategory::optimizer),
+                  offload == "host" ? device_optimizer : std::size_t(2 * (chunk_bytes + 4096)))
+            << "nvme: the two chunk buffers (each allocated 4 KiB over, for alignment)";
         EXPECT_EQ(t.host_tracker().current(MemCategory::params), std::size_t(staging) * std::size_t(own));
         EXPECT_EQ(t.host_tracker().current(MemCategory::grads), std::size_t(staging) * std::size_t(own));
       }
+      if (offload == "nvme") {
+        ASSERT_NE(t.nvme_file(), nullptr);
+        EXPECT_TRUE(std::filesystem::exists(t.nvme_file()->path()));
+        EXPECT_TRUE(t.nvme_file()->mode() == "O_DIRECT" || t.nvme_file()->mode().starts_with("buffered ("))
+            << t.nvme_file()->mode();
+      }
     }
-    EXPECT_EQ(loss[true], loss[false]) << "bit for bit";
-    EXPECT_EQ(params[true], params[false]);
+    EXPECT_EQ(loss["host"], loss["none"]) << "bit for bit";
+    EXPECT_EQ(params["host"], params["none"]);
+    EXPECT_EQ(loss["nvme"], loss["none"]) << "bit for bit";
+    EXPECT_EQ(params["nvme"], params["none"]);
   }
+  // Every rank's file is removed with its trainer.
+  EXPECT_TRUE(!std::filesystem::exists(dir) || std::filesystem::is_empty(dir));
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::error_code ec;
+  if (mpi_test::world_rank() == 0) std::filesystem::remove_all(dir, ec);
 }
