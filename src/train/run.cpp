@@ -152,7 +152,7 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
     if (par.offload == "host") host = owned * (opt + 2 * eb);
     if (par.offload == "nvme") {
       const double chunk = std::max(1.0, std::floor(deck.config.offload.chunk_mb * 256.0)) * 1024;
-      host = owned * 2 * eb + 2 * chunk * opt;
+      host = owned * 2 * eb + 2 * (chunk * opt + 4096);  // each buffer 4 KiB over, for alignment
       file = owned * opt;  // plus padding to whole chunks per optimizer
     }
     if (par.offload != "none") per_cat[int(core::MemCategory::optimizer)] = 0;

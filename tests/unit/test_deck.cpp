@@ -401,9 +401,9 @@ TEST_F(DeckTest, RelativeDataPathIsFoundNextToTheDeck) {
   EXPECT_NO_THROW(load("[data]\nsource = \"synthetic\"\npath = \"missing.txt\"\n"));
 }
 
-TEST_F(DeckTest, ParallelLayoutsThisBuildCannotRunAreRefused) {
+TEST_F(DeckTest, ParallelLayoutConstraintsAreChecked) {
   load_error("[parallel]\noffload = \"nvme\"\n",
-             {"deck.toml:2: parallel.offload = \"nvme\" needs offload.path, the directory each rank's optimizer file"});
+             {"deck.toml:2: parallel.offload = \"nvme\" (line 2) needs offload.path, the directory each rank's"});
   EXPECT_NO_THROW(load("[parallel]\noffload = \"nvme\"\n[offload]\npath = \"/tmp\"\nchunk_mb = 0.5\n"));
   load_error("[offload]\nchunk_mb = 0\n", {"deck.toml:2:", "'offload.chunk_mb' must be > 0"});
   EXPECT_NO_THROW(load("[parallel]\noffload = \"host\"\n[backend]\nhost_memory_limit = \"1GiB\"\n"));
