@@ -75,35 +75,71 @@ bool AdamW::materialize(bool in_memory) {
   return true;
 }
 
+void AdamW::stage(const void* params, const void* grads) {
+  if (offload_.host == nullptr || copy_in_.valid()) return;
+  // Gradients to the host (and in fp32 the parameters: in mixed precision
+  // the host holds the master weights).
+  const std::size_t bytes = std::size_t(end_ - begin_) * std::size_t(core::element_bytes(precision_));
+  void* hg = host_grads_.data();
+  void* hp = mixed() ? nullptr : host_params_.data();
+  copy_in_ = std::async(std::launch::async, [=] {
+    const double t0 = prof::now_seconds();
+    std::memcpy(hg, grads, bytes);
+    if (hp != nullptr) std::memcpy(hp, params, bytes);
+    return prof::now_seconds() - t0;
+  });
+  if (OffloadStats* st = offload_.stats) st->bytes_to_host += double(bytes) * (mixed() ? 1.0 : 2.0);
+}
+
+double AdamW::wait_for(std::future<double>& copy) {
+  if (!copy.valid()) return 0;
+  const double t0 = prof::now_seconds();
+  const double took = copy.get();
+  const double waited = prof::now_seconds() - t0;
+  if (OffloadStats* st = offload_.stats) {
+    st->copy_time += took;
+    st->copy_wait_time += waited;
+  }
+  return waited;
+}
+
+void AdamW::finish() { wait_for(copy_out_); }
+
 void AdamW::update(void* params, void* grads, float grad_scale, float lr, int step) {
   const std::int64_t n = end_ - begin_;
-  if (!mixed() && grad_scale != 1.0f) {
-    kernels::scale_inplace(static_cast<float*>(grads), grad_scale, n);
-    grad_scale = 1.0f;
-  }
   if (offload_.host == nullptr) {
+    if (!mixed() && grad_scale != 1.0f) {
+      kernels::scale_inplace(static_cast<float*>(grads), grad_scale, n);
+      grad_scale = 1.0f;
+    }
     update_span(begin_, end_, params, grads, m_.data(), v_.data(), master_.data(), grad_scale, lr, step);
     return;
   }
-  // Gradients to the host (and in fp32 the parameters: in mixed precision
-  // the host holds the master weights), the update there, parameters back.
-  const std::size_t bytes = std::size_t(n) * std::size_t(core::element_bytes(precision_));
-  const double t0 = prof::now_seconds();
-  std::memcpy(host_grads_.data(), grads, bytes);
-  if (!mixed()) std::memcpy(host_params_.data(), params, bytes);
+  // The copy to the host (already in flight if staged), the update there,
+  // and the parameters' copy back, left in flight until finish().
+  finish();  // a previous step's copy back, should it still run
+  stage(params, grads);
+  wait_for(copy_in_);
   const double t1 = prof::now_seconds();
+  if (!mixed() && grad_scale != 1.0f) {  // on the host copy: the device's gradients stay as they are
+    kernels::scale_inplace(reinterpret_cast<float*>(host_grads_.data()), grad_scale, n);
+    grad_scale = 1.0f;
+  }
   if (nvme() && m_.size() == 0)
     stream_update(host_params_.data(), host_grads_.data(), grad_scale, lr, step);
   else
     update_span(begin_, end_, host_params_.data(), host_grads_.data(), m_.data(), v_.data(), master_.data(),
                 grad_scale, lr, step);
   const double t2 = prof::now_seconds();
-  std::memcpy(params, host_params_.data(), bytes);
-  const double t3 = prof::now_seconds();
+  const std::size_t bytes = std::size_t(n) * std::size_t(core::element_bytes(precision_));
+  const void* hp = host_params_.data();
+  copy_out_ = std::async(std::launch::async, [=] {
+    const double t0 = prof::now_seconds();
+    std::memcpy(params, hp, bytes);
+    return prof::now_seconds() - t0;
+  });
   if (OffloadStats* st = offload_.stats) {
-    st->bytes_to_host += double(bytes) * (mixed() ? 1.0 : 2.0);
     st->bytes_to_device += double(bytes);
-    st->copy_time += (t1 - t0) + (t3 - t2);
     st->update_time += t2 - t1;
   }
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <vector>
 
 #include "models/param_registry.hpp"
@@ -25,7 +26,8 @@ struct AdamWSettings {
 // parameters back. What moved and how long it took is summed into `stats`.
 struct OffloadStats {
   double bytes_to_host = 0, bytes_to_device = 0;
-  double copy_time = 0;    // s, both directions
+  double copy_time = 0;    // s, both directions (on copy threads)
+  double copy_wait_time = 0;  // s, of that, what the optimizer step waited for
   double update_time = 0;  // s, AdamW on the host (with NVMe: including waits for I/O)
   // NVMe: optimizer state read from and written to the file, the time the
   // transfers took (on their own threads) and the part of it the update
@@ -61,7 +63,14 @@ class AdamW {
   // at the optimizer's precision. The gradients count `grad_scale` times
   // (clipping, loss-scale removal); in fp32 they are scaled in place first.
   // `step` counts from 1 (bias correction).
+  // With offload the copies run on their own threads: update() waits for
+  // the gradients' copy to the host (started here, or earlier by stage()),
+  // and returns with the parameters' copy back in flight; finish() waits
+  // for it. A strategy with several optimizers stages the next one's
+  // gradients before updating the current one, so copies overlap updates.
   void update(void* params, void* grads, float grad_scale, float lr, int step);
+  void stage(const void* params, const void* grads);
+  void finish();
   // The state (first and second moments, and in mixed precision the master
   // weights), capacity elements each: what a checkpoint saves.
   // With NVMe offload only between materialize(true) and materialize(false).
@@ -88,6 +97,8 @@ class AdamW {
   core::Buffer<float> m_, v_, master_;
   // Offload staging for [begin, end), at the parameters' precision.
   core::Buffer<std::byte> host_params_, host_grads_;
+  std::future<double> copy_in_, copy_out_;
+  double wait_for(std::future<double>& copy);  // blocks; books the copy's time and the wait
   // NVMe: this optimizer's region of the file, in chunks of chunk_ elements.
   std::int64_t region_ = 0, chunk_ = 0;
   bool nvme() const { return offload_.nvme != nullptr; }

@@ -56,7 +56,10 @@ double DataParallel::grad_norm_sq() {
   return models::grad_sum_squares(reg_, grads_.at(0), 0, numel(), tp_size_, grads_.precision());
 }
 
-void DataParallel::update(float coef, float lr, int step) { optimizer_.update(params_.at(0), grads_.at(0), coef, lr, step); }
+void DataParallel::update(float coef, float lr, int step) {
+  optimizer_.update(params_.at(0), grads_.at(0), coef, lr, step);
+  optimizer_.finish();  // one range: nothing to overlap its copies with
+}
 
 std::vector<float> DataParallel::full_params() {
   const models::StateInMemory held(std::vector<models::AdamW*>{&optimizer_});

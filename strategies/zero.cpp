@@ -219,10 +219,21 @@ double Zero::grad_norm_sq() {
 }
 
 void Zero::update(float coef, float lr, int step) {
-  for (std::size_t u = 0; u < us_.size(); ++u) {
-    if (us_[u].own_end == us_[u].own_begin) continue;
-    optimizers_[u]->update(own_params(int(u)), own_grads(int(u)), coef, lr, step);
+  // One optimizer per unit shard. With offload, the next shard's copy to
+  // the host runs while this one updates, and the copies back while later
+  // ones do; all are done before the parameters are used again.
+  std::vector<std::size_t> owned;
+  for (std::size_t u = 0; u < us_.size(); ++u)
+    if (us_[u].own_end > us_[u].own_begin) owned.push_back(u);
+  for (std::size_t i = 0; i < owned.size(); ++i) {
+    if (i + 1 < owned.size()) {
+      const int next = int(owned[i + 1]);
+      optimizers_[std::size_t(next)]->stage(own_params(next), own_grads(next));
+    }
+    const int u = int(owned[i]);
+    optimizers_[std::size_t(u)]->update(own_params(u), own_grads(u), coef, lr, step);
   }
+  for (std::size_t u : owned) optimizers_[u]->finish();
   if (stage_ <= 2 && n_ > 1) {
     // Every rank's updated block back into everyone's replicated parameters.
     std::vector<comm::RequestPtr> reqs;

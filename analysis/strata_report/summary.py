@@ -100,6 +100,12 @@ def expert_load(rep):
     return out
 
 
+def hidden(busy, waited):
+    """Share of a background transfer's time the step did not wait for (0 when
+    the wait, which includes starting the transfer's thread, is the longer)."""
+    return max(0.0, 1.0 - waited / busy) if busy > 0 else 0.0
+
+
 def render(rep):
     out = []
     p = out.append
@@ -149,7 +155,11 @@ def render(rep):
             n = len(np.unique(s_["step"]))
             p(f"  per step, mean over ranks: {fmt_bytes(s_['offload_bytes_to_host'].sum() / n / rep.world)} to the host, "
               f"{fmt_bytes(s_['offload_bytes_to_device'].sum() / n / rep.world)} back, copies "
-              f"{1e3 * s_['offload_copy_time'].sum() / n / rep.world:.2f} ms (not hidden), host update "
+              f"{1e3 * s_['offload_copy_time'].sum() / n / rep.world:.2f} ms"
+              + (f" on copy threads, waited for {1e3 * s_['offload_copy_wait'].sum() / n / rep.world:.2f} ms "
+                 f"(with the threads' start; {100 * hidden(s_['offload_copy_time'].sum(), s_['offload_copy_wait'].sum()):.0f}% hidden)"
+                 if "offload_copy_wait" in s_.dtype.names else "")
+              + ", host update "
               f"{1e3 * s_['offload_update_time'].sum() / n / rep.world:.2f} ms")
         if len(s_) and "nvme_bytes_read" in s_.dtype.names and s_["nvme_bytes_read"].sum() > 0:
             io, wait = s_["nvme_io_time"].sum(), s_["nvme_wait_time"].sum()
@@ -157,7 +167,7 @@ def render(rep):
               f"{fmt_bytes(s_['nvme_bytes_read'].sum() / n / rep.world)} read, "
               f"{fmt_bytes(s_['nvme_bytes_written'].sum() / n / rep.world)} written, "
               f"I/O {1e3 * io / n / rep.world:.2f} ms at {s_['nvme_bytes_read'].sum() * 2 / max(io, 1e-12) / 2**30:.2f} GiB/s, "
-              f"waited {1e3 * wait / n / rep.world:.2f} ms ({100 * (1 - wait / io) if io > 0 else 0:.0f}% hidden)")
+              f"waited {1e3 * wait / n / rep.world:.2f} ms ({100 * hidden(io, wait):.0f}% hidden)")
     pipe = rep.table("summary/pipeline")
     if len(pipe) and pipe["stages"].max() > 1:
         p("")

@@ -90,7 +90,8 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_f64("hfu", "1", "hardware FLOPs utilisation: hardware_flops / step_time / peak FLOP/s")
       .col_f64("offload_bytes_to_host", "B", "optimizer offload: gradients and parameters copied to the host")
       .col_f64("offload_bytes_to_device", "B", "optimizer offload: updated parameters copied back")
-      .col_f64("offload_copy_time", "s", "optimizer offload: time in those copies (none of it hidden)")
+      .col_f64("offload_copy_time", "s", "optimizer offload: summed duration of those copies (on copy threads)")
+      .col_f64("offload_copy_wait", "s", "optimizer offload: the part of it the optimizer step waited for (the rest was hidden)")
       .col_f64("offload_update_time", "s", "optimizer offload: AdamW on the host (NVMe: with its waits for I/O)")
       .col_f64("nvme_bytes_read", "B", "NVMe offload: optimizer state read from the rank's file")
       .col_f64("nvme_bytes_written", "B", "NVMe offload: optimizer state written back")
@@ -106,7 +107,7 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
     st.add_row({std::int64_t(rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
                 std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
                 r.mfu, r.hardware_flops, r.hfu, r.offload.bytes_to_host, r.offload.bytes_to_device,
-                r.offload.copy_time, r.offload.update_time, r.offload.nvme_bytes_read, r.offload.nvme_bytes_written,
+                r.offload.copy_time, r.offload.copy_wait_time, r.offload.update_time, r.offload.nvme_bytes_read, r.offload.nvme_bytes_written,
                 r.offload.nvme_io_time, r.offload.nvme_wait_time, r.loss_scale, std::int64_t(r.skipped), r.moe_aux,
                 r.load_imbalance, r.drop_rate});
   f.write_table(st);
