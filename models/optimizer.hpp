@@ -42,6 +42,7 @@ struct HostOffload {
   core::MemoryTracker* host = nullptr;  // null: no offload
   OffloadStats* stats = nullptr;
   NvmeFile* nvme = nullptr;             // with host: state on NVMe
+  bool params = false;                  // ZeRO-3's parameter shard on NVMe too (offload.params)
 };
 
 class AdamW {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kernels/kernels.hpp"
+#include "models/nvme.hpp"
 #include "src/core/error.hpp"
 
 namespace strata::strategies {
@@ -61,6 +62,74 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
   }
   unit_grads_.resize(units_.size());
   gathered_.resize(units_.size());
+  if (cfg.offload.params && cfg.offload.nvme != nullptr) {
+    STRATA_CHECK(stage_ == 3, "parameter offload needs ZeRO stage 3, not {}", stage_);
+    nvme_ = cfg.offload.nvme;
+    stats_ = cfg.offload.stats;
+    std::int64_t most = 0;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      param_region_.push_back(nvme_->reserve(param_region_bytes(int(u))));
+      most = std::max(most, param_region_bytes(int(u)));
+    }
+    bounce_ = core::Buffer<std::byte>(*cfg.offload.host, MemCategory::params, std::size_t(most + models::NvmeFile::kAlign),
+                                      "NVMe offload: parameter bounce buffer");
+    params_in_memory(false);  // the initial values to the file
+  }
+}
+
+std::int64_t Zero::param_region_bytes(int u) const {
+  const std::int64_t a = models::NvmeFile::kAlign;
+  return (us_[u].shard * core::element_bytes(precision_) + a - 1) / a * a;
+}
+
+void Zero::read_params(int u, void* dst) {
+  const std::size_t bytes = std::size_t(us_[u].shard) * std::size_t(core::element_bytes(precision_));
+  if (params_shard_.size() != 0) {
+    std::memcpy(dst, params_shard_.at(us_[u].q), bytes);
+    return;
+  }
+  const auto p = reinterpret_cast<std::uintptr_t>(bounce_.data());
+  void* b = reinterpret_cast<void*>((p + models::NvmeFile::kAlign - 1) / models::NvmeFile::kAlign * models::NvmeFile::kAlign);
+  const double took = nvme_->read_async(b, param_region_bytes(u), param_region_[std::size_t(u)]).get();
+  std::memcpy(dst, b, bytes);
+  if (stats_ != nullptr) {
+    stats_->nvme_bytes_read += double(param_region_bytes(u));
+    stats_->nvme_io_time += took;
+    stats_->nvme_wait_time += took;  // read when needed: nothing hides it
+  }
+}
+
+void Zero::write_params(int u, const void* src) {
+  const std::size_t bytes = std::size_t(us_[u].shard) * std::size_t(core::element_bytes(precision_));
+  if (params_shard_.size() != 0) {
+    std::memcpy(params_shard_.at(us_[u].q), src, bytes);
+    return;
+  }
+  const auto p = reinterpret_cast<std::uintptr_t>(bounce_.data());
+  auto* b = reinterpret_cast<std::byte*>((p + models::NvmeFile::kAlign - 1) / models::NvmeFile::kAlign *
+                                         models::NvmeFile::kAlign);
+  std::memcpy(b, src, bytes);
+  std::memset(b + bytes, 0, std::size_t(param_region_bytes(u)) - bytes);
+  const double took = nvme_->write_async(b, param_region_bytes(u), param_region_[std::size_t(u)]).get();
+  if (stats_ != nullptr) {
+    stats_->nvme_bytes_written += double(param_region_bytes(u));
+    stats_->nvme_io_time += took;
+    stats_->nvme_wait_time += took;
+  }
+}
+
+bool Zero::params_in_memory(bool on) {
+  if (!params_on_nvme() || on == (params_shard_.size() != 0)) return false;
+  if (on) {
+    models::Flat shard(tracker_, MemCategory::params, precision_, std::size_t(shard_total_),
+                       "parameter shard (read from NVMe)");
+    for (std::size_t u = 0; u < us_.size(); ++u) read_params(int(u), shard.at(us_[u].q));
+    params_shard_ = std::move(shard);
+  } else {
+    models::Flat shard = std::move(params_shard_);  // now empty: writes go to the file
+    for (std::size_t u = 0; u < us_.size(); ++u) write_params(int(u), shard.at(us_[u].q));
+  }
+  return true;
 }
 
 Zero::~Zero() = default;
@@ -96,6 +165,7 @@ float* Zero::acquire_params(int u) {
       g.request->wait();
       g.request.reset();
     }
+    g.source.reset();
     ++g.refs;
     whole = &g.data;
     at = 0;
@@ -117,10 +187,16 @@ void Zero::prefetch(int u) {
   if (g.data.size() != 0) return;
   const auto& s = us_[u];
   g.data = models::Flat(tracker_, MemCategory::params, precision_, std::size_t(n_ * s.shard), "gathered unit");
+  const void* mine = params_shard_.size() != 0 ? params_shard_.at(s.q) : nullptr;
+  if (mine == nullptr) {  // offload.params: this rank's block from the file first
+    g.source = models::Flat(tracker_, MemCategory::params, precision_, std::size_t(s.shard), "parameter block from NVMe");
+    read_params(u, g.source.at(0));
+    mine = g.source.at(0);
+  }
   if (n_ > 1)
-    g.request = dp_->iall_gather(params_shard_.at(s.q), g.data.at(0), s.shard, g.data.dtype());
+    g.request = dp_->iall_gather(mine, g.data.at(0), s.shard, g.data.dtype());
   else
-    std::memcpy(g.data.at(0), params_shard_.at(s.q), std::size_t(s.shard) * std::size_t(core::element_bytes(precision_)));
+    std::memcpy(g.data.at(0), mine, std::size_t(s.shard) * std::size_t(core::element_bytes(precision_)));
 }
 
 float* Zero::grads(int u) {
@@ -225,6 +301,17 @@ void Zero::update(float coef, float lr, int step) {
   std::vector<std::size_t> owned;
   for (std::size_t u = 0; u < us_.size(); ++u)
     if (us_[u].own_end > us_[u].own_begin) owned.push_back(u);
+  if (params_on_nvme() && params_shard_.size() == 0) {
+    // offload.params: each block from the file, updated, and back.
+    for (std::size_t u : owned) {
+      models::Flat p(tracker_, MemCategory::params, precision_, std::size_t(us_[u].shard), "parameter block from NVMe");
+      read_params(int(u), p.at(0));
+      optimizers_[u]->update(p.at(0), own_grads(int(u)), coef, lr, step);
+      optimizers_[u]->finish();
+      write_params(int(u), p.at(0));
+    }
+    return;
+  }
   for (std::size_t i = 0; i < owned.size(); ++i) {
     if (i + 1 < owned.size()) {
       const int next = int(owned[i + 1]);
@@ -257,6 +344,7 @@ std::vector<float> Zero::gather_unit(int u, const float* mine) {
 std::vector<float> Zero::full_params() {
   // Mixed precision: the master weights, each rank's block of every unit.
   const models::StateInMemory held(optimizer_list());
+  const bool brought = params_in_memory(true);
   std::vector<float> out(std::size_t(reg_.numel()));
   for (std::size_t u = 0; u < us_.size(); ++u) {
     const auto& s = us_[u];
@@ -268,6 +356,7 @@ std::vector<float> Zero::full_params() {
     const float* src = gathered.empty() ? params_full_.f32(n_ * s.q) : gathered.data();
     std::memcpy(out.data() + units_[u].begin, src, sizeof(float) * std::size_t(s.size));
   }
+  if (brought) params_in_memory(false);
   return out;
 }
 
@@ -275,6 +364,7 @@ std::vector<StateTensor> Zero::state_tensors() {
   // Stages 1-2 hold every parameter (the padded full buffer), stage 3 its
   // shard; the moments (and master weights) are per unit shard.
   models::Flat& p = params_store();
+  STRATA_CHECK(p.size() != 0, "state tensors of an NVMe-offloaded parameter shard: hold_state_in_memory first");
   std::vector<StateTensor> out{{"params", p.at(0), std::int64_t(p.size()), core::element_bytes(precision_)}};
   for (std::size_t u = 0; u < optimizers_.size(); ++u) {
     auto& o = *optimizers_[u];
@@ -304,6 +394,7 @@ FullState Zero::full_state() {
 
 void Zero::set_full_state(const FullState& st) {
   const models::StateInMemory held(optimizer_list());
+  const bool brought = params_in_memory(true);
   // In mixed precision the 16-bit parameters are the master weights rounded.
   for (std::size_t u = 0; u < us_.size(); ++u) {
     const auto& s = us_[u];
@@ -315,6 +406,7 @@ void Zero::set_full_state(const FullState& st) {
     std::copy(st.m.data() + s.own_begin, st.m.data() + s.own_end, optimizers_[u]->m());
     std::copy(st.v.data() + s.own_begin, st.v.data() + s.own_end, optimizers_[u]->v());
   }
+  if (brought) params_in_memory(false);
 }
 
 }  // namespace strata::strategies

@@ -47,6 +47,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::vector<StateTensor> state_tensors() override;
   void hold_state_in_memory(bool in_memory) override {
     for (auto& o : optimizers_) o->materialize(in_memory);
+    params_in_memory(in_memory);
   }
   FullState full_state() override;
   void set_full_state(const FullState& s) override;
@@ -76,6 +77,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   // A gathered unit (stage 3).
   struct Gathered {
     models::Flat data;
+    models::Flat source;         // offload.params: this rank's block, read from NVMe for the gather
     comm::RequestPtr request;    // set while a prefetch is in flight
     int refs = 0;
   };
@@ -94,6 +96,16 @@ class Zero final : public StateStrategy, public models::ParamState {
   bool mixed() const { return precision_ != core::Precision::fp32; }
   std::vector<models::AdamW*> optimizer_list() const;
   void launch_reduce_scatter(int u, models::Flat input, const void* src);
+  // offload.params (stage 3): the parameter shard lives in the NVMe file,
+  // unit by unit (4 KiB-aligned regions, through an aligned bounce buffer
+  // in the host arena); params_shard_ exists only while brought into
+  // memory (construction, checkpoints). Unit u's block from and to
+  // wherever it is; params_in_memory returns whether it changed anything.
+  bool params_on_nvme() const { return nvme_ != nullptr; }
+  void read_params(int u, void* dst);
+  void write_params(int u, const void* src);
+  bool params_in_memory(bool on);
+  std::int64_t param_region_bytes(int u) const;
   void complete(Pending& p);
   void poll();
   void pop_front();
@@ -113,6 +125,10 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::vector<std::unique_ptr<models::AdamW>> optimizers_;  // one per unit shard
   std::vector<models::Flat> unit_grads_;      // fp32, stages 2-3: this micro-batch's unreduced unit gradients
   models::WideViews views_;                   // mixed precision: what the model reads and writes
+  models::NvmeFile* nvme_ = nullptr;          // offload.params
+  models::OffloadStats* stats_ = nullptr;
+  std::vector<std::int64_t> param_region_;    // offload.params: unit u's block in the file
+  core::Buffer<std::byte> bounce_;
   std::vector<Gathered> gathered_;                   // stage 3
   std::vector<Pending> pending_;
   std::int64_t in_flight_bytes_ = 0;  // unreduced gradient bytes held by pending_ (stages 2, 3)

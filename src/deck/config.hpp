@@ -87,6 +87,7 @@ struct BackendSection {
 struct OffloadSection {
   std::string path;                   // a directory; required with "nvme"
   double chunk_mb = 4.0;              // MiB per state tensor per chunk
+  bool params = false;                // ZeRO-3's parameter shard on NVMe too
 };
 
 struct Config {

@@ -364,6 +364,11 @@ void Resolver::check_cross_keys() {
   if (c.parallel.offload == "nvme" && c.offload.path.empty())
     error(fmt::format("{}: {} needs offload.path, the directory each rank's optimizer file goes in (on the NVMe)",
                       primary({"parallel.offload", "offload.path"}), show("parallel.offload")));
+  if (c.offload.params && (c.parallel.offload != "nvme" || c.parallel.zero != 3))
+    error(fmt::format("{}: offload.params = true needs parallel.offload = \"nvme\" and parallel.zero = 3 ({}, {}): "
+                      "only ZeRO-3 holds just a parameter shard to offload",
+                      primary({"offload.params", "parallel.offload", "parallel.zero"}), show("parallel.offload"),
+                      show("parallel.zero")));
   if (c.model.kind == "moe" && c.model.moe_experts == 0)
     error(fmt::format("{}: {} needs model.moe_experts >= 1 ({})", primary({"model.kind", "model.moe_experts"}),
                       show("model.kind"), show("model.moe_experts")));

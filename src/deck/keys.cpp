@@ -205,6 +205,7 @@ const std::vector<KeySpec>& key_table() {
       // [offload]
       key<&Config::offload, &OffloadSection::path>("offload", "path", "parallel.offload = \"nvme\": the directory of each rank's optimizer file (on the NVMe)"),
       key<&Config::offload, &OffloadSection::chunk_mb>("offload", "chunk_mb", "parallel.offload = \"nvme\": MiB of each state tensor per streamed chunk").above(0),
+      key<&Config::offload, &OffloadSection::params>("offload", "params", "with parallel.offload = \"nvme\" and zero = 3: the parameter shard in the file too"),
   };
   return table;
 }

@@ -154,6 +154,10 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
       const double chunk = std::max(1.0, std::floor(deck.config.offload.chunk_mb * 256.0)) * 1024;
       host = owned * 2 * eb + 2 * (chunk * opt + 4096);  // each buffer 4 KiB over, for alignment
       file = owned * opt;  // plus padding to whole chunks per optimizer
+      if (deck.config.offload.params) {  // ZeRO-3's shard in the file, read block by block
+        file += per_cat[int(core::MemCategory::params)];
+        per_cat[int(core::MemCategory::params)] = 0;
+      }
     }
     if (par.offload != "none") per_cat[int(core::MemCategory::optimizer)] = 0;
     // Token ids and targets: one micro-batch's, or a pipeline step's.

@@ -98,7 +98,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
     const std::int64_t chunk = std::max<std::int64_t>(1, std::int64_t(cfg_.offload.chunk_mb * 256.0)) * 1024;
     nvme_ = std::make_unique<models::NvmeFile>(cfg_.offload.path, host_tracker_, chunk,
                                                precision_ == core::Precision::fp32 ? 2 : 3);
-    sc.offload = {&host_tracker_, &offload_, nvme_.get()};
+    sc.offload = {&host_tracker_, &offload_, nvme_.get(), cfg_.offload.params};
   }
   sc.precision = precision_;
   strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, epc_.comm, edp_);

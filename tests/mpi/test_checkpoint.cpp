@@ -47,11 +47,11 @@ deck::Deck make_deck(const Layout& l) {
       "[model]\nkind = \"{}\"\nmoe_experts = {}\nlayers = 2\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
       "[data]\nglobal_batch = {}\nmicro_batch = 1\n"
       "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\noffload = \"{}\"\n"
-      "[offload]\npath = \"{}\"\nchunk_mb = 0.00390625\n"
+      "[offload]\npath = \"{}\"\nchunk_mb = 0.00390625\nparams = {}\n"
       "[optim]\nlr = 1e-2\nschedule = \"cosine\"\nwarmup = 2\nweight_decay = 0.1\ngrad_clip = 0.5\n"
       "[backend]\nthreads = 1\nprecision = \"{}\"\nloss_scale = {}\nloss_scale_window = 2\n",
       l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 8, l.pp, l.dp, l.tp, l.ep, l.zero, l.offload,
-      (fs::temp_directory_path() / "strata-ck-nvme").string(), l.precision,
+      (fs::temp_directory_path() / "strata-ck-nvme").string(), l.offload == "nvme" && l.zero == 3, l.precision,
       // fp16: a scale that overflows for the first steps, so that the
       // checkpoint carries skipped steps and a scale in motion.
       l.precision == "fp16" ? "262144.0" : "65536.0");
@@ -139,6 +139,7 @@ TEST(Checkpoint, ResumeIsBitExactOnEveryStrategy) {
   // and written into the resumed run's file.
   check({1, n, 1, 1, 2, false, "fp32", "nvme"});
   check({1, n, 1, 1, 0, false, "bf16", "nvme"});
+  check({1, n, 1, 1, 3, false, "bf16", "nvme"});  // the parameter shard on NVMe too
   if (n == 2) {
     check({2, 1, 1});
     check({1, 1, 2});

@@ -83,7 +83,7 @@ const std::vector<std::string> kAllKeys = {
     "parallel.sequence_parallel", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps", "optim.grad_clip",
-    "backend.device", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops", "offload.path", "offload.chunk_mb",
+    "backend.device", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops", "offload.path", "offload.chunk_mb", "offload.params",
 };
 
 class DeckTest : public ::testing::Test {
@@ -406,6 +406,9 @@ TEST_F(DeckTest, ParallelLayoutConstraintsAreChecked) {
              {"deck.toml:2: parallel.offload = \"nvme\" (line 2) needs offload.path, the directory each rank's"});
   EXPECT_NO_THROW(load("[parallel]\noffload = \"nvme\"\n[offload]\npath = \"/tmp\"\nchunk_mb = 0.5\n"));
   load_error("[offload]\nchunk_mb = 0\n", {"deck.toml:2:", "'offload.chunk_mb' must be > 0"});
+  load_error("[parallel]\noffload = \"nvme\"\nzero = 2\n[offload]\npath = \"/tmp\"\nparams = true\n",
+             {"offload.params = true needs parallel.offload = \"nvme\" and parallel.zero = 3", "parallel.zero = 2"});
+  EXPECT_NO_THROW(load("[parallel]\noffload = \"nvme\"\nzero = 3\n[offload]\npath = \"/tmp\"\nparams = true\n"));
   EXPECT_NO_THROW(load("[parallel]\noffload = \"host\"\n[backend]\nhost_memory_limit = \"1GiB\"\n"));
   EXPECT_NO_THROW(load("[model]\nseq_len = 8\n[parallel]\ntp = 2\nsequence_parallel = true\n"));
   load_error("[model]\nseq_len = 9\nheads = 4\n[parallel]\ntp = 2\nsequence_parallel = true\n",
