@@ -267,7 +267,7 @@ TEST(Comm, SixteenBitSums) {
   DupWorld w;
   comm::MpiCommunicator c(w.c, "world");
   const int n = c.size(), r = c.rank();
-  for (const auto [t, p] : {std::pair{DType::bf16, core::Precision::bf16}, std::pair{DType::f16, core::Precision::fp16}}) {
+  for (const auto& [t, p] : {std::pair{DType::bf16, core::Precision::bf16}, std::pair{DType::f16, core::Precision::fp16}}) {
     EXPECT_EQ(comm::dtype_size(t), 2u);
     const int count = 3 * n;
     std::vector<std::uint16_t> buf(static_cast<std::size_t>(count)), out(3);
@@ -283,7 +283,9 @@ TEST(Comm, SixteenBitSums) {
       for (int q = 0; q < n; ++q) want += value(q, i);
       EXPECT_EQ(core::half_to_float(buf[std::size_t(i)], p), want) << i;
       EXPECT_EQ(nb[std::size_t(i)], buf[std::size_t(i)]) << i;
-      if (i / 3 == r) EXPECT_EQ(core::half_to_float(out[std::size_t(i % 3)], p), want) << i;
+      if (i / 3 == r) {
+        EXPECT_EQ(core::half_to_float(out[std::size_t(i % 3)], p), want) << i;
+      }
     }
     EXPECT_THROW(c.all_reduce(buf.data(), count, t, ReduceOp::max), core::Error);
   }

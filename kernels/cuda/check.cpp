@@ -1,0 +1,11 @@
+#include "kernels/cuda/check.hpp"
+
+#include "src/core/error.hpp"
+
+namespace strata::kernels::cuda {
+
+void cuda_failed(const char* call, cudaError_t rc, const char* file, int line) {
+  core::runtime_error("{} failed: {} ({}:{})", call, cudaGetErrorString(rc), file, line);
+}
+
+}  // namespace strata::kernels::cuda

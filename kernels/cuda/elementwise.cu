@@ -1,0 +1,82 @@
+// Pointwise kernels: one thread per element in a grid-stride loop, the
+// arithmetic written as the CPU backend writes it (kernels/cpu/elementwise.cpp)
+// so that fp32 results agree to rounding.
+#include <cstdint>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
+
+namespace strata::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+int blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + kThreads - 1) / kThreads;
+  return int(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
+}
+
+template <typename F>
+__global__ void pointwise(std::int64_t n, F f) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    f(i);
+}
+
+template <typename F>
+void launch(std::int64_t n, F f) {
+  if (n <= 0) return;
+  pointwise<<<blocks_for(n), kThreads>>>(n, f);
+  STRATA_CHECK_LAUNCH();
+}
+
+// GELU, tanh approximation through 0.5 (1 + tanh(u)) = sigmoid(2u), as the CPU backend.
+__device__ float gelu(float x) {
+  const float u = kGeluS * (x + kGeluA * x * x * x);
+  return x / (1.0f + expf(-2.0f * u));
+}
+
+// d/dx [x sigmoid(2u)] = sig + x 2 u' sig (1 - sig), with 1 - sig = e sig
+// computed without subtracting from 1 (as the CPU backend).
+__device__ float gelu_grad(float x) {
+  const float u = kGeluS * (x + kGeluA * x * x * x);
+  const float du = kGeluS * (1.0f + 3.0f * kGeluA * x * x);
+  const float e = expf(-2.0f * u);
+  const float sig = 1.0f / (1.0f + e);
+  return sig + 2.0f * x * du * (e * sig) * sig;
+}
+
+}  // namespace
+
+void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+  launch(n, [=] __device__(std::int64_t i) { out[i] = a[i] + b[i]; });
+}
+
+void add_inplace(float* y, const float* x, std::int64_t n) {
+  launch(n, [=] __device__(std::int64_t i) { y[i] += x[i]; });
+}
+
+void scale_inplace(float* x, float s, std::int64_t n) {
+  launch(n, [=] __device__(std::int64_t i) { x[i] *= s; });
+}
+
+void fill_zero(float* x, std::int64_t n) {
+  if (n > 0) STRATA_CHECK_CUDA(cudaMemsetAsync(x, 0, std::size_t(n) * sizeof(float)));
+}
+
+void bias_add(float* out, const float* bias, int N, int C) {
+  launch(std::int64_t(N) * C, [=] __device__(std::int64_t i) { out[i] += bias[i % C]; });
+}
+
+void gelu_forward(float* out, const float* inp, std::int64_t n) {
+  launch(n, [=] __device__(std::int64_t i) { out[i] = gelu(inp[i]); });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+  launch(n, [=] __device__(std::int64_t i) { dinp[i] += gelu_grad(inp[i]) * dout[i]; });
+}
+
+}  // namespace strata::kernels::cuda
