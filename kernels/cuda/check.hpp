@@ -7,6 +7,7 @@
 
 namespace strata::kernels::cuda {
 [[noreturn]] void cuda_failed(const char* call, cudaError_t rc, const char* file, int line);
+[[noreturn]] void cublas_failed(const char* call, int status, const char* file, int line);
 }
 
 #define STRATA_CHECK_CUDA(call)                                                              \

@@ -32,6 +32,13 @@ void free_device(void* p);
 void copy_to_device(void* dst, const void* src, std::size_t bytes);
 void copy_to_host(void* dst, const void* src, std::size_t bytes);
 
+// ---- matmul (cuBLAS sgemm; as kernels.hpp, row-major) ----
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+            int ldb, float beta, float* C, int ldc);
+void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                            std::int64_t stride_a, const float* B, int ldb, std::int64_t stride_b, float beta,
+                            float* C, int ldc, std::int64_t stride_c, int batch);
+
 // ---- elementwise (as kernels.hpp) ----
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n);
 void add_inplace(float* y, const float* x, std::int64_t n);

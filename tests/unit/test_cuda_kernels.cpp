@@ -151,3 +151,30 @@ TEST_F(CudaKernels, AdamWMatchesTheCpuBackend) {
     EXPECT_LE(max_rel(dv.host(), v), 1e-5) << "step " << step;
   }
 }
+
+// Every transpose combination, leading dimensions wider than the matrices,
+// alpha and beta both active; and the strided batch attention uses.
+TEST_F(CudaKernels, MatmulMatchesTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  const int M = 37, N = 53, K = 129, pad = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+      const Vec A = uniform(rng_, std::size_t(ta ? K : M) * lda), B = uniform(rng_, std::size_t(tb ? N : K) * ldb);
+      Vec C = uniform(rng_, std::size_t(M) * ldc), ref = C;
+      Device dA(A), dB(B), dC(C);
+      cu::matmul(ta, tb, M, N, K, 0.7f, dA.get(), lda, dB.get(), ldb, 0.3f, dC.get(), ldc);
+      k::matmul(ta, tb, M, N, K, 0.7f, A.data(), lda, B.data(), ldb, 0.3f, ref.data(), ldc);
+      // K products summed in another order: relative to the sums' scale.
+      EXPECT_LE(max_rel(dC.host(), ref, 1.0), 1e-5) << "trans_a " << ta << " trans_b " << tb;
+    }
+  const int batch = 6;
+  const Vec A = uniform(rng_, std::size_t(batch) * M * K), B = uniform(rng_, std::size_t(batch) * N * K);
+  Vec C(std::size_t(batch) * M * N, 0.0f), ref = C;
+  Device dA(A), dB(B), dC(C);
+  cu::matmul_strided_batched(false, true, M, N, K, 1.0f, dA.get(), K, std::int64_t(M) * K, dB.get(), K,
+                             std::int64_t(N) * K, 0.0f, dC.get(), N, std::int64_t(M) * N, batch);
+  k::matmul_strided_batched(false, true, M, N, K, 1.0f, A.data(), K, std::int64_t(M) * K, B.data(), K,
+                            std::int64_t(N) * K, 0.0f, ref.data(), N, std::int64_t(M) * N, batch);
+  EXPECT_LE(max_rel(dC.host(), ref, 1.0), 1e-5);
+}
