@@ -47,10 +47,26 @@ void fill_zero(float* x, std::int64_t n);
 void bias_add(float* out, const float* bias, int N, int C);
 void gelu_forward(float* out, const float* inp, std::int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n);
+void bias_backward(float* dbias, const float* dout, int N, int C);
+double sum_squares(const float* x, std::int64_t n);  // synchronises: the result comes to the host
 
 // ---- LayerNorm (as kernels.hpp): one block per row ----
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, float eps = 1e-5f);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C);
+
+// ---- token + position embedding (as kernels.hpp; the backward adds rows
+// with atomics, so its sums' order varies) ----
+void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       int v_begin = 0, int v_count = -1);
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T, int C,
+                        int v_begin = 0, int v_count = -1);
+
+// ---- fused softmax cross-entropy (as kernels.hpp): one block per row ----
+void softmax_cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets, int N, int V);
+void softmax_cross_entropy_backward(float* dlogits, const float* logits, const std::int32_t* targets, float dloss,
+                                    int N, int V);
 
 // ---- AdamW (as kernels.hpp, the same per-element arithmetic) ----
 void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t n, float lr, float beta1,

@@ -1,6 +1,8 @@
 // Pointwise kernels: one thread per element in a grid-stride loop, the
 // arithmetic written as the CPU backend writes it (kernels/cpu/elementwise.cpp)
-// so that fp32 results agree to rounding.
+// so that fp32 results agree to rounding; and the column sums of bias
+// gradients and the sum of squares behind gradient clipping.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/check.hpp"
@@ -49,7 +51,46 @@ __device__ float gelu_grad(float x) {
   return sig + 2.0f * x * du * (e * sig) * sig;
 }
 
+// Column sums for bias gradients, one thread per column, in double over the
+// rows (as the CPU backend).
+__global__ void column_sums(float* dbias, const float* dout, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double acc = 0;
+  for (int n = 0; n < N; ++n) acc += dout[std::int64_t(n) * C + c];
+  dbias[c] += float(acc);
+}
+
+// Sum of squares: per-thread partial sums in double, added atomically.
+__global__ void sum_squares_kernel(double* out, const float* x, std::int64_t n) {
+  double acc = 0;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    acc += double(x[i]) * double(x[i]);
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % 32 == 0) atomicAdd(out, acc);
+}
+
 }  // namespace
+
+void bias_backward(float* dbias, const float* dout, int N, int C) {
+  if (C <= 0) return;
+  column_sums<<<(C + kThreads - 1) / kThreads, kThreads>>>(dbias, dout, N, C);
+  STRATA_CHECK_LAUNCH();
+}
+
+double sum_squares(const float* x, std::int64_t n) {
+  double* d = static_cast<double*>(malloc_device(sizeof(double)));
+  STRATA_CHECK_CUDA(cudaMemset(d, 0, sizeof(double)));
+  if (n > 0) {
+    sum_squares_kernel<<<std::min(blocks_for(n), 1024), kThreads>>>(d, x, n);
+    STRATA_CHECK_LAUNCH();
+  }
+  double h = 0;
+  copy_to_host(&h, d, sizeof(double));
+  free_device(d);
+  return h;
+}
 
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
   launch(n, [=] __device__(std::int64_t i) { out[i] = a[i] + b[i]; });

@@ -1,6 +1,8 @@
-// LayerNorm forward: one block per row, the mean and then the squared
+// LayerNorm: the forward one block per row, the mean and then the squared
 // deviations reduced over the block (two passes, as the CPU backend, so a
-// large mean does not cancel the variance); rstd saved for the backward.
+// large mean does not cancel the variance), rstd saved for the backward; the
+// backward's input gradient one block per row, its parameter gradients one
+// thread per column.
 #include <cstdint>
 
 #include "kernels/cuda/check.hpp"
@@ -43,7 +45,54 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   }
 }
 
+// dinp, one block per row: dx += s (dnorm - mean(dnorm) - norm mean(dnorm norm)).
+__global__ void layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                                         const float* mean, const float* rstd, int C) {
+  __shared__ float shared[kThreads / 32];
+  const std::int64_t row = blockIdx.x;
+  const float* x = inp + row * C;
+  const float* dy = dout + row * C;
+  float* dx = dinp + row * C;
+  const float m = mean[row], s = rstd[row];
+  float a = 0.0f, b = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float norm = (x[c] - m) * s, dnorm = dy[c] * weight[c];
+    a += dnorm;
+    b += dnorm * norm;
+  }
+  const float dnorm_mean = block_sum(a, shared) / C, dnorm_norm_mean = block_sum(b, shared) / C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float norm = (x[c] - m) * s, dnorm = dy[c] * weight[c];
+    dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+  }
+}
+
+// dweight and dbias: one thread per column, summing the N rows in double as
+// the CPU backend does.
+__global__ void layernorm_backward_params(float* dweight, float* dbias, const float* dout, const float* inp,
+                                          const float* mean, const float* rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  double dw = 0, db = 0;
+  for (int n = 0; n < N; ++n) {
+    const std::int64_t i = std::int64_t(n) * C + c;
+    dw += double((inp[i] - mean[n]) * rstd[n] * dout[i]);
+    db += double(dout[i]);
+  }
+  dweight[c] += float(dw);
+  dbias[c] += float(db);
+}
+
 }  // namespace
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  if (N <= 0) return;
+  layernorm_backward_input<<<N, kThreads>>>(dinp, dout, inp, weight, mean, rstd, C);
+  STRATA_CHECK_LAUNCH();
+  layernorm_backward_params<<<(C + kThreads - 1) / kThreads, kThreads>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  STRATA_CHECK_LAUNCH();
+}
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C, float eps) {

@@ -1,7 +1,8 @@
 // The CUDA kernels against the CPU backend on the same fresh random inputs:
 // fp32 results within 1e-5 relative (elementwise and AdamW, whose per-element
-// arithmetic is the same code, to a few ulps; LayerNorm, whose row sums are
-// reduced in another order, to that bound). Needs a GPU: without one every
+// arithmetic is the same code, to a few ulps; reductions summed in another
+// order, LayerNorm, GEMMs, bias and embedding gradients, cross-entropy, to
+// that bound). Needs a GPU: without one every
 // test skips and says why (the kernels are still compiled and linked).
 // Seed: fresh per run, printed on failure; rerun with STRATA_TEST_SEED.
 #include <gtest/gtest.h>
@@ -36,26 +37,29 @@ Vec uniform(std::mt19937& g, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
 }
 
 // A device copy of a host vector, freed with the object.
-class Device {
+template <typename T>
+class DeviceOf {
  public:
-  explicit Device(const Vec& h) : n_(h.size()), p_(static_cast<float*>(cu::malloc_device(h.size() * sizeof(float)))) {
-    cu::copy_to_device(p_, h.data(), n_ * sizeof(float));
+  explicit DeviceOf(const std::vector<T>& h)
+      : n_(h.size()), p_(static_cast<T*>(cu::malloc_device(h.size() * sizeof(T)))) {
+    cu::copy_to_device(p_, h.data(), n_ * sizeof(T));
   }
-  ~Device() { cu::free_device(p_); }
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-  float* get() { return p_; }
-  Vec host() const {
+  ~DeviceOf() { cu::free_device(p_); }
+  DeviceOf(const DeviceOf&) = delete;
+  DeviceOf& operator=(const DeviceOf&) = delete;
+  T* get() { return p_; }
+  std::vector<T> host() const {
     cu::synchronize();
-    Vec h(n_);
-    cu::copy_to_host(h.data(), p_, n_ * sizeof(float));
+    std::vector<T> h(n_);
+    cu::copy_to_host(h.data(), p_, n_ * sizeof(T));
     return h;
   }
 
  private:
   std::size_t n_;
-  float* p_;
+  T* p_;
 };
+using Device = DeviceOf<float>;
 
 // Largest |a - b| / max(|b|, floor) over the elements.
 double max_rel(const Vec& a, const Vec& b, double floor = 1e-3) {
@@ -121,6 +125,23 @@ TEST_F(CudaKernels, ElementwiseMatchTheCpuBackend) {
   EXPECT_EQ(dx.host(), r);
 }
 
+TEST_F(CudaKernels, BiasBackwardAndSumOfSquaresMatchTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  const int N = 513, C = 77;
+  const Vec dout = uniform(rng_, std::size_t(N) * C), db0 = uniform(rng_, C);
+  Vec ref = db0;
+  Device dd(dout), ddb(db0);
+  cu::bias_backward(ddb.get(), dd.get(), N, C);
+  k::bias_backward(ref.data(), dout.data(), N, C);
+  EXPECT_LE(max_rel(ddb.host(), ref), 1e-5);
+  for (const std::int64_t n : {0, 5, 1 << 20}) {
+    const Vec x = uniform(rng_, std::size_t(n));
+    Device dx(x);
+    const double want = k::sum_squares(x.data(), n);
+    EXPECT_NEAR(cu::sum_squares(dx.get(), n), want, 1e-12 * std::max(want, 1.0)) << n;
+  }
+}
+
 TEST_F(CudaKernels, LayerNormForwardMatchesTheCpuBackend) {
   SCOPED_TRACE(trace());
   for (const auto& [N, C] : {std::pair{1, 7}, std::pair{64, 768}, std::pair{300, 1024}}) {
@@ -177,4 +198,77 @@ TEST_F(CudaKernels, MatmulMatchesTheCpuBackend) {
   k::matmul_strided_batched(false, true, M, N, K, 1.0f, A.data(), K, std::int64_t(M) * K, B.data(), K,
                             std::int64_t(N) * K, 0.0f, ref.data(), N, std::int64_t(M) * N, batch);
   EXPECT_LE(max_rel(dC.host(), ref, 1.0), 1e-5);
+}
+
+TEST_F(CudaKernels, LayerNormBackwardMatchesTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  const int N = 200, C = 384;
+  const Vec x = uniform(rng_, std::size_t(N) * C, -3, 5), w = uniform(rng_, C), b = uniform(rng_, C);
+  const Vec dy = uniform(rng_, x.size());
+  Vec out(x.size()), mean(N), rstd(N);
+  k::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  // Accumulation: every gradient starts non-zero.
+  Vec dx = uniform(rng_, x.size()), dw = uniform(rng_, C), dbias = uniform(rng_, C);
+  Device ddx(dx), ddw(dw), ddb(dbias), ddy(dy), dxin(x), dwt(w), dmean(mean), drstd(rstd);
+  cu::layernorm_backward(ddx.get(), ddw.get(), ddb.get(), ddy.get(), dxin.get(), dwt.get(), dmean.get(), drstd.get(), N,
+                         C);
+  k::layernorm_backward(dx.data(), dw.data(), dbias.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                        C);
+  EXPECT_LE(max_rel(ddx.host(), dx), 1e-5);
+  EXPECT_LE(max_rel(ddw.host(), dw), 1e-5);
+  EXPECT_LE(max_rel(ddb.host(), dbias), 1e-5);
+}
+
+// Whole and vocabulary-sharded tables (tokens outside the shard add 0), with
+// and without the position table; repeated tokens exercise the atomics.
+TEST_F(CudaKernels, EmbeddingMatchesTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  const int B = 3, T = 17, C = 40, V = 50;
+  std::vector<std::int32_t> tokens(std::size_t(B) * T);
+  std::uniform_int_distribution<int> tok(0, V - 1);
+  for (auto& t : tokens) t = tok(rng_);
+  for (const auto& [v_begin, v_count] : {std::pair{0, -1}, std::pair{20, 15}}) {
+    const int rows = v_count < 0 ? V : v_count;
+    const Vec wte = uniform(rng_, std::size_t(rows) * C), wpe = uniform(rng_, std::size_t(T) * C);
+    const Vec dout = uniform(rng_, std::size_t(B) * T * C);
+    for (bool with_wpe : {true, false}) {
+      Vec out(std::size_t(B) * T * C), ref = out, dwte = uniform(rng_, wte.size()), dwpe = uniform(rng_, wpe.size());
+      DeviceOf<std::int32_t> dt(tokens);
+      Device dwte_in(wte), dwpe_in(wpe), dout_d(out), dgrad(dout), ddwte(dwte), ddwpe(dwpe);
+      cu::embedding_forward(dout_d.get(), dt.get(), dwte_in.get(), with_wpe ? dwpe_in.get() : nullptr, B, T, C, v_begin,
+                            v_count);
+      k::embedding_forward(ref.data(), tokens.data(), wte.data(), with_wpe ? wpe.data() : nullptr, B, T, C, v_begin,
+                           v_count);
+      EXPECT_EQ(dout_d.host(), ref) << "v_begin " << v_begin << " wpe " << with_wpe;
+      cu::embedding_backward(ddwte.get(), with_wpe ? ddwpe.get() : nullptr, dgrad.get(), dt.get(), B, T, C, v_begin,
+                             v_count);
+      k::embedding_backward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(), tokens.data(), B, T, C, v_begin,
+                            v_count);
+      EXPECT_LE(max_rel(ddwte.host(), dwte), 1e-5) << "v_begin " << v_begin;
+      EXPECT_LE(max_rel(ddwpe.host(), dwpe), 1e-5) << "v_begin " << v_begin;
+    }
+  }
+}
+
+// Rows of a GPT-2-sized vocabulary and a tiny one; the backward in place
+// over the logits, as the model calls it.
+TEST_F(CudaKernels, CrossEntropyMatchesTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  for (const auto& [N, V] : {std::pair{4, 7}, std::pair{33, 50257}}) {
+    const Vec logits = uniform(rng_, std::size_t(N) * V, -8, 8);
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+    std::uniform_int_distribution<int> tok(0, V - 1);
+    for (auto& t : targets) t = tok(rng_);
+    Vec losses(N), ref(N);
+    DeviceOf<std::int32_t> dt(targets);
+    Device dl(logits), dloss(losses);
+    cu::softmax_cross_entropy_forward(dloss.get(), dl.get(), dt.get(), N, V);
+    k::softmax_cross_entropy_forward(ref.data(), logits.data(), targets.data(), N, V);
+    EXPECT_LE(max_rel(dloss.host(), ref), 1e-5) << N << " x " << V;
+    Vec grad = logits;
+    cu::softmax_cross_entropy_backward(dl.get(), dl.get(), dt.get(), 1.0f / N, N, V);
+    k::softmax_cross_entropy_backward(grad.data(), grad.data(), targets.data(), 1.0f / N, N, V);
+    // Probabilities as small as e^-16 / V: relative to the row's scale, 1 / (N V).
+    EXPECT_LE(max_rel(dl.host(), grad, 1e-3 / (double(N) * V)), 1e-5) << N << " x " << V;
+  }
 }
