@@ -135,9 +135,6 @@ void narrow_add(std::uint16_t* y, const float* x, std::int64_t n, core::Precisio
 void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, core::Precision p);
 // Sum of squares of the widened elements, in double (as sum_squares).
 double sum_squares_half(const std::uint16_t* x, std::int64_t n, core::Precision p);
-// Whether every element is finite (the loss scaler's overflow check).
-bool all_finite(const float* x, std::int64_t n);
-bool all_finite_half(const std::uint16_t* x, std::int64_t n, core::Precision p);
 // AdamW on fp32 master weights from 16-bit gradients (ZeRO's mixed-precision
 // step): g = float(grad[i]) * grad_scale (unscaling and clipping folded into
 // one factor), master updated exactly as adamw_update does, and the 16-bit

@@ -27,13 +27,6 @@ std::uint16_t* Flat::h16(std::int64_t i) {
 
 void Flat::zero() { std::memset(buf_.data(), 0, buf_.bytes()); }
 
-void Flat::read(std::int64_t i, std::int64_t n, float* out) const {
-  if (half())
-    kernels::widen(out, static_cast<const std::uint16_t*>(at(i)), n, p_);
-  else
-    std::memcpy(out, at(i), sizeof(float) * std::size_t(n));
-}
-
 void Flat::write(std::int64_t i, std::int64_t n, const float* in) {
   if (half())
     kernels::narrow(h16(i), in, n, p_);

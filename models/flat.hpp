@@ -50,8 +50,7 @@ class Flat {
   std::uint16_t* h16(std::int64_t i = 0);
   void reset() { buf_.reset(), n_ = 0; }
   void zero();
-  // Elements [i, i + n) widened into out, resp. set from fp32 (rounded).
-  void read(std::int64_t i, std::int64_t n, float* out) const;
+  // Elements [i, i + n) set from fp32 (rounded when stored 16-bit).
   void write(std::int64_t i, std::int64_t n, const float* in);
   // Elements [i, i + n) += src's [j, j + n) (same precision; 16-bit sums
   // are rounded once).

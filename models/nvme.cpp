@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -18,6 +19,11 @@ namespace strata::models {
 namespace {
 
 std::atomic<int> file_counter{0};
+
+std::byte* align_up(std::byte* p) {
+  const auto a = std::uintptr_t(NvmeFile::kAlign);
+  return reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(p) + a - 1) / a * a);
+}
 
 // pread/pwrite until done: a transfer may come back short.
 double transfer(int fd, std::byte* buf, std::int64_t bytes, std::int64_t offset, bool write, const std::string& path) {
@@ -38,7 +44,7 @@ double transfer(int fd, std::byte* buf, std::int64_t bytes, std::int64_t offset,
 }  // namespace
 
 NvmeFile::NvmeFile(const std::string& dir, core::MemoryTracker& host, std::int64_t chunk_elements, int tensors)
-    : chunk_elements_(chunk_elements), tensors_(tensors) {
+    : chunk_elements_(chunk_elements), host_(host) {
   STRATA_CHECK(chunk_elements % 1024 == 0, "NVMe chunk of {} elements is not a multiple of 1024", chunk_elements);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -56,7 +62,7 @@ NvmeFile::NvmeFile(const std::string& dir, core::MemoryTracker& host, std::int64
   }
   if (fd_ < 0)
     core::runtime_error("offload.path: cannot create the optimizer file {}: {}", path_, std::strerror(errno));
-  const std::size_t bytes = std::size_t(chunk_elements_) * std::size_t(tensors_) * sizeof(float);
+  const std::size_t bytes = std::size_t(chunk_elements_) * std::size_t(tensors) * sizeof(float);
   for (auto& b : buffers_)
     b = core::Buffer<std::byte>(host, core::MemCategory::optimizer, bytes + kAlign, "NVMe offload: chunk buffer");
 }
@@ -76,9 +82,32 @@ std::int64_t NvmeFile::reserve(std::int64_t bytes) {
   return at;
 }
 
-float* NvmeFile::buffer(int i) {
-  const auto p = reinterpret_cast<std::uintptr_t>(buffers_[i].data());
-  return reinterpret_cast<float*>((p + kAlign - 1) / kAlign * kAlign);
+float* NvmeFile::buffer(int i) { return reinterpret_cast<float*>(align_up(buffers_[i].data())); }
+
+std::int64_t NvmeFile::reserve_block(std::int64_t bytes) {
+  largest_block_ = std::max(largest_block_, aligned_size(bytes));
+  return reserve(aligned_size(bytes));
+}
+
+std::byte* NvmeFile::bounce() {
+  if (bounce_.size() == 0)
+    bounce_ = core::Buffer<std::byte>(host_, core::MemCategory::params, std::size_t(largest_block_ + kAlign),
+                                      "NVMe offload: parameter bounce buffer");
+  return align_up(bounce_.data());
+}
+
+double NvmeFile::read_block(void* dst, std::int64_t bytes, std::int64_t offset) {
+  std::byte* b = bounce();
+  const double took = transfer(fd_, b, aligned_size(bytes), offset, false, path_);
+  std::memcpy(dst, b, std::size_t(bytes));
+  return took;
+}
+
+double NvmeFile::write_block(const void* src, std::int64_t bytes, std::int64_t offset) {
+  std::byte* b = bounce();
+  std::memcpy(b, src, std::size_t(bytes));
+  std::memset(b + bytes, 0, std::size_t(aligned_size(bytes) - bytes));
+  return transfer(fd_, b, aligned_size(bytes), offset, true, path_);
 }
 
 std::future<double> NvmeFile::read_async(void* buf, std::int64_t bytes, std::int64_t offset) {

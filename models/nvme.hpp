@@ -35,13 +35,21 @@ class NvmeFile {
   // A region of `bytes` (a multiple of kAlign) at the end of the file,
   // zero-filled; returns its offset.
   std::int64_t reserve(std::int64_t bytes);
+  // `bytes` rounded up to whole kAlign blocks: what a transfer moves.
+  static std::int64_t aligned_size(std::int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+  // Blocks (ZeRO-3's parameter blocks): a region for up to `bytes`, and
+  // synchronous transfers of `bytes` to or from one through an aligned
+  // bounce buffer in the host arena, sized for the largest block and taken
+  // at the first transfer; each returns the seconds it took.
+  std::int64_t reserve_block(std::int64_t bytes);
+  double read_block(void* dst, std::int64_t bytes, std::int64_t offset);
+  double write_block(const void* src, std::int64_t bytes, std::int64_t offset);
   // Asynchronous whole-buffer transfers (on their own thread); the future
   // gives the seconds the transfer took.
   std::future<double> read_async(void* buf, std::int64_t bytes, std::int64_t offset);
   std::future<double> write_async(const void* buf, std::int64_t bytes, std::int64_t offset);
 
   std::int64_t chunk_elements() const { return chunk_elements_; }
-  int tensors() const { return tensors_; }
   // Chunk buffer i (0 or 1): chunk_elements x tensors floats, 4096-aligned.
   float* buffer(int i);
   const std::string& path() const { return path_; }
@@ -53,8 +61,18 @@ class NvmeFile {
   int fd_ = -1;
   std::int64_t size_ = 0;
   std::int64_t chunk_elements_;
-  int tensors_;
-  core::Buffer<std::byte> buffers_[2];  // over-allocated by kAlign for alignment
+  core::MemoryTracker& host_;
+  // Each over-allocated by kAlign and used from its first aligned byte.
+  core::Buffer<std::byte> buffers_[2], bounce_;
+  std::int64_t largest_block_ = 0;
+  std::byte* bounce();
 };
+
+// The chunk elements of `chunk_mb` MiB per state tensor: whole 4 KiB pages
+// (1024 floats each), at least one.
+inline std::int64_t nvme_chunk_elements(double chunk_mb) {
+  const auto pages = std::int64_t(chunk_mb * 256.0);
+  return (pages > 1 ? pages : 1) * 1024;
+}
 
 }  // namespace strata::models

@@ -152,7 +152,7 @@ void AdamW::stream_update(void* params, const void* grads, float grad_scale, flo
   const std::int64_t n = end_ - begin_, chunks = (n + chunk_ - 1) / chunk_, cb = chunk_bytes();
   std::future<double> reading, writing[2];
   double io = 0, wait = 0;
-  auto finish = [&](std::future<double>& op) {
+  auto complete = [&](std::future<double>& op) {
     if (!op.valid()) return;
     const double t = prof::now_seconds();
     io += op.get();
@@ -161,9 +161,9 @@ void AdamW::stream_update(void* params, const void* grads, float grad_scale, flo
   if (chunks > 0) reading = f.read_async(f.buffer(0), cb, region_);
   for (std::int64_t c = 0; c < chunks; ++c) {
     const int b = int(c % 2);
-    finish(reading);
+    complete(reading);
     if (c + 1 < chunks) {
-      finish(writing[1 - b]);
+      complete(writing[1 - b]);
       reading = f.read_async(f.buffer(1 - b), cb, region_ + (c + 1) * cb);
     }
     float* m = f.buffer(b);
@@ -172,8 +172,8 @@ void AdamW::stream_update(void* params, const void* grads, float grad_scale, flo
                 grad_scale, lr, step);
     writing[b] = f.write_async(f.buffer(b), cb, region_ + c * cb);
   }
-  finish(writing[0]);
-  finish(writing[1]);
+  complete(writing[0]);
+  complete(writing[1]);
   if (OffloadStats* st = offload_.stats) {
     st->nvme_bytes_read += double(chunks * cb);
     st->nvme_bytes_written += double(chunks * cb);

@@ -66,56 +66,31 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
     STRATA_CHECK(stage_ == 3, "parameter offload needs ZeRO stage 3, not {}", stage_);
     nvme_ = cfg.offload.nvme;
     stats_ = cfg.offload.stats;
-    std::int64_t most = 0;
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      param_region_.push_back(nvme_->reserve(param_region_bytes(int(u))));
-      most = std::max(most, param_region_bytes(int(u)));
-    }
-    bounce_ = core::Buffer<std::byte>(*cfg.offload.host, MemCategory::params, std::size_t(most + models::NvmeFile::kAlign),
-                                      "NVMe offload: parameter bounce buffer");
+    for (std::size_t u = 0; u < units_.size(); ++u) param_region_.push_back(nvme_->reserve_block(param_block_bytes(int(u))));
     params_in_memory(false);  // the initial values to the file
   }
 }
 
-std::int64_t Zero::param_region_bytes(int u) const {
-  const std::int64_t a = models::NvmeFile::kAlign;
-  return (us_[u].shard * core::element_bytes(precision_) + a - 1) / a * a;
+void Zero::count_block_io(int u, double seconds, bool write) {
+  if (stats_ == nullptr) return;
+  (write ? stats_->nvme_bytes_written : stats_->nvme_bytes_read) +=
+      double(models::NvmeFile::aligned_size(param_block_bytes(u)));
+  stats_->nvme_io_time += seconds;
+  stats_->nvme_wait_time += seconds;  // transferred when needed: nothing hides it
 }
 
 void Zero::read_params(int u, void* dst) {
-  const std::size_t bytes = std::size_t(us_[u].shard) * std::size_t(core::element_bytes(precision_));
-  if (params_shard_.size() != 0) {
-    std::memcpy(dst, params_shard_.at(us_[u].q), bytes);
-    return;
-  }
-  const auto p = reinterpret_cast<std::uintptr_t>(bounce_.data());
-  void* b = reinterpret_cast<void*>((p + models::NvmeFile::kAlign - 1) / models::NvmeFile::kAlign * models::NvmeFile::kAlign);
-  const double took = nvme_->read_async(b, param_region_bytes(u), param_region_[std::size_t(u)]).get();
-  std::memcpy(dst, b, bytes);
-  if (stats_ != nullptr) {
-    stats_->nvme_bytes_read += double(param_region_bytes(u));
-    stats_->nvme_io_time += took;
-    stats_->nvme_wait_time += took;  // read when needed: nothing hides it
-  }
+  if (params_shard_.size() != 0)
+    std::memcpy(dst, params_shard_.at(us_[u].q), std::size_t(param_block_bytes(u)));
+  else
+    count_block_io(u, nvme_->read_block(dst, param_block_bytes(u), param_region_[std::size_t(u)]), false);
 }
 
 void Zero::write_params(int u, const void* src) {
-  const std::size_t bytes = std::size_t(us_[u].shard) * std::size_t(core::element_bytes(precision_));
-  if (params_shard_.size() != 0) {
-    std::memcpy(params_shard_.at(us_[u].q), src, bytes);
-    return;
-  }
-  const auto p = reinterpret_cast<std::uintptr_t>(bounce_.data());
-  auto* b = reinterpret_cast<std::byte*>((p + models::NvmeFile::kAlign - 1) / models::NvmeFile::kAlign *
-                                         models::NvmeFile::kAlign);
-  std::memcpy(b, src, bytes);
-  std::memset(b + bytes, 0, std::size_t(param_region_bytes(u)) - bytes);
-  const double took = nvme_->write_async(b, param_region_bytes(u), param_region_[std::size_t(u)]).get();
-  if (stats_ != nullptr) {
-    stats_->nvme_bytes_written += double(param_region_bytes(u));
-    stats_->nvme_io_time += took;
-    stats_->nvme_wait_time += took;
-  }
+  if (params_shard_.size() != 0)
+    std::memcpy(params_shard_.at(us_[u].q), src, std::size_t(param_block_bytes(u)));
+  else
+    count_block_io(u, nvme_->write_block(src, param_block_bytes(u), param_region_[std::size_t(u)]), true);
 }
 
 bool Zero::params_in_memory(bool on) {

@@ -97,15 +97,18 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::vector<models::AdamW*> optimizer_list() const;
   void launch_reduce_scatter(int u, models::Flat input, const void* src);
   // offload.params (stage 3): the parameter shard lives in the NVMe file,
-  // unit by unit (4 KiB-aligned regions, through an aligned bounce buffer
-  // in the host arena); params_shard_ exists only while brought into
-  // memory (construction, checkpoints). Unit u's block from and to
-  // wherever it is; params_in_memory returns whether it changed anything.
+  // one block per unit (models::NvmeFile's blocks); params_shard_ exists
+  // only while brought into memory (construction, checkpoints). Unit u's
+  // block from and to wherever it is; params_in_memory returns whether it
+  // changed anything.
   bool params_on_nvme() const { return nvme_ != nullptr; }
   void read_params(int u, void* dst);
   void write_params(int u, const void* src);
   bool params_in_memory(bool on);
-  std::int64_t param_region_bytes(int u) const;
+  std::int64_t param_block_bytes(int u) const {
+    return us_[u].shard * core::element_bytes(precision_);
+  }
+  void count_block_io(int u, double seconds, bool write);
   void complete(Pending& p);
   void poll();
   void pop_front();
@@ -128,7 +131,6 @@ class Zero final : public StateStrategy, public models::ParamState {
   models::NvmeFile* nvme_ = nullptr;          // offload.params
   models::OffloadStats* stats_ = nullptr;
   std::vector<std::int64_t> param_region_;    // offload.params: unit u's block in the file
-  core::Buffer<std::byte> bounce_;
   std::vector<Gathered> gathered_;                   // stage 3
   std::vector<Pending> pending_;
   std::int64_t in_flight_bytes_ = 0;  // unreduced gradient bytes held by pending_ (stages 2, 3)

@@ -1,7 +1,6 @@
 // Bulk conversions between fp32 and the 16-bit formats, and the reductions
 // the mixed-precision state needs; the scalar rounding is core's, so every
 // conversion in the program rounds alike.
-#include <cmath>
 #include <cstdint>
 
 #include "kernels/kernels.hpp"
@@ -38,20 +37,6 @@ double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
     s += v * v;
   }
   return s;
-}
-
-bool all_finite(const float* x, std::int64_t n) {
-  bool ok = true;
-  for (std::int64_t i = 0; i < n; ++i) ok &= std::isfinite(x[i]);
-  return ok;
-}
-
-bool all_finite_half(const std::uint16_t* x, std::int64_t n, Precision p) {
-  // Exponent all ones: inf or NaN (bf16: 8 bits at 7..14; fp16: 5 bits at 10..14).
-  const std::uint16_t mask = p == Precision::bf16 ? 0x7f80u : 0x7c00u;
-  bool ok = true;
-  for (std::int64_t i = 0; i < n; ++i) ok &= (x[i] & mask) != mask;
-  return ok;
 }
 
 }  // namespace strata::kernels

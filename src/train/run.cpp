@@ -151,7 +151,7 @@ void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_b
     double host = 0, file = 0;
     if (par.offload == "host") host = owned * (opt + 2 * eb);
     if (par.offload == "nvme") {
-      const double chunk = std::max(1.0, std::floor(deck.config.offload.chunk_mb * 256.0)) * 1024;
+      const double chunk = double(models::nvme_chunk_elements(deck.config.offload.chunk_mb));
       host = owned * 2 * eb + 2 * (chunk * opt + 4096);  // each buffer 4 KiB over, for alignment
       file = owned * opt;  // plus padding to whole chunks per optimizer
       if (deck.config.offload.params) {  // ZeRO-3's shard in the file, read block by block

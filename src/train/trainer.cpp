@@ -94,9 +94,8 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
   sc.tp_size = tpc_.size;
   if (cfg_.parallel.offload == "host") sc.offload = {&host_tracker_, &offload_};
   if (cfg_.parallel.offload == "nvme") {
-    // Chunks of a whole number of 4 KiB pages per state tensor (O_DIRECT).
-    const std::int64_t chunk = std::max<std::int64_t>(1, std::int64_t(cfg_.offload.chunk_mb * 256.0)) * 1024;
-    nvme_ = std::make_unique<models::NvmeFile>(cfg_.offload.path, host_tracker_, chunk,
+    nvme_ = std::make_unique<models::NvmeFile>(cfg_.offload.path, host_tracker_,
+                                               models::nvme_chunk_elements(cfg_.offload.chunk_mb),
                                                precision_ == core::Precision::fp32 ? 2 : 3);
     sc.offload = {&host_tracker_, &offload_, nvme_.get(), cfg_.offload.params};
   }
