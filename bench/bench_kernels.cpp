@@ -146,7 +146,7 @@ void BM_AttentionBackward(benchmark::State& state) {
   std::vector<float> out(dout.size()), probs(std::size_t(B) * NH * T * T), scratch(probs.size()), dqkv(qkv.size());
   k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH);
   for (auto _ : state) {
-    k::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH);
+    k::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH);
     benchmark::DoNotOptimize(dqkv.data());
     benchmark::ClobberMemory();
   }

@@ -1,7 +1,8 @@
 #include "models/flat.hpp"
 
-#include <cstring>
+#include <vector>
 
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
 #include "src/core/error.hpp"
 
@@ -25,13 +26,21 @@ std::uint16_t* Flat::h16(std::int64_t i) {
   return reinterpret_cast<std::uint16_t*>(buf_.data()) + i;
 }
 
-void Flat::zero() { std::memset(buf_.data(), 0, buf_.bytes()); }
+void Flat::zero() { kernels::zero_bytes(buf_.data(), buf_.bytes()); }
 
 void Flat::write(std::int64_t i, std::int64_t n, const float* in) {
   if (half())
     kernels::narrow(h16(i), in, n, p_);
   else
-    std::memcpy(f32(i), in, sizeof(float) * std::size_t(n));
+    kernels::copy_bytes(f32(i), in, sizeof(float) * std::size_t(n));
+}
+
+void Flat::load(std::int64_t i, std::int64_t n, const float* host) {
+  if (!half()) return kernels::copy_bytes(f32(i), host, sizeof(float) * std::size_t(n));
+  // Rounded on the host (the same rounding as the device's), then copied.
+  std::vector<std::uint16_t> rounded(static_cast<std::size_t>(n));
+  kernels::cpu::narrow(rounded.data(), host, n, p_);
+  kernels::copy_bytes(h16(i), rounded.data(), rounded.size() * sizeof(std::uint16_t));
 }
 
 void Flat::add(std::int64_t i, std::int64_t n, const Flat& src, std::int64_t j) {

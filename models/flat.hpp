@@ -50,8 +50,10 @@ class Flat {
   std::uint16_t* h16(std::int64_t i = 0);
   void reset() { buf_.reset(), n_ = 0; }
   void zero();
-  // Elements [i, i + n) set from fp32 (rounded when stored 16-bit).
+  // Elements [i, i + n) set from fp32 on the device (rounded when stored 16-bit).
   void write(std::int64_t i, std::int64_t n, const float* in);
+  // The same from fp32 in host memory (initial values, a checkpoint's).
+  void load(std::int64_t i, std::int64_t n, const float* host);
   // Elements [i, i + n) += src's [j, j + n) (same precision; 16-bit sums
   // are rounded once).
   void add(std::int64_t i, std::int64_t n, const Flat& src, std::int64_t j);

@@ -124,6 +124,8 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
   const std::int64_t Ldr = c.recompute == Recompute::full ? std::min<std::int64_t>(Ld, 1) : Ld;
   const std::int64_t V = stage.head ? c.vocab / tp : 0, H = stage.head ? 1 : 0;
   const std::int64_t N = B * T, Nl = sp ? N / tp : N;
+  const std::int64_t att = kernels::attention_state_floats(c.fused_attention, int(B), int(NH), int(T));
+  const std::int64_t datt = kernels::attention_scratch_floats(c.fused_attention, int(B), int(NH), int(T));
   const auto A = MemCategory::activations, W = MemCategory::workspace;
   std::vector<BufferPlan> plan = {
       {"encoded", Nl * C, A},
@@ -132,7 +134,7 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
       {"ln1_rstd", Lr * Nl, A},
       {"qkv", Lr * N * 3 * Ct, A},
       {"atty", Lr * N * Ct, A},
-      {"att", La * B * NH * T * T, A},
+      {"att", La * att, A},  // the probabilities, or (fused) the rows' log-sum-exp
       {"res2", Lr * Nl * C, A},
       {"ln2", Lr * N * C, A},
       {"ln2_mean", Lr * Nl, A},
@@ -151,7 +153,7 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
       {"dres", Nl * C, W},
       {"dbuf", N * C, W},
       {"dqkv", N * 3 * Ct, W},
-      {"dprobs", B * NH * T * T, W},
+      {"dprobs", datt, W},
       {"dfch", N * F, W},
       {"dgelu", N * F, W},
   };
@@ -247,6 +249,9 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
     : c_(config), B_(micro_batch), tp_(tp), stage_(resolved(config, stage)),
       reg_(gpt_registry(config, tp.size, tp.rank, stage_, ep.size, ep.rank)), split_(split_backward) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
+  STRATA_CHECK(c_.fused_attention == (kernels::device() == kernels::Device::cuda),
+               "a model with {} attention on the {} backend", c_.fused_attention ? "fused" : "unfused",
+               kernels::device_name(kernels::device()));
   STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");
   STRATA_CHECK(c_.heads % tp_.size == 0 && c_.vocab % tp_.size == 0, "heads {} and vocab {} over tp {}", c_.heads,
                c_.vocab, tp_.size);
@@ -358,7 +363,7 @@ Gpt::BlockActs Gpt::block_acts(int lb) const {
   // The dense MLP's buffers, per dense block (a MoE block's point at the first, unused).
   const std::int64_t kd = c_.recompute == Recompute::full ? 0 : std::max(dense_index_[std::size_t(lb)], 0);
   return {ln1_ + k * N * C,  ln1_mean_ + k * Nl, ln1_rstd_ + k * Nl, qkv_ + k * N * 3 * Ct, atty_ + k * N * Ct,
-          att_ + ka * B * NHt * T * T, res2_ + k * Nl * C, ln2_ + k * N * C, ln2_mean_ + k * Nl,
+          att_ + ka * kernels::attention_state_floats(c_.fused_attention, B, int(NHt), T), res2_ + k * Nl * C, ln2_ + k * N * C, ln2_mean_ + k * Nl,
           ln2_rstd_ + k * Nl, fch_ + kd * N * Ft, fch_gelu_ + kd * N * Ft};
 }
 
@@ -487,8 +492,11 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   kernels::pick_target_logits(ce_target_, logits_, targets, v0, N, Vt);
   tp_sum(ce_target_, N);
   kernels::cross_entropy_from_parts(losses_, ce_max_, ce_sum_, ce_target_, N);
+  // The one read of device memory per micro-batch: the rows' losses.
+  host_losses_.resize(std::size_t(N));
+  kernels::copy_bytes(host_losses_.data(), losses_, sizeof(float) * std::size_t(N));
   double sum = 0;
-  for (int i = 0; i < N; ++i) sum += losses_[i];
+  for (float x : host_losses_) sum += x;
   return float(sum / N + aux);
 }
 
@@ -516,7 +524,7 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     if (!input_only)
       linear_backward_weight(dw, db, dy, inp, N, IC, OC);
     else if (keep != dy)
-      std::memcpy(keep, dy, sizeof(float) * std::size_t(N) * std::size_t(OC));
+      kernels::copy_bytes(keep, dy, sizeof(float) * std::size_t(N) * std::size_t(OC));
   };
   // A norm's backward from the column-parallel partial input gradients in
   // dbuf_ (f: summed over ranks), accumulating into dres_. Under sequence
@@ -530,7 +538,7 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
       if (partial)
         tp_reduce_scatter(dbuf_, sp_rows_, NlC);
       else
-        std::memcpy(sp_rows_, dbuf_ + std::int64_t(tp_.rank) * NlC, sizeof(float) * std::size_t(NlC));
+        kernels::copy_bytes(sp_rows_, dbuf_ + std::int64_t(tp_.rank) * NlC, sizeof(float) * std::size_t(NlC));
       kernels::layernorm_backward(dres_, sp_grads_ + std::int64_t(k) * C, sp_grads_ + std::int64_t(k + 1) * C,
                                   sp_rows_, x, w, mean, rstd, Nl, C);
     } else {
@@ -628,7 +636,7 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     // Selective recomputation: the attention probabilities again from q
     // and k (Korthikanti et al.); atty gets the same values it holds.
     if (c_.recompute == Recompute::selective) kernels::attention_forward(a.atty, a.att, a.qkv, B, T, Ct, NHt);
-    kernels::attention_backward(dqkv, dprobs_, dbuf_, qkv, att, B, T, Ct, NHt);
+    kernels::attention_backward(dqkv, dprobs_, dbuf_, qkv, atty, att, B, T, Ct, NHt);
     linear_back(dbuf_, g.qkv_w, g.qkv_b, dqkv, ln1, p.qkv_w, C, 3 * Ct, dqkv);
     norm_back(x, p.ln1_w, a.ln1_mean, a.ln1_rstd, g.ln1_w, g.ln1_b, 0);
     if (sp) {

@@ -49,6 +49,10 @@ struct GptConfig {
   int seq_len = 64;
   GptMoe moe;
   Recompute recompute = Recompute::none;
+  // The fused attention kernels (the CUDA backend's): the backward pass keeps
+  // each row's log-sum-exp instead of the T x T probabilities. Must match the
+  // device the kernels run on (checked when a model is built).
+  bool fused_attention = false;
   int ffn() const { return ffn_mult * d_model; }
   bool is_moe(int layer) const { return moe.experts > 0 && layer % moe.every == moe.every - 1; }
   // The configuration of its MoE layers.
@@ -245,6 +249,8 @@ class Gpt {
   // Activation pointers, resolved once from the plan.
   float *encoded_, *ln1_, *ln1_mean_, *ln1_rstd_, *qkv_, *atty_, *att_, *res2_, *ln2_, *ln2_mean_, *ln2_rstd_,
       *fch_, *fch_gelu_, *res3_, *lnf_, *lnf_mean_, *lnf_rstd_, *logits_, *losses_, *ce_max_, *ce_sum_, *ce_target_;
+  // The losses' host copy (untracked: N floats of host memory, not device).
+  std::vector<float> host_losses_;
   // Backward scratch (workspace).
   float *dres_, *dbuf_, *dqkv_, *dprobs_, *dfch_, *dgelu_;
   // Sequence parallelism only: a reduce-scatter's rows, the gathered

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/kernels.hpp"
 #include "src/core/error.hpp"
 #include "src/prof/clock.hpp"
 
@@ -99,13 +100,13 @@ std::byte* NvmeFile::bounce() {
 double NvmeFile::read_block(void* dst, std::int64_t bytes, std::int64_t offset) {
   std::byte* b = bounce();
   const double took = transfer(fd_, b, aligned_size(bytes), offset, false, path_);
-  std::memcpy(dst, b, std::size_t(bytes));
+  kernels::copy_bytes(dst, b, std::size_t(bytes));  // dst may be device memory
   return took;
 }
 
 double NvmeFile::write_block(const void* src, std::int64_t bytes, std::int64_t offset) {
   std::byte* b = bounce();
-  std::memcpy(b, src, std::size_t(bytes));
+  kernels::copy_bytes(b, src, std::size_t(bytes));
   std::memset(b + bytes, 0, std::size_t(aligned_size(bytes) - bytes));
   return transfer(fd_, b, aligned_size(bytes), offset, true, path_);
 }

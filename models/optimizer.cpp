@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
 #include "models/nvme.hpp"
 #include "src/prof/clock.hpp"
@@ -39,7 +40,7 @@ std::int64_t AdamW::chunk_bytes() const { return chunk_ * (mixed() ? 3 : 2) * st
 
 void AdamW::set_master(const float* values) {
   const bool brought = materialize(true);
-  std::copy(values, values + capacity_, master_.data());
+  kernels::copy_bytes(master_.data(), values, std::size_t(capacity_) * sizeof(float));
   if (brought) materialize(false);
 }
 
@@ -84,8 +85,8 @@ void AdamW::stage(const void* params, const void* grads) {
   void* hp = mixed() ? nullptr : host_params_.data();
   copy_in_ = std::async(std::launch::async, [=] {
     const double t0 = prof::now_seconds();
-    std::memcpy(hg, grads, bytes);
-    if (hp != nullptr) std::memcpy(hp, params, bytes);
+    kernels::copy_bytes(hg, grads, bytes);
+    if (hp != nullptr) kernels::copy_bytes(hp, params, bytes);
     return prof::now_seconds() - t0;
   });
   if (OffloadStats* st = offload_.stats) st->bytes_to_host += double(bytes) * (mixed() ? 1.0 : 2.0);
@@ -112,7 +113,7 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
       kernels::scale_inplace(static_cast<float*>(grads), grad_scale, n);
       grad_scale = 1.0f;
     }
-    update_span(begin_, end_, params, grads, m_.data(), v_.data(), master_.data(), grad_scale, lr, step);
+    update_span(begin_, end_, params, grads, m_.data(), v_.data(), master_.data(), grad_scale, lr, step, false);
     return;
   }
   // The copy to the host (already in flight if staged), the update there,
@@ -122,20 +123,20 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
   wait_for(copy_in_);
   const double t1 = prof::now_seconds();
   if (!mixed() && grad_scale != 1.0f) {  // on the host copy: the device's gradients stay as they are
-    kernels::scale_inplace(reinterpret_cast<float*>(host_grads_.data()), grad_scale, n);
+    kernels::cpu::scale_inplace(reinterpret_cast<float*>(host_grads_.data()), grad_scale, n);
     grad_scale = 1.0f;
   }
   if (nvme() && m_.size() == 0)
     stream_update(host_params_.data(), host_grads_.data(), grad_scale, lr, step);
   else
     update_span(begin_, end_, host_params_.data(), host_grads_.data(), m_.data(), v_.data(), master_.data(),
-                grad_scale, lr, step);
+                grad_scale, lr, step, true);
   const double t2 = prof::now_seconds();
   const std::size_t bytes = std::size_t(n) * std::size_t(core::element_bytes(precision_));
   const void* hp = host_params_.data();
   copy_out_ = std::async(std::launch::async, [=] {
     const double t0 = prof::now_seconds();
-    std::memcpy(params, hp, bytes);
+    kernels::copy_bytes(params, hp, bytes);
     return prof::now_seconds() - t0;
   });
   if (OffloadStats* st = offload_.stats) {
@@ -169,7 +170,7 @@ void AdamW::stream_update(void* params, const void* grads, float grad_scale, flo
     float* m = f.buffer(b);
     const std::int64_t lo = begin_ + c * chunk_;
     update_span(lo, std::min(end_, lo + chunk_), params, grads, m, m + chunk_, mixed() ? m + 2 * chunk_ : nullptr,
-                grad_scale, lr, step);
+                grad_scale, lr, step, true);
     writing[b] = f.write_async(f.buffer(b), cb, region_ + c * cb);
   }
   complete(writing[0]);
@@ -183,18 +184,22 @@ void AdamW::stream_update(void* params, const void* grads, float grad_scale, flo
 }
 
 void AdamW::update_span(std::int64_t lo, std::int64_t hi, void* params, const void* grads, float* m, float* v,
-                        float* master, float grad_scale, float lr, int step) {
+                        float* master, float grad_scale, float lr, int step, bool on_host) {
+  // Offloaded, the update runs on the host's copies with the CPU backend,
+  // whatever the device.
+  auto* mixed_update = on_host ? kernels::cpu::adamw_update_mixed : kernels::adamw_update_mixed;
+  auto* update = on_host ? kernels::cpu::adamw_update : kernels::adamw_update;
   for (const auto& spec : reg_.specs()) {
     const std::int64_t a = std::max(spec.offset, lo), b = std::min(spec.offset + spec.numel, hi);
     if (a >= b) continue;
     const std::int64_t k = a - begin_, j = a - lo;
     const float decay = spec.decay ? s_.weight_decay : 0.0f;
     if (mixed())
-      kernels::adamw_update_mixed(master + j, static_cast<std::uint16_t*>(params) + k,
+      mixed_update(master + j, static_cast<std::uint16_t*>(params) + k,
                                   static_cast<const std::uint16_t*>(grads) + k, grad_scale, m + j, v + j, b - a, lr,
                                   s_.beta1, s_.beta2, s_.eps, decay, step, precision_);
     else
-      kernels::adamw_update(static_cast<float*>(params) + k, static_cast<const float*>(grads) + k, m + j, v + j,
+      update(static_cast<float*>(params) + k, static_cast<const float*>(grads) + k, m + j, v + j,
                             b - a, lr, s_.beta1, s_.beta2, s_.eps, decay, step);
   }
 }

@@ -105,9 +105,10 @@ class AdamW {
   bool nvme() const { return offload_.nvme != nullptr; }
   std::int64_t chunk_bytes() const;
   // AdamW over elements [lo, hi) of the range: params and grads point at
-  // element begin, m, v and master at element lo.
+  // element begin, m, v and master at element lo. on_host: they are the
+  // host's copies (offload), updated by the CPU backend whatever the device.
   void update_span(std::int64_t lo, std::int64_t hi, void* params, const void* grads, float* m, float* v,
-                   float* master, float grad_scale, float lr, int step);
+                   float* master, float grad_scale, float lr, int step, bool on_host);
   void stream_update(void* params, const void* grads, float grad_scale, float lr, int step);
 };
 

@@ -21,13 +21,9 @@ ReplicatedState::ReplicatedState(const ParamRegistry& reg, std::vector<Unit> uni
       params_(tracker, core::MemCategory::params, precision, std::size_t(reg.numel()), "parameters"),
       grads_(tracker, core::MemCategory::grads, precision, std::size_t(reg.numel()), "gradients"),
       views_(tracker, units_.size(), precision) {
-  if (!params_.half()) {
-    init_flat_range(reg, seed, 0, reg.numel(), params_.f32());
-  } else {
-    std::vector<float> init(std::size_t(reg.numel()));
-    init_flat_range(reg, seed, 0, reg.numel(), init.data());
-    params_.write(0, reg.numel(), init.data());
-  }
+  std::vector<float> init(std::size_t(reg.numel()));  // computed on the host
+  init_flat_range(reg, seed, 0, reg.numel(), init.data());
+  params_.load(0, reg.numel(), init.data());
 }
 
 float* ReplicatedState::acquire_params(int unit) {
@@ -51,6 +47,16 @@ void ReplicatedState::grads_done(int unit) {
     kernels::narrow_add(grads_.h16(u.begin), g, u.size(), grads_.precision());
     views_.done(unit);
   }
+}
+
+std::vector<float> to_host(const float* p, std::int64_t n) {
+  std::vector<float> h(static_cast<std::size_t>(n));
+  kernels::copy_bytes(h.data(), p, h.size() * sizeof(float));
+  return h;
+}
+
+void from_host(float* dst, const float* host, std::int64_t n) {
+  kernels::copy_bytes(dst, host, static_cast<std::size_t>(n) * sizeof(float));
 }
 
 double grad_sum_squares(const ParamRegistry& reg, const void* grads, std::int64_t begin, std::int64_t end,

@@ -62,6 +62,11 @@ class ShiftedState : public ParamState {
 // out[0 .. end-begin) by the layout-independent keyed initialisation.
 void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t begin, std::int64_t end, float* out);
 
+// n floats of device (or host) memory into a host vector, and back: what a
+// checkpoint or a parity check reads and writes.
+std::vector<float> to_host(const float* p, std::int64_t n);
+void from_host(float* dst, const float* host, std::int64_t n);
+
 // Sum of squares of the gradients of flat elements [begin, end) (`grads`
 // points at element begin). A parameter that is whole on each of `tp_size`
 // tensor-parallel ranks counts 1/tp_size, so the sum of the results over the

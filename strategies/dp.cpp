@@ -63,24 +63,21 @@ void DataParallel::update(float coef, float lr, int step) {
 
 std::vector<float> DataParallel::full_params() {
   const models::StateInMemory held(std::vector<models::AdamW*>{&optimizer_});
-  if (optimizer_.mixed()) return std::vector<float>(optimizer_.master(), optimizer_.master() + numel());
-  return std::vector<float>(params_.f32(), params_.f32() + numel());
+  return models::to_host(optimizer_.mixed() ? optimizer_.master() : params_.f32(), numel());
 }
 
 FullState DataParallel::full_state() {
   const models::StateInMemory held(std::vector<models::AdamW*>{&optimizer_});
-  const std::size_t n = std::size_t(numel());
-  return {full_params(), std::vector<float>(optimizer_.m(), optimizer_.m() + n),
-          std::vector<float>(optimizer_.v(), optimizer_.v() + n)};
+  return {full_params(), models::to_host(optimizer_.m(), numel()), models::to_host(optimizer_.v(), numel())};
 }
 
 void DataParallel::set_full_state(const FullState& s) {
   const models::StateInMemory held(std::vector<models::AdamW*>{&optimizer_});
   // In mixed precision the 16-bit parameters are the master weights rounded.
-  params_.write(0, numel(), s.params.data());
-  if (optimizer_.mixed()) std::copy(s.params.begin(), s.params.end(), optimizer_.master());
-  std::copy(s.m.begin(), s.m.end(), optimizer_.m());
-  std::copy(s.v.begin(), s.v.end(), optimizer_.v());
+  params_.load(0, numel(), s.params.data());
+  if (optimizer_.mixed()) models::from_host(optimizer_.master(), s.params.data(), numel());
+  models::from_host(optimizer_.m(), s.m.data(), numel());
+  models::from_host(optimizer_.v(), s.v.data(), numel());
 }
 
 std::vector<StateTensor> DataParallel::state_tensors() {

@@ -1,7 +1,5 @@
 #include "strategies/zero.hpp"
 
-#include <cstring>
-
 #include <algorithm>
 
 #include "kernels/kernels.hpp"
@@ -45,7 +43,7 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
     const std::int64_t lo = stage_ <= 2 ? units_[u].begin : s.own_begin, hi = stage_ <= 2 ? units_[u].end : s.own_end;
     init.resize(std::size_t(hi - lo));
     models::init_flat_range(reg_, cfg.seed, lo, hi, init.data());
-    params_store().write(stage_ <= 2 ? n_ * s.q : s.q, hi - lo, init.data());
+    params_store().load(stage_ <= 2 ? n_ * s.q : s.q, hi - lo, init.data());
   }
   if (stage_ == 1)
     grads_full_ = models::Flat(tracker, MemCategory::grads, precision_, full, "gradients (padded)");
@@ -81,14 +79,14 @@ void Zero::count_block_io(int u, double seconds, bool write) {
 
 void Zero::read_params(int u, void* dst) {
   if (params_shard_.size() != 0)
-    std::memcpy(dst, params_shard_.at(us_[u].q), std::size_t(param_block_bytes(u)));
+    kernels::copy_bytes(dst, params_shard_.at(us_[u].q), std::size_t(param_block_bytes(u)));
   else
     count_block_io(u, nvme_->read_block(dst, param_block_bytes(u), param_region_[std::size_t(u)]), false);
 }
 
 void Zero::write_params(int u, const void* src) {
   if (params_shard_.size() != 0)
-    std::memcpy(params_shard_.at(us_[u].q), src, std::size_t(param_block_bytes(u)));
+    kernels::copy_bytes(params_shard_.at(us_[u].q), src, std::size_t(param_block_bytes(u)));
   else
     count_block_io(u, nvme_->write_block(src, param_block_bytes(u), param_region_[std::size_t(u)]), true);
 }
@@ -171,7 +169,7 @@ void Zero::prefetch(int u) {
   if (n_ > 1)
     g.request = dp_->iall_gather(mine, g.data.at(0), s.shard, g.data.dtype());
   else
-    std::memcpy(g.data.at(0), mine, std::size_t(s.shard) * std::size_t(core::element_bytes(precision_)));
+    kernels::copy_bytes(g.data.at(0), mine, std::size_t(s.shard) * std::size_t(core::element_bytes(precision_)));
 }
 
 float* Zero::grads(int u) {
@@ -195,7 +193,7 @@ void Zero::launch_reduce_scatter(int u, models::Flat input, const void* src) {
   if (n_ > 1)
     p.request = dp_->ireduce_scatter(src, p.output.at(0), s.shard, p.output.dtype(), comm::ReduceOp::sum);
   else
-    std::memcpy(p.output.at(0), src, p.output.bytes());
+    kernels::copy_bytes(p.output.at(0), src, p.output.bytes());
   pending_.push_back(std::move(p));
 }
 
@@ -245,7 +243,7 @@ void Zero::complete(Pending& p) {
   if (p.request) p.request->wait();
   const auto& s = us_[p.unit];
   if (stage_ == 1)
-    std::memcpy(own_grads(p.unit), p.output.at(0), p.output.bytes());
+    kernels::copy_bytes(own_grads(p.unit), p.output.at(0), p.output.bytes());
   else
     grads_store().add(own_grads_index(p.unit), s.shard, p.output, 0);
 }
@@ -307,12 +305,13 @@ void Zero::update(float coef, float lr, int step) {
 }
 
 std::vector<float> Zero::gather_unit(int u, const float* mine) {
+  // On the host (a checkpoint's or a parity check's copy): this rank's
+  // block comes off the device first.
   const auto& s = us_[u];
+  std::vector<float> own = models::to_host(mine, s.shard);
+  if (n_ == 1) return own;
   std::vector<float> all(std::size_t(n_ * s.shard));
-  if (n_ > 1)
-    dp_->all_gather(mine, all.data(), s.shard, comm::DType::f32);
-  else
-    std::memcpy(all.data(), mine, sizeof(float) * std::size_t(s.shard));
+  dp_->all_gather(own.data(), all.data(), s.shard, comm::DType::f32);
   return all;
 }
 
@@ -328,8 +327,10 @@ std::vector<float> Zero::full_params() {
       gathered = gather_unit(int(u), optimizers_[u]->master());
     else if (stage_ > 2)
       gathered = gather_unit(int(u), params_shard_.f32(s.q));
-    const float* src = gathered.empty() ? params_full_.f32(n_ * s.q) : gathered.data();
-    std::memcpy(out.data() + units_[u].begin, src, sizeof(float) * std::size_t(s.size));
+    if (gathered.empty())
+      kernels::copy_bytes(out.data() + units_[u].begin, params_full_.f32(n_ * s.q), sizeof(float) * std::size_t(s.size));
+    else
+      std::copy(gathered.begin(), gathered.begin() + s.size, out.begin() + units_[u].begin);
   }
   if (brought) params_in_memory(false);
   return out;
@@ -374,12 +375,13 @@ void Zero::set_full_state(const FullState& st) {
   for (std::size_t u = 0; u < us_.size(); ++u) {
     const auto& s = us_[u];
     if (stage_ <= 2)
-      params_full_.write(n_ * s.q, s.size, st.params.data() + units_[u].begin);
+      params_full_.load(n_ * s.q, s.size, st.params.data() + units_[u].begin);
     else
-      params_shard_.write(s.q, s.own_end - s.own_begin, st.params.data() + s.own_begin);
-    if (mixed()) std::copy(st.params.data() + s.own_begin, st.params.data() + s.own_end, optimizers_[u]->master());
-    std::copy(st.m.data() + s.own_begin, st.m.data() + s.own_end, optimizers_[u]->m());
-    std::copy(st.v.data() + s.own_begin, st.v.data() + s.own_end, optimizers_[u]->v());
+      params_shard_.load(s.q, s.own_end - s.own_begin, st.params.data() + s.own_begin);
+    const std::int64_t own = s.own_end - s.own_begin;
+    if (mixed()) models::from_host(optimizers_[u]->master(), st.params.data() + s.own_begin, own);
+    models::from_host(optimizers_[u]->m(), st.m.data() + s.own_begin, own);
+    models::from_host(optimizers_[u]->v(), st.v.data() + s.own_begin, own);
   }
   if (brought) params_in_memory(false);
 }

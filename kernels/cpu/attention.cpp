@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/kernels.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
-namespace strata::kernels {
+namespace strata::kernels::cpu {
 namespace {
 
 using cpu::exp_vec;
@@ -70,7 +70,7 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
   }
 }
 
-void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, const float* qkv, const float* probs,
+void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, const float* qkv, const float* /*out*/, const float* probs,
                         int B, int T, int C, int NH) {
   const int hs = C / NH;
   const int C3 = 3 * C;
@@ -122,4 +122,4 @@ void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, c
   }
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::kernels::cpu

@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/kernels.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
-namespace strata::kernels {
+namespace strata::kernels::cpu {
 namespace {
 
 using cpu::exp_vec;
@@ -110,4 +110,4 @@ void softmax_cross_entropy_backward_sharded(float* dlogits, const float* logits,
   }
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::kernels::cpu

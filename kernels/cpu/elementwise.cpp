@@ -8,10 +8,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/kernels.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
-namespace strata::kernels {
+namespace strata::kernels::cpu {
 namespace {
 
 using cpu::exp_vec;
@@ -108,4 +108,4 @@ double sum_squares(const float* x, std::int64_t n) {
   return acc;
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::kernels::cpu

@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-#include "kernels/kernels.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 
-namespace strata::kernels {
+namespace strata::kernels::cpu {
 
 void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                        int C, int v_begin, int v_count) {
@@ -63,4 +63,4 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
   }
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::kernels::cpu

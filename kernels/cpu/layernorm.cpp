@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/kernels.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 
-namespace strata::kernels {
+namespace strata::kernels::cpu {
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C, float eps) {
@@ -90,4 +90,4 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::kernels::cpu

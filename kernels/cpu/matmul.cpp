@@ -6,9 +6,9 @@
 
 #include <cstdint>
 
-#include "kernels/kernels.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 
-namespace strata::kernels {
+namespace strata::kernels::cpu {
 
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
             int ldb, float beta, float* C, int ldc) {
@@ -32,4 +32,4 @@ void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, flo
   }
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::kernels::cpu

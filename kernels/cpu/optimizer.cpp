@@ -7,9 +7,9 @@
 #include <cstdint>
 
 #include "kernels/adamw_step.hpp"
-#include "kernels/kernels.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 
-namespace strata::kernels {
+namespace strata::kernels::cpu {
 
 void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int step) {
@@ -29,4 +29,4 @@ void adamw_update_mixed(float* master, std::uint16_t* param, const std::uint16_t
   }
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::kernels::cpu

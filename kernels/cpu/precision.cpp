@@ -3,9 +3,9 @@
 // conversion in the program rounds alike.
 #include <cstdint>
 
-#include "kernels/kernels.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 
-namespace strata::kernels {
+namespace strata::kernels::cpu {
 
 using core::Precision;
 
@@ -39,4 +39,4 @@ double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
   return s;
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::kernels::cpu

@@ -17,6 +17,5 @@ void set_num_threads(int n) {
 
 int num_threads() { return omp_get_max_threads(); }
 
-const char* backend_name() { return "cpu/openblas-openmp"; }
 
 }  // namespace strata::kernels

@@ -2,26 +2,22 @@
 // maximum, then the sum of exponentials (float per thread, the threads'
 // partials added in double, as the CPU backend's blocks are), then the loss;
 // the backward writes (softmax - onehot) * dloss over the logits in place,
-// every element read before the block writes any.
+// every element read before the block writes any. The vocabulary-parallel
+// pieces are the same block reductions taken one at a time, the row
+// statistics coming from outside (combined over the ranks).
 #include <cstdint>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/launch.cuh"
 
 namespace strata::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-struct RowStats {
-  float max;
-  double sum;  // sum of exp(x - max)
-};
-
-__device__ RowStats row_stats(const float* x, int V) {
+// The row's maximum, in every thread of the block (launched with kThreads).
+__device__ float block_max(const float* x, int V) {
   __shared__ float smax[kThreads / 32];
-  __shared__ double ssum[kThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float m = -INFINITY;
   for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
@@ -30,6 +26,14 @@ __device__ RowStats row_stats(const float* x, int V) {
   __syncthreads();
   m = smax[0];
   for (int w = 1; w < warps; ++w) m = fmaxf(m, smax[w]);
+  __syncthreads();  // every thread has read the shared partials before a later call writes them
+  return m;
+}
+
+// sum_i exp(x[i] - m), in every thread of the block.
+__device__ double block_exp_sum(const float* x, float m, int V) {
+  __shared__ double ssum[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   float part = 0.0f;
   for (int i = threadIdx.x; i < V; i += blockDim.x) part += expf(x[i] - m);
   double s = part;
@@ -39,7 +43,17 @@ __device__ RowStats row_stats(const float* x, int V) {
   s = 0;
   for (int w = 0; w < warps; ++w) s += ssum[w];
   __syncthreads();  // every thread has read the shared partials before any write
-  return {m, s};
+  return s;
+}
+
+struct RowStats {
+  float max;
+  double sum;  // sum of exp(x - max)
+};
+
+__device__ RowStats row_stats(const float* x, int V) {
+  const float m = block_max(x, V);
+  return {m, block_exp_sum(x, m, V)};
 }
 
 __global__ void ce_forward(float* losses, const float* logits, const std::int32_t* targets, int V) {
@@ -62,6 +76,34 @@ __global__ void ce_backward(float* dlogits, const float* logits, const std::int3
   }
 }
 
+__global__ void row_max_kernel(float* m, const float* logits, int V) {
+  const std::int64_t row = blockIdx.x;
+  const float r = block_max(logits + row * V, V);
+  if (threadIdx.x == 0) m[row] = r;
+}
+
+__global__ void row_exp_sum_kernel(float* s, const float* logits, const float* m, int V) {
+  const std::int64_t row = blockIdx.x;
+  const double r = block_exp_sum(logits + row * V, m[row], V);
+  if (threadIdx.x == 0) s[row] = float(r);
+}
+
+// Each element is read and then written by the same thread, and the row
+// statistics come from outside: dlogits may be logits.
+__global__ void ce_backward_sharded(float* dlogits, const float* logits, const float* m, const float* s,
+                                    const std::int32_t* targets, int v_begin, float dloss, int V) {
+  const std::int64_t row = blockIdx.x;
+  const float* x = logits + row * V;
+  float* dx = dlogits + row * V;
+  const float mr = m[row];
+  const float scale = float(double(dloss) / double(s[row]));
+  const int target = targets[row] - v_begin;  // outside [0, V) when another rank holds it
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float p = expf(x[i] - mr) * scale;
+    dx[i] = i == target ? p - dloss : p;
+  }
+}
+
 }  // namespace
 
 void softmax_cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets, int N, int V) {
@@ -74,6 +116,36 @@ void softmax_cross_entropy_backward(float* dlogits, const float* logits, const s
                                     int N, int V) {
   if (N <= 0) return;
   ce_backward<<<N, kThreads>>>(dlogits, logits, targets, dloss, V);
+  STRATA_CHECK_LAUNCH();
+}
+
+void row_max(float* m, const float* logits, int N, int V) {
+  if (N <= 0) return;
+  row_max_kernel<<<N, kThreads>>>(m, logits, V);
+  STRATA_CHECK_LAUNCH();
+}
+
+void row_exp_sum(float* s, const float* logits, const float* m, int N, int V) {
+  if (N <= 0) return;
+  row_exp_sum_kernel<<<N, kThreads>>>(s, logits, m, V);
+  STRATA_CHECK_LAUNCH();
+}
+
+void pick_target_logits(float* x, const float* logits, const std::int32_t* targets, int v_begin, int N, int V) {
+  launch(N, [=] __device__(std::int64_t n) {
+    const int t = targets[n] - v_begin;
+    x[n] = (t >= 0 && t < V) ? logits[n * V + t] : 0.0f;
+  });
+}
+
+void cross_entropy_from_parts(float* losses, const float* m, const float* s, const float* x, int N) {
+  launch(N, [=] __device__(std::int64_t n) { losses[n] = float(double(m[n]) + log(double(s[n])) - double(x[n])); });
+}
+
+void softmax_cross_entropy_backward_sharded(float* dlogits, const float* logits, const float* m, const float* s,
+                                            const std::int32_t* targets, int v_begin, float dloss, int N, int V) {
+  if (N <= 0) return;
+  ce_backward_sharded<<<N, kThreads>>>(dlogits, logits, m, s, targets, v_begin, dloss, V);
   STRATA_CHECK_LAUNCH();
 }
 

@@ -5,35 +5,15 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/launch.cuh"
 
 namespace strata::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
 constexpr float kGeluS = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
-
-int blocks_for(std::int64_t n) {
-  const std::int64_t b = (n + kThreads - 1) / kThreads;
-  return int(b < 65535 * 16 ? (b > 0 ? b : 1) : 65535 * 16);
-}
-
-template <typename F>
-__global__ void pointwise(std::int64_t n, F f) {
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x)
-    f(i);
-}
-
-template <typename F>
-void launch(std::int64_t n, F f) {
-  if (n <= 0) return;
-  pointwise<<<blocks_for(n), kThreads>>>(n, f);
-  STRATA_CHECK_LAUNCH();
-}
 
 // GELU, tanh approximation through 0.5 (1 + tanh(u)) = sigmoid(2u), as the CPU backend.
 __device__ float gelu(float x) {
@@ -67,8 +47,7 @@ __global__ void sum_squares_kernel(double* out, const float* x, std::int64_t n) 
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x)
     acc += double(x[i]) * double(x[i]);
-  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (threadIdx.x % 32 == 0) atomicAdd(out, acc);
+  add_to_slot(out, acc);
 }
 
 }  // namespace
@@ -80,15 +59,14 @@ void bias_backward(float* dbias, const float* dout, int N, int C) {
 }
 
 double sum_squares(const float* x, std::int64_t n) {
-  double* d = static_cast<double*>(malloc_device(sizeof(double)));
-  STRATA_CHECK_CUDA(cudaMemset(d, 0, sizeof(double)));
+  double* d = reduction_slot();
+  STRATA_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(double)));
   if (n > 0) {
     sum_squares_kernel<<<std::min(blocks_for(n), 1024), kThreads>>>(d, x, n);
     STRATA_CHECK_LAUNCH();
   }
   double h = 0;
   copy_to_host(&h, d, sizeof(double));
-  free_device(d);
   return h;
 }
 

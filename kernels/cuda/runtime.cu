@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/launch.cuh"
 
 namespace strata::kernels::cuda {
 
@@ -28,6 +29,19 @@ std::string describe_devices() {
          std::to_string(p.minor) + ", " + std::to_string(p.totalGlobalMem >> 20) + " MiB)";
 }
 
+namespace {
+int g_ordinal = 0;  // the process's GPU
+
+// The current device is per host thread: copies made on other threads (the
+// optimizer's offload copies, NVMe I/O) select the process's GPU first.
+void on_this_gpu() { STRATA_CHECK_CUDA(cudaSetDevice(g_ordinal)); }
+}  // namespace
+
+void use_device(int ordinal) {
+  STRATA_CHECK_CUDA(cudaSetDevice(ordinal));
+  g_ordinal = ordinal;
+}
+
 void synchronize() { STRATA_CHECK_CUDA(cudaDeviceSynchronize()); }
 
 void* malloc_device(std::size_t bytes) {
@@ -44,6 +58,27 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes) {
 
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
   STRATA_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+// cudaMemcpy on the legacy default stream: ordered after every kernel
+// launched before it, and the host waits for a copy into host memory.
+void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  on_this_gpu();
+  STRATA_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void zero_bytes(void* p, std::size_t bytes) {
+  if (bytes > 0) STRATA_CHECK_CUDA(cudaMemsetAsync(p, 0, bytes));
+}
+
+void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  STRATA_CHECK_CUDA(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+double* reduction_slot() {
+  static double* slot = static_cast<double*>(malloc_device(sizeof(double)));
+  return slot;
 }
 
 }  // namespace strata::kernels::cuda

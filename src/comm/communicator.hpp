@@ -2,8 +2,10 @@
 // strategy issues goes through it, on one axis of the mesh (world, dp, tp,
 // pp). An MPI implementation (mpi_communicator.hpp) does the work; a
 // profiling decorator (profiled_communicator.hpp) records every call, so that
-// the report's /comm table sees all traffic. A later NCCL backend implements
-// the same interface.
+// the report's /comm table sees all traffic. With the CUDA backend, an NCCL
+// implementation (nccl_communicator.hpp) and a decorator that stages device
+// buffers through host memory (staged_communicator.hpp) implement the same
+// interface; backend.hpp chooses among them.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "src/core/arena.hpp"
 #include "src/core/error.hpp"
 
 namespace strata::core {
@@ -41,6 +42,17 @@ std::string MemoryTracker::breakdown() const {
   return s;
 }
 
+MemoryTracker::MemoryTracker(std::size_t limit_bytes) : limit_(limit_bytes) {}
+MemoryTracker::~MemoryTracker() = default;
+
+void MemoryTracker::use_arena(void* base, std::size_t capacity, void (*zero)(void*, std::size_t)) {
+  STRATA_CHECK(total_current_ == 0 && arena_ == nullptr, "a device arena after the first allocation");
+  arena_ = std::make_unique<Arena>(base, capacity);
+  zero_ = zero;
+}
+
+std::size_t MemoryTracker::arena_capacity() const { return arena_ ? arena_->capacity() : 0; }
+
 void* MemoryTracker::allocate(MemCategory c, std::size_t bytes, std::string_view what) {
   if (limit_ != 0 && total_current_ + bytes > limit_) {
     throw Error(ErrorKind::runtime,
@@ -49,13 +61,22 @@ void* MemoryTracker::allocate(MemCategory c, std::size_t bytes, std::string_view
                             what, category_name(c), format_bytes(double(bytes)), format_bytes(double(total_current_)),
                             format_bytes(double(limit_)), breakdown()));
   }
-  // 64-byte alignment: a cache line, and what vector kernels want.
-  std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
-  if (rounded != 0 && p == nullptr) {
-    runtime_error("host allocation of {} for {} failed", format_bytes(double(bytes)), what);
+  void* p = nullptr;
+  if (arena_ && bytes > 0) {
+    // The arena's blocks start on 256 bytes (cudaMalloc's alignment).
+    try {
+      p = arena_->allocate(bytes);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::runtime, fmt::format("{} ({}): {} [{}]", what, category_name(c), e.what(), breakdown()));
+    }
+    zero_(p, bytes);
+  } else if (bytes > 0) {
+    // 64-byte alignment: a cache line, and what vector kernels want.
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) runtime_error("host allocation of {} for {} failed", format_bytes(double(bytes)), what);
+    std::memset(p, 0, rounded);
   }
-  if (p != nullptr) std::memset(p, 0, rounded);
   current_[idx(c)] += bytes;
   total_current_ += bytes;
   if (current_[idx(c)] > peak_[idx(c)]) peak_[idx(c)] = current_[idx(c)];
@@ -64,7 +85,10 @@ void* MemoryTracker::allocate(MemCategory c, std::size_t bytes, std::string_view
 }
 
 void MemoryTracker::release(MemCategory c, void* p, std::size_t bytes) {
-  std::free(p);
+  if (arena_ && p != nullptr)
+    arena_->release(p);
+  else
+    std::free(p);
   current_[idx(c)] -= bytes;
   total_current_ -= bytes;
 }

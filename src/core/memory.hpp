@@ -7,11 +7,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 
 namespace strata::core {
+
+class Arena;
 
 enum class MemCategory : int { params = 0, grads, optimizer, activations, workspace, comm, count };
 inline constexpr int kNumMemCategories = static_cast<int>(MemCategory::count);
@@ -23,10 +26,22 @@ class MemoryTracker {
   // limit_bytes == 0 means no limit. A request that would take the tracked
   // total over the limit fails with the per-category breakdown, as a device
   // of that size would.
-  explicit MemoryTracker(std::size_t limit_bytes = 0) : limit_(limit_bytes) {}
+  explicit MemoryTracker(std::size_t limit_bytes = 0);
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
+  ~MemoryTracker();
+
+  // From now on (before the first allocation) buffers are placed in a
+  // device arena over [base, base + capacity): one region the caller took
+  // from the device (kernels::device_alloc) and frees after this tracker,
+  // zeroed through `zero` (a device memset; core cannot call the kernels).
+  // Without it buffers are host memory.
+  void use_arena(void* base, std::size_t capacity, void (*zero)(void*, std::size_t));
+  bool on_arena() const { return arena_ != nullptr; }
+  std::size_t arena_capacity() const;
+
+  // Zeroed memory for `bytes` of category c.
   void* allocate(MemCategory c, std::size_t bytes, std::string_view what);
   void release(MemCategory c, void* p, std::size_t bytes);
 
@@ -48,6 +63,8 @@ class MemoryTracker {
   std::array<std::size_t, kNumMemCategories> peak_{};
   std::size_t total_current_ = 0;
   std::size_t total_peak_ = 0;
+  std::unique_ptr<Arena> arena_;
+  void (*zero_)(void*, std::size_t) = nullptr;
 };
 
 // "1.50 MiB": bytes in binary units for people.

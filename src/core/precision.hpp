@@ -9,15 +9,32 @@
 //   fp16: 1 sign, 5 exponent, 10 mantissa bits (IEEE binary16): largest finite
 //         65504, smallest subnormal 2^-24; what loss scaling exists for.
 // Both narrowings round to nearest, ties to even, as hardware does; values
-// past fp16's range become +-inf, NaN stays NaN.
+// past fp16's range become +-inf, NaN stays NaN. The scalar conversions are
+// host and device functions, so that the CUDA backend runs this very code and
+// rounds bit for bit as the CPU does.
 #pragma once
 
-#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string_view>
 
+// As in kernels/adamw_step.hpp (same definition, so either may come first).
+#ifndef STRATA_HOST_DEVICE
+#if defined(__CUDACC__)
+#define STRATA_HOST_DEVICE __host__ __device__
+#else
+#define STRATA_HOST_DEVICE
+#endif
+#endif
+
 namespace strata::core {
+
+// std::bit_cast is host-only for nvcc (a constexpr library function); the
+// builtin behind it works on both sides.
+template <typename To, typename From>
+STRATA_HOST_DEVICE inline To bits_as(From x) {
+  return __builtin_bit_cast(To, x);
+}
 
 enum class Precision { fp32, bf16, fp16 };
 
@@ -33,10 +50,10 @@ inline std::optional<Precision> parse_precision(std::string_view s) {
 // Bytes of one stored parameter or gradient element.
 inline int element_bytes(Precision p) { return p == Precision::fp32 ? 4 : 2; }
 
-inline float bf16_to_float(std::uint16_t h) { return std::bit_cast<float>(std::uint32_t(h) << 16); }
+STRATA_HOST_DEVICE inline float bf16_to_float(std::uint16_t h) { return bits_as<float>(std::uint32_t(h) << 16); }
 
-inline std::uint16_t float_to_bf16(float f) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+STRATA_HOST_DEVICE inline std::uint16_t float_to_bf16(float f) {
+  const std::uint32_t u = bits_as<std::uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40);  // NaN stays quiet NaN
   // Round to nearest even: add half an ulp of bf16, plus one when the kept
   // part is odd, then truncate. Overflow carries into the exponent (inf).
@@ -44,18 +61,18 @@ inline std::uint16_t float_to_bf16(float f) {
   return std::uint16_t((u + rounding) >> 16);
 }
 
-inline float fp16_to_float(std::uint16_t h) {
+STRATA_HOST_DEVICE inline float fp16_to_float(std::uint16_t h) {
   const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf, NaN
-  if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
+  if (exp == 0x1f) return bits_as<float>(sign | 0x7f800000u | (man << 13));  // inf, NaN
+  if (exp != 0) return bits_as<float>(sign | ((exp + 112) << 23) | (man << 13));
   // Zero and subnormals: man * 2^-24, exact in fp32.
   const float mag = float(man) * 0x1p-24f;
   return sign != 0 ? -mag : mag;
 }
 
-inline std::uint16_t float_to_fp16(float f) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+STRATA_HOST_DEVICE inline std::uint16_t float_to_fp16(float f) {
+  const std::uint32_t u = bits_as<std::uint32_t>(f);
   const std::uint16_t sign = std::uint16_t((u >> 16) & 0x8000u);
   const std::uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return std::uint16_t(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN
@@ -64,8 +81,8 @@ inline std::uint16_t float_to_fp16(float f) {
     // Below the smallest normal (2^-14): a subnormal, round(|f| / 2^-24) with
     // ties to even. Adding 2^-24 * 2^23 = 0.5 makes the fp32 adder do exactly
     // that rounding in the low mantissa bits.
-    const float r = std::bit_cast<float>(a) + 0.5f;
-    return std::uint16_t(sign | (std::bit_cast<std::uint32_t>(r) - std::bit_cast<std::uint32_t>(0.5f)));
+    const float r = bits_as<float>(a) + 0.5f;
+    return std::uint16_t(sign | (bits_as<std::uint32_t>(r) - bits_as<std::uint32_t>(0.5f)));
   }
   // Normal: rebias the exponent (127 -> 15) and round the 23-bit mantissa to
   // 10 bits, ties to even; a carry moves into the exponent correctly.
@@ -75,10 +92,10 @@ inline std::uint16_t float_to_fp16(float f) {
 }
 
 // One element at precision p (not fp32) to and from fp32.
-inline float half_to_float(std::uint16_t h, Precision p) {
+STRATA_HOST_DEVICE inline float half_to_float(std::uint16_t h, Precision p) {
   return p == Precision::bf16 ? bf16_to_float(h) : fp16_to_float(h);
 }
-inline std::uint16_t float_to_half(float f, Precision p) {
+STRATA_HOST_DEVICE inline std::uint16_t float_to_half(float f, Precision p) {
   return p == Precision::bf16 ? float_to_bf16(f) : float_to_fp16(f);
 }
 

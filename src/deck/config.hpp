@@ -73,6 +73,7 @@ struct OptimSection {
 
 struct BackendSection {
   std::string device = "cpu";
+  std::string comm = "auto";          // auto: nccl on cuda, mpi on cpu
   std::string precision = "fp32";
   double loss_scale = 65536.0;        // fp16: initial dynamic loss scale
   int loss_scale_window = 1000;       // fp16: good steps in a row before the scale doubles

@@ -194,7 +194,8 @@ const std::vector<KeySpec>& key_table() {
       key<&Config::optim, &OptimSection::eps>("optim", "eps", "AdamW denominator epsilon").above(0),
       key<&Config::optim, &OptimSection::grad_clip>("optim", "grad_clip", "clip the global gradient norm to this; 0: no clipping").at_least(0),
       // [backend]
-      key<&Config::backend, &BackendSection::device>("backend", "device", "where kernels run").one_of({"cpu"}, {"cuda"}),
+      key<&Config::backend, &BackendSection::device>("backend", "device", "where kernels run: the CPU, or one GPU per rank (the CUDA backend)").one_of({"cpu", "cuda"}),
+      key<&Config::backend, &BackendSection::comm>("backend", "comm", "collectives: auto (nccl on cuda, mpi on cpu), mpi (device buffers staged through the host), nccl (cuda only)").one_of({"auto", "mpi", "nccl"}),
       key<&Config::backend, &BackendSection::precision>("backend", "precision", "fp32, or mixed precision: 16-bit parameters, gradients and collectives, fp32 master weights and optimizer").one_of({"fp32", "bf16", "fp16"}),
       key<&Config::backend, &BackendSection::loss_scale>("backend", "loss_scale", "fp16: initial dynamic loss scale (halved on overflow, the step skipped)").at_least(1),
       key<&Config::backend, &BackendSection::loss_scale_window>("backend", "loss_scale_window", "fp16: good steps in a row before the loss scale doubles").at_least(1),

@@ -1,6 +1,7 @@
 // The process mesh: rank <-> (pp, dp, tp) with tp fastest, and one profiled
-// MPI communicator per axis, split from a private duplicate of the world so
-// the mesh's traffic never matches messages of other code on the same world.
+// communicator per axis (MPI, staged MPI or NCCL, each on an MPI
+// communicator split from a private duplicate of the world, so the mesh's
+// traffic never matches messages of other code on the same world).
 #include "src/mesh/mesh.hpp"
 
 #include <fmt/format.h>
@@ -10,7 +11,6 @@
 #include <vector>
 
 #include "src/comm/mpi_check.hpp"
-#include "src/comm/mpi_communicator.hpp"
 #include "src/comm/profiled_communicator.hpp"
 #include "src/core/error.hpp"
 
@@ -71,8 +71,8 @@ MPI_Comm split(MPI_Comm world, int color, int key) {
   return c;
 }
 
-std::unique_ptr<comm::Communicator> profiled(MPI_Comm c, const char* axis, comm::CommLog& log) {
-  return std::make_unique<comm::ProfiledCommunicator>(std::make_unique<comm::MpiCommunicator>(c, axis), log);
+std::unique_ptr<comm::Communicator> profiled(comm::Backend b, MPI_Comm c, const char* axis, comm::CommLog& log) {
+  return std::make_unique<comm::ProfiledCommunicator>(comm::make_communicator(b, c, axis), log);
 }
 
 void free_comm(MPI_Comm& c) {
@@ -82,7 +82,8 @@ void free_comm(MPI_Comm& c) {
 
 }  // namespace
 
-Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log) : layout_(l) {
+Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend backend)
+    : layout_(l), backend_(backend) {
   int size = 0;
   STRATA_CHECK_MPI(MPI_Comm_size(world, &size));
   STRATA_CHECK_MPI(MPI_Comm_rank(world, &rank_));
@@ -96,6 +97,10 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log) : layout_(l) {
   if (l.world() != size)
     core::runtime_error("mesh: layout pp {} x dp {} x tp {} = {} rank(s), but the world has {}: need pp*dp*tp == world",
                         l.pp, l.dp, l.tp, l.world(), size);
+  if (!comm::backend_built(backend))
+    core::runtime_error("mesh: communicator backend \"{}\" needs the CUDA backend, which this build lacks (configure "
+                        "with -DSTRATA_WITH_CUDA=ON, or AUTO where nvcc is found)",
+                        comm::describe_backend(backend));
   coords_ = coords_of(l, rank_);
   const Coords& c = coords_;
   try {
@@ -112,13 +117,13 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log) : layout_(l) {
     const int groups = l.dp / l.ep;
     ep_comm_ = split(world_comm_, (c.pp * groups + c.dp / l.ep) * l.tp + c.tp, c.dp % l.ep);
     edp_comm_ = split(world_comm_, (c.pp * l.ep + c.dp % l.ep) * l.tp + c.tp, c.dp / l.ep);
-    world_ = profiled(world_comm_, "world", log);
-    if (emb_comm_ != MPI_COMM_NULL) emb_ = profiled(emb_comm_, "emb", log);
-    dp_ = profiled(dp_comm_, "dp", log);
-    tp_ = profiled(tp_comm_, "tp", log);
-    pp_ = profiled(pp_comm_, "pp", log);
-    ep_ = profiled(ep_comm_, "ep", log);
-    edp_ = profiled(edp_comm_, "edp", log);
+    world_ = profiled(backend, world_comm_, "world", log);
+    if (emb_comm_ != MPI_COMM_NULL) emb_ = profiled(backend, emb_comm_, "emb", log);
+    dp_ = profiled(backend, dp_comm_, "dp", log);
+    tp_ = profiled(backend, tp_comm_, "tp", log);
+    pp_ = profiled(backend, pp_comm_, "pp", log);
+    ep_ = profiled(backend, ep_comm_, "ep", log);
+    edp_ = profiled(backend, edp_comm_, "edp", log);
   } catch (...) {
     // The destructor does not run for a half-built object.
     release();

@@ -5,8 +5,9 @@
 // hold the same experts form an expert-data-parallel (edp) group (edp
 // coordinate dp / ep).
 // One function maps a rank to its coordinates and back; the Mesh builds one
-// communicator per axis with MPI_Comm_split, each wrapped in the profiling
-// layer so every call on any axis is recorded.
+// communicator per axis with MPI_Comm_split, of the chosen backend (MPI,
+// MPI staging device buffers through host memory, or NCCL), each wrapped in
+// the profiling layer so every call on any axis is recorded.
 #pragma once
 
 #include <mpi.h>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "src/comm/backend.hpp"
 #include "src/comm/comm_log.hpp"
 #include "src/comm/communicator.hpp"
 
@@ -36,8 +38,10 @@ class Mesh {
  public:
   // Collective over `world`. Requires l.world() == size of `world` (checked:
   // runtime error naming the constraint). Every axis communicator records
-  // its calls into `log`.
-  Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log);
+  // its calls into `log`. `backend` carries them: a backend this build lacks
+  // (nccl, mpi_staged without the CUDA backend) is a runtime error on every
+  // rank; nccl needs each rank's GPU chosen (cudaSetDevice) beforehand.
+  Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend backend = comm::Backend::mpi);
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
@@ -45,6 +49,7 @@ class Mesh {
   const Layout& layout() const { return layout_; }
   const Coords& coords() const { return coords_; }
   int rank() const { return rank_; }
+  comm::Backend backend() const { return backend_; }
 
   comm::Communicator& world() { return *world_; }
   comm::Communicator& dp() { return *dp_; }
@@ -68,6 +73,7 @@ class Mesh {
   void release();
 
   Layout layout_;
+  comm::Backend backend_;
   Coords coords_;
   int rank_ = 0;
   MPI_Comm world_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL,

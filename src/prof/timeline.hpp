@@ -37,6 +37,14 @@ class Timeline {
   }
   void reserve(std::size_t n) { spans_.reserve(n); }
   double origin() const { return origin_; }
+  // Called at both ends of every span: on a GPU, a wait for the kernels
+  // launched so far, so that a span covers its layer's execution and not only
+  // the launches (the kernels run in one stream, so the waits cost launch
+  // latency, not overlap). Null on the CPU.
+  void set_fence(void (*fence)()) { fence_ = fence; }
+  void fence() const {
+    if (fence_ != nullptr) fence_();
+  }
   // Only meaningful when enabled; callers skip the clock read otherwise.
   void record(int layer, Phase phase, double start, double end) {
     spans_.push_back(Span{step_, micro_batch_, chunk_, layer, phase, start - origin_, end - origin_});
@@ -46,6 +54,7 @@ class Timeline {
  private:
   bool enabled_;
   double origin_;
+  void (*fence_)() = nullptr;
   int step_ = 0, micro_batch_ = 0, chunk_ = 0;
   std::vector<Span> spans_;
 };
@@ -55,9 +64,12 @@ class ScopedSpan {
  public:
   ScopedSpan(Timeline* tl, int layer, Phase phase)
       : tl_(tl != nullptr && tl->enabled() ? tl : nullptr), layer_(layer), phase_(phase),
-        start_(tl_ ? now_seconds() : 0.0) {}
+        start_(tl_ ? (tl_->fence(), now_seconds()) : 0.0) {}
   ~ScopedSpan() {
-    if (tl_) tl_->record(layer_, phase_, start_, now_seconds());
+    if (tl_) {
+      tl_->fence();
+      tl_->record(layer_, phase_, start_, now_seconds());
+    }
   }
   ScopedSpan(const ScopedSpan&) = delete;
   ScopedSpan& operator=(const ScopedSpan&) = delete;

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "kernels/kernels.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/core/error.hpp"
 
@@ -164,7 +165,13 @@ std::string write_rank_file(const fs::path& path, const std::vector<strategies::
     w.put_string(t.name);
     w.put(t.count);
   }
-  for (const auto& t : tensors) w.put(t.data, t.bytes());
+  // Through host memory: the tensors may be on the device.
+  std::vector<std::byte> host;
+  for (const auto& t : tensors) {
+    host.resize(std::size_t(t.bytes()));
+    kernels::copy_bytes(host.data(), t.data, host.size());
+    w.put(host.data(), host.size());
+  }
   return w.close(checksum);
 }
 
@@ -182,7 +189,12 @@ std::string read_rank_file(const fs::path& path, const std::vector<strategies::S
       return fmt::format("{}: tensor {} is '{}' of {} elements, this run has '{}' of {}", path.string(), i, name, n,
                          tensors[i].name, tensors[i].count);
   }
-  for (const auto& t : tensors) r.get(t.data, t.bytes());
+  std::vector<std::byte> host;
+  for (const auto& t : tensors) {
+    host.resize(std::size_t(t.bytes()));
+    r.get(host.data(), host.size());
+    kernels::copy_bytes(t.data, host.data(), host.size());
+  }
   return r.finish() ? "" : fmt::format("{} is truncated or corrupt (checksum)", path.string());
 }
 

@@ -1,9 +1,13 @@
 // The peak FLOP/s that MFU is measured against: from the deck
 // (backend.peak_tflops), or measured at start-up as the best rate of a short
-// square sgemm on the threads the run uses, and recorded as such.
+// square GEMM on the selected device (the CPU: sgemm on the threads the run
+// uses; a GPU: cuBLAS at the run's precision, bf16 on tensor cores for
+// mixed precision), and recorded as such.
 #pragma once
 
 #include <string>
+
+#include "src/core/precision.hpp"
 
 namespace strata::train {
 
@@ -12,8 +16,6 @@ struct Peak {
   std::string source;  // "deck" or "measured: sgemm 1024^3, best of N"
 };
 
-// Best FLOP/s of `reps` sgemms of size n x n x n.
-double measure_sgemm_flops(int n, int reps);
-Peak resolve_peak(double peak_tflops_from_deck);
+Peak resolve_peak(double peak_tflops_from_deck, core::Precision precision);
 
 }  // namespace strata::train

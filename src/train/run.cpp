@@ -14,6 +14,7 @@
 #include "kernels/kernels.hpp"
 #include "models/gpt.hpp"
 #include "src/comm/abort.hpp"
+#include "src/comm/backend.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/core/error.hpp"
 #include "src/core/memory.hpp"
@@ -231,6 +232,53 @@ void print_step(const StepRecord& r) {
 
 }  // namespace
 
+// backend.device = "cuda": rank r of a node takes GPU r mod the node's GPU
+// count (ranks share a GPU only when there are more of them than GPUs).
+void select_device(const deck::Config& cfg, MPI_Comm comm) {
+  if (cfg.backend.device != "cuda") return;
+  if (!kernels::cuda_built())
+    core::input_error("backend.device = \"cuda\": this build has the CPU backend only; build with the CUDA backend "
+                      "(cmake --preset cuda, or STRATA_WITH_CUDA=AUTO where nvcc is found)");
+  MPI_Comm node = MPI_COMM_NULL;
+  STRATA_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local = 0;
+  STRATA_CHECK_MPI(MPI_Comm_rank(node, &local));
+  STRATA_CHECK_MPI(MPI_Comm_free(&node));
+  const int gpus = kernels::gpu_count();
+  if (gpus == 0) core::runtime_error("backend.device = \"cuda\" but this node has no usable GPU");
+  kernels::use_device(kernels::Device::cuda, local % gpus);
+  const auto p = core::parse_precision(cfg.backend.precision).value_or(core::Precision::fp32);
+  kernels::set_gemm_precision(p);
+}
+
+// The device arena: one region of the GPU for every tracked buffer, sized
+// backend.memory_limit, or, without a limit, the free memory less a reserve
+// for what the tracker does not hold (the CUDA context's own allocations,
+// cuBLAS workspaces, NCCL's buffers). Freed after the tracker that uses it.
+struct DeviceArena {
+  void* base = nullptr;
+  std::size_t capacity = 0;
+  DeviceArena() = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  ~DeviceArena() {
+    if (base != nullptr) kernels::device_free(base);
+  }
+  void open(std::size_t limit, core::MemoryTracker& tracker) {
+    const kernels::DeviceMemory m = kernels::device_memory();
+    const std::size_t reserve = std::max<std::size_t>(std::size_t(2) << 30, m.total / 20);
+    const std::size_t room = m.free > reserve ? m.free - reserve : 0;
+    if (limit > room)
+      core::runtime_error("backend.memory_limit = {} does not fit on the GPU: {} free of {}, {} kept for the CUDA "
+                          "context, cuBLAS and NCCL",
+                          core::format_bytes(double(limit)), core::format_bytes(double(m.free)),
+                          core::format_bytes(double(m.total)), core::format_bytes(double(reserve)));
+    capacity = (limit > 0 ? limit : room) / 256 * 256;
+    base = kernels::device_alloc(capacity);
+    tracker.use_arena(base, capacity, kernels::zero_bytes);
+  }
+};
+
 std::string report_path(const deck::Deck& deck, const RunOptions& options) {
   if (!options.output.empty()) return options.output;
   if (!deck.config.run.output.empty()) return deck.config.run.output;
@@ -246,13 +294,21 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   check_world(cfg, world);
 
   if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
-  const models::GptConfig gc = gpt_config(cfg.model);
+  if (!options.dry_run) select_device(cfg, comm);
+  const models::GptConfig gc = gpt_config(cfg);
   const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
   const mesh::Layout layout{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep};
   prof::Timeline timeline(cfg.run.profile);
   comm::CommLog log(timeline.origin());
-  mesh::Mesh mesh(comm, layout, log);
+  // backend.comm: NCCL on the GPU unless told otherwise; MPI with device
+  // buffers stages them through host memory (Debian's MPICH is not
+  // CUDA-aware).
+  const bool gpu = kernels::device() == kernels::Device::cuda;
+  const comm::Backend comm_backend = !gpu                              ? comm::Backend::mpi
+                                     : cfg.backend.comm == "mpi" ? comm::Backend::mpi_staged
+                                                                       : comm::Backend::nccl;
+  mesh::Mesh mesh(comm, layout, log, comm_backend);
 
   const int chunks = layout.pp > 1 ? cfg.parallel.virtual_stages : 1;  // model chunks per pipeline rank
   CheckpointLayout ck_layout{world,  layout.pp, layout.dp,    layout.tp,          layout.ep,
@@ -299,7 +355,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.threads = kernels::num_threads();
   prov.parameters = params;
 
-  const Peak peak = resolve_peak(cfg.backend.peak_tflops);
+  const Peak peak = resolve_peak(cfg.backend.peak_tflops,
+                                 core::parse_precision(cfg.backend.precision).value_or(core::Precision::fp32));
   // MFU compares the job's model FLOP/s with the summed peak of its ranks
   // (each measured at once, so ranks sharing a node share its cores).
   double job_peak = peak.flops_per_s;
@@ -309,6 +366,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   report::H5File file(comm, report_path(deck, options));
   write_provenance(file, prov);
+  file.set_attr("/", "device", cfg.backend.device);
+  file.set_attr("/", "comm_backend", comm::describe_backend(comm_backend));
   if (!resume.dir.empty()) {
     file.set_attr("/", "resumed_from", resume.dir);
     file.set_attr("/", "resumed_at_step", std::int64_t(resume.step));
@@ -316,7 +375,14 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   prov.layout = fmt::format("pp {} x dp {} x tp {}{}", layout.pp, layout.dp, layout.tp,
                             layout.ep > 1 ? fmt::format(" (ep {})", layout.ep) : "");
+  DeviceArena arena;  // declared before the tracker: freed after it
   core::MemoryTracker tracker(cfg.backend.memory_limit);
+  if (kernels::device() == kernels::Device::cuda) {
+    timeline.set_fence(kernels::synchronize);
+    arena.open(cfg.backend.memory_limit, tracker);
+    file.set_attr("/", "device_arena_bytes", std::int64_t(arena.capacity));
+    file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
+  }
   std::vector<StepRecord> steps;
   std::vector<ExpertRecord> experts;  // MoE routing, copied after every step
   std::vector<MemoryRecord> memory;
@@ -336,6 +402,12 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     write_comm_summary(file, rank, comm_figures);
     write_pipeline_summary(file, rank, bubble);
     write_summary(file, summary, prov);
+    if (kernels::device() == kernels::Device::cuda) {
+      // The driver's view beside the tracker's: the arena, the context,
+      // cuBLAS and NCCL together.
+      const kernels::DeviceMemory m = kernels::device_memory();
+      file.set_attr("/", "device_memory_used", std::int64_t(m.total - m.free));
+    }
     file.set_attr("/", "status", status);
   };
 

@@ -11,13 +11,15 @@
 
 namespace strata::train {
 
-models::GptConfig gpt_config(const deck::ModelSection& m) {
+models::GptConfig gpt_config(const deck::Config& cfg) {
+  const deck::ModelSection& m = cfg.model;
   models::GptMoe moe{m.moe_experts,          m.moe_every,       m.moe_top_k,          m.moe_capacity_factor,
                      m.moe_drop_tokens,      m.moe_renormalize, float(m.moe_aux_coef)};
   const models::Recompute rc = m.recompute == "full"        ? models::Recompute::full
                                : m.recompute == "selective" ? models::Recompute::selective
                                                             : models::Recompute::none;
-  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, rc};
+  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, rc,
+                           cfg.backend.device == "cuda"};
 }
 
 Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
@@ -32,7 +34,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
     dp_size_ = dp_->size();
     dp_rank_ = dp_->rank();
   }
-  const auto gc = gpt_config(cfg_.model);
+  const auto gc = gpt_config(cfg_);
   const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len;
   STRATA_CHECK(cfg_.data.global_batch % (dp_size_ * B) == 0, "global batch {} over dp {} x micro-batch {}",
                cfg_.data.global_batch, dp_size_, B);
@@ -113,7 +115,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
 }
 
 void Trainer::add_slot(Chunk& ch) {
-  ch.slots.push_back(std::make_unique<models::Gpt>(gpt_config(cfg_.model), cfg_.data.micro_batch, *tracker_, tpc_,
+  ch.slots.push_back(std::make_unique<models::Gpt>(gpt_config(cfg_), cfg_.data.micro_batch, *tracker_, tpc_,
                                                    ch.stage, split_backward_, epc_));
   ch.free.push_back(ch.slots.back().get());
 }
@@ -201,6 +203,7 @@ StepRecord Trainer::step(int step) {
   }
 
   finish_routing(r);
+  kernels::synchronize();  // a GPU's step ends when its last kernel does
   r.step_time = prof::now_seconds() - t0;
   r.tokens = double(cfg_.data.global_batch) * T;
   r.tokens_per_s = r.tokens / r.step_time;
@@ -222,12 +225,22 @@ double Trainer::run_micro_batches(int step, float loss_scale) {
     strategy_->begin_micro_batch(mb == micro_batches_ - 1);
     const std::int64_t first = std::int64_t(step) * cfg_.data.global_batch +
                                std::int64_t(dp_rank_) * (cfg_.data.global_batch / dp_size_) + std::int64_t(mb) * B;
-    fill_batch(*data_, first, B, T, tokens_.data(), targets_.data());
+    load_batch(first, B, T, tokens_.data(), targets_.data());
     loss_sum += model().forward(state, tokens_.data(), targets_.data(), timeline_);
     record_routing(model());
     model().backward(state, tokens_.data(), targets_.data(), loss_scale, timeline_);
   }
   return loss_sum;
+}
+
+void Trainer::load_batch(std::int64_t first, int B, int T, std::int32_t* tokens, std::int32_t* targets) {
+  // Drawn on the host, then copied to where the kernels read them.
+  const std::size_t n = std::size_t(B) * std::size_t(T);
+  host_tokens_.resize(n);
+  host_targets_.resize(n);
+  fill_batch(*data_, first, B, T, host_tokens_.data(), host_targets_.data());
+  kernels::copy_bytes(tokens, host_tokens_.data(), n * sizeof(std::int32_t));
+  kernels::copy_bytes(targets, host_targets_.data(), n * sizeof(std::int32_t));
 }
 
 void Trainer::record_routing(const models::Gpt& g) {
@@ -318,7 +331,7 @@ double Trainer::run_pipeline(int step, float loss_scale) {
     for (int mb = 0; mb < m; ++mb) {
       const std::int64_t s0 = std::int64_t(step) * cfg_.data.global_batch +
                               std::int64_t(dp_rank_) * (cfg_.data.global_batch / dp_size_) + std::int64_t(mb) * B;
-      fill_batch(*data_, s0, B, T, batch(mb, mb_tokens_.data()), batch(mb, mb_targets_.data()));
+      load_batch(s0, B, T, batch(mb, mb_tokens_.data()), batch(mb, mb_targets_.data()));
     }
   double loss_sum = 0;
   for (std::size_t i = 0; i < schedule_.size(); ++i) {

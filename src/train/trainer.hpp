@@ -59,7 +59,7 @@ struct ExpertRecord {
   double prob_mass = 0;      // router probability summed over the tokens
 };
 
-models::GptConfig gpt_config(const deck::ModelSection& m);
+models::GptConfig gpt_config(const deck::Config& cfg);
 
 // fp16's dynamic loss scaling (as PyTorch's GradScaler and DeepSpeed do):
 // the backward pass runs on the loss times `scale`, so that small gradients
@@ -139,6 +139,8 @@ class Trainer {
   // pipeline stage) over the embedding group.
   void sum_tied_embedding();
   // Adds the routing of the MoE blocks of `g`'s last forward to the step's.
+  // Samples first .. first + B - 1 into tokens and targets (device memory).
+  void load_batch(std::int64_t first, int B, int T, std::int32_t* tokens, std::int32_t* targets);
   void record_routing(const models::Gpt& g);
   void finish_routing(StepRecord& r);
   struct Routing {
@@ -179,6 +181,7 @@ class Trainer {
   std::unique_ptr<strategies::StateStrategy> strategy_;
   std::unique_ptr<DataSource> data_;
   core::Buffer<std::int32_t> tokens_, targets_;
+  std::vector<std::int32_t> host_tokens_, host_targets_;  // a micro-batch as drawn, before the copy
 };
 
 }  // namespace strata::train

@@ -602,4 +602,42 @@ TEST(Profiling, WrapsEveryCollectiveExactly) {
   EXPECT_GE(log.records().size(), 15u);
 }
 
+// The mesh's communicator backends: described for the report; without the
+// CUDA backend the GPU ones are refused on every rank, naming the build
+// option; with it, the staged one passes host buffers straight through to
+// MPI (all it does on a machine without a GPU).
+TEST(Mesh, Backends) {
+  EXPECT_EQ(comm::describe_backend(comm::Backend::mpi), "mpi");
+  EXPECT_EQ(comm::describe_backend(comm::Backend::nccl), "nccl");
+  EXPECT_EQ(comm::describe_backend(comm::Backend::mpi_staged), "mpi (device buffers staged through host memory)");
+  EXPECT_TRUE(comm::backend_built(comm::Backend::mpi));
+  const int n = world_size();
+  comm::CommLog log(prof::now_seconds());
+  {
+    mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+    EXPECT_EQ(m.backend(), comm::Backend::mpi);
+  }
+#if STRATA_HAVE_CUDA
+  EXPECT_TRUE(comm::backend_built(comm::Backend::nccl));
+  EXPECT_TRUE(comm::backend_built(comm::Backend::mpi_staged));
+  mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log, comm::Backend::mpi_staged);
+  EXPECT_EQ(m.backend(), comm::Backend::mpi_staged);
+  check_collectives(m.world(), 7);
+  check_collectives(m.dp(), 8);
+  EXPECT_FALSE(log.records().empty());
+#else
+  for (comm::Backend b : {comm::Backend::nccl, comm::Backend::mpi_staged}) {
+    EXPECT_FALSE(comm::backend_built(b));
+    std::string msg;
+    try {
+      mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log, b);
+    } catch (const core::Error& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("STRATA_WITH_CUDA"), std::string::npos) << msg;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);  // nobody hangs in a split
+#endif
+}
+
 }  // namespace

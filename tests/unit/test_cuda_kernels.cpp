@@ -1,24 +1,34 @@
 // The CUDA kernels against the CPU backend on the same fresh random inputs:
 // fp32 results within 1e-5 relative (elementwise and AdamW, whose per-element
 // arithmetic is the same code, to a few ulps; reductions summed in another
-// order, LayerNorm, GEMMs, bias and embedding gradients, cross-entropy, to
-// that bound). Needs a GPU: without one every
-// test skips and says why (the kernels are still compiled and linked).
+// order, LayerNorm, GEMMs, bias and embedding gradients, cross-entropy fused
+// and in vocabulary-parallel pieces, to that bound); the 16-bit conversions,
+// the 16-bit adds and the mixed-precision AdamW step bit-identical (the same
+// scalar code on both sides), the 16-bit sum of squares within 1e-9. Needs a
+// GPU: without one every test skips and says why (the kernels are still
+// compiled and linked).
 // Seed: fresh per run, printed on failure; rerun with STRATA_TEST_SEED.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/kernels.hpp"
 
 namespace cu = strata::kernels::cuda;
+namespace cpu = strata::kernels::cpu;
 namespace k = strata::kernels;
+namespace core = strata::core;
 
 namespace {
 
@@ -67,6 +77,59 @@ double max_rel(const Vec& a, const Vec& b, double floor = 1e-3) {
   for (std::size_t i = 0; i < a.size(); ++i)
     worst = std::max(worst, std::fabs(double(a[i]) - b[i]) / std::max(std::fabs(double(b[i])), floor));
   return worst;
+}
+
+// Index of the first element whose bits differ (NaNs compared by their
+// bits), or -1: a failure names one element instead of printing buffers.
+template <typename T>
+std::int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return std::int64_t(i);
+  return -1;
+}
+
+using Bits = std::vector<std::uint16_t>;
+
+Bits random_bits(std::mt19937& g, std::size_t n) {
+  std::uniform_int_distribution<int> d(0, 0xffff);
+  Bits v(n);
+  for (auto& x : v) x = std::uint16_t(d(g));
+  return v;
+}
+
+Bits narrowed(const Vec& x, core::Precision p) {
+  Bits h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) h[i] = core::float_to_half(x[i], p);
+  return h;
+}
+
+// Half the step from the 16-bit value h to the next one away from zero:
+// widen(h) plus this is an exact tie between the two.
+float half_gap(std::uint16_t h, core::Precision p) {
+  return (core::half_to_float(std::uint16_t(h + 1), p) - core::half_to_float(h, p)) / 2;
+}
+
+// fp32 values that probe rounding to format p: random bit patterns (every
+// exponent, fp32 subnormals, infinities, NaNs), exact ties between
+// neighbouring 16-bit values and the fp32 values either side of them, fp16's
+// subnormal range, and the edges of fp16's and bf16's ranges.
+Vec rounding_probes(std::mt19937& g, core::Precision p, std::size_t n) {
+  Vec v;
+  std::uniform_int_distribution<std::uint32_t> word;
+  for (std::size_t i = 0; i < n; ++i) v.push_back(std::bit_cast<float>(word(g)));
+  for (const std::uint16_t h : random_bits(g, n)) {
+    const float tie = core::half_to_float(h, p) + half_gap(h, p);
+    v.insert(v.end(), {tie, std::nextafter(tie, -INFINITY), std::nextafter(tie, INFINITY)});
+  }
+  const Vec tiny = uniform(g, n, -0x1p-14f, 0x1p-14f);
+  v.insert(v.end(), tiny.begin(), tiny.end());
+  for (const float x : {0.0f, 65504.0f, 65519.0f, 65519.996f, 65520.0f, 65536.0f, 1e5f, 3.3e38f, FLT_MAX, INFINITY,
+                        NAN, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-14f, FLT_MIN, 1e-45f}) {
+    v.push_back(x);
+    v.push_back(-x);
+  }
+  return v;
 }
 
 class CudaKernels : public ::testing::Test {
@@ -270,5 +333,155 @@ TEST_F(CudaKernels, CrossEntropyMatchesTheCpuBackend) {
     k::softmax_cross_entropy_backward(grad.data(), grad.data(), targets.data(), 1.0f / N, N, V);
     // Probabilities as small as e^-16 / V: relative to the row's scale, 1 / (N V).
     EXPECT_LE(max_rel(dl.host(), grad, 1e-3 / (double(N) * V)), 1e-5) << N << " x " << V;
+  }
+}
+
+// The vocabulary-parallel pieces on one rank's shard of a larger vocabulary:
+// row statistics that other ranks have already raised (a larger max, a larger
+// sum), targets on the shard's first and last columns and just outside it,
+// the rest anywhere in the vocabulary; the backward in place.
+TEST_F(CudaKernels, ShardedCrossEntropyPiecesMatchTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  for (const auto& [N, V_full] : {std::pair{5, 7}, std::pair{33, 50257}}) {
+    for (int rank = 0; rank < 3; ++rank) {
+      const int v_begin = rank * V_full / 3, v_end = (rank + 1) * V_full / 3, V = v_end - v_begin;
+      const std::string at = std::to_string(N) + " x " + std::to_string(V) + " from " + std::to_string(v_begin);
+      const Vec logits = uniform(rng_, std::size_t(N) * V, -8, 8);
+      std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+      std::uniform_int_distribution<int> tok(0, V_full - 1);
+      for (auto& t : targets) t = tok(rng_);
+      targets[0] = v_begin;
+      targets[1] = v_end - 1;
+      targets[2] = std::max(v_begin - 1, 0);
+      targets[3] = std::min(v_end, V_full - 1);
+      DeviceOf<std::int32_t> dt(targets);
+      Device dl(logits);
+
+      Vec m(N), got(N);
+      cpu::row_max(m.data(), logits.data(), N, V);
+      Device dm(got);
+      cu::row_max(dm.get(), dl.get(), N, V);
+      EXPECT_EQ(dm.host(), m) << at;  // a maximum is exact
+
+      const Vec raise = uniform(rng_, N, 0, 2);
+      for (int n = 0; n < N; ++n) m[n] += raise[n];
+      Vec s(N);
+      cpu::row_exp_sum(s.data(), logits.data(), m.data(), N, V);
+      Device dm2(m), ds(got);
+      cu::row_exp_sum(ds.get(), dl.get(), dm2.get(), N, V);
+      EXPECT_LE(max_rel(ds.host(), s), 1e-5) << at;
+
+      Vec x(N);
+      cpu::pick_target_logits(x.data(), logits.data(), targets.data(), v_begin, N, V);
+      Device dx(got);
+      cu::pick_target_logits(dx.get(), dl.get(), dt.get(), v_begin, N, V);
+      EXPECT_EQ(dx.host(), x) << at;
+
+      const Vec scale = uniform(rng_, N, 1, 3);
+      for (int n = 0; n < N; ++n) s[n] *= scale[n];
+      Vec losses(N);
+      cpu::cross_entropy_from_parts(losses.data(), m.data(), s.data(), x.data(), N);
+      Device ds2(s), dlosses(got);
+      cu::cross_entropy_from_parts(dlosses.get(), dm2.get(), ds2.get(), dx.get(), N);
+      EXPECT_LE(max_rel(dlosses.host(), losses), 1e-5) << at;
+
+      Vec grad = logits;
+      cpu::softmax_cross_entropy_backward_sharded(grad.data(), grad.data(), m.data(), s.data(), targets.data(),
+                                                  v_begin, 1.0f / N, N, V);
+      cu::softmax_cross_entropy_backward_sharded(dl.get(), dl.get(), dm2.get(), ds2.get(), dt.get(), v_begin, 1.0f / N,
+                                                 N, V);
+      EXPECT_LE(max_rel(dl.host(), grad, 1e-3 / (double(N) * V_full)), 1e-5) << at;
+    }
+  }
+}
+
+TEST_F(CudaKernels, PrecisionConversionsAreBitIdenticalToTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  for (const core::Precision p : {core::Precision::bf16, core::Precision::fp16}) {
+    const std::string fmt = core::precision_name(p);
+    {  // every 16-bit pattern widened
+      Bits all(1 << 16);
+      for (std::size_t i = 0; i < all.size(); ++i) all[i] = std::uint16_t(i);
+      Vec want(all.size());
+      cpu::widen(want.data(), all.data(), std::int64_t(all.size()), p);
+      DeviceOf<std::uint16_t> dh(all);
+      Device dy(Vec(all.size()));
+      cu::widen(dy.get(), dh.get(), std::int64_t(all.size()), p);
+      EXPECT_EQ(first_difference(dy.host(), want), -1) << fmt << " widen";
+    }
+    {  // narrowed
+      const Vec x = rounding_probes(rng_, p, 1 << 16);
+      Bits want(x.size());
+      cpu::narrow(want.data(), x.data(), std::int64_t(x.size()), p);
+      Device dx(x);
+      DeviceOf<std::uint16_t> dy(Bits(x.size()));
+      cu::narrow(dy.get(), dx.get(), std::int64_t(x.size()), p);
+      EXPECT_EQ(first_difference(dy.host(), want), -1) << fmt << " narrow";
+    }
+    // 16-bit accumulators: random addends, addends of a similar size, and
+    // addends that land exactly on a tie.
+    const std::size_t n = 1 << 16;
+    const Bits y = random_bits(rng_, n);
+    Vec addend = uniform(rng_, n, -2, 2);
+    std::uniform_int_distribution<int> kind(0, 2);
+    const Vec probes = rounding_probes(rng_, p, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const int c = kind(rng_);
+      addend[i] = c == 0 ? probes[i] : c == 1 ? core::half_to_float(y[i], p) * addend[i] : half_gap(y[i], p);
+    }
+    {
+      Bits want = y;
+      cpu::narrow_add(want.data(), addend.data(), std::int64_t(n), p);
+      DeviceOf<std::uint16_t> dy(y);
+      Device da(addend);
+      cu::narrow_add(dy.get(), da.get(), std::int64_t(n), p);
+      EXPECT_EQ(first_difference(dy.host(), want), -1) << fmt << " narrow_add";
+    }
+    {
+      const Bits x = narrowed(addend, p);
+      Bits want = y;
+      cpu::add_half(want.data(), x.data(), std::int64_t(n), p);
+      DeviceOf<std::uint16_t> dy(y), dx(x);
+      cu::add_half(dy.get(), dx.get(), std::int64_t(n), p);
+      EXPECT_EQ(first_difference(dy.host(), want), -1) << fmt << " add_half";
+    }
+  }
+}
+
+TEST_F(CudaKernels, SumOfSquaresOfHalvesMatchesTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  for (const core::Precision p : {core::Precision::bf16, core::Precision::fp16})
+    for (const std::int64_t n : {0, 5, 1 << 20}) {
+      const Bits x = narrowed(uniform(rng_, std::size_t(n), -4, 4), p);
+      DeviceOf<std::uint16_t> dx(x);
+      const double want = cpu::sum_squares_half(x.data(), n, p);
+      EXPECT_NEAR(cu::sum_squares_half(dx.get(), n, p), want, 1e-9 * want) << core::precision_name(p) << " n " << n;
+    }
+}
+
+// ZeRO's mixed step: fp32 master weights and moments, 16-bit gradients
+// unscaled by one factor, the 16-bit parameters rewritten. Bit-identical on
+// every buffer: both backends run the same AdamWStep on the same inputs.
+TEST_F(CudaKernels, MixedPrecisionAdamWIsBitIdenticalToTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  const std::int64_t n = 100003;
+  for (const core::Precision p : {core::Precision::bf16, core::Precision::fp16}) {
+    const std::string fmt = core::precision_name(p);
+    Vec master = uniform(rng_, n), m(n, 0.0f), v(n, 0.0f);
+    Bits param = narrowed(master, p);
+    Device dmaster(master), dm(m), dv(v);
+    DeviceOf<std::uint16_t> dparam(param);
+    for (int step = 1; step <= 3; ++step) {
+      const Bits grad = narrowed(uniform(rng_, n, -40, 40), p);  // scaled by 4, unscaled below
+      DeviceOf<std::uint16_t> dg(grad);
+      cu::adamw_update_mixed(dmaster.get(), dparam.get(), dg.get(), 0.25f, dm.get(), dv.get(), n, 1e-2f, 0.9f, 0.95f,
+                             1e-8f, 0.1f, step, p);
+      cpu::adamw_update_mixed(master.data(), param.data(), grad.data(), 0.25f, m.data(), v.data(), n, 1e-2f, 0.9f,
+                              0.95f, 1e-8f, 0.1f, step, p);
+      EXPECT_EQ(first_difference(dmaster.host(), master), -1) << fmt << " master, step " << step;
+      EXPECT_EQ(first_difference(dparam.host(), param), -1) << fmt << " param, step " << step;
+      EXPECT_EQ(first_difference(dm.host(), m), -1) << fmt << " m, step " << step;
+      EXPECT_EQ(first_difference(dv.host(), v), -1) << fmt << " v, step " << step;
+    }
   }
 }

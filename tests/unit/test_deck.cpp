@@ -83,7 +83,7 @@ const std::vector<std::string> kAllKeys = {
     "parallel.sequence_parallel", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps", "optim.grad_clip",
-    "backend.device", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops", "offload.path", "offload.chunk_mb", "offload.params",
+    "backend.device", "backend.comm", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops", "offload.path", "offload.chunk_mb", "offload.params",
 };
 
 class DeckTest : public ::testing::Test {
@@ -303,9 +303,13 @@ TEST_F(DeckTest, StringNotAllowedNamesTheAllowedValues) {
              {"deck.toml:2: key 'data.source' must be one of \"synthetic\", \"text\"; got \"txt\"", "did you mean \"text\"?"});
   load_error("[parallel]\nschedule = \"pipedream\"\n",
              {"deck.toml:2:", "'parallel.schedule'", "\"1f1b\", \"gpipe\", \"interleaved\", \"zb-h1\""});
-  // Values of the design that this build cannot run yet say what is allowed now.
-  load_error("[backend]\ndevice = \"cuda\"\n",
-             {"deck.toml:2: key 'backend.device' \"cuda\" is not available in this build yet; allowed now: \"cpu\""});
+  load_error("[backend]\ncomm = \"gloo\"\n", {"deck.toml:2:", "'backend.comm'", "\"auto\", \"mpi\", \"nccl\""});
+  // NCCL needs the GPU; the MoE layer is not on the CUDA backend yet.
+  load_error("[backend]\ncomm = \"nccl\"\n", {"backend.comm", "needs backend.device = \"cuda\""});
+  load_error("[model]\nkind = \"moe\"\nmoe_experts = 4\n[backend]\ndevice = \"cuda\"\n",
+             {"backend.device", "model.kind", "not built yet"});
+  load_error("[model]\nd_model = 512\nheads = 2\n[backend]\ndevice = \"cuda\"\n",
+             {"backend.device", "head size of 256", "up to 128"});
   load_error("[backend]\nprecision = \"fp8\"\n",
              {"deck.toml:2:", "'backend.precision'", "\"fp32\", \"bf16\", \"fp16\""});
   load_error("[backend]\nloss_scale = 0.5\n", {"deck.toml:2:", "'backend.loss_scale'", ">= 1"});

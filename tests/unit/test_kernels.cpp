@@ -631,7 +631,7 @@ void attention_case(std::mt19937& rng, AttentionShape s, bool fd_all) {
   DVec dref(nqkv, 0.0);
   ref_attention_backward(dref, Rd, qd, B, T, C, NH);
   Vec dqkv(nqkv, 0.0f), scratch(nprobs, std::numeric_limits<float>::quiet_NaN());
-  k::attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), probs.data(), B, T, C, NH);
+  k::attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH);
   EXPECT_TRUE(all_close(dqkv, dref));
 
   auto loss = [&] {
@@ -643,7 +643,7 @@ void attention_case(std::mt19937& rng, AttentionShape s, bool fd_all) {
 
   Vec g0 = uniform(rng, nqkv), g = g0;
   for (int rep = 0; rep < 2; ++rep)
-    k::attention_backward(g.data(), scratch.data(), R.data(), qkv.data(), probs.data(), B, T, C, NH);
+    k::attention_backward(g.data(), scratch.data(), R.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH);
   DVec want(nqkv);
   for (std::size_t i = 0; i < nqkv; ++i) want[i] = g0[i] + 2 * dref[i];
   EXPECT_TRUE(all_close(g, want));

@@ -221,7 +221,7 @@ TEST(Trainer, MoeBlocksHoldNoDenseMlpActivations) {
   // Two MoE blocks (every 2) against four (every 1): two more dense blocks,
   // each with its N x F hidden rows before and after GELU, and two fewer MoE
   // layers, each with its own buffers (models::moe_buffer_plan).
-  models::GptConfig gc = train::gpt_config(tiny_config(with("1")).model);
+  models::GptConfig gc = train::gpt_config(tiny_config(with("1")));
   std::uint64_t moe_layer = 0;
   for (const auto& b : models::moe_buffer_plan(gc.moe_layer(), N))
     if (b.category == core::MemCategory::activations) moe_layer += 4ull * std::uint64_t(b.numel);

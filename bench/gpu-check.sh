@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on a GPU, in one call (about 5 minutes on an H200).
+#
+#   bench/gpu-check.sh pack   on the build machine: builds with the cuda preset
+#                             (build-cuda/) and packs the programs, with every
+#                             shared library they load that is not the CUDA
+#                             toolkit's or glibc's, into .gpu/pack.tar.xz
+#   bench/gpu-check.sh run    on the GPU machine (from the repository root,
+#                             .gpu carried along): unpacks, then runs
+#                               1. the kernel tests against the CPU backend
+#                                  (fp32 within 1e-5, bf16 bit for bit or 1e-2)
+#                               2. the training parity test (one process trains
+#                                  the same deck on the CPU and on the GPU)
+#                               3. the NCCL communicator test (one rank)
+#                               4. the kernel times at inputs/gpu-gpt.toml's shapes
+#                               5. inputs/gpu-gpt.toml (355 M parameters, seq
+#                                  1024, bf16) and the same deck with ZeRO-3,
+#                                  a few steps each, with NCCL on one rank
+#                             and prints the table (bench/gpu_table.py).
+#
+# Why two halves: the GPU machine has nvcc and CMake but none of the
+# project's Debian-packaged dependencies (MPICH, parallel HDF5, OpenBLAS,
+# toml++, CLI11, fmt, GoogleTest) and cannot fetch them, so the cuda preset
+# builds where they are and the programs travel with the libraries they load.
+# CUDA's own libraries (cudart, cuBLAS, NCCL) are the GPU machine's.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+pack_dir=.gpu
+programs=(strata tests/test_cuda_kernels tests/test_cuda_attention tests/test_gpu_training tests/test_nccl
+          bench/gpu_kernels)
+
+pack() {
+  set -e
+  cmake --preset cuda >/dev/null
+  cmake --build --preset cuda -j "$(nproc)" --target strata test_cuda_kernels test_cuda_attention \
+    test_gpu_training test_nccl gpu_kernels
+  rm -rf "$pack_dir/stage" && mkdir -p "$pack_dir/stage/bin" "$pack_dir/stage/lib"
+  for p in "${programs[@]}"; do cp "build-cuda/$p" "$pack_dir/stage/bin/"; done
+  # MPICH's launcher, for runs of more than one rank.
+  cp "$(readlink -f "$(command -v mpiexec)")" "$pack_dir/stage/bin/mpiexec"
+  cp "$(command -v hydra_pmi_proxy)" "$pack_dir/stage/bin/"
+  strip "$pack_dir"/stage/bin/*
+  for p in "$pack_dir"/stage/bin/*; do
+    ldd "$p" | awk '/=>/ {print $3}'
+  done | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*|libnccl*) ;;
+      *) cp -L "$lib" "$pack_dir/stage/lib/" ;;
+    esac
+  done
+  echo "/$pack_dir/" >> .git/info/exclude
+  sort -u -o .git/info/exclude .git/info/exclude
+  tar -C "$pack_dir/stage" -cf - bin lib | xz -T0 -6 > "$pack_dir/pack.tar.xz"
+  rm -rf "$pack_dir/stage"
+  ls -l "$pack_dir/pack.tar.xz"
+}
+
+run() {
+  local out=${OUT:-/tmp/gpu-check}
+  mkdir -p "$out" /tmp/gpu && tar -C /tmp/gpu -xJf "$pack_dir/pack.tar.xz" || exit 1
+  # CUDA's libraries: the toolkit's, or the Python wheels' (NCCL).
+  local cuda_libs
+  cuda_libs=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib /opt \
+                -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcudart.so.13' 2>/dev/null |
+              xargs -r -n1 dirname | sort -u | paste -sd:)
+  export LD_LIBRARY_PATH=/tmp/gpu/lib:${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=/tmp/gpu/bin:$PATH OMP_NUM_THREADS=8 OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
+  # One node, no network: MPICH's UCX over shared memory and loopback.
+  export UCX_TLS=self,sm,tcp UCX_NET_DEVICES=lo
+  nvidia-smi -L
+  if ldd /tmp/gpu/bin/strata | grep 'not found'; then echo "missing libraries (above)"; fi
+  local failed=()
+  step() {  # name, timeout in seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name"
+    if ! timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; then failed+=("$name"); fi
+  }
+  step kernels 120 test_cuda_kernels --gtest_brief=1
+  step attention 120 test_cuda_attention --gtest_brief=1
+  step parity 180 test_gpu_training --gtest_brief=1
+  step nccl 60 test_nccl --gtest_brief=1
+  step kernel_times 60 gpu_kernels 8 1024 1024 16 50304 bf16
+  step train 240 strata run inputs/gpu-gpt.toml --set "run.output=$out/gpu-gpt.h5"
+  step train_zero3 120 strata run inputs/gpu-gpt.toml --set run.steps=4 --set run.warmup_steps=1 \
+    --set parallel.zero=3 --set "run.output=$out/gpu-gpt-zero3.h5"
+  python3 bench/gpu_table.py "$out/gpu-gpt.h5" "$out/kernel_times.log" | tee "$out/table.txt"
+  if ((${#failed[@]})); then
+    echo "FAILED: ${failed[*]}"
+    return 1
+  fi
+  echo "all GPU checks passed"
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  run) run ;;
+  *)
+    echo "usage: $0 pack|run" >&2
+    exit 2
+    ;;
+esac

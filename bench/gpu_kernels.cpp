@@ -1,0 +1,111 @@
+// The GPU's kernel times at a GPT's shapes (bench/gpu-check.sh's table):
+// every GEMM of a block and of the head, forward and both backward products,
+// and the fused attention forward and backward, each the median of a few
+// timed launches after a warm-up, with its FLOP/s. GEMMs run at the
+// precision asked for (bf16: fp32 storage, bf16 tensor-core products), as the
+// training run's do.
+//
+//   gpu_kernels B T C NH V [fp32|bf16]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.hpp"
+
+namespace k = strata::kernels;
+
+namespace {
+
+// Median seconds of `reps` runs of f, each waited for.
+double time_it(const std::function<void()>& f, int reps = 10) {
+  f();
+  k::synchronize();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    k::synchronize();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+float* device_floats(std::size_t n) {
+  auto* p = static_cast<float*>(k::device_alloc(n * sizeof(float)));
+  k::zero_bytes(p, n * sizeof(float));
+  return p;
+}
+
+void row(const char* what, double seconds, double flops) {
+  std::printf("%-34s %10.3f ms %10.1f TFLOP/s\n", what, seconds * 1e3, flops / seconds / 1e12);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    std::fprintf(stderr, "usage: %s B T C NH V [fp32|bf16]\n", argv[0]);
+    return 2;
+  }
+  const int B = std::atoi(argv[1]), T = std::atoi(argv[2]), C = std::atoi(argv[3]), NH = std::atoi(argv[4]),
+            V = std::atoi(argv[5]);
+  const std::string precision = argc > 6 ? argv[6] : "bf16";
+  if (B < 1 || T < 1 || C < 1 || NH < 1 || V < 1 || C % NH != 0 || (precision != "fp32" && precision != "bf16")) {
+    std::fprintf(stderr, "gpu_kernels: B, T, C, NH, V must be positive with C %% NH == 0, precision fp32 or bf16\n");
+    return 2;
+  }
+  if (k::gpu_count() == 0) {
+    std::fprintf(stderr, "gpu_kernels: no GPU\n");
+    return 1;
+  }
+  k::use_device(k::Device::cuda);
+  k::set_gemm_precision(precision == "bf16" ? strata::core::Precision::bf16 : strata::core::Precision::fp32);
+  const std::int64_t N = std::int64_t(B) * T;
+  const int F = 4 * C;
+  std::printf("kernel times: B %d, T %d, C %d, heads %d, vocabulary %d, GEMMs %s\n", B, T, C, NH, V,
+              precision.c_str());
+  double gemm_total = 0;
+  // y[N, out] = x[N, in] W^T; dx = dy W; dW = dy^T x: three products of 2 N in out FLOPs each.
+  auto linear = [&](const char* name, int in, int out) {
+    float* x = device_floats(std::size_t(N) * in);
+    float* w = device_floats(std::size_t(out) * in);
+    float* y = device_floats(std::size_t(N) * out);
+    const double f = 2.0 * double(N) * in * out;
+    const double fw = time_it([&] { k::matmul(false, true, int(N), out, in, 1.0f, x, in, w, in, 0.0f, y, out); });
+    const double bi = time_it([&] { k::matmul(false, false, int(N), in, out, 1.0f, y, out, w, in, 0.0f, x, in); });
+    const double bw = time_it([&] { k::matmul(true, false, out, in, int(N), 1.0f, y, out, x, in, 1.0f, w, in); });
+    row((std::string(name) + " forward").c_str(), fw, f);
+    row((std::string(name) + " backward (input)").c_str(), bi, f);
+    row((std::string(name) + " backward (weight)").c_str(), bw, f);
+    gemm_total += fw + bi + bw;
+    k::device_free(x);
+    k::device_free(w);
+    k::device_free(y);
+  };
+  linear("attn.qkv", C, 3 * C);
+  linear("attn.proj", C, C);
+  linear("mlp.fc", C, F);
+  linear("mlp.proj", F, C);
+  const double block_gemms = gemm_total;
+  linear("head (tied wte)", C, V);
+  // Attention: q k^T and p v over the causal half, forward; backward twice
+  // that (dq, dk, dv, dp) plus the recomputed scores.
+  float* qkv = device_floats(std::size_t(N) * 3 * C);
+  float* out = device_floats(std::size_t(N) * C);
+  float* dqkv = device_floats(std::size_t(N) * 3 * C);
+  float* state = device_floats(std::size_t(k::attention_state_floats(true, B, NH, T)));
+  float* scratch = device_floats(std::size_t(k::attention_scratch_floats(true, B, NH, T)));
+  const double causal = 2.0 * 2.0 * double(N) * T * C / 2;  // two products, half the square
+  const double af = time_it([&] { k::attention_forward(out, state, qkv, B, T, C, NH); });
+  const double ab = time_it([&] { k::attention_backward(dqkv, scratch, out, qkv, out, state, B, T, C, NH); });
+  row("attention forward (fused)", af, causal);
+  row("attention backward (fused)", ab, 2.5 * causal);
+  std::printf("per block: GEMMs %.3f ms, attention %.3f ms (forward + backward)\n", block_gemms * 1e3,
+              (af + ab) * 1e3);
+  return 0;
+}

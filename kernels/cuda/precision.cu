@@ -1,0 +1,73 @@
+// Bulk conversions between fp32 and the 16-bit formats, the sum of squares of
+// a 16-bit buffer and the mixed-precision AdamW step. Every element runs the
+// CPU backend's code (core's scalar conversions, AdamWStep), so the two
+// backends' 16-bit results are bit-identical; only the sum of squares adds
+// in another order.
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/adamw_step.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/launch.cuh"
+
+namespace strata::kernels::cuda {
+
+using core::Precision;
+
+namespace {
+
+// Per-thread partial sums in double, added atomically (as sum_squares).
+__global__ void sum_squares_half_kernel(double* out, const std::uint16_t* x, std::int64_t n, Precision p) {
+  double acc = 0;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const double v = core::half_to_float(x[i], p);
+    acc += v * v;
+  }
+  add_to_slot(out, acc);
+}
+
+}  // namespace
+
+void widen(float* y, const std::uint16_t* x, std::int64_t n, Precision p) {
+  launch(n, [=] __device__(std::int64_t i) { y[i] = core::half_to_float(x[i], p); });
+}
+
+void narrow(std::uint16_t* y, const float* x, std::int64_t n, Precision p) {
+  launch(n, [=] __device__(std::int64_t i) { y[i] = core::float_to_half(x[i], p); });
+}
+
+void narrow_add(std::uint16_t* y, const float* x, std::int64_t n, Precision p) {
+  launch(n, [=] __device__(std::int64_t i) { y[i] = core::float_to_half(core::half_to_float(y[i], p) + x[i], p); });
+}
+
+void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, Precision p) {
+  launch(n, [=] __device__(std::int64_t i) {
+    y[i] = core::float_to_half(core::half_to_float(y[i], p) + core::half_to_float(x[i], p), p);
+  });
+}
+
+double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
+  double* d = reduction_slot();
+  STRATA_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(double)));
+  if (n > 0) {
+    sum_squares_half_kernel<<<std::min(blocks_for(n), 1024), kThreads>>>(d, x, n, p);
+    STRATA_CHECK_LAUNCH();
+  }
+  double h = 0;
+  copy_to_host(&h, d, sizeof(double));
+  return h;
+}
+
+void adamw_update_mixed(float* master, std::uint16_t* param, const std::uint16_t* grad, float grad_scale, float* m,
+                        float* v, std::int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                        int step, Precision p) {
+  // The step's scalars are computed on the host, by the same code as the CPU's.
+  const AdamWStep s(lr, beta1, beta2, eps, weight_decay, step);
+  launch(n, [=] __device__(std::int64_t i) {
+    master[i] = s(master[i], core::half_to_float(grad[i], p) * grad_scale, m[i], v[i]);
+    param[i] = core::float_to_half(master[i], p);
+  });
+}
+
+}  // namespace strata::kernels::cuda

@@ -1,0 +1,333 @@
+// strata::kernels: every operation of kernels/ops.inc forwarded to the
+// backend of the selected device, and the device's runtime (selection,
+// memory, copies). The one place that knows both backends: models and
+// strategies call strata::kernels and never name one.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/kernels.hpp"
+#include "src/core/error.hpp"
+#if STRATA_HAVE_CUDA
+#include "kernels/cuda/cuda_kernels.hpp"
+#endif
+
+namespace strata::kernels {
+
+namespace {
+Device g_device = Device::cpu;
+core::Precision g_gemm = core::Precision::fp32;
+bool on_gpu() { return g_device == Device::cuda; }
+
+// guard_device_memory's region, open while any kernel or copy runs (a count,
+// since the optimizer's copy threads run beside the main thread's kernels).
+struct Guard {
+  std::mutex mutex;
+  char* base = nullptr;
+  std::size_t bytes = 0;
+  int open = 0;
+} g_guard;
+
+void protect(int prot) {
+  if (mprotect(g_guard.base, g_guard.bytes, prot) != 0)
+    core::runtime_error("mprotect of the guarded device memory: {}", std::strerror(errno));
+}
+
+class OpenGuard {
+ public:
+  OpenGuard() : on_(g_guard.base != nullptr) {
+    if (!on_) return;
+    std::lock_guard lock(g_guard.mutex);
+    if (g_guard.open++ == 0) protect(PROT_READ | PROT_WRITE);
+  }
+  ~OpenGuard() {
+    if (!on_) return;
+    std::lock_guard lock(g_guard.mutex);
+    if (--g_guard.open == 0) protect(PROT_NONE);
+  }
+  OpenGuard(const OpenGuard&) = delete;
+  OpenGuard& operator=(const OpenGuard&) = delete;
+
+ private:
+  bool on_;
+};
+}  // namespace
+
+#if STRATA_HAVE_CUDA
+#define STRATA_DISPATCH(op, ...)                     \
+  if (on_gpu()) return cuda::op(__VA_ARGS__);        \
+  const OpenGuard open_guard;                        \
+  return cpu::op(__VA_ARGS__)
+#else
+#define STRATA_DISPATCH(op, ...) \
+  const OpenGuard open_guard;    \
+  return cpu::op(__VA_ARGS__)
+#endif
+
+void guard_device_memory(void* base, std::size_t bytes) {
+  STRATA_CHECK(!on_gpu(), "guard_device_memory stands in for a GPU on the CPU backend");
+  std::lock_guard lock(g_guard.mutex);
+  if (g_guard.base != nullptr) protect(PROT_READ | PROT_WRITE);
+  g_guard.base = bytes > 0 ? static_cast<char*>(base) : nullptr;
+  g_guard.bytes = bytes;
+  g_guard.open = 0;
+  if (g_guard.base != nullptr) protect(PROT_NONE);
+}
+
+const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
+
+bool cuda_built() { return STRATA_HAVE_CUDA != 0; }
+
+void use_device(Device d, int ordinal) {
+  if (d == Device::cuda) {
+#if STRATA_HAVE_CUDA
+    const int n = cuda::device_count();
+    if (ordinal < 0 || ordinal >= n)
+      core::runtime_error("backend.device = \"cuda\": GPU {} asked for, {}", ordinal, cuda::describe_devices());
+    cuda::use_device(ordinal);
+#else
+    core::runtime_error(
+        "backend.device = \"cuda\" needs a build with the CUDA backend (STRATA_WITH_CUDA=ON or AUTO with nvcc "
+        "found); this build has the CPU backend only");
+#endif
+  }
+  g_device = d;
+}
+
+Device device() { return g_device; }
+
+int gpu_count() {
+#if STRATA_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+const char* backend_name() { return on_gpu() ? "cuda/cublas" : "cpu/openblas-openmp"; }
+
+void* device_alloc(std::size_t bytes) {
+#if STRATA_HAVE_CUDA
+  if (on_gpu()) return cuda::malloc_device(bytes);
+#endif
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (p == nullptr) core::runtime_error("out of host memory: {} bytes", bytes);
+  return p;
+}
+
+void device_free(void* p) {
+#if STRATA_HAVE_CUDA
+  if (on_gpu()) return cuda::free_device(p);
+#endif
+  std::free(p);
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+#if STRATA_HAVE_CUDA
+  if (on_gpu()) return cuda::copy_bytes(dst, src, bytes);
+#endif
+  const OpenGuard open_guard;
+  if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+}
+
+void zero_bytes(void* p, std::size_t bytes) {
+#if STRATA_HAVE_CUDA
+  if (on_gpu()) return cuda::zero_bytes(p, bytes);
+#endif
+  const OpenGuard open_guard;
+  if (bytes > 0) std::memset(p, 0, bytes);
+}
+
+void synchronize() {
+#if STRATA_HAVE_CUDA
+  if (on_gpu()) cuda::synchronize();
+#endif
+}
+
+DeviceMemory device_memory() {
+  DeviceMemory m;
+#if STRATA_HAVE_CUDA
+  if (on_gpu()) {
+    cuda::memory_info(&m.free, &m.total);
+    return m;
+  }
+#endif
+  const long page = sysconf(_SC_PAGESIZE);
+  m.free = std::size_t(sysconf(_SC_AVPHYS_PAGES)) * std::size_t(page);
+  m.total = std::size_t(sysconf(_SC_PHYS_PAGES)) * std::size_t(page);
+  return m;
+}
+
+void set_gemm_precision(core::Precision p) {
+  g_gemm = p;
+#if STRATA_HAVE_CUDA
+  cuda::set_gemm_precision(p);
+#endif
+}
+
+core::Precision gemm_precision() { return g_gemm; }
+
+double measure_gemm_flops(int n, int reps, core::Precision p) {
+#if STRATA_HAVE_CUDA
+  if (on_gpu()) return cuda::measure_gemm_flops(n, reps, p != core::Precision::fp32);
+#endif
+  std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = float(i % 13) * 0.01f;
+    b[i] = float(i % 7) * 0.02f;
+  }
+  auto gemm = [&] { cpu::matmul(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
+  gemm();  // warm-up
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    gemm();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * double(n) * n * n / dt);
+  }
+  return best;
+}
+
+std::int64_t attention_state_floats(bool fused, int B, int NH, int T) {
+  return fused ? std::int64_t(B) * NH * T : std::int64_t(B) * NH * T * T;
+}
+
+std::int64_t attention_scratch_floats(bool fused, int B, int NH, int T) {
+  return attention_state_floats(fused, B, NH, T);
+}
+
+// ---- the operations ----
+
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  STRATA_DISPATCH(matmul, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, std::int64_t stride_a, const float* B, int ldb, std::int64_t stride_b, float beta, float* C, int ldc, std::int64_t stride_c, int batch) {
+  STRATA_DISPATCH(matmul_strided_batched, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch);
+}
+
+void bias_add(float* out, const float* bias, int N, int C) {
+  STRATA_DISPATCH(bias_add, out, bias, N, C);
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int C) {
+  STRATA_DISPATCH(bias_backward, dbias, dout, N, C);
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C, float eps) {
+  STRATA_DISPATCH(layernorm_forward, out, mean, rstd, inp, weight, bias, N, C, eps);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C) {
+  STRATA_DISPATCH(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+void gelu_forward(float* out, const float* inp, std::int64_t n) {
+  STRATA_DISPATCH(gelu_forward, out, inp, n);
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+  STRATA_DISPATCH(gelu_backward, dinp, inp, dout, n);
+}
+
+void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+  STRATA_DISPATCH(residual_forward, out, a, b, n);
+}
+
+void add_inplace(float* y, const float* x, std::int64_t n) {
+  STRATA_DISPATCH(add_inplace, y, x, n);
+}
+
+void scale_inplace(float* x, float s, std::int64_t n) {
+  STRATA_DISPATCH(scale_inplace, x, s, n);
+}
+
+void fill_zero(float* x, std::int64_t n) {
+  STRATA_DISPATCH(fill_zero, x, n);
+}
+
+double sum_squares(const float* x, std::int64_t n) {
+  STRATA_DISPATCH(sum_squares, x, n);
+}
+
+void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH) {
+  STRATA_DISPATCH(attention_forward, out, state, qkv, B, T, C, NH);
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out, const float* state, int B, int T, int C, int NH) {
+  STRATA_DISPATCH(attention_backward, dqkv, scratch, dout, qkv, out, state, B, T, C, NH);
+}
+
+void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_begin, int v_count) {
+  STRATA_DISPATCH(embedding_forward, out, tokens, wte, wpe, B, T, C, v_begin, v_count);
+}
+
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T, int C, int v_begin, int v_count) {
+  STRATA_DISPATCH(embedding_backward, dwte, dwpe, dout, tokens, B, T, C, v_begin, v_count);
+}
+
+void softmax_cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets, int N, int V) {
+  STRATA_DISPATCH(softmax_cross_entropy_forward, losses, logits, targets, N, V);
+}
+
+void softmax_cross_entropy_backward(float* dlogits, const float* logits, const std::int32_t* targets, float dloss, int N, int V) {
+  STRATA_DISPATCH(softmax_cross_entropy_backward, dlogits, logits, targets, dloss, N, V);
+}
+
+void row_max(float* m, const float* logits, int N, int V) {
+  STRATA_DISPATCH(row_max, m, logits, N, V);
+}
+
+void row_exp_sum(float* s, const float* logits, const float* m, int N, int V) {
+  STRATA_DISPATCH(row_exp_sum, s, logits, m, N, V);
+}
+
+void pick_target_logits(float* x, const float* logits, const std::int32_t* targets, int v_begin, int N, int V) {
+  STRATA_DISPATCH(pick_target_logits, x, logits, targets, v_begin, N, V);
+}
+
+void cross_entropy_from_parts(float* losses, const float* m, const float* s, const float* x, int N) {
+  STRATA_DISPATCH(cross_entropy_from_parts, losses, m, s, x, N);
+}
+
+void softmax_cross_entropy_backward_sharded(float* dlogits, const float* logits, const float* m, const float* s, const std::int32_t* targets, int v_begin, float dloss, int N, int V) {
+  STRATA_DISPATCH(softmax_cross_entropy_backward_sharded, dlogits, logits, m, s, targets, v_begin, dloss, N, V);
+}
+
+void widen(float* y, const std::uint16_t* x, std::int64_t n, core::Precision p) {
+  STRATA_DISPATCH(widen, y, x, n, p);
+}
+
+void narrow(std::uint16_t* y, const float* x, std::int64_t n, core::Precision p) {
+  STRATA_DISPATCH(narrow, y, x, n, p);
+}
+
+void narrow_add(std::uint16_t* y, const float* x, std::int64_t n, core::Precision p) {
+  STRATA_DISPATCH(narrow_add, y, x, n, p);
+}
+
+void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, core::Precision p) {
+  STRATA_DISPATCH(add_half, y, x, n, p);
+}
+
+double sum_squares_half(const std::uint16_t* x, std::int64_t n, core::Precision p) {
+  STRATA_DISPATCH(sum_squares_half, x, n, p);
+}
+
+void adamw_update_mixed(float* master, std::uint16_t* param, const std::uint16_t* grad, float grad_scale, float* m, float* v, std::int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int step, core::Precision p) {
+  STRATA_DISPATCH(adamw_update_mixed, master, param, grad, grad_scale, m, v, n, lr, beta1, beta2, eps, weight_decay, step, p);
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int step) {
+  STRATA_DISPATCH(adamw_update, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,38 @@
+#include "src/comm/backend.hpp"
+
+#include "src/comm/mpi_communicator.hpp"
+#include "src/core/error.hpp"
+
+#if STRATA_HAVE_CUDA
+#include "src/comm/nccl_communicator.hpp"
+#include "src/comm/staged_communicator.hpp"
+#endif
+
+namespace strata::comm {
+
+std::string describe_backend(Backend b) {
+  switch (b) {
+    case Backend::mpi: return "mpi";
+    case Backend::mpi_staged: return "mpi (device buffers staged through host memory)";
+    case Backend::nccl: return "nccl";
+  }
+  STRATA_CHECK(false, "unknown Backend {}", int(b));
+  return "";
+}
+
+bool backend_built(Backend b) { return b == Backend::mpi || STRATA_HAVE_CUDA; }
+
+std::unique_ptr<Communicator> make_communicator(Backend b, MPI_Comm comm, const std::string& axis) {
+  if (!backend_built(b))
+    core::runtime_error("communicator backend \"{}\" needs the CUDA backend, which this build lacks (configure with "
+                        "-DSTRATA_WITH_CUDA=ON, or AUTO where nvcc is found)",
+                        describe_backend(b));
+#if STRATA_HAVE_CUDA
+  if (b == Backend::nccl) return std::make_unique<NcclCommunicator>(comm, axis);
+  if (b == Backend::mpi_staged)
+    return std::make_unique<HostStagedCommunicator>(std::make_unique<MpiCommunicator>(comm, axis));
+#endif
+  return std::make_unique<MpiCommunicator>(comm, axis);
+}
+
+}  // namespace strata::comm

@@ -1,0 +1,260 @@
+// The fused causal attention of the CUDA backend (kernels/cuda/attention.cu)
+// against the CPU backend's unfused one on the same fresh random inputs, for
+// sequence lengths on and off the kernels' 64-row tiles and head sizes from 8
+// to 128: out and the gradient within 1e-5 of the CPU's, relative to the
+// largest |entry| of the tensor (of each of dq, dk, dv for the gradient, and
+// at least 0.1: attention's outputs have entries near zero, where an
+// elementwise relative error means nothing), and the saved log-sum-exp within
+// 1e-5 relative of one computed here in double. Also: out and state are
+// written (they start as NaN), scratch is overwritten (it starts as NaN), the
+// backward accumulates (dqkv starts nonzero; a second call adds the same
+// increment again), and large scores do not overflow. Needs a GPU: without
+// one the GPU tests skip and say why (the kernels are still compiled and
+// linked).
+// Seed: fresh per run, printed on failure; rerun with STRATA_TEST_SEED.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
+
+namespace cu = strata::kernels::cuda;
+namespace cpu = strata::kernels::cpu;
+
+namespace {
+
+using Vec = std::vector<float>;
+
+unsigned test_seed() {
+  if (const char* s = std::getenv("STRATA_TEST_SEED")) return unsigned(std::strtoul(s, nullptr, 10));
+  return std::random_device{}();
+}
+
+Vec uniform(std::mt19937& g, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+Vec nans(std::size_t n) { return Vec(n, std::numeric_limits<float>::quiet_NaN()); }
+
+// A device copy of a host vector, freed with the object.
+template <typename T>
+class DeviceOf {
+ public:
+  explicit DeviceOf(const std::vector<T>& h)
+      : n_(h.size()), p_(static_cast<T*>(cu::malloc_device(h.size() * sizeof(T)))) {
+    cu::copy_to_device(p_, h.data(), n_ * sizeof(T));
+  }
+  ~DeviceOf() { cu::free_device(p_); }
+  DeviceOf(const DeviceOf&) = delete;
+  DeviceOf& operator=(const DeviceOf&) = delete;
+  T* get() { return p_; }
+  std::vector<T> host() const {
+    cu::synchronize();
+    std::vector<T> h(n_);
+    cu::copy_to_host(h.data(), p_, n_ * sizeof(T));
+    return h;
+  }
+
+ private:
+  std::size_t n_;
+  T* p_;
+};
+using Device = DeviceOf<float>;
+
+struct Shape {
+  int B, T, NH, hs;
+  int C() const { return NH * hs; }
+  std::size_t rows() const { return std::size_t(B) * T; }
+  std::size_t heads_rows() const { return std::size_t(B) * NH * T; }
+};
+
+std::string describe(const Shape& s) {
+  return "B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " NH " + std::to_string(s.NH) + " hs " +
+         std::to_string(s.hs);
+}
+
+// max |a - b| / max |b| (a NaN in a fails the comparison: the result is NaN).
+// The scale is at least 0.1: at T = 1, dq and dk are exactly zero (one key:
+// dS = dP - D = 0), and what the GPU returns is dP's rounding, about 1e-7;
+// elsewhere the tensors' largest entries are about 1 to 3.
+double rel_to_max(const Vec& a, const Vec& b) {
+  double diff = 0, scale = 0.1;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - b[i]);
+    diff = std::isnan(d) ? d : std::max(diff, d);
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return diff / scale;
+}
+
+bool all_finite(const Vec& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+// Columns [part C, (part + 1) C) of the [N, 3C] gradient (0: dq, 1: dk, 2: dv),
+// less the same columns of `base`: what a backward call added.
+Vec increment(const Vec& g, const Vec& base, const Shape& s, int part) {
+  const std::size_t C = s.C();
+  Vec d;
+  d.reserve(s.rows() * C);
+  for (std::size_t n = 0; n < s.rows(); ++n)
+    for (std::size_t c = 0; c < C; ++c) {
+      const std::size_t i = n * 3 * C + part * C + c;
+      d.push_back(g[i] - base[i]);
+    }
+  return d;
+}
+
+// Each row's log-sum-exp of its scaled causal scores, [B, NH, T], in double.
+std::vector<double> lse_reference(const Vec& qkv, const Shape& s) {
+  const int C = s.C();
+  const double scale = 1.0 / std::sqrt(double(s.hs));
+  std::vector<double> lse(s.heads_rows());
+  std::vector<double> row;
+  for (int b = 0; b < s.B; ++b)
+    for (int h = 0; h < s.NH; ++h)
+      for (int t = 0; t < s.T; ++t) {
+        const float* q = qkv.data() + (std::size_t(b) * s.T + t) * 3 * C + h * s.hs;
+        row.assign(t + 1, 0.0);
+        double m = -INFINITY;
+        for (int j = 0; j <= t; ++j) {
+          const float* k = qkv.data() + (std::size_t(b) * s.T + j) * 3 * C + C + h * s.hs;
+          double dot = 0;
+          for (int d = 0; d < s.hs; ++d) dot += double(q[d]) * k[d];
+          row[j] = dot * scale;
+          m = std::max(m, row[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; ++j) sum += std::exp(row[j] - m);
+        lse[(std::size_t(b) * s.NH + h) * s.T + t] = m + std::log(sum);
+      }
+  return lse;
+}
+
+// Largest |a - b| / max(|b|, 1) (the log-sum-exp is a log, of order log T).
+double lse_error(const Vec& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(a[i] - b[i]) / std::max(std::fabs(b[i]), 1.0);
+    worst = std::isnan(d) ? d : std::max(worst, d);
+  }
+  return worst;
+}
+
+// T off and on the 64-row tiles (1, 7, 65, 130; 64, 128), head sizes 8 to
+// 128 (24: not a power of two, 40: not a multiple of 16), B * NH > 1.
+const Shape kShapes[] = {
+    {1, 1, 1, 8}, {2, 7, 3, 16}, {1, 65, 2, 24}, {2, 64, 2, 40}, {2, 130, 2, 64}, {1, 128, 3, 8}, {1, 200, 2, 128},
+};
+
+class CudaAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cu::device_count() == 0)
+      GTEST_SKIP() << "needs a CUDA GPU (" << cu::describe_devices()
+                   << "); the CUDA kernels are compiled and linked, and run against the CPU backend on a GPU";
+    seed_ = test_seed();
+    RecordProperty("seed", std::to_string(seed_));
+    rng_.seed(seed_);
+  }
+  std::string trace() const { return "seed " + std::to_string(seed_) + " (rerun with STRATA_TEST_SEED)"; }
+  unsigned seed_ = 0;
+  std::mt19937 rng_;
+};
+
+}  // namespace
+
+TEST_F(CudaAttention, ForwardMatchesTheCpuBackendAndTheLogSumExp) {
+  SCOPED_TRACE(trace());
+  for (const Shape& s : kShapes) {
+    const int C = s.C();
+    // Scores of standard deviation about 1.3: peaked rows, and row maxima
+    // that move from key tile to key tile (the online softmax rescales).
+    const Vec qkv = uniform(rng_, s.rows() * 3 * C, -2, 2);
+    Vec ref(s.rows() * C), probs(s.heads_rows() * s.T);
+    cpu::attention_forward(ref.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH);
+
+    Device dqkv(qkv), dout(nans(s.rows() * C)), dstate(nans(s.heads_rows()));
+    cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH);
+    EXPECT_LE(rel_to_max(dout.host(), ref), 1e-5) << describe(s);
+    EXPECT_LE(lse_error(dstate.host(), lse_reference(qkv, s)), 1e-5) << describe(s);
+  }
+}
+
+TEST_F(CudaAttention, BackwardMatchesTheCpuBackendAndAccumulates) {
+  SCOPED_TRACE(trace());
+  const char* names[] = {"dq", "dk", "dv"};
+  for (const Shape& s : kShapes) {
+    const int C = s.C();
+    const Vec qkv = uniform(rng_, s.rows() * 3 * C, -2, 2), dy = uniform(rng_, s.rows() * C);
+    const Vec g0 = uniform(rng_, s.rows() * 3 * C, -0.25f, 0.25f);  // the gradient accumulated so far
+
+    Vec out(s.rows() * C), probs(s.heads_rows() * s.T), dprobs(s.heads_rows() * s.T), ref = g0;
+    cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH);
+    cpu::attention_backward(ref.data(), dprobs.data(), dy.data(), qkv.data(), out.data(), probs.data(), s.B, s.T, C,
+                            s.NH);
+
+    Device dqkv(qkv), ddy(dy), dout(nans(s.rows() * C)), dstate(nans(s.heads_rows()));
+    Device dscratch(nans(s.heads_rows())), dg(g0);
+    cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH);
+    cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
+                           s.NH);
+    const Vec once = dg.host();
+    for (int part = 0; part < 3; ++part)
+      EXPECT_LE(rel_to_max(increment(once, g0, s, part), increment(ref, g0, s, part)), 1e-5)
+          << names[part] << ", " << describe(s);
+
+    // Accumulates: a second call adds the same increment again (dq's atomic
+    // additions may come in another order: equal to rounding).
+    cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
+                           s.NH);
+    const Vec twice = dg.host();
+    for (int part = 0; part < 3; ++part) {
+      Vec doubled = increment(once, g0, s, part);
+      for (auto& x : doubled) x *= 2;
+      EXPECT_LE(rel_to_max(increment(twice, g0, s, part), doubled), 1e-5) << names[part] << ", " << describe(s);
+    }
+  }
+}
+
+// Scores of about a hundred (qkv in [-12, 12]): their exp overflows fp32
+// without the running maximum. Summed in fp32, such scores are off by a few
+// 1e-4 (the log-sum-exp was seen 4e-6 relative from the double one), so out
+// and the log-sum-exp are held to 1e-4; the gradient to being finite.
+TEST_F(CudaAttention, LargeScoresStayFinite) {
+  SCOPED_TRACE(trace());
+  const Shape s{2, 130, 2, 64};
+  const int C = s.C();
+  const Vec qkv = uniform(rng_, s.rows() * 3 * C, -12, 12), dy = uniform(rng_, s.rows() * C);
+  Vec ref(s.rows() * C), probs(s.heads_rows() * s.T);
+  cpu::attention_forward(ref.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH);
+
+  Device dqkv(qkv), ddy(dy), dout(nans(s.rows() * C)), dstate(nans(s.heads_rows()));
+  Device dscratch(nans(s.heads_rows())), dg(Vec(s.rows() * 3 * C, 0.0f));
+  cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH);
+  EXPECT_LE(rel_to_max(dout.host(), ref), 1e-4);
+  EXPECT_LE(lse_error(dstate.host(), lse_reference(qkv, s)), 1e-4);
+  cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
+                         s.NH);
+  EXPECT_TRUE(all_finite(dg.host()));
+}
+
+// Head sizes the kernels do not handle are refused before anything runs
+// (no GPU needed).
+TEST(CudaAttentionShapes, HeadSizesAbove128AreRefused) {
+  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 2 * 136, 2), std::invalid_argument);
+  EXPECT_THROW(cu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 136, 2),
+               std::invalid_argument);
+  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 100, 3), std::invalid_argument);
+}
