@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "kernels/kernels.hpp"
 #include "models/linear.hpp"
@@ -18,13 +17,12 @@ int moe_capacity(const MoeConfig& c, int tokens) {
 }
 
 std::vector<BufferPlan> moe_buffer_plan(const MoeConfig& c, int tokens) {
-  const std::int64_t N = tokens, E = c.experts, C = c.d_model, F = c.ffn, K = c.top_k,
-                     slots = E * moe_capacity(c, tokens);
+  const std::int64_t N = tokens, E = c.experts, C = c.d_model, F = c.ffn, slots = E * moe_capacity(c, tokens);
   // A rank's local experts take up to ep x capacity rows each: E x capacity
   // slots on every layout.
   const auto A = MemCategory::activations, W = MemCategory::workspace;
   return {
-      {"moe router probabilities", N * E, A},
+      {"moe router logits", N * E, A},
       {"moe rows sent", slots * C, W},
       {"moe rows received", slots * C, W},
       {"moe expert outputs (back)", slots * C, A},
@@ -36,7 +34,6 @@ std::vector<BufferPlan> moe_buffer_plan(const MoeConfig& c, int tokens) {
       {"moe d expert hidden", slots * F, W},
       {"moe d expert hidden (pre-gelu)", slots * F, W},
       {"moe d expert inputs", slots * C, W},
-      {"moe d gates", N * K, W},
       {"moe d router logits", N * E, W},
   };
 }
@@ -50,7 +47,7 @@ MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker,
   El_ = c.experts / ep_.size;
   for (const auto& b : moe_buffer_plan(c, tokens)) bufs_.emplace_back(tracker, b.category, b.numel, b.name);
   float** ptrs[] = {&probs_, &send_, &recv_, &yback_, &xin_, &hpre_, &h_, &yout_, &dyout_, &dh_, &dhpre_, &dxin_,
-                    &dgate_, &dlogits_};
+                    &dlogits_};
   for (std::size_t i = 0; i < bufs_.size(); ++i) *ptrs[i] = bufs_[i].data();
   const std::size_t E = std::size_t(c.experts), slots = E * std::size_t(cap_);
   topk_.assign(std::size_t(N_) * c.top_k, 0);
@@ -68,7 +65,7 @@ void MoeLayer::exchange(const float* send, float* recv, bool out) {
   auto* sc = &out_counts_, *sd = &out_displs_, *rc = &in_counts_, *rd = &in_displs_;
   if (!out) std::swap(sc, rc), std::swap(sd, rd);
   if (ep_.comm == nullptr)
-    std::memcpy(recv, send, sizeof(float) * std::size_t((*sc)[0]));
+    kernels::copy_bytes(recv, send, sizeof(float) * std::size_t((*sc)[0]));
   else
     ep_.comm->all_to_allv(send, sc->data(), sd->data(), recv, rc->data(), rd->data(), comm::DType::f32);
 }
@@ -82,7 +79,7 @@ void MoeLayer::regroup(float* by_source, float* by_expert, bool to_experts) cons
       const int n = recv_count_[std::size_t(p) * El_ + el];
       float* e = by_expert + (std::int64_t(el) * P * cap_ + done[std::size_t(el)]) * C;
       float* s = by_source + row * C;
-      std::memcpy(to_experts ? e : s, to_experts ? s : e, sizeof(float) * std::size_t(n) * C);
+      kernels::copy_bytes(to_experts ? e : s, to_experts ? s : e, sizeof(float) * std::size_t(n) * C);
       done[std::size_t(el)] += n;
       row += n;
     }
@@ -90,9 +87,12 @@ void MoeLayer::regroup(float* by_source, float* by_expert, bool to_experts) cons
 
 float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
-  float* probs = probs_;
-  // Router: logits = x W_r^T, softmax per token (in place).
-  linear_forward(probs, x, p.router, nullptr, N, C, E);
+  // Router: logits = x W_r^T, then on the host a softmax per token (in
+  // place), the top-k, the slots and the rows to send.
+  linear_forward(probs_, x, p.router, nullptr, N, C, E);
+  hprobs_.resize(std::size_t(N) * E);
+  kernels::copy_bytes(hprobs_.data(), probs_, hprobs_.size() * sizeof(float));
+  float* probs = hprobs_.data();
   for (int t = 0; t < N; ++t) {
     float* r = probs + std::int64_t(t) * E;
     const float m = *std::max_element(r, r + E);
@@ -140,12 +140,17 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
   // Dispatch: the kept rows, expert after expert in slot order, to their
   // experts' ranks (counts first, so each rank knows what arrives).
   const int P = ep_.size;
-  for (int e = 0, row = 0; e < E; ++e) {
-    pos_[std::size_t(e)] = row;
-    for (int s = 0; s < count_[std::size_t(e)]; ++s, ++row)
-      std::memcpy(send_ + std::int64_t(row) * C, x + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C,
-                  sizeof(float) * C);
+  hrows_.resize(std::size_t(N) * C);
+  kernels::copy_bytes(hrows_.data(), x, hrows_.size() * sizeof(float));
+  hsend_.resize(std::size_t(E) * cap_ * C);
+  int rows = 0;
+  for (int e = 0; e < E; ++e) {
+    pos_[std::size_t(e)] = rows;
+    for (int s = 0; s < count_[std::size_t(e)]; ++s, ++rows)
+      std::copy_n(hrows_.data() + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C, C,
+                  hsend_.data() + std::int64_t(rows) * C);
   }
+  kernels::copy_bytes(send_, hsend_.data(), sizeof(float) * std::size_t(rows) * C);
   if (ep_.comm != nullptr)
     ep_.comm->all_to_all(count_.data(), recv_count_.data(), El_, comm::DType::i32);
   else
@@ -181,17 +186,20 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
   // y[t] = sum over kept choices of gate x expert output.
   regroup(recv_, yout_, false);
   exchange(recv_, yback_, false);
-  std::memset(y, 0, sizeof(float) * std::size_t(N) * C);
+  hyback_.resize(std::size_t(rows) * C);  // kept for the backward pass's gate gradients
+  kernels::copy_bytes(hyback_.data(), yback_, hyback_.size() * sizeof(float));
+  std::fill(hrows_.begin(), hrows_.end(), 0.0f);  // now the output
   for (int t = 0; t < N; ++t)
     for (int j = 0; j < K; ++j) {
       const int s = slot_[std::size_t(t) * K + j];
       if (s < 0) continue;
       const int e = topk_[std::size_t(t) * K + j];
       const float g = gate_[std::size_t(t) * K + j];
-      const float* src = yback_ + std::int64_t(pos_[std::size_t(e)] + s) * C;
-      float* dst = y + std::int64_t(t) * C;
+      const float* src = hyback_.data() + std::int64_t(pos_[std::size_t(e)] + s) * C;
+      float* dst = hrows_.data() + std::int64_t(t) * C;
       for (int k = 0; k < C; ++k) dst[k] += g * src[k];
     }
+  kernels::copy_bytes(y, hrows_.data(), hrows_.size() * sizeof(float));
   double aux = 0;
   for (int e = 0; e < E; ++e) aux += first_share_[std::size_t(e)] * (mass_[std::size_t(e)] / N);
   aux_ = float(c_.aux_coef * E * aux);
@@ -202,21 +210,24 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
                         float aux_scale) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
   const int P = ep_.size;
-  const float* probs = probs_;
-  // d(gate) per choice, and each kept choice's output gradient (gate x dy)
-  // into its row of the packed rows, sent to its expert's rank.
-  float* dgate = dgate_;
-  kernels::fill_zero(dgate, std::int64_t(N) * K);
+  const float* probs = hprobs_.data();
+  // On the host: d(gate) per choice, and each kept choice's output gradient
+  // (gate x dy) into its row of the packed rows, sent to its expert's rank.
+  hrows_.resize(std::size_t(N) * C);
+  kernels::copy_bytes(hrows_.data(), dy, hrows_.size() * sizeof(float));
+  std::vector<float> dgate(std::size_t(N) * K, 0.0f);
+  int rows = 0;
+  for (int e = 0; e < E; ++e) rows += count_[std::size_t(e)];
   for (int t = 0; t < N; ++t)
     for (int j = 0; j < K; ++j) {
       const int s = slot_[std::size_t(t) * K + j];
       if (s < 0) continue;
       const int e = topk_[std::size_t(t) * K + j];
       const float gt = gate_[std::size_t(t) * K + j];
-      const float* d = dy + std::int64_t(t) * C;
+      const float* d = hrows_.data() + std::int64_t(t) * C;
       const std::int64_t row = pos_[std::size_t(e)] + s;
-      const float* out = yback_ + row * C;
-      float* dout = send_ + row * C;
+      const float* out = hyback_.data() + row * C;
+      float* dout = hsend_.data() + row * C;
       double dot = 0;
       for (int k = 0; k < C; ++k) {
         dout[k] = gt * d[k];
@@ -224,6 +235,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
       }
       dgate[std::size_t(t) * K + j] = float(dot);
     }
+  kernels::copy_bytes(send_, hsend_.data(), sizeof(float) * std::size_t(rows) * C);
   exchange(send_, recv_, true);
   regroup(recv_, dyout_, true);
   // The local experts: the MLP backward over their rows; the input
@@ -250,22 +262,26 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
   }
   regroup(recv_, dxin_, false);
   exchange(recv_, send_, false);
+  // The rows' input gradients added to their tokens' (dx accumulates).
+  kernels::copy_bytes(hsend_.data(), send_, sizeof(float) * std::size_t(rows) * C);
+  kernels::copy_bytes(hrows_.data(), dx, hrows_.size() * sizeof(float));
   for (int e = 0; e < E; ++e)
     for (int s = 0; s < count_[std::size_t(e)]; ++s) {
-      float* d = dx + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C;
-      const float* src = send_ + std::int64_t(pos_[std::size_t(e)] + s) * C;
+      float* d = hrows_.data() + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C;
+      const float* src = hsend_.data() + std::int64_t(pos_[std::size_t(e)] + s) * C;
       for (int k = 0; k < C; ++k) d[k] += src[k];
     }
+  kernels::copy_bytes(dx, hrows_.data(), hrows_.size() * sizeof(float));
   // Router: d(probs) from the gates (renormalised: g_j = p_j / S over the
   // top-k) and from the auxiliary loss (dL/dp[t, e] = coef E f_e / N, f
   // being counts), then the softmax backward and the router linear.
-  float* dlogits = dlogits_;
+  std::vector<float> dlogits(std::size_t(N) * E);  // on the host, then to dlogits_
   const double aux_grad = double(aux_scale) * c_.aux_coef * E / N;
   std::vector<double> dp(static_cast<std::size_t>(E));  // one token's d(probs)
   for (int t = 0; t < N; ++t) {
     const float* r = probs + std::int64_t(t) * E;
     const int* top = topk_.data() + std::int64_t(t) * K;
-    const float* dg = dgate + std::int64_t(t) * K;
+    const float* dg = dgate.data() + std::int64_t(t) * K;
     for (int e = 0; e < E; ++e) dp[std::size_t(e)] = aux_grad * first_share_[std::size_t(e)];
     if (c_.renormalize) {
       double S = 0, sum_dg_p = 0;
@@ -279,7 +295,8 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
     for (int e = 0; e < E; ++e) dot += double(r[e]) * dp[std::size_t(e)];
     for (int e = 0; e < E; ++e) dlogits[std::size_t(t) * E + e] = float(r[e] * (dp[std::size_t(e)] - dot));
   }
-  linear_backward(dx, g.router, nullptr, dlogits, x, p.router, N, C, E, /*accumulate_dinp=*/true);
+  kernels::copy_bytes(dlogits_, dlogits.data(), dlogits.size() * sizeof(float));
+  linear_backward(dx, g.router, nullptr, dlogits_, x, p.router, N, C, E, /*accumulate_dinp=*/true);
 }
 
 }  // namespace strata::models

@@ -114,6 +114,11 @@ class MoeLayer {
   std::vector<int> expert_rows_;           // [El]: rows each local expert took
   std::vector<std::int64_t> out_counts_, out_displs_, in_counts_, in_displs_;  // per ep rank, in floats
   std::vector<float> gate_;                // [N, k]
+  // Host copies for the routing, dispatch and combine, which run on the
+  // host whatever the device (untracked host memory; on a GPU each is one
+  // copy per layer and pass): the probabilities [N, E], the layer's input or
+  // output gradient [N, C], the rows sent [slots, C] and the outputs back.
+  std::vector<float> hprobs_, hrows_, hsend_, hyback_;
   std::vector<double> mass_, first_share_; // per expert
   int dropped_ = 0;
   float aux_ = 0;
@@ -121,7 +126,7 @@ class MoeLayer {
   // outputs that came back (slots x C); the local experts' input rows, hidden
   // pre- and post-GELU and outputs; backward scratch of the same shapes.
   std::vector<core::Buffer<float>> bufs_;
-  float *probs_, *send_, *recv_, *yback_, *xin_, *hpre_, *h_, *yout_, *dyout_, *dh_, *dhpre_, *dxin_, *dgate_,
+  float *probs_, *send_, *recv_, *yback_, *xin_, *hpre_, *h_, *yout_, *dyout_, *dh_, *dhpre_, *dxin_,
       *dlogits_;
 };
 

@@ -377,10 +377,6 @@ void Resolver::check_cross_keys() {
                       "of the CUDA backend take head sizes up to 128",
                       primary({"backend.device", "model.d_model", "model.heads"}), show("backend.device"),
                       c.model.d_model / c.model.heads));
-  if (c.backend.device == "cuda" && c.model.kind == "moe")
-    error(fmt::format("{}: {} with {}: the MoE layer routes tokens on the host; on the CUDA backend it is not "
-                      "built yet (dense models only)",
-                      primary({"backend.device", "model.kind"}), show("backend.device"), show("model.kind")));
   if (c.model.kind == "moe" && c.model.moe_experts == 0)
     error(fmt::format("{}: {} needs model.moe_experts >= 1 ({})", primary({"model.kind", "model.moe_experts"}),
                       show("model.kind"), show("model.moe_experts")));

@@ -304,10 +304,8 @@ TEST_F(DeckTest, StringNotAllowedNamesTheAllowedValues) {
   load_error("[parallel]\nschedule = \"pipedream\"\n",
              {"deck.toml:2:", "'parallel.schedule'", "\"1f1b\", \"gpipe\", \"interleaved\", \"zb-h1\""});
   load_error("[backend]\ncomm = \"gloo\"\n", {"deck.toml:2:", "'backend.comm'", "\"auto\", \"mpi\", \"nccl\""});
-  // NCCL needs the GPU; the MoE layer is not on the CUDA backend yet.
+  // NCCL needs the GPU; the fused attention takes head sizes up to 128.
   load_error("[backend]\ncomm = \"nccl\"\n", {"backend.comm", "needs backend.device = \"cuda\""});
-  load_error("[model]\nkind = \"moe\"\nmoe_experts = 4\n[backend]\ndevice = \"cuda\"\n",
-             {"backend.device", "model.kind", "not built yet"});
   load_error("[model]\nd_model = 512\nheads = 2\n[backend]\ndevice = \"cuda\"\n",
              {"backend.device", "head size of 256", "up to 128"});
   load_error("[backend]\nprecision = \"fp8\"\n",

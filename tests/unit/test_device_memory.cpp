@@ -1,5 +1,6 @@
 // No host code reads or writes device memory: the trainer, the strategies,
-// the optimizer (offloaded too), the model and checkpoints' state copies
+// the optimizer (offloaded too), the model (the MoE layer's host routing
+// included) and checkpoints' state copies
 // reach tracked buffers only through kernels and copies, as a GPU requires.
 // Checked on the CPU: the tracker's arena is a region the host cannot touch
 // except inside a kernel or a copy (kernels::guard_device_memory), so a
@@ -133,4 +134,7 @@ INSTANTIATE_TEST_SUITE_P(
                       std::vector<std::string>{"parallel.offload=host"},
                       std::vector<std::string>{"parallel.zero=2", "parallel.offload=host", "backend.precision=bf16"},
                       std::vector<std::string>{"parallel.zero=1", "parallel.offload=nvme"},
-                      std::vector<std::string>{"parallel.zero=3", "parallel.offload=nvme", "offload.params=true"}));
+                      std::vector<std::string>{"parallel.zero=3", "parallel.offload=nvme", "offload.params=true"},
+                      std::vector<std::string>{"model.kind=moe", "model.moe_experts=4"},
+                      std::vector<std::string>{"model.kind=moe", "model.moe_experts=4", "model.moe_every=2",
+                                               "parallel.zero=2", "backend.precision=bf16"}));

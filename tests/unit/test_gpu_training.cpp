@@ -4,7 +4,8 @@
 // state's bytes (parameters, gradients, optimizer) equal to the byte. fp32:
 // losses within 1e-4 relative over 6 steps (GEMMs and atomics sum in another
 // order, and AdamW carries the difference on), parameters within 1e-3 of
-// their largest magnitude. bf16: the GPU's GEMMs take bf16 inputs (the CPU's
+// their largest magnitude (dense, ZeRO 1-3, recomputation, host offload,
+// MoE). bf16: the GPU's GEMMs take bf16 inputs (the CPU's
 // stay fp32), so 2e-2. Needs a GPU: without one every test skips and says why.
 #include <gtest/gtest.h>
 
@@ -116,6 +117,10 @@ TEST_F(GpuTraining, ZeroStagesMatchTheCpuBackend) {
 
 TEST_F(GpuTraining, OffloadToTheHostMatchesTheCpuBackend) {
   expect_same_run({"parallel.zero=2", "parallel.offload=host"}, 1e-4);
+}
+
+TEST_F(GpuTraining, MixtureOfExpertsMatchesTheCpuBackend) {
+  expect_same_run({"model.kind=moe", "model.moe_experts=4"}, 1e-4);
 }
 
 TEST_F(GpuTraining, MixedPrecisionMatchesTheCpuBackend) {
