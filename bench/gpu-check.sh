@@ -6,7 +6,8 @@
 #                             shared library they load that is not the CUDA
 #                             toolkit's or glibc's, into .gpu/pack.tar.xz
 #   bench/gpu-check.sh run    on the GPU machine (from the repository root,
-#                             .gpu carried along): unpacks, then runs
+#                             .gpu carried along; give the call about 580 s):
+#                             unpacks, then runs
 #                               1. the kernel tests against the CPU backend
 #                                  (fp32 within 1e-5, bf16 bit for bit or 1e-2)
 #                               2. the training parity test (one process trains
@@ -45,7 +46,10 @@ pack() {
     ldd "$p" | awk '/=>/ {print $3}'
   done | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|libcublas*|libnccl*) ;;
+      # glibc and its internal libraries are the GPU machine's own (they
+      # import its private symbols); so are the CUDA driver and toolkit.
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv*|libnss_*|libanl*|libutil*|libmvec*) ;;
+      libcuda.so*|libcudart.so*|libcublas*|libnccl*) ;;
       *) cp -L "$lib" "$pack_dir/stage/lib/" ;;
     esac
   done
@@ -57,35 +61,43 @@ pack() {
 }
 
 run() {
+  # What comes back: checks.log (every step's output), table.txt and the
+  # run's report; the rest stays in /tmp.
   local out=${OUT:-/tmp/gpu-check}
   mkdir -p "$out" /tmp/gpu && tar -C /tmp/gpu -xJf "$pack_dir/pack.tar.xz" || exit 1
-  # CUDA's libraries: the toolkit's, or the Python wheels' (NCCL).
+  # CUDA's libraries: the toolkit's first, then the Python wheels' (NCCL).
   local cuda_libs
   cuda_libs=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib /opt \
                 -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcudart.so.13' 2>/dev/null |
-              xargs -r -n1 dirname | sort -u | paste -sd:)
-  export LD_LIBRARY_PATH=/tmp/gpu/lib:${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+              xargs -r -n1 dirname | awk '!seen[$0]++' | paste -sd:)
+  export LD_LIBRARY_PATH=/tmp/gpu/lib:/usr/local/cuda/lib64:${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export PATH=/tmp/gpu/bin:$PATH OMP_NUM_THREADS=8 OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
-  # One node, no network: MPICH's UCX over shared memory and loopback.
-  export UCX_TLS=self,sm,tcp UCX_NET_DEVICES=lo
-  nvidia-smi -L
+  # One node, no network: MPICH's UCX over shared memory and loopback; NCCL
+  # says why when it fails.
+  export UCX_TLS=self,sm,tcp UCX_NET_DEVICES=lo NCCL_DEBUG=WARN
+  local log=$out/checks.log
+  : > "$log"
+  nvidia-smi -L 2>&1 | tee -a "$log"
   if ldd /tmp/gpu/bin/strata | grep 'not found'; then echo "missing libraries (above)"; fi
   local failed=()
   step() {  # name, timeout in seconds, command...
     local name=$1 limit=$2
     shift 2
-    echo "=== $name"
-    if ! timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"; then failed+=("$name"); fi
+    echo "=== $name: $*" | tee -a "$log"
+    if ! timeout "$limit" "$@" 2>&1 | tee -a "$log" "/tmp/gpu/$name.log"; then failed+=("$name"); fi
   }
-  step kernels 120 test_cuda_kernels --gtest_brief=1
-  step attention 120 test_cuda_attention --gtest_brief=1
-  step parity 180 test_gpu_training --gtest_brief=1
-  step nccl 60 test_nccl --gtest_brief=1
-  step kernel_times 60 gpu_kernels 8 1024 1024 16 50304 bf16
-  step train 240 strata run inputs/gpu-gpt.toml --set "run.output=$out/gpu-gpt.h5"
-  step train_zero3 120 strata run inputs/gpu-gpt.toml --set run.steps=4 --set run.warmup_steps=1 \
-    --set parallel.zero=3 --set "run.output=$out/gpu-gpt-zero3.h5"
-  python3 bench/gpu_table.py "$out/gpu-gpt.h5" "$out/kernel_times.log" | tee "$out/table.txt"
+  # About 9 minutes at most in all, within one call's 10.
+  step kernels 60 test_cuda_kernels --gtest_brief=1
+  step attention 45 test_cuda_attention --gtest_brief=1
+  step parity 120 test_gpu_training --gtest_brief=1
+  step nccl 30 test_nccl --gtest_brief=1
+  step kernel_times 45 gpu_kernels 8 1024 1024 16 50304 bf16
+  step train 150 strata run inputs/gpu-gpt.toml --set "run.output=$out/gpu-gpt.h5"
+  step train_zero3 75 strata run inputs/gpu-gpt.toml --set run.steps=4 --set run.warmup_steps=1 \
+    --set parallel.zero=3 --set run.output=/tmp/gpu/gpu-gpt-zero3.h5
+  # The machine's own Python (h5py), without the packed libraries.
+  env -u LD_LIBRARY_PATH python3 bench/gpu_table.py "$out/gpu-gpt.h5" /tmp/gpu/kernel_times.log |
+    tee "$out/table.txt"
   if ((${#failed[@]})); then
     echo "FAILED: ${failed[*]}"
     return 1

@@ -41,7 +41,7 @@ def main(argv):
                            ("device_memory_total", "driver: total")):
             if key in attrs:
                 rows.append((label, f"{int(attrs[key]) / 2**30:.2f} GiB"))
-        if "timeline" in f:
+        if "timeline" in f and f["timeline"].shape[0] > 0:
             t = f["timeline"][()]
             steps = f["steps"][()]
             warm = {int(r["step"]) for r in steps if r["warmup"]}

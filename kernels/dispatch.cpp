@@ -177,7 +177,7 @@ core::Precision gemm_precision() { return g_gemm; }
 
 double measure_gemm_flops(int n, int reps, core::Precision p) {
 #if STRATA_HAVE_CUDA
-  if (on_gpu()) return cuda::measure_gemm_flops(n, reps, p != core::Precision::fp32);
+  if (on_gpu()) return cuda::measure_gemm_flops(n, reps, p);
 #endif
   std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -272,6 +272,10 @@ void embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
 
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T, int C, int v_begin, int v_count) {
   STRATA_DISPATCH(embedding_backward, dwte, dwpe, dout, tokens, B, T, C, v_begin, v_count);
+}
+
+void add_position_rows(float* out, const float* wpe, int rows, int C, int T, int r0) {
+  STRATA_DISPATCH(add_position_rows, out, wpe, rows, C, T, r0);
 }
 
 void softmax_cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets, int N, int V) {

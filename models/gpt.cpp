@@ -437,8 +437,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
         tp_reduce_scatter(dbuf_, encoded_, NlC);
       else
         tp_sum(encoded_, NC);
-      for (int i = 0; i < Nl; ++i)
-        kernels::add_inplace(encoded_ + std::int64_t(i) * C, wpe + std::int64_t((r0 + i) % T) * C, C);
+      kernels::add_position_rows(encoded_, wpe, Nl, C, T, r0);
     }
     st.release_params(kWpeUnit);
     st.release_params(kWteUnit);

@@ -63,4 +63,14 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
   }
 }
 
+void add_position_rows(float* out, const float* wpe, int rows, int C, int T, int r0) {
+#pragma omp parallel for schedule(static) if (std::int64_t(rows) * C >= (1 << 15))
+  for (int i = 0; i < rows; ++i) {
+    float* o = out + std::int64_t(i) * C;
+    const float* p = wpe + std::int64_t((r0 + i) % T) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] += p[c];
+  }
+}
+
 }  // namespace strata::kernels::cpu

@@ -42,10 +42,11 @@ void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
 // GEMM arithmetic: fp32, or (bf16) fp32 inputs rounded to bf16 with fp32
 // accumulation on tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF).
 void set_gemm_precision(core::Precision p);
-// The best of `reps` n^3 GEMMs on device buffers, in FLOP/s: bf16 inputs and
-// outputs with fp32 accumulation (the tensor cores' rate, what MFU is
-// measured against under bf16), or fp32 sgemm.
-double measure_gemm_flops(int n, int reps, bool bf16);
+// The best of `reps` n^3 GEMMs on device buffers of random-looking values
+// (zeros run faster), in FLOP/s: at p = bf16 (fp16) 16-bit inputs and
+// outputs with fp32 accumulation, the tensor cores' rate MFU is measured
+// against under mixed precision; at fp32 sgemm.
+double measure_gemm_flops(int n, int reps, core::Precision p);
 
 #include "kernels/ops.inc"
 

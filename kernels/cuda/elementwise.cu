@@ -31,14 +31,17 @@ __device__ float gelu_grad(float x) {
   return sig + 2.0f * x * du * (e * sig) * sig;
 }
 
-// Column sums for bias gradients, one thread per column, in double over the
-// rows (as the CPU backend).
+// Column sums for bias gradients (launch.cuh's column blocks), in double
+// over each block's rows.
 __global__ void column_sums(float* dbias, const float* dout, int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ double part[kRowLanes][kColumnTile];
+  const int c = blockIdx.x * kColumnTile + threadIdx.x;
+  int first = 0, last = 0;
+  chunk_rows(N, &first, &last);
   double acc = 0;
-  for (int n = 0; n < N; ++n) acc += dout[std::int64_t(n) * C + c];
-  dbias[c] += float(acc);
+  if (c < C)
+    for (int n = first + int(threadIdx.y); n < last; n += kRowLanes) acc += dout[std::int64_t(n) * C + c];
+  add_column_partial(dbias, c, C, acc, part);
 }
 
 // Sum of squares: per-thread partial sums in double, added atomically.
@@ -54,7 +57,8 @@ __global__ void sum_squares_kernel(double* out, const float* x, std::int64_t n) 
 
 void bias_backward(float* dbias, const float* dout, int N, int C) {
   if (C <= 0) return;
-  column_sums<<<(C + kThreads - 1) / kThreads, kThreads>>>(dbias, dout, N, C);
+  if (N <= 0) return;
+  column_sums<<<column_grid(N, C), column_block()>>>(dbias, dout, N, C);
   STRATA_CHECK_LAUNCH();
 }
 

@@ -5,14 +5,12 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/launch.cuh"
 
 namespace strata::kernels::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
 
 __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
                                          int T, int C, int v_begin, int v_count, std::int64_t n) {
@@ -45,7 +43,6 @@ __global__ void embedding_backward_wpe(float* dwpe, const float* dout, int B, in
   dwpe[tc] += acc;
 }
 
-int blocks(std::int64_t n) { return int(std::min<std::int64_t>((n + kThreads - 1) / kThreads, 65535 * 16)); }
 
 }  // namespace
 
@@ -53,7 +50,7 @@ void embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
                        int v_begin, int v_count) {
   const std::int64_t n = std::int64_t(B) * T * C;
   if (n == 0) return;
-  embedding_forward_kernel<<<blocks(n), kThreads>>>(out, tokens, wte, wpe, T, C, v_begin, v_count, n);
+  embedding_forward_kernel<<<blocks_for(n), kThreads>>>(out, tokens, wte, wpe, T, C, v_begin, v_count, n);
   STRATA_CHECK_LAUNCH();
 }
 
@@ -61,12 +58,19 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
                         int v_begin, int v_count) {
   const std::int64_t n = std::int64_t(B) * T * C;
   if (n == 0) return;
-  embedding_backward_wte<<<blocks(n), kThreads>>>(dwte, dout, tokens, C, v_begin, v_count, n);
+  embedding_backward_wte<<<blocks_for(n), kThreads>>>(dwte, dout, tokens, C, v_begin, v_count, n);
   STRATA_CHECK_LAUNCH();
   if (dwpe != nullptr) {
-    embedding_backward_wpe<<<blocks(std::int64_t(T) * C), kThreads>>>(dwpe, dout, B, T, C);
+    embedding_backward_wpe<<<blocks_for(std::int64_t(T) * C), kThreads>>>(dwpe, dout, B, T, C);
     STRATA_CHECK_LAUNCH();
   }
+}
+
+void add_position_rows(float* out, const float* wpe, int rows, int C, int T, int r0) {
+  launch(std::int64_t(rows) * C, [=] __device__(std::int64_t i) {
+    const std::int64_t row = i / C, c = i % C;
+    out[i] += wpe[((r0 + row) % T) * C + c];
+  });
 }
 
 }  // namespace strata::kernels::cuda

@@ -6,13 +6,12 @@
 #include <cstdint>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/cuda_kernels.hpp"
 
 namespace strata::kernels::cuda {
 
 namespace {
-
-constexpr int kThreads = 256;
 
 // Sum over the block, in float, every thread getting the result.
 __device__ float block_sum(float v, float* shared) {
@@ -67,20 +66,24 @@ __global__ void layernorm_backward_input(float* dinp, const float* dout, const f
   }
 }
 
-// dweight and dbias: one thread per column, summing the N rows in double as
-// the CPU backend does.
+// dweight and dbias: column sums over the rows (launch.cuh's column blocks),
+// in double over each block's rows.
 __global__ void layernorm_backward_params(float* dweight, float* dbias, const float* dout, const float* inp,
                                           const float* mean, const float* rstd, int N, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ double part[kRowLanes][kColumnTile];
+  const int c = blockIdx.x * kColumnTile + threadIdx.x;
+  int first = 0, last = 0;
+  chunk_rows(N, &first, &last);
   double dw = 0, db = 0;
-  for (int n = 0; n < N; ++n) {
-    const std::int64_t i = std::int64_t(n) * C + c;
-    dw += double((inp[i] - mean[n]) * rstd[n] * dout[i]);
-    db += double(dout[i]);
-  }
-  dweight[c] += float(dw);
-  dbias[c] += float(db);
+  if (c < C)
+    for (int n = first + int(threadIdx.y); n < last; n += kRowLanes) {
+      const std::int64_t i = std::int64_t(n) * C + c;
+      dw += double((inp[i] - mean[n]) * rstd[n] * dout[i]);
+      db += double(dout[i]);
+    }
+  add_column_partial(dweight, c, C, dw, part);
+  __syncthreads();  // part is reused
+  add_column_partial(dbias, c, C, db, part);
 }
 
 }  // namespace
@@ -90,7 +93,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   if (N <= 0) return;
   layernorm_backward_input<<<N, kThreads>>>(dinp, dout, inp, weight, mean, rstd, C);
   STRATA_CHECK_LAUNCH();
-  layernorm_backward_params<<<(C + kThreads - 1) / kThreads, kThreads>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  layernorm_backward_params<<<column_grid(N, C), column_block()>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
   STRATA_CHECK_LAUNCH();
 }
 

@@ -63,15 +63,35 @@ void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, flo
                       "cublasGemmStridedBatchedEx");
 }
 
-double measure_gemm_flops(int n, int reps, bool bf16) {
-  const std::size_t elems = std::size_t(n) * std::size_t(n), bytes = elems * (bf16 ? 2 : 4);
+namespace {
+// Values in [-1, 1) from a hash of the index: a GEMM of zeros runs faster
+// than one of real data (the tensor cores' switching power).
+__global__ void fill_hashed(void* x, std::int64_t n, int bytes_per_element) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    std::uint32_t h = std::uint32_t(i) * 2654435761u;
+    h ^= h >> 15;
+    const float v = float(h & 0xffffu) / 32768.0f - 1.0f;
+    if (bytes_per_element == 4)
+      static_cast<float*>(x)[i] = v;
+    else  // bf16 and fp16 alike: the top half of this fp32 pattern is a finite value in either
+      static_cast<std::uint16_t*>(x)[i] = std::uint16_t(__float_as_uint(v * 0.01f) >> 16);
+  }
+}
+}  // namespace
+
+double measure_gemm_flops(int n, int reps, core::Precision p) {
+  const bool half = p != core::Precision::fp32;
+  const std::size_t elems = std::size_t(n) * std::size_t(n), bytes = elems * (half ? 2 : 4);
   void* a = malloc_device(bytes);
   void* b = malloc_device(bytes);
   void* c = malloc_device(bytes);
-  zero_bytes(a, bytes);  // the rate does not depend on the values
-  zero_bytes(b, bytes);
+  for (void* x : {a, b}) {
+    fill_hashed<<<1024, 256>>>(x, std::int64_t(elems), half ? 2 : 4);
+    STRATA_CHECK_LAUNCH();
+  }
   const float one = 1.0f, zero = 0.0f;
-  const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t t = p == core::Precision::bf16 ? CUDA_R_16BF : p == core::Precision::fp16 ? CUDA_R_16F : CUDA_R_32F;
   auto gemm = [&] {
     STRATA_CHECK_CUBLAS(cublasGemmEx(handle(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a, t, n, b, t, n, &zero, c, t,
                                      n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),

@@ -11,8 +11,10 @@ Peak resolve_peak(double peak_tflops_from_deck, core::Precision precision) {
   const bool gpu = kernels::device() == kernels::Device::cuda;
   // A GPU needs large products to reach its rate; the CPU's is reached at 1024.
   const int n = gpu ? 8192 : 1024, reps = 5;
-  const bool bf16 = gpu && precision != core::Precision::fp32;
-  const char* what = !gpu ? "sgemm" : bf16 ? "cuBLAS bf16 GEMM" : "cuBLAS sgemm";
+  const char* what = !gpu                                  ? "sgemm"
+                     : precision == core::Precision::bf16 ? "cuBLAS bf16 GEMM"
+                     : precision == core::Precision::fp16 ? "cuBLAS fp16 GEMM"
+                                                          : "cuBLAS sgemm";
   return {kernels::measure_gemm_flops(n, reps, precision),
           fmt::format("measured: {} {}^3, best of {}", what, n, reps)};
 }

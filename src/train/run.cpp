@@ -241,11 +241,17 @@ void select_device(const deck::Config& cfg, MPI_Comm comm) {
                       "(cmake --preset cuda, or STRATA_WITH_CUDA=AUTO where nvcc is found)");
   MPI_Comm node = MPI_COMM_NULL;
   STRATA_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int local = 0;
+  int local = 0, on_node = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(node, &local));
+  STRATA_CHECK_MPI(MPI_Comm_size(node, &on_node));
   STRATA_CHECK_MPI(MPI_Comm_free(&node));
   const int gpus = kernels::gpu_count();
   if (gpus == 0) core::runtime_error("backend.device = \"cuda\" but this node has no usable GPU");
+  // NCCL refuses two ranks of one communicator on one GPU: say so before it does.
+  if (on_node > gpus && cfg.backend.comm != "mpi")
+    core::runtime_error("{} ranks on this node but {} GPU(s): NCCL cannot share a GPU between ranks; start at most "
+                        "{} rank(s) per node, or set backend.comm = \"mpi\" (device buffers staged through the host)",
+                        on_node, gpus, gpus);
   kernels::use_device(kernels::Device::cuda, local % gpus);
   const auto p = core::parse_precision(cfg.backend.precision).value_or(core::Precision::fp32);
   kernels::set_gemm_precision(p);

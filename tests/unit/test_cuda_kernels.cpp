@@ -313,6 +313,19 @@ TEST_F(CudaKernels, EmbeddingMatchesTheCpuBackend) {
   }
 }
 
+// The position rows of a sequence-parallel rank's rows (starting mid-sequence
+// and wrapping into the next sample), added to what the rows hold.
+TEST_F(CudaKernels, PositionRowsMatchTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  const int T = 13, C = 24, rows = 30, r0 = 7;
+  const Vec wpe = uniform(rng_, std::size_t(T) * C);
+  Vec out = uniform(rng_, std::size_t(rows) * C);
+  Device d(out), dwpe(wpe);
+  cu::add_position_rows(d.get(), dwpe.get(), rows, C, T, r0);
+  k::add_position_rows(out.data(), wpe.data(), rows, C, T, r0);
+  EXPECT_EQ(d.host(), out);
+}
+
 // Rows of a GPT-2-sized vocabulary and a tiny one; the backward in place
 // over the logits, as the model calls it.
 TEST_F(CudaKernels, CrossEntropyMatchesTheCpuBackend) {

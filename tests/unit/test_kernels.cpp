@@ -890,7 +890,7 @@ TEST(CrossEntropy, ShardedPiecesMatchTheWholeRow) {
 }
 
 // Vocabulary-parallel embedding: the partial rows of two shards, summed, plus
-// the position rows added once, are the whole lookup (bit for bit: exactly one
+// the position rows added once (add_position_rows), are the whole lookup (bit for bit: exactly one
 // shard contributes each row); the backward scatters each token's gradient
 // into the one shard that holds its row.
 TEST(Embedding, VocabularyShardsComposeToTheWhole) {
@@ -905,7 +905,10 @@ TEST(Embedding, VocabularyShardsComposeToTheWhole) {
                          half);
     for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
   }
-  for (int b = 0; b < B; ++b) k::add_inplace(sum.data() + std::size_t(b) * T * C, wpe.data(), std::int64_t(T) * C);
+  // The position rows in two pieces, as two sequence-parallel ranks add
+  // them: rows [0, 4) and [4, 10), the second starting mid-sample.
+  k::add_position_rows(sum.data(), wpe.data(), 4, C, T, 0);
+  k::add_position_rows(sum.data() + 4 * C, wpe.data(), B * T - 4, C, T, 4);
   EXPECT_EQ(sum, whole);
   Vec dwte(std::size_t(V) * C, 0.0f), dwpe(std::size_t(T) * C, 0.0f), dshards(std::size_t(V) * C, 0.0f);
   k::embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
