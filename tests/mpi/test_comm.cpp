@@ -30,15 +30,7 @@ using namespace strata;
 using comm::DType;
 using comm::ReduceOp;
 
-// A private copy of the world that returns error codes, as the Mesh makes.
-struct DupWorld {
-  MPI_Comm c = MPI_COMM_NULL;
-  DupWorld() {
-    MPI_Comm_dup(MPI_COMM_WORLD, &c);
-    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-  }
-  ~DupWorld() { MPI_Comm_free(&c); }
-};
+using strata::mpi_test::DupWorld;
 
 // Small integers, different per seed, rank and index: sums of a few of them
 // are exact in float, so results compare with ==.

@@ -33,15 +33,7 @@ using namespace strata;
 using comm::DType;
 using comm::ReduceOp;
 
-// A private copy of the world that returns error codes, as the Mesh makes.
-struct DupWorld {
-  MPI_Comm c = MPI_COMM_NULL;
-  DupWorld() {
-    MPI_Comm_dup(MPI_COMM_WORLD, &c);
-    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-  }
-  ~DupWorld() { MPI_Comm_free(&c); }
-};
+using strata::mpi_test::DupWorld;
 
 // What every rank agrees on: the fewest GPUs any rank sees, and whether
 // every node has a GPU for each of its ranks. Selects this rank's GPU

@@ -25,52 +25,20 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "tests/unit/cuda_test_support.hpp"
 
 namespace cu = strata::kernels::cuda;
 namespace cpu = strata::kernels::cpu;
 
 namespace {
 
-using Vec = std::vector<float>;
-
-unsigned test_seed() {
-  if (const char* s = std::getenv("STRATA_TEST_SEED")) return unsigned(std::strtoul(s, nullptr, 10));
-  return std::random_device{}();
-}
-
-Vec uniform(std::mt19937& g, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  Vec v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using strata::test::Device;
+using strata::test::DeviceOf;
+using strata::test::test_seed;
+using strata::test::uniform;
+using strata::test::Vec;
 
 Vec nans(std::size_t n) { return Vec(n, std::numeric_limits<float>::quiet_NaN()); }
-
-// A device copy of a host vector, freed with the object.
-template <typename T>
-class DeviceOf {
- public:
-  explicit DeviceOf(const std::vector<T>& h)
-      : n_(h.size()), p_(static_cast<T*>(cu::malloc_device(h.size() * sizeof(T)))) {
-    cu::copy_to_device(p_, h.data(), n_ * sizeof(T));
-  }
-  ~DeviceOf() { cu::free_device(p_); }
-  DeviceOf(const DeviceOf&) = delete;
-  DeviceOf& operator=(const DeviceOf&) = delete;
-  T* get() { return p_; }
-  std::vector<T> host() const {
-    cu::synchronize();
-    std::vector<T> h(n_);
-    cu::copy_to_host(h.data(), p_, n_ * sizeof(T));
-    return h;
-  }
-
- private:
-  std::size_t n_;
-  T* p_;
-};
-using Device = DeviceOf<float>;
 
 struct Shape {
   int B, T, NH, hs;
@@ -158,20 +126,7 @@ const Shape kShapes[] = {
     {1, 1, 1, 8}, {2, 7, 3, 16}, {1, 65, 2, 24}, {2, 64, 2, 40}, {2, 130, 2, 64}, {1, 128, 3, 8}, {1, 200, 2, 128},
 };
 
-class CudaAttention : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cu::device_count() == 0)
-      GTEST_SKIP() << "needs a CUDA GPU (" << cu::describe_devices()
-                   << "); the CUDA kernels are compiled and linked, and run against the CPU backend on a GPU";
-    seed_ = test_seed();
-    RecordProperty("seed", std::to_string(seed_));
-    rng_.seed(seed_);
-  }
-  std::string trace() const { return "seed " + std::to_string(seed_) + " (rerun with STRATA_TEST_SEED)"; }
-  unsigned seed_ = 0;
-  std::mt19937 rng_;
-};
+class CudaAttention : public strata::test::CudaTest {};
 
 }  // namespace
 

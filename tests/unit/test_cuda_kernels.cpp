@@ -23,6 +23,7 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "tests/unit/cuda_test_support.hpp"
 #include "kernels/kernels.hpp"
 
 namespace cu = strata::kernels::cuda;
@@ -32,44 +33,12 @@ namespace core = strata::core;
 
 namespace {
 
-using Vec = std::vector<float>;
+using strata::test::Device;
+using strata::test::DeviceOf;
+using strata::test::test_seed;
+using strata::test::uniform;
+using strata::test::Vec;
 
-unsigned test_seed() {
-  if (const char* s = std::getenv("STRATA_TEST_SEED")) return unsigned(std::strtoul(s, nullptr, 10));
-  return std::random_device{}();
-}
-
-Vec uniform(std::mt19937& g, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  Vec v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-// A device copy of a host vector, freed with the object.
-template <typename T>
-class DeviceOf {
- public:
-  explicit DeviceOf(const std::vector<T>& h)
-      : n_(h.size()), p_(static_cast<T*>(cu::malloc_device(h.size() * sizeof(T)))) {
-    cu::copy_to_device(p_, h.data(), n_ * sizeof(T));
-  }
-  ~DeviceOf() { cu::free_device(p_); }
-  DeviceOf(const DeviceOf&) = delete;
-  DeviceOf& operator=(const DeviceOf&) = delete;
-  T* get() { return p_; }
-  std::vector<T> host() const {
-    cu::synchronize();
-    std::vector<T> h(n_);
-    cu::copy_to_host(h.data(), p_, n_ * sizeof(T));
-    return h;
-  }
-
- private:
-  std::size_t n_;
-  T* p_;
-};
-using Device = DeviceOf<float>;
 
 // Largest |a - b| / max(|b|, floor) over the elements.
 double max_rel(const Vec& a, const Vec& b, double floor = 1e-3) {
@@ -132,20 +101,7 @@ Vec rounding_probes(std::mt19937& g, core::Precision p, std::size_t n) {
   return v;
 }
 
-class CudaKernels : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cu::device_count() == 0)
-      GTEST_SKIP() << "needs a CUDA GPU (" << cu::describe_devices()
-                   << "); the CUDA kernels are compiled and linked, and run against the CPU backend on a GPU";
-    seed_ = test_seed();
-    RecordProperty("seed", std::to_string(seed_));
-    rng_.seed(seed_);
-  }
-  std::string trace() const { return "seed " + std::to_string(seed_) + " (rerun with STRATA_TEST_SEED)"; }
-  unsigned seed_ = 0;
-  std::mt19937 rng_;
-};
+class CudaKernels : public strata::test::CudaTest {};
 
 }  // namespace
 

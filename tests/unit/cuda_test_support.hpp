@@ -1,0 +1,71 @@
+// What the CUDA kernel tests share: a fixture that skips without a GPU and
+// draws a fresh seed per run (STRATA_TEST_SEED to repeat one), uniform random
+// vectors, and device copies of host vectors.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.hpp"
+
+namespace strata::test {
+
+using Vec = std::vector<float>;
+
+inline unsigned test_seed() {
+  if (const char* s = std::getenv("STRATA_TEST_SEED")) return unsigned(std::strtoul(s, nullptr, 10));
+  return std::random_device{}();
+}
+
+inline Vec uniform(std::mt19937& g, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+// A device copy of a host vector, freed with the object.
+template <typename T>
+class DeviceOf {
+ public:
+  explicit DeviceOf(const std::vector<T>& h)
+      : n_(h.size()), p_(static_cast<T*>(kernels::cuda::malloc_device(h.size() * sizeof(T)))) {
+    kernels::cuda::copy_to_device(p_, h.data(), n_ * sizeof(T));
+  }
+  ~DeviceOf() { kernels::cuda::free_device(p_); }
+  DeviceOf(const DeviceOf&) = delete;
+  DeviceOf& operator=(const DeviceOf&) = delete;
+  T* get() { return p_; }
+  std::vector<T> host() const {
+    kernels::cuda::synchronize();
+    std::vector<T> h(n_);
+    kernels::cuda::copy_to_host(h.data(), p_, n_ * sizeof(T));
+    return h;
+  }
+
+ private:
+  std::size_t n_;
+  T* p_;
+};
+using Device = DeviceOf<float>;
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (kernels::cuda::device_count() == 0)
+      GTEST_SKIP() << "needs a CUDA GPU (" << kernels::cuda::describe_devices()
+                   << "); the CUDA kernels are compiled and linked, and run against the CPU backend on a GPU";
+    seed_ = test_seed();
+    RecordProperty("seed", std::to_string(seed_));
+    rng_.seed(seed_);
+  }
+  std::string trace() const { return "seed " + std::to_string(seed_) + " (rerun with STRATA_TEST_SEED)"; }
+  unsigned seed_ = 0;
+  std::mt19937 rng_;
+};
+
+}  // namespace strata::test
