@@ -46,6 +46,55 @@
 // 128); backward 4 hs 65 + 64 80 + 128 (87 KB at hs = 64, 150 KB at 128).
 // Most are above the default 48 KB, so every launch opts in
 // (cudaFuncSetAttribute). Head sizes 1 to 128; any T >= 1.
+//
+// Tensor cores (bf16 math). When the run's GEMMs are bf16
+// (set_gemm_precision, bf16_math()) and the head size is a multiple of 16,
+// the same two operations run on tensor cores instead: the attention products
+// are as many FLOPs as a layer's GEMMs, and on CUDA cores they would cost more
+// than all of them. Same contract, same tiles of 64 queries by 64 keys, same
+// block order and masking; what changes is the arithmetic of the products.
+// The inputs stay fp32 in global memory; q, k, v, dO (staged) and P, dS
+// (produced) are rounded to bf16 (round to nearest even) as they are written
+// to shared memory, and every product is a 16x16x16 WMMA (nvcuda::wmma) with
+// fp32 accumulation. Everything else is fp32: the scale (applied to S after
+// the product, not folded into bf16 q), the softmax statistics, the rescaling
+// and the accumulation of O, dQ, dK and dV. Fragment elements are never
+// indexed (their layout is the hardware's): products are stored to shared
+// memory, ordinary threads do the softmax and dS arithmetic there, and the
+// next product loads what it needs. A block is 4 warps (128 threads); warp w
+// owns rows 16w .. 16w + 15 of the block's 64-row tile, so everything between
+// two products of a warp is the warp's own business (__syncwarp), and the
+// block synchronises only around the tiles that all warps read.
+//
+// Forward: a block per (64 query rows, head). Q is staged once and kept in
+// fragments; per key tile (0 .. the diagonal) K and V are staged, each warp
+// forms its 16 x 64 S = Q K^T, two lanes per row run the online softmax on it
+// (fp32 m, l in registers; P to bf16), rescale the row of the fp32 output
+// accumulator O (in shared memory) and the warp adds P V to it. Then
+// out = O / l, lse = m + log l.
+//
+// Backward: D = rowsum(dO o O) by the same row-dot kernel as the fp32 path;
+// then a block per (64 keys, head), warp w owning keys 16w .., walks the query
+// tiles from the diagonal. Per query tile: S^T = K Q^T and dP^T = V dO^T
+// (16 x 64 per warp), P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) in
+// fp32, rounded to bf16; dV += P^T dO and dK += dS^T Q in fp32 fragments held
+// for the whole walk (each key row belongs to one block: added to dqkv once,
+// at the end, dK times the scale); after a block barrier (dQ needs every
+// warp's keys) warp w forms rows 16w .. of dQ = dS K from dS^T read
+// column-major, stores them to shared memory (over S^T and dP^T, consumed by
+// then) and adds scale dQ to global memory with atomicAdd: other key tiles add
+// to the same query rows.
+//
+// Shared memory, bytes, with rows padded (bf16 by 8, fp32 by 4 elements) so
+// that a fragment's rows start on different banks:
+//   forward  384 (hs + 8) + 256 (hs + 4) + 26880:
+//            hs 16: 41 KB, 32: 51 KB, 64: 71 KB, 128: 111 KB;
+//   backward 512 (hs + 8) + 53760:
+//            hs 16: 65 KB, 32: 73 KB, 64: 89 KB, 128: 121 KB.
+// Requires sm_80 or later (bf16 WMMA); the build targets sm_90.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -363,8 +412,300 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ---- tensor-core (bf16 WMMA) kernels ----
+
+namespace wmma = nvcuda::wmma;
+using bf16 = __nv_bfloat16;
+
+constexpr int kTcWarps = 4;                 // warp w owns rows 16w .. 16w + 15 of a 64-row tile
+constexpr int kTcThreads = 32 * kTcWarps;
+constexpr int kBfPad = 8;                   // bf16 padding per row: WMMA wants ldm % 8 == 0, and rows 16 bytes apart shift banks
+constexpr int kF32Pad = 4;                  // fp32 padding per row: ldm % 4 == 0, the same shift
+constexpr int kProbLd = kTile + kBfPad;     // of the bf16 [kTile][kTile] P and dS tiles
+constexpr int kScoreLd = kTile + kF32Pad;   // of the fp32 [kTile][kTile] S and dP tiles
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
+using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;  // A read transposed
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
+using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;  // B read transposed
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// Rows [r0, r0 + kTile) of one head's q, k, v or dO slice (row stride ld,
+// kHs columns) into dst[row * ldd + d], rounded to bf16; rows at or past T as
+// 0, so that the padded tile entries stay finite.
+template <int kHs>
+__device__ void stage_bf16(bf16* dst, int ldd, const float* src, std::int64_t ld, int r0, int T) {
+  for (int e = threadIdx.x; e < kTile * kHs; e += kTcThreads) {
+    const int i = e / kHs, d = e % kHs;
+    dst[i * ldd + d] = __float2bfloat16(r0 + i < T ? src[std::int64_t(r0 + i) * ld + d] : 0.0f);
+  }
+}
+
+// kF = hs / 16: the fragments along a head dimension.
+template <int kF>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_forward_tc_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
+  constexpr int kHs = 16 * kF, kLdh = kHs + kBfPad, kLdo = kHs + kF32Pad;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  bf16* qs = reinterpret_cast<bf16*>(tc_smem);           // [kTile][kLdh]: the query tile
+  bf16* ks = qs + kTile * kLdh;                          // [kTile][kLdh]: the key tile
+  bf16* vs = ks + kTile * kLdh;                          // [kTile][kLdh]: the value tile
+  bf16* ps = vs + kTile * kLdh;                          // [kTile][kProbLd]: P
+  float* ss = reinterpret_cast<float*>(ps + kTile * kProbLd);  // [kTile][kScoreLd]: S, unscaled
+  float* os = ss + kTile * kScoreLd;                     // [kTile][kLdo]: the output accumulator
+  float* row_inv = os + kTile * kLdo;                    // [kTile]: 1 / l at the end
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int qb = gridDim.x - 1 - blockIdx.x;  // longest first
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const std::int64_t ld = 3 * std::int64_t(C);
+  const float* q = qkv + std::int64_t(b) * T * ld + h * kHs;
+  const float* k = q + C;
+  const float* v = q + 2 * C;
+  const int i0 = qb * kTile;
+  const int w0 = 16 * warp;  // the warp's first row of the tile
+
+  stage_bf16<kHs>(qs, kLdh, q, ld, i0, T);
+  for (int e = threadIdx.x; e < kTile * kLdo; e += kTcThreads) os[e] = 0.0f;
+  __syncthreads();
+  FragA qa[kF];  // the warp's 16 query rows, the same for every key tile
+#pragma unroll
+  for (int d = 0; d < kF; ++d) wmma::load_matrix_sync(qa[d], qs + w0 * kLdh + 16 * d, kLdh);
+
+  // The softmax of row r = w0 + lane / 2 is run by two lanes, on alternate
+  // columns; both hold its m and l.
+  const int r = w0 + lane / 2, part = lane % 2;
+  const int i = i0 + r;
+  float m = -INFINITY, l = 0.0f;
+  for (int kb = 0; kb <= qb; ++kb) {
+    const int j0 = kb * kTile;
+    __syncthreads();  // every warp is done with the previous k and v tiles
+    stage_bf16<kHs>(ks, kLdh, k, ld, j0, T);
+    stage_bf16<kHs>(vs, kLdh, v, ld, j0, T);
+    __syncthreads();
+
+    // S = Q K^T for the warp's rows: K^T is the key tile read column-major.
+#pragma unroll
+    for (int c = 0; c < kTile / 16; ++c) {
+      FragC acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int d = 0; d < kF; ++d) {
+        FragBT kt;
+        wmma::load_matrix_sync(kt, ks + 16 * c * kLdh + 16 * d, kLdh);
+        wmma::mma_sync(acc, qa[d], kt, acc);
+      }
+      wmma::store_matrix_sync(ss + w0 * kScoreLd + 16 * c, acc, kScoreLd, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Online softmax (as the fp32 kernel's): P = exp(s - m_new) to bf16, the
+    // row of O rescaled by exp(m_old - m_new). Key 0 of the tile is at or
+    // before the row, so m is finite from the first tile on.
+    const float* srow = ss + r * kScoreLd;
+    float mx = -INFINITY;
+    for (int c = part; c < kTile; c += 2)
+      if (j0 + c <= i) mx = fmaxf(mx, srow[c] * scale);
+    const float m_new = fmaxf(m, fmaxf(mx, __shfl_xor_sync(kFull, mx, 1)));
+    const float corr = expf(m - m_new);  // 0 on the first tile (m = -inf)
+    float sum = 0.0f;
+    bf16* prow = ps + r * kProbLd;
+    for (int c = part; c < kTile; c += 2) {
+      const float p = j0 + c <= i ? expf(srow[c] * scale - m_new) : 0.0f;
+      sum += p;
+      prow[c] = __float2bfloat16(p);
+    }
+    l = l * corr + sum + __shfl_xor_sync(kFull, sum, 1);
+    m = m_new;
+    float* orow = os + r * kLdo;
+    for (int d = part; d < kHs; d += 2) orow[d] *= corr;
+    __syncwarp();
+
+    // O += P V, through the accumulator in shared memory.
+    FragA pa[kTile / 16];
+#pragma unroll
+    for (int c = 0; c < kTile / 16; ++c) wmma::load_matrix_sync(pa[c], ps + w0 * kProbLd + 16 * c, kProbLd);
+#pragma unroll
+    for (int d = 0; d < kF; ++d) {
+      FragC acc;
+      wmma::load_matrix_sync(acc, os + w0 * kLdo + 16 * d, kLdo, wmma::mem_row_major);
+#pragma unroll
+      for (int c = 0; c < kTile / 16; ++c) {
+        FragB vb;
+        wmma::load_matrix_sync(vb, vs + 16 * c * kLdh + 16 * d, kLdh);
+        wmma::mma_sync(acc, pa[c], vb, acc);
+      }
+      wmma::store_matrix_sync(os + w0 * kLdo + 16 * d, acc, kLdo, wmma::mem_row_major);
+    }
+  }
+
+  if (part == 0) {
+    row_inv[r] = 1.0f / l;
+    if (i < T) lse[std::int64_t(bh) * T + i] = m + logf(l);
+  }
+  __syncwarp();  // the warp's O rows and 1 / l are written
+  for (int e = lane; e < 16 * kHs; e += 32) {
+    const int rr = w0 + e / kHs, d = e % kHs;
+    if (i0 + rr < T) out[(std::int64_t(b) * T + i0 + rr) * C + h * kHs + d] = os[rr * kLdo + d] * row_inv[rr];
+  }
+}
+
+template <int kF>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_backward_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D,
+                                 int T, int C, int NH, float scale) {
+  constexpr int kHs = 16 * kF, kLdh = kHs + kBfPad, kLdg = kHs + kF32Pad;
+  // dQ's tile (and at the end dK's, dV's) goes over S^T and dP^T.
+  static_assert(kTile * kLdg <= 2 * kTile * kScoreLd, "the dq tile must fit over S^T and dP^T");
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  bf16* ks = reinterpret_cast<bf16*>(tc_smem);              // [kTile][kLdh]: this block's keys
+  bf16* vs = ks + kTile * kLdh;                             // [kTile][kLdh]: its values
+  bf16* qs = vs + kTile * kLdh;                             // [kTile][kLdh]: the current query tile
+  bf16* dys = qs + kTile * kLdh;                            // [kTile][kLdh]: its dO
+  bf16* pts = dys + kTile * kLdh;                           // [kTile][kProbLd]: P^T, keys x queries
+  bf16* dsts = pts + kTile * kProbLd;                       // [kTile][kProbLd]: dS^T
+  float* sts = reinterpret_cast<float*>(dsts + kTile * kProbLd);  // [kTile][kScoreLd]: S^T, unscaled
+  float* dpts = sts + kTile * kScoreLd;                     // [kTile][kScoreLd]: dP^T
+  float* row_lse = dpts + kTile * kScoreLd;                 // [kTile]
+  float* row_d = row_lse + kTile;                           // [kTile]
+  float* gs = sts;  // [kTile][kLdg]: dQ rows, later dK and dV rows (warp w: rows 16w ..)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kb = blockIdx.x;  // the first key tiles meet the most query tiles: launched first
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const std::int64_t ld = 3 * std::int64_t(C);
+  const std::int64_t head = std::int64_t(b) * T * ld + h * kHs;
+  const float* q = qkv + head;
+  const float* dy = dout + std::int64_t(b) * T * C + h * kHs;
+  float* dq = dqkv + head;
+  const int j0 = kb * kTile;
+  const int nq = (T + kTile - 1) / kTile;
+  const int w0 = 16 * warp;  // the warp's first key of the tile, and first query row of dQ
+
+  stage_bf16<kHs>(ks, kLdh, q + C, ld, j0, T);
+  stage_bf16<kHs>(vs, kLdh, q + 2 * C, ld, j0, T);
+
+  FragC dk[kF], dv[kF];  // the warp's 16 keys x head dimensions, for the whole walk
+#pragma unroll
+  for (int d = 0; d < kF; ++d) wmma::fill_fragment(dk[d], 0.0f), wmma::fill_fragment(dv[d], 0.0f);
+
+  for (int qb = kb; qb < nq; ++qb) {
+    const int i0 = qb * kTile;
+    __syncthreads();  // the previous query tile's q, dO and dS^T are read (and, the first time, k, v are staged)
+    stage_bf16<kHs>(qs, kLdh, q, ld, i0, T);
+    stage_bf16<kHs>(dys, kLdh, dy, C, i0, T);
+    if (threadIdx.x < kTile) {
+      const int i = i0 + threadIdx.x;
+      row_lse[threadIdx.x] = i < T ? lse[std::int64_t(bh) * T + i] : 0.0f;
+      row_d[threadIdx.x] = i < T ? D[std::int64_t(bh) * T + i] : 0.0f;
+    }
+    __syncthreads();
+
+    // S^T = K Q^T and dP^T = V dO^T for the warp's keys (Q^T, dO^T: the
+    // tiles read column-major).
+#pragma unroll
+    for (int c = 0; c < kTile / 16; ++c) {
+      FragC st, dpt;
+      wmma::fill_fragment(st, 0.0f);
+      wmma::fill_fragment(dpt, 0.0f);
+#pragma unroll
+      for (int d = 0; d < kF; ++d) {
+        FragA ka, va;
+        FragBT qt, dyt;
+        wmma::load_matrix_sync(ka, ks + w0 * kLdh + 16 * d, kLdh);
+        wmma::load_matrix_sync(qt, qs + 16 * c * kLdh + 16 * d, kLdh);
+        wmma::mma_sync(st, ka, qt, st);
+        wmma::load_matrix_sync(va, vs + w0 * kLdh + 16 * d, kLdh);
+        wmma::load_matrix_sync(dyt, dys + 16 * c * kLdh + 16 * d, kLdh);
+        wmma::mma_sync(dpt, va, dyt, dpt);
+      }
+      wmma::store_matrix_sync(sts + w0 * kScoreLd + 16 * c, st, kScoreLd, wmma::mem_row_major);
+      wmma::store_matrix_sync(dpts + w0 * kScoreLd + 16 * c, dpt, kScoreLd, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // P^T = exp(s scale - lse) (the forward's P), dS^T = P^T (dP^T - D), in
+    // fp32, stored as bf16. Masked: above the diagonal, and the padding
+    // queries past T (whose lse is a stand-in).
+    for (int e = lane; e < 16 * kTile; e += 32) {
+      const int r = w0 + e / kTile, c = e % kTile;
+      const int j = j0 + r, i = i0 + c;
+      const float p = (j <= i && i < T) ? expf(sts[r * kScoreLd + c] * scale - row_lse[c]) : 0.0f;
+      pts[r * kProbLd + c] = __float2bfloat16(p);
+      dsts[r * kProbLd + c] = __float2bfloat16(p * (dpts[r * kScoreLd + c] - row_d[c]));
+    }
+    __syncwarp();
+
+    // dV += P^T dO, dK += dS^T Q over the tile's queries.
+#pragma unroll
+    for (int c = 0; c < kTile / 16; ++c) {
+      FragA pa, dsa;
+      wmma::load_matrix_sync(pa, pts + w0 * kProbLd + 16 * c, kProbLd);
+      wmma::load_matrix_sync(dsa, dsts + w0 * kProbLd + 16 * c, kProbLd);
+#pragma unroll
+      for (int d = 0; d < kF; ++d) {
+        FragB yb, qb2;
+        wmma::load_matrix_sync(yb, dys + 16 * c * kLdh + 16 * d, kLdh);
+        wmma::mma_sync(dv[d], pa, yb, dv[d]);
+        wmma::load_matrix_sync(qb2, qs + 16 * c * kLdh + 16 * d, kLdh);
+        wmma::mma_sync(dk[d], dsa, qb2, dk[d]);
+      }
+    }
+    __syncthreads();  // dQ's rows need every warp's keys of dS^T; S^T and dP^T are consumed
+
+    // dQ = dS K for query rows w0 ..: dS is dS^T read column-major. Stored
+    // over S^T and dP^T, then added (times the scale) to global memory.
+    FragAT dsa[kTile / 16];
+#pragma unroll
+    for (int c = 0; c < kTile / 16; ++c) wmma::load_matrix_sync(dsa[c], dsts + 16 * c * kProbLd + w0, kProbLd);
+#pragma unroll
+    for (int d = 0; d < kF; ++d) {
+      FragC g;
+      wmma::fill_fragment(g, 0.0f);
+#pragma unroll
+      for (int c = 0; c < kTile / 16; ++c) {
+        FragB kb2;
+        wmma::load_matrix_sync(kb2, ks + 16 * c * kLdh + 16 * d, kLdh);
+        wmma::mma_sync(g, dsa[c], kb2, g);
+      }
+      wmma::store_matrix_sync(gs + w0 * kLdg + 16 * d, g, kLdg, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int e = lane; e < 16 * kHs; e += 32) {
+      const int r = w0 + e / kHs, d = e % kHs;
+      if (i0 + r < T) atomicAdd(dq + std::int64_t(i0 + r) * ld + d, scale * gs[r * kLdg + d]);
+    }
+  }
+
+  // dK and dV of the warp's keys, through its own rows of the dq buffer (no
+  // other warp touches them any more: the last tile's barrier is passed).
+  // Added, not atomically: each key row belongs to this block.
+  const auto add_rows = [&](const FragC (&acc)[kF], int part, float mul) {
+    __syncwarp();  // the rows' previous contents are read
+#pragma unroll
+    for (int d = 0; d < kF; ++d) wmma::store_matrix_sync(gs + w0 * kLdg + 16 * d, acc[d], kLdg, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 16 * kHs; e += 32) {
+      const int r = w0 + e / kHs, d = e % kHs;
+      if (j0 + r < T) dq[std::int64_t(j0 + r) * ld + part * C + d] += mul * gs[r * kLdg + d];
+    }
+  };
+  add_rows(dk, 1, scale);
+  add_rows(dv, 2, 1.0f);
+}
+
 std::size_t forward_smem(int hs) { return sizeof(float) * 2 * hs * kStride; }
 std::size_t backward_smem(int hs) { return sizeof(float) * (4 * hs * kStride + kTile * kDsStride + 2 * kTile); }
+std::size_t forward_tc_smem(int hs) {
+  return sizeof(bf16) * (3 * kTile * (hs + kBfPad) + kTile * kProbLd) +
+         sizeof(float) * (kTile * kScoreLd + kTile * (hs + kF32Pad) + kTile);
+}
+std::size_t backward_tc_smem(int hs) {
+  return sizeof(bf16) * (4 * kTile * (hs + kBfPad) + 2 * kTile * kProbLd) + sizeof(float) * (2 * kTile * kScoreLd + 2 * kTile);
+}
+
+// The tensor-core kernels: under bf16 math, for head sizes they tile (the
+// launch tables below hold hs / 16 = 1 .. 8).
+static_assert(kMaxHeadSize == 16 * 8);
+bool tensor_cores(int hs) { return bf16_math() && hs % 16 == 0 && hs <= kMaxHeadSize; }
 
 // The head size, checked against what the kernels handle (and B * NH against
 // the grid's y dimension, which indexes the heads).
@@ -401,12 +742,46 @@ void launch_backward(float* dqkv, const float* dout, const float* qkv, const flo
   STRATA_CHECK_LAUNCH();
 }
 
+template <int kF>
+void launch_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  const std::size_t smem = forward_tc_smem(16 * kF);
+  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_tc_kernel<kF>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid((T + kTile - 1) / kTile, B * NH);
+  attention_forward_tc_kernel<kF>
+      <<<grid, kTcThreads, smem>>>(out, lse, qkv, T, C, NH, 1.0f / std::sqrt(float(16 * kF)));
+  STRATA_CHECK_LAUNCH();
+}
+
+template <int kF>
+void launch_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
+                        int T, int C, int NH) {
+  const std::size_t smem = backward_tc_smem(16 * kF);
+  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_tc_kernel<kF>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid((T + kTile - 1) / kTile, B * NH);
+  attention_backward_tc_kernel<kF>
+      <<<grid, kTcThreads, smem>>>(dqkv, dout, qkv, lse, D, T, C, NH, 1.0f / std::sqrt(float(16 * kF)));
+  STRATA_CHECK_LAUNCH();
+}
+
+// By hs / 16 - 1.
+constexpr void (*kForwardTc[])(float*, float*, const float*, int, int, int, int) = {
+    launch_forward_tc<1>, launch_forward_tc<2>, launch_forward_tc<3>, launch_forward_tc<4>,
+    launch_forward_tc<5>, launch_forward_tc<6>, launch_forward_tc<7>, launch_forward_tc<8>};
+constexpr void (*kBackwardTc[])(float*, const float*, const float*, const float*, const float*, int, int, int,
+                                int) = {launch_backward_tc<1>, launch_backward_tc<2>, launch_backward_tc<3>,
+                                        launch_backward_tc<4>, launch_backward_tc<5>, launch_backward_tc<6>,
+                                        launch_backward_tc<7>, launch_backward_tc<8>};
+
 }  // namespace
 
 void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH) {
   const int hs = head_size(B, C, NH, "attention_forward");
   if (B <= 0 || T <= 0) return;
-  if (hs <= 16)
+  if (tensor_cores(hs))
+    kForwardTc[hs / 16 - 1](out, state, qkv, B, T, C, NH);
+  else if (hs <= 16)
     launch_forward<1>(out, state, qkv, B, T, C, NH, hs);
   else if (hs <= 32)
     launch_forward<2>(out, state, qkv, B, T, C, NH, hs);
@@ -423,7 +798,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   const std::int64_t rows = std::int64_t(B) * T * NH;
   attention_row_dots<<<int((rows * 32 + kThreads - 1) / kThreads), kThreads>>>(scratch, dout, out, B, T, C, NH);
   STRATA_CHECK_LAUNCH();
-  if (hs <= 16)
+  if (tensor_cores(hs))
+    kBackwardTc[hs / 16 - 1](dqkv, dout, qkv, state, scratch, B, T, C, NH);
+  else if (hs <= 16)
     launch_backward<1>(dqkv, dout, qkv, state, scratch, B, T, C, NH, hs);
   else if (hs <= 32)
     launch_backward<2>(dqkv, dout, qkv, state, scratch, B, T, C, NH, hs);

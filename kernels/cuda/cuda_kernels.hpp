@@ -42,6 +42,9 @@ void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
 // GEMM arithmetic: fp32, or (bf16) fp32 inputs rounded to bf16 with fp32
 // accumulation on tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF).
 void set_gemm_precision(core::Precision p);
+// True when set_gemm_precision was given bf16: the fused attention then runs
+// its products on tensor cores too (bf16 inputs, fp32 accumulation).
+bool bf16_math();
 // The best of `reps` n^3 GEMMs on device buffers of random-looking values
 // (zeros run faster), in FLOP/s: at p = bf16 (fp16) 16-bit inputs and
 // outputs with fp32 accumulation, the tensor cores' rate MFU is measured

@@ -47,6 +47,8 @@ void set_gemm_precision(core::Precision p) {
                                            : CUBLAS_COMPUTE_32F;
 }
 
+bool bf16_math() { return g_compute == CUBLAS_COMPUTE_32F_FAST_16BF; }
+
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
             int ldb, float beta, float* C, int ldc) {
   STRATA_CHECK_CUBLAS(cublasGemmEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, CUDA_R_32F, ldb, A,
