@@ -27,6 +27,11 @@ class Request {
   virtual ~Request() = default;
   virtual void wait() = 0;
   virtual bool test() = 0;
+  // Where the operation ran on a device's stream (NCCL): its start and end
+  // on the profiling clock (prof::now_seconds), read from the device's
+  // events once it completed, without stalling anything. False where the
+  // host's own times around the call are the operation's (MPI).
+  virtual bool device_span(double* start, double* end) const { return false; }
 };
 using RequestPtr = std::unique_ptr<Request>;
 
@@ -68,6 +73,9 @@ class Communicator {
   virtual RequestPtr ibroadcast(void* buf, std::int64_t count, DType t, int root) = 0;
   virtual RequestPtr isend(const void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
   virtual RequestPtr irecv(void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
+
+  // Request::device_span for the last blocking call (false if it ran on the host).
+  virtual bool last_device_span(double* start, double* end) const { return false; }
 };
 
 }  // namespace strata::comm

@@ -7,10 +7,12 @@
 
 #include <cstdio>
 #include <exception>
+#include <utility>
 
 #include "src/comm/cuda_support.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/core/error.hpp"
+#include "src/prof/clock.hpp"
 
 namespace strata::comm {
 
@@ -43,14 +45,30 @@ const cudaStream_t kComputeStream = cudaStreamLegacy;
 
 namespace detail {
 
-// The completion event of one launch, shared by the requests it completes.
+// The completion event of one launch, shared by the requests it completes,
+// with its start event and the communicator's origin for the timing.
 struct NcclCompletion {
-  cudaEvent_t event = nullptr;
+  cudaEvent_t event = nullptr, start = nullptr;
+  cudaEvent_t origin = nullptr;  // the communicator's: read only while it lives
+  double origin_host = 0;
   NcclCompletion() = default;
   NcclCompletion(const NcclCompletion&) = delete;
   NcclCompletion& operator=(const NcclCompletion&) = delete;
   ~NcclCompletion() {
     if (event != nullptr) cudaEventDestroy(event);  // best effort: may run at exit
+    if (start != nullptr) cudaEventDestroy(start);
+  }
+  // The start and end on the profiling clock; only once `event` completed.
+  bool span(double* s, double* e) const {
+    float a = 0, b = 0;
+    if (start == nullptr || cudaEventElapsedTime(&a, origin, start) != cudaSuccess ||
+        cudaEventElapsedTime(&b, origin, event) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    *s = origin_host + 1e-3 * double(a);
+    *e = origin_host + 1e-3 * double(b);
+    return true;
   }
 };
 
@@ -71,13 +89,6 @@ using detail::NcclPending;
 std::size_t to_count(std::int64_t n, const char* call, const char* what) {
   if (n < 0) core::runtime_error("{}: {} {} is negative", call, what, n);
   return std::size_t(n);
-}
-
-std::shared_ptr<NcclCompletion> recorded_completion(cudaStream_t s) {
-  auto c = std::make_shared<NcclCompletion>();
-  STRATA_COMM_CHECK_CUDA(cudaEventCreateWithFlags(&c->event, cudaEventDisableTiming));
-  STRATA_COMM_CHECK_CUDA(cudaEventRecord(c->event, s));
-  return c;
 }
 
 // Complete for the compute stream and for the host: the stream wait is what
@@ -148,6 +159,10 @@ class NcclRequest : public Request {
     return true;
   }
 
+  bool device_span(double* start, double* end) const override {
+    return finished_ && s_->done && s_->done->span(start, end);
+  }
+
  private:
   std::shared_ptr<NcclPending> s_;
   bool finished_ = false;
@@ -189,6 +204,10 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, std::string axis) : mpi_(comm,
       STRATA_COMM_CHECK_CUDA(cudaGetDevice(&device));
       STRATA_COMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       STRATA_COMM_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      STRATA_COMM_CHECK_CUDA(cudaEventCreate(&origin_));
+      STRATA_COMM_CHECK_CUDA(cudaEventRecord(origin_, stream_));
+      STRATA_COMM_CHECK_CUDA(cudaEventSynchronize(origin_));
+      origin_host_ = prof::now_seconds();
       STRATA_COMM_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(float)));
       STRATA_COMM_CHECK_CUDA(cudaMemset(scratch_, 0, sizeof(float)));
     } catch (const core::Error& e) {
@@ -249,8 +268,10 @@ void NcclCommunicator::release(bool abort) noexcept {
   }
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (ready_ != nullptr) cudaEventDestroy(ready_);
+  if (origin_ != nullptr) cudaEventDestroy(origin_);
+  if (next_start_ != nullptr) cudaEventDestroy(next_start_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  scratch_ = nullptr, ready_ = nullptr, stream_ = nullptr;
+  scratch_ = nullptr, ready_ = nullptr, stream_ = nullptr, origin_ = nullptr, next_start_ = nullptr;
   cudaGetLastError();
 }
 
@@ -274,13 +295,47 @@ void NcclCommunicator::begin() {
     start_pending();  // waits for the compute stream itself
   else
     wait_for_compute();
+  next_start_ = record_start();
 }
 
-void NcclCommunicator::finish_blocking() { wait_completion(*recorded_completion(stream_)); }
+cudaEvent_t NcclCommunicator::record_start() {
+  cudaEvent_t e = nullptr;
+  STRATA_COMM_CHECK_CUDA(cudaEventCreate(&e));
+  STRATA_COMM_CHECK_CUDA(cudaEventRecord(e, stream_));
+  return e;
+}
+
+std::shared_ptr<NcclCompletion> NcclCommunicator::complete_after(cudaEvent_t start) {
+  auto c = std::make_shared<NcclCompletion>();
+  c->start = start;  // owned by the completion from here on
+  c->origin = origin_;
+  c->origin_host = origin_host_;
+  STRATA_COMM_CHECK_CUDA(cudaEventCreate(&c->event));
+  STRATA_COMM_CHECK_CUDA(cudaEventRecord(c->event, stream_));
+  return c;
+}
+
+void NcclCommunicator::keep_span(const Request& r) {
+  last_on_device_ = r.device_span(&last_start_, &last_end_);
+}
+
+bool NcclCommunicator::last_device_span(double* start, double* end) const {
+  if (!last_on_device_) return false;
+  *start = last_start_, *end = last_end_;
+  return true;
+}
+
+void NcclCommunicator::finish_blocking() {
+  auto s = std::make_shared<NcclPending>();
+  s->done = complete_after(std::exchange(next_start_, nullptr));
+  NcclRequest r(std::move(s));
+  r.wait();
+  keep_span(r);
+}
 
 RequestPtr NcclCommunicator::finish_nonblocking() {
   auto s = std::make_shared<NcclPending>();
-  s->done = recorded_completion(stream_);
+  s->done = complete_after(std::exchange(next_start_, nullptr));
   return std::make_unique<NcclRequest>(std::move(s));
 }
 
@@ -292,6 +347,7 @@ void NcclCommunicator::start_pending() {
   ops.swap(pending_);
   for (Deferred& d : ops) d.state->owner = nullptr;
   wait_for_compute();
+  cudaEvent_t start = record_start();
   in_group([&](FirstFailure& f) {
     for (const Deferred& d : ops) {
       const P2p& p = d.op;
@@ -301,7 +357,7 @@ void NcclCommunicator::start_pending() {
         f("ncclRecv", ncclRecv(p.buf, p.count, p.type, p.peer, comm_, stream_));
     }
   });
-  const auto done = recorded_completion(stream_);
+  const auto done = complete_after(start);
   for (Deferred& d : ops) d.state->done = done;
 }
 
@@ -315,46 +371,66 @@ RequestPtr NcclCommunicator::defer(const P2p& op) {
 // ---- blocking forms: the non-blocking ones, waited for ----
 
 void NcclCommunicator::all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) {
+  last_on_device_ = false;
   if (!on_device("all_reduce", buf)) return mpi_.all_reduce(buf, count, t, op);
-  iall_reduce(buf, count, t, op)->wait();
+  const RequestPtr r = iall_reduce(buf, count, t, op);
+  r->wait();
+  keep_span(*r);
 }
 
 void NcclCommunicator::reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t, ReduceOp op) {
+  last_on_device_ = false;
   if (!on_device("reduce_scatter", send, recv)) return mpi_.reduce_scatter(send, recv, recv_count, t, op);
-  ireduce_scatter(send, recv, recv_count, t, op)->wait();
+  const RequestPtr r = ireduce_scatter(send, recv, recv_count, t, op);
+  r->wait();
+  keep_span(*r);
 }
 
 void NcclCommunicator::all_gather(const void* send, void* recv, std::int64_t send_count, DType t) {
+  last_on_device_ = false;
   if (!on_device("all_gather", send, recv)) return mpi_.all_gather(send, recv, send_count, t);
-  iall_gather(send, recv, send_count, t)->wait();
+  const RequestPtr r = iall_gather(send, recv, send_count, t);
+  r->wait();
+  keep_span(*r);
 }
 
 void NcclCommunicator::broadcast(void* buf, std::int64_t count, DType t, int root) {
+  last_on_device_ = false;
   if (!on_device("broadcast", buf)) return mpi_.broadcast(buf, count, t, root);
-  ibroadcast(buf, count, t, root)->wait();
+  const RequestPtr r = ibroadcast(buf, count, t, root);
+  r->wait();
+  keep_span(*r);
 }
 
 // A blocking send or recv launches the deferred operations with itself, as
 // one group: see the header for why.
 void NcclCommunicator::send(const void* buf, std::int64_t count, DType t, int peer, int tag) {
+  last_on_device_ = false;
   if (!on_device("send", buf)) return mpi_.send(buf, count, t, peer, tag);
-  isend(buf, count, t, peer, tag)->wait();
+  const RequestPtr r = isend(buf, count, t, peer, tag);
+  r->wait();
+  keep_span(*r);
 }
 
 void NcclCommunicator::recv(void* buf, std::int64_t count, DType t, int peer, int tag) {
+  last_on_device_ = false;
   if (!on_device("recv", buf)) return mpi_.recv(buf, count, t, peer, tag);
-  irecv(buf, count, t, peer, tag)->wait();
+  const RequestPtr r = irecv(buf, count, t, peer, tag);
+  r->wait();
+  keep_span(*r);
 }
 
 void NcclCommunicator::probe(int, int) {}
 
 void NcclCommunicator::barrier() {
+  last_on_device_ = false;
   begin();
   STRATA_CHECK_NCCL(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
   finish_blocking();
 }
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, std::int64_t count_per_peer, DType t) {
+  last_on_device_ = false;
   if (!on_device("all_to_all", send, recv)) return mpi_.all_to_all(send, recv, count_per_peer, t);
   const std::size_t n = to_count(count_per_peer, "all_to_all", "count_per_peer");
   const std::size_t block = n * dtype_size(t);
@@ -372,6 +448,7 @@ void NcclCommunicator::all_to_all(const void* send, void* recv, std::int64_t cou
 void NcclCommunicator::all_to_allv(const void* send, const std::int64_t* send_counts, const std::int64_t* send_displs,
                                    void* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
                                    DType t) {
+  last_on_device_ = false;
   if (!on_device("all_to_allv", send, recv))
     return mpi_.all_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
   // Checked before anything is posted, so a bad count leaves NCCL untouched.

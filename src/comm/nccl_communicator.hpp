@@ -105,6 +105,7 @@ class NcclCommunicator : public Communicator {
   void start_pending();
 
   cudaStream_t stream() const { return stream_; }
+  bool last_device_span(double* start, double* end) const override;
 
  private:
   struct P2p {
@@ -120,7 +121,8 @@ class NcclCommunicator : public Communicator {
   };
 
   // Orders the communication stream after the compute stream's work so far,
-  // launching the deferred operations first (they were issued earlier).
+  // launching the deferred operations first (they were issued earlier), and
+  // records the operation's start.
   void begin();
   void wait_for_compute();
   // After the NCCL call(s) of a blocking operation: waits for them.
@@ -134,10 +136,24 @@ class NcclCommunicator : public Communicator {
   // for it if `abort`; for the destructor and a constructor that failed.
   void release(bool abort) noexcept;
 
+  // Timing from the stream's own events, read once an operation completed:
+  // `origin_` was recorded and waited for at construction, when the host
+  // read `origin_host_` on the profiling clock; each operation's start event
+  // is recorded before its NCCL call(s), its completion event after.
+  cudaEvent_t record_start();
+  std::shared_ptr<detail::NcclCompletion> complete_after(cudaEvent_t start);
+  // Keeps the span of a blocking operation for last_device_span().
+  void keep_span(const Request& r);
+  cudaEvent_t origin_ = nullptr;
+  double origin_host_ = 0;
+  bool last_on_device_ = false;  // the last blocking call ran here (not on MPI)
+  double last_start_ = 0, last_end_ = 0;
+
   MpiCommunicator mpi_;  // for host buffers
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // recorded on the compute stream
+  cudaEvent_t next_start_ = nullptr;  // begin()'s, taken by the operation's completion
   float* scratch_ = nullptr;     // one device float, for barrier()
   std::vector<Deferred> pending_;
 };

@@ -55,6 +55,9 @@ class ProfiledRequest : public Request {
     r.wait += t1 - t0;
     if (complete) {
       r.end = t1 - log_.origin();
+      // On a GPU the operation's own start and end, from its stream's events.
+      double s = 0, e = 0;
+      if (inner_->device_span(&s, &e)) r.start = s - log_.origin(), r.end = e - log_.origin();
       done_ = true;
     }
   }
@@ -76,7 +79,9 @@ void ProfiledCommunicator::blocking(const char* op, std::int64_t bytes, F&& call
   call();
   const double t1 = prof::now_seconds();
   const double o = log_.origin();
-  log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, false, t0 - o, t1 - o, t1 - t0});
+  double s = t0, e = t1;
+  inner_->last_device_span(&s, &e);  // on a GPU, the operation's own span; the host waited t1 - t0
+  log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, false, s - o, e - o, t1 - t0});
 }
 
 template <typename F>

@@ -39,6 +39,7 @@ class ProfiledCommunicator : public Communicator {
   RequestPtr ibroadcast(void* buf, std::int64_t count, DType t, int root) override;
   RequestPtr isend(const void* buf, std::int64_t count, DType t, int peer, int tag) override;
   RequestPtr irecv(void* buf, std::int64_t count, DType t, int peer, int tag) override;
+  bool last_device_span(double* start, double* end) const override { return inner_->last_device_span(start, end); }
 
  private:
   // Runs a blocking call and records it; the whole call counts as waiting.

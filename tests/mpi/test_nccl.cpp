@@ -349,6 +349,32 @@ TEST_F(Gpu, NcclDeferredPointToPoint) {
   EXPECT_EQ(in2.get(), std::vector<float>(64, float(prev + 1)));
 }
 
+// Operations on the device report their span from the stream's events, on
+// the profiling clock and inside the host's window around them; host buffers
+// (the MPI path) report none.
+TEST_F(Gpu, NcclTimesOperationsWithEvents) {
+  SKIP_WITHOUT_GPU_PER_RANK();
+  DupWorld w;
+  comm::NcclCommunicator nccl(w.c, "world");
+  std::vector<float> host(1 << 20, 1.f);
+  DeviceVec<float> dev(host);
+  double s = 0, e = 0;
+  const double t0 = prof::now_seconds();
+  auto r = nccl.iall_reduce(dev.p, std::int64_t(host.size()), DType::f32, ReduceOp::sum);
+  EXPECT_FALSE(r->device_span(&s, &e));  // not before it completed
+  r->wait();
+  const double t1 = prof::now_seconds();
+  ASSERT_TRUE(r->device_span(&s, &e));
+  // The clocks are matched at construction to within the event's latency.
+  EXPECT_LE(s, e);
+  EXPECT_GE(s, t0 - 1e-3);
+  EXPECT_LE(e, t1 + 1e-3);
+  nccl.all_reduce(dev.p, 8, DType::f32, ReduceOp::sum);
+  EXPECT_TRUE(nccl.last_device_span(&s, &e));
+  nccl.all_reduce(host.data(), 8, DType::f32, ReduceOp::sum);
+  EXPECT_FALSE(nccl.last_device_span(&s, &e));
+}
+
 TEST_F(Gpu, StagedMatchesMpi) {
   DupWorld w;
   comm::MpiCommunicator ref(w.c, "world");
