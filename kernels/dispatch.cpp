@@ -214,6 +214,11 @@ void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, flo
   STRATA_DISPATCH(matmul_strided_batched, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch);
 }
 
+void linear_bias_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC, int OC,
+                         float beta) {
+  STRATA_DISPATCH(linear_bias_forward, out, inp, w, bias, N, IC, OC, beta);
+}
+
 void bias_add(float* out, const float* bias, int N, int C) {
   STRATA_DISPATCH(bias_add, out, bias, N, C);
 }

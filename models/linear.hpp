@@ -10,8 +10,11 @@ namespace strata::models {
 // out[N, OC] = (accumulate ? out : 0) + inp[N, IC] W[OC, IC]^T + b[OC]
 inline void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int IC,
                            int OC, bool accumulate = false) {
-  kernels::matmul(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, accumulate ? 1.0f : 0.0f, out, OC);
-  if (bias != nullptr) kernels::bias_add(out, bias, N, OC);
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (bias != nullptr)
+    kernels::linear_bias_forward(out, inp, weight, bias, N, IC, OC, beta);
+  else
+    kernels::matmul(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
 }
 
 // dinp = (accumulate_dinp ? dinp : 0) + dout W: the input gradient.

@@ -32,4 +32,10 @@ void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, flo
   }
 }
 
+void linear_bias_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC, int OC,
+                         float beta) {
+  matmul(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
+  bias_add(out, bias, N, OC);
+}
+
 }  // namespace strata::kernels::cpu

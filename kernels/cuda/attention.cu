@@ -246,7 +246,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // D[b, h, t] = sum_d dout[b, t, h, d] out[b, t, h, d]: one warp per (b, t, h),
 // consecutive warps on consecutive heads of a token (contiguous memory).
-__global__ void attention_row_dots(float* D, const float* dout, const float* out, int B, int T, int C, int NH) {
+// round_dy (the tensor-core backward): dout rounded to bf16 first, as the
+// products dP = dO V^T see it, so that dP - D cancels where it should: in a
+// row with a single key (the first row; T = 1) out is v's bf16 rounding and
+// dP - D is then fp32 summation noise, not dO's rounding error (about 1e-2
+// of the gradient's scale).
+__global__ void attention_row_dots(float* D, const float* dout, const float* out, int B, int T, int C, int NH,
+                                   bool round_dy) {
   const std::int64_t row = (std::int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= std::int64_t(B) * T * NH) return;  // whole warps leave together
@@ -256,7 +262,7 @@ __global__ void attention_row_dots(float* D, const float* dout, const float* out
   const float* dy = dout + bt * C + h * hs;
   const float* y = out + bt * C + h * hs;
   float acc = 0.0f;
-  for (int d = lane; d < hs; d += 32) acc += dy[d] * y[d];
+  for (int d = lane; d < hs; d += 32) acc += (round_dy ? __bfloat162float(__float2bfloat16(dy[d])) : dy[d]) * y[d];
   for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(kFull, acc, o);
   if (lane == 0) {
     const std::int64_t b = bt / T, t = bt % T;
@@ -796,9 +802,10 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   const int hs = head_size(B, C, NH, "attention_backward");
   if (B <= 0 || T <= 0) return;
   const std::int64_t rows = std::int64_t(B) * T * NH;
-  attention_row_dots<<<int((rows * 32 + kThreads - 1) / kThreads), kThreads>>>(scratch, dout, out, B, T, C, NH);
+  const bool tc = tensor_cores(hs);
+  attention_row_dots<<<int((rows * 32 + kThreads - 1) / kThreads), kThreads>>>(scratch, dout, out, B, T, C, NH, tc);
   STRATA_CHECK_LAUNCH();
-  if (tensor_cores(hs))
+  if (tc)
     kBackwardTc[hs / 16 - 1](dqkv, dout, qkv, state, scratch, B, T, C, NH);
   else if (hs <= 16)
     launch_backward<1>(dqkv, dout, qkv, state, scratch, B, T, C, NH, hs);

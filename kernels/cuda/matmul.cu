@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/gemm.hpp"
 
 namespace strata::kernels::cuda {
 
@@ -40,6 +41,8 @@ cublasOperation_t op(bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
 cublasComputeType_t g_compute = CUBLAS_COMPUTE_32F;
 
 }  // namespace
+
+cublasComputeType_t gemm_compute_type() { return g_compute; }
 
 void set_gemm_precision(core::Precision p) {
   g_compute = p == core::Precision::bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF

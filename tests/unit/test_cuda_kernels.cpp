@@ -238,6 +238,29 @@ TEST_F(CudaKernels, LayerNormBackwardMatchesTheCpuBackend) {
   EXPECT_LE(max_rel(ddb.host(), dbias), 1e-5);
 }
 
+// A linear layer's product with its bias in the epilogue (cuBLASLt), written
+// or accumulated (beta 0, 1), with the weights and the bias at offsets that
+// leave them 4-byte aligned only (a parameter inside the flat buffer; the
+// bias then takes the unfused path), at GPT-like and odd sizes.
+TEST_F(CudaKernels, LinearWithBiasMatchesTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  struct Shape {
+    int N, IC, OC;
+  };
+  for (const Shape& sh : {Shape{512, 256, 768}, Shape{37, 19, 53}, Shape{1024, 128, 512}})
+    for (const int offset : {0, 1})
+      for (const float beta : {0.0f, 1.0f}) {
+        const Vec x = uniform(rng_, std::size_t(sh.N) * sh.IC);
+        const Vec w = uniform(rng_, std::size_t(sh.OC) * sh.IC + offset), b = uniform(rng_, std::size_t(sh.OC) + offset);
+        Vec out = uniform(rng_, std::size_t(sh.N) * sh.OC);
+        Device dx(x), dw(w), db(b), dout(out);
+        cu::linear_bias_forward(dout.get(), dx.get(), dw.get() + offset, db.get() + offset, sh.N, sh.IC, sh.OC, beta);
+        k::linear_bias_forward(out.data(), x.data(), w.data() + offset, b.data() + offset, sh.N, sh.IC, sh.OC, beta);
+        EXPECT_LE(max_rel(dout.host(), out), 1e-5) << sh.N << "x" << sh.IC << "x" << sh.OC << " offset " << offset
+                                                     << " beta " << beta;
+      }
+}
+
 // Whole and vocabulary-sharded tables (tokens outside the shard add 0), with
 // and without the position table; repeated tokens exercise the atomics.
 TEST_F(CudaKernels, EmbeddingMatchesTheCpuBackend) {
