@@ -327,6 +327,11 @@ void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, core::Pr
   STRATA_DISPATCH(add_half, y, x, n, p);
 }
 
+double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const double* divisors, int count,
+                           core::Precision p) {
+  STRATA_DISPATCH(sum_squares_tensors, xs, ns, divisors, count, p);
+}
+
 double sum_squares_half(const std::uint16_t* x, std::int64_t n, core::Precision p) {
   STRATA_DISPATCH(sum_squares_half, x, n, p);
 }

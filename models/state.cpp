@@ -61,17 +61,19 @@ void from_host(float* dst, const float* host, std::int64_t n) {
 
 double grad_sum_squares(const ParamRegistry& reg, const void* grads, std::int64_t begin, std::int64_t end,
                         int tp_size, core::Precision precision) {
-  double sq = 0;
+  // One call for every tensor in the range (on a GPU, one read back).
+  std::vector<const void*> xs;
+  std::vector<std::int64_t> ns;
+  std::vector<double> divisors;
+  const std::int64_t bytes = core::element_bytes(precision);
   for (const auto& s : reg.specs()) {
     const std::int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
     if (lo >= hi || s.tied_copy) continue;
-    const double part =
-        precision == core::Precision::fp32
-            ? kernels::sum_squares(static_cast<const float*>(grads) + (lo - begin), hi - lo)
-            : kernels::sum_squares_half(static_cast<const std::uint16_t*>(grads) + (lo - begin), hi - lo, precision);
-    sq += s.replicated() && tp_size > 1 ? part / tp_size : part;
+    xs.push_back(static_cast<const std::byte*>(grads) + (lo - begin) * bytes);
+    ns.push_back(hi - lo);
+    divisors.push_back(s.replicated() && tp_size > 1 ? double(tp_size) : 1.0);
   }
-  return sq;
+  return kernels::sum_squares_tensors(xs.data(), ns.data(), divisors.data(), int(xs.size()), precision);
 }
 
 }  // namespace strata::models

@@ -39,4 +39,15 @@ double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
   return s;
 }
 
+double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const double* divisors, int count,
+                           Precision p) {
+  double s = 0;
+  for (int k = 0; k < count; ++k) {
+    const double part = p == Precision::fp32 ? sum_squares(static_cast<const float*>(xs[k]), ns[k])
+                                             : sum_squares_half(static_cast<const std::uint16_t*>(xs[k]), ns[k], p);
+    s += part / divisors[k];
+  }
+  return s;
+}
+
 }  // namespace strata::kernels::cpu

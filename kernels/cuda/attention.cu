@@ -1,6 +1,7 @@
 // Fused causal multi-head attention, FlashAttention-2 style, in fp32 on the
-// CUDA cores: the T x T scores of a head exist only tile by tile, in registers
-// and shared memory, never in global memory.
+// CUDA cores, or under bf16 math on tensor cores (below): the T x T scores of
+// a head exist only tile by tile, in registers and shared memory, never in
+// global memory.
 //
 // Tiles. A block of 256 threads works on 64 x 64 tiles of the score matrix
 // S = (q * scale) k^T. Thread (ty, tx) = (tid / 16, tid % 16) owns the 4 x 4
@@ -70,10 +71,12 @@
 // fragments; per key tile (0 .. the diagonal) K and V are staged, each warp
 // forms its 16 x 64 S = Q K^T, two lanes per row run the online softmax on it
 // (fp32 m, l in registers; P to bf16), rescale the row of the fp32 output
-// accumulator O (in shared memory) and the warp adds P V to it. Then
-// out = O / l, lse = m + log l.
+// accumulator O and the warp adds P V to it. O lives in shared memory, not
+// in fragments, because the rescaling is per row and fragment elements are
+// opaque. Then out = O / l, lse = m + log l.
 //
-// Backward: D = rowsum(dO o O) by the same row-dot kernel as the fp32 path;
+// Backward: D = rowsum(dO o O) by the same row-dot kernel as the fp32 path,
+// with dO rounded to bf16 as its products see it (attention_row_dots);
 // then a block per (64 keys, head), warp w owning keys 16w .., walks the query
 // tiles from the diagonal. Per query tile: S^T = K Q^T and dP^T = V dO^T
 // (16 x 64 per warp), P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) in
@@ -88,9 +91,13 @@
 // Shared memory, bytes, with rows padded (bf16 by 8, fp32 by 4 elements) so
 // that a fragment's rows start on different banks:
 //   forward  384 (hs + 8) + 256 (hs + 4) + 26880:
-//            hs 16: 41 KB, 32: 51 KB, 64: 71 KB, 128: 111 KB;
+//            hs 16: 40.25 KiB, 32: 50.25, 64: 70.25, 128: 110.25
+//            (3 blocks of an SM's 227 KiB at hs 64, 2 at 128);
 //   backward 512 (hs + 8) + 53760:
-//            hs 16: 65 KB, 32: 73 KB, 64: 89 KB, 128: 121 KB.
+//            hs 16: 64.5 KiB, 32: 72.5, 64: 88.5, 128: 120.5
+//            (2 blocks at hs 64, 1 at 128).
+// Registers hold the forward's Q fragments and the backward's dK, dV
+// accumulators (2 hs / 16 fragments of 8 floats a lane: 64 at hs 128).
 // Requires sm_80 or later (bf16 WMMA); the build targets sm_90.
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -591,7 +598,10 @@ __global__ void __launch_bounds__(kTcThreads)
 
   FragC dk[kF], dv[kF];  // the warp's 16 keys x head dimensions, for the whole walk
 #pragma unroll
-  for (int d = 0; d < kF; ++d) wmma::fill_fragment(dk[d], 0.0f), wmma::fill_fragment(dv[d], 0.0f);
+  for (int d = 0; d < kF; ++d) {
+    wmma::fill_fragment(dk[d], 0.0f);
+    wmma::fill_fragment(dv[d], 0.0f);
+  }
 
   for (int qb = kb; qb < nq; ++qb) {
     const int i0 = qb * kTile;

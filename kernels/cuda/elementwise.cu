@@ -1,7 +1,7 @@
 // Pointwise kernels: one thread per element in a grid-stride loop, the
 // arithmetic written as the CPU backend writes it (kernels/cpu/elementwise.cpp)
 // so that fp32 results agree to rounding; and the column sums of bias
-// gradients and the sum of squares behind gradient clipping.
+// gradients (the sums of squares behind gradient clipping are in precision.cu).
 #include <algorithm>
 #include <cstdint>
 
@@ -44,15 +44,6 @@ __global__ void column_sums(float* dbias, const float* dout, int N, int C) {
   add_column_partial(dbias, c, C, acc, part);
 }
 
-// Sum of squares: per-thread partial sums in double, added atomically.
-__global__ void sum_squares_kernel(double* out, const float* x, std::int64_t n) {
-  double acc = 0;
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x)
-    acc += double(x[i]) * double(x[i]);
-  add_to_slot(out, acc);
-}
-
 }  // namespace
 
 void bias_backward(float* dbias, const float* dout, int N, int C) {
@@ -60,18 +51,6 @@ void bias_backward(float* dbias, const float* dout, int N, int C) {
   if (N <= 0) return;
   column_sums<<<column_grid(N, C), column_block()>>>(dbias, dout, N, C);
   STRATA_CHECK_LAUNCH();
-}
-
-double sum_squares(const float* x, std::int64_t n) {
-  double* d = reduction_slot();
-  STRATA_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(double)));
-  if (n > 0) {
-    sum_squares_kernel<<<std::min(blocks_for(n), 1024), kThreads>>>(d, x, n);
-    STRATA_CHECK_LAUNCH();
-  }
-  double h = 0;
-  copy_to_host(&h, d, sizeof(double));
-  return h;
 }
 
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {

@@ -1,5 +1,5 @@
-// Bulk conversions between fp32 and the 16-bit formats, the sum of squares of
-// a 16-bit buffer and the mixed-precision AdamW step. Every element runs the
+// Bulk conversions between fp32 and the 16-bit formats, sums of squares of
+// fp32 and 16-bit buffers and the mixed-precision AdamW step. Every element runs the
 // CPU backend's code (core's scalar conversions, AdamWStep), so the two
 // backends' 16-bit results are bit-identical; only the sum of squares adds
 // in another order.
@@ -16,15 +16,17 @@ using core::Precision;
 
 namespace {
 
-// Per-thread partial sums in double, added atomically (as sum_squares).
-__global__ void sum_squares_half_kernel(double* out, const std::uint16_t* x, std::int64_t n, Precision p) {
+// Sums of squares of fp32 or 16-bit elements: per-thread partial sums in
+// double, divided by `divisor`, added atomically into *out.
+__global__ void sum_squares_kernel(double* out, const void* x, std::int64_t n, Precision p, double divisor) {
   double acc = 0;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
-    const double v = core::half_to_float(x[i], p);
+    const double v = p == Precision::fp32 ? double(static_cast<const float*>(x)[i])
+                                          : double(core::half_to_float(static_cast<const std::uint16_t*>(x)[i], p));
     acc += v * v;
   }
-  add_to_slot(out, acc);
+  add_to_slot(out, acc / divisor);
 }
 
 }  // namespace
@@ -47,16 +49,31 @@ void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, Precisio
   });
 }
 
-double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
+// Every tensor's kernel adds into one device double; the host reads it once.
+double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const double* divisors, int count,
+                           Precision p) {
   double* d = reduction_slot();
   STRATA_CHECK_CUDA(cudaMemsetAsync(d, 0, sizeof(double)));
-  if (n > 0) {
-    sum_squares_half_kernel<<<std::min(blocks_for(n), 1024), kThreads>>>(d, x, n, p);
+  for (int k = 0; k < count; ++k) {
+    if (ns[k] <= 0) continue;
+    sum_squares_kernel<<<std::min(blocks_for(ns[k]), 1024), kThreads>>>(d, xs[k], ns[k], p, divisors[k]);
     STRATA_CHECK_LAUNCH();
   }
   double h = 0;
   copy_to_host(&h, d, sizeof(double));
   return h;
+}
+
+double sum_squares(const float* x, std::int64_t n) {
+  const void* xs[] = {x};
+  const double one[] = {1.0};
+  return sum_squares_tensors(xs, &n, one, 1, Precision::fp32);
+}
+
+double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
+  const void* xs[] = {x};
+  const double one[] = {1.0};
+  return sum_squares_tensors(xs, &n, one, 1, p);
 }
 
 void adamw_update_mixed(float* master, std::uint16_t* param, const std::uint16_t* grad, float grad_scale, float* m,

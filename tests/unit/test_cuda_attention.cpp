@@ -8,9 +8,14 @@
 // 1e-5 relative of one computed here in double. Also: out and state are
 // written (they start as NaN), scratch is overwritten (it starts as NaN), the
 // backward accumulates (dqkv starts nonzero; a second call adds the same
-// increment again), and large scores do not overflow. Needs a GPU: without
-// one the GPU tests skip and say why (the kernels are still compiled and
-// linked).
+// increment again), and large scores do not overflow. Under bf16 math
+// (set_gemm_precision(bf16)) the kernels' products run on tensor cores with
+// bf16 inputs: out and the gradient within 2e-2 of the CPU's fp32 (same
+// measure), the log-sum-exp within 1e-4 of one computed in double from the
+// bf16-rounded q and k and within 2e-2 (absolute) of the fp32 one; a head
+// size the tensor cores do not tile (24) keeps the fp32 kernels' 1e-5. Needs
+// a GPU: without one the GPU tests skip and say why (the kernels are still
+// compiled and linked).
 // Seed: fresh per run, printed on failure; rerun with STRATA_TEST_SEED.
 #include <gtest/gtest.h>
 
@@ -25,6 +30,7 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "src/core/precision.hpp"
 #include "tests/unit/cuda_test_support.hpp"
 
 namespace cu = strata::kernels::cuda;
@@ -126,6 +132,79 @@ const Shape kShapes[] = {
     {1, 1, 1, 8}, {2, 7, 3, 16}, {1, 65, 2, 24}, {2, 64, 2, 40}, {2, 130, 2, 64}, {1, 128, 3, 8}, {1, 200, 2, 128},
 };
 
+// Under bf16 math the tensor-core kernels run for head sizes that are
+// multiples of 16: T off and on the 64-row tiles, head sizes 16, 64, 128.
+const Shape kTensorCoreShapes[] = {
+    {2, 1, 2, 16},  {2, 7, 2, 16},  {1, 64, 3, 16},  {2, 65, 2, 16},  {1, 130, 2, 16},  {1, 200, 2, 16},
+    {2, 1, 2, 64},  {1, 7, 3, 64},  {2, 64, 2, 64},  {1, 65, 2, 64},  {2, 130, 2, 64},  {1, 200, 2, 64},
+    {2, 1, 1, 128}, {1, 7, 2, 128}, {1, 64, 2, 128}, {2, 65, 2, 128}, {1, 130, 2, 128}, {1, 200, 2, 128},
+};
+
+// bf16 GEMM (and attention) math for a scope; fp32 again when it ends, also
+// when a test fails out of it, so that the other tests run in fp32.
+class Bf16Math {
+ public:
+  Bf16Math() { cu::set_gemm_precision(strata::core::Precision::bf16); }
+  ~Bf16Math() { cu::set_gemm_precision(strata::core::Precision::fp32); }
+  Bf16Math(const Bf16Math&) = delete;
+  Bf16Math& operator=(const Bf16Math&) = delete;
+};
+
+// Every entry rounded to bf16 (nearest even), as the tensor-core kernels
+// stage q and k.
+Vec bf16_rounded(Vec v) {
+  for (auto& x : v) x = strata::core::bf16_to_float(strata::core::float_to_bf16(x));
+  return v;
+}
+
+// Forward and backward (twice, to check that it accumulates) on `s`: out
+// and the gradient against the CPU backend within `tol` (rel_to_max), the
+// twice-added increment within 1e-5 of twice the first; the log-sum-exp
+// within `lse_tol` (lse_error) of the double one from qkv, or with round_qk
+// from qkv rounded to bf16, and within `lse_fp32_tol` (absolute) of the one
+// from qkv.
+void check_against_cpu(std::mt19937& rng, const Shape& s, double tol, bool round_qk, double lse_tol,
+                       double lse_fp32_tol) {
+  const char* names[] = {"dq", "dk", "dv"};
+  const int C = s.C();
+  const Vec qkv = uniform(rng, s.rows() * 3 * C, -2, 2), dy = uniform(rng, s.rows() * C);
+  const Vec g0 = uniform(rng, s.rows() * 3 * C, -0.25f, 0.25f);
+
+  Vec out(s.rows() * C), probs(s.heads_rows() * s.T), dprobs(s.heads_rows() * s.T), ref = g0;
+  cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH);
+  cpu::attention_backward(ref.data(), dprobs.data(), dy.data(), qkv.data(), out.data(), probs.data(), s.B, s.T, C,
+                          s.NH);
+
+  Device dqkv(qkv), ddy(dy), dout(nans(s.rows() * C)), dstate(nans(s.heads_rows()));
+  Device dscratch(nans(s.heads_rows())), dg(g0);
+  cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH);
+  EXPECT_LE(rel_to_max(dout.host(), out), tol) << "out, " << describe(s);
+  const Vec lse = dstate.host();
+  EXPECT_LE(lse_error(lse, lse_reference(round_qk ? bf16_rounded(qkv) : qkv, s)), lse_tol) << "lse, " << describe(s);
+  double worst = 0;
+  const std::vector<double> exact = lse_reference(qkv, s);
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    const double d = std::fabs(lse[i] - exact[i]);
+    worst = std::isnan(d) ? d : std::max(worst, d);
+  }
+  EXPECT_LE(worst, lse_fp32_tol) << "lse against fp32 q and k, " << describe(s);
+
+  cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
+                         s.NH);
+  const Vec once = dg.host();
+  for (int part = 0; part < 3; ++part)
+    EXPECT_LE(rel_to_max(increment(once, g0, s, part), increment(ref, g0, s, part)), tol)
+        << names[part] << ", " << describe(s);
+  cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
+                         s.NH);
+  const Vec twice = dg.host();
+  for (int part = 0; part < 3; ++part) {
+    Vec doubled = increment(once, g0, s, part);
+    for (auto& x : doubled) x *= 2;
+    EXPECT_LE(rel_to_max(increment(twice, g0, s, part), doubled), 1e-5) << names[part] << " twice, " << describe(s);
+  }
+}
+
 class CudaAttention : public strata::test::CudaTest {};
 
 }  // namespace
@@ -212,4 +291,37 @@ TEST(CudaAttentionShapes, HeadSizesAbove128AreRefused) {
   EXPECT_THROW(cu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 136, 2),
                std::invalid_argument);
   EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 100, 3), std::invalid_argument);
+}
+
+// Under bf16 math, on tensor cores: bf16 inputs (8 significant bits) put out
+// and the gradient within 2e-2 of fp32 (seen: 6e-3). The log-sum-exp is held
+// to 1e-4 of the one from the same bf16 inputs (the kernels' own arithmetic,
+// fp32), and to 2e-2 absolute of the one from fp32 inputs: rounding q and k
+// alone moves a run's worst row by 8e-3 typically and by more than 1e-2 in
+// about one run of a hundred (measured in double over 200 runs of these
+// shapes), so 1e-2 there would fail at random.
+TEST_F(CudaAttention, Bf16MathRunsOnTensorCoresWithinBf16Rounding) {
+  SCOPED_TRACE(trace());
+  const Bf16Math bf16;
+  ASSERT_TRUE(cu::bf16_math());
+  for (const Shape& s : kTensorCoreShapes) check_against_cpu(rng_, s, 2e-2, true, 1e-4, 2e-2);
+}
+
+// A head size the tensor-core kernels do not tile (not a multiple of 16)
+// runs the fp32 kernels under bf16 math too: fp32's bounds.
+TEST_F(CudaAttention, Bf16MathWithAnUntiledHeadSizeStaysFp32) {
+  SCOPED_TRACE(trace());
+  const Bf16Math bf16;
+  for (const Shape& s : {Shape{1, 65, 2, 24}, Shape{2, 130, 1, 24}}) check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
+}
+
+// bf16_math() follows set_gemm_precision (no GPU needed).
+TEST(CudaAttentionShapes, Bf16MathFollowsTheGemmPrecision) {
+  {
+    const Bf16Math bf16;
+    EXPECT_TRUE(cu::bf16_math());
+    cu::set_gemm_precision(strata::core::Precision::fp16);
+    EXPECT_FALSE(cu::bf16_math());
+  }
+  EXPECT_FALSE(cu::bf16_math());
 }

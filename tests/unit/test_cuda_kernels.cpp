@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -449,6 +450,37 @@ TEST_F(CudaKernels, SumOfSquaresOfHalvesMatchesTheCpuBackend) {
       const double want = cpu::sum_squares_half(x.data(), n, p);
       EXPECT_NEAR(cu::sum_squares_half(dx.get(), n, p), want, 1e-9 * want) << core::precision_name(p) << " n " << n;
     }
+}
+
+// Several tensors at once, each divided by its divisor (a replicated
+// parameter's share under tensor parallelism), fp32 and 16-bit: a gradient
+// norm's local part.
+TEST_F(CudaKernels, SumOfSquaresOfTensorsMatchesTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  const std::int64_t ns[] = {7, 0, 1 << 16, 1000};
+  const double divisors[] = {1.0, 1.0, 4.0, 2.0};
+  for (const core::Precision p : {core::Precision::fp32, core::Precision::bf16}) {
+    std::vector<Vec> host;
+    std::vector<Bits> halves;
+    std::vector<std::unique_ptr<Device>> dev32;
+    std::vector<std::unique_ptr<DeviceOf<std::uint16_t>>> dev16;
+    std::vector<const void*> h, d;
+    for (const std::int64_t n : ns) {
+      host.push_back(uniform(rng_, std::size_t(n), -3, 3));
+      halves.push_back(narrowed(host.back(), p));
+    }
+    for (std::size_t k = 0; k < host.size(); ++k) {
+      if (p == core::Precision::fp32) {
+        dev32.push_back(std::make_unique<Device>(host[k]));
+        h.push_back(host[k].data()), d.push_back(dev32.back()->get());
+      } else {
+        dev16.push_back(std::make_unique<DeviceOf<std::uint16_t>>(halves[k]));
+        h.push_back(halves[k].data()), d.push_back(dev16.back()->get());
+      }
+    }
+    const double want = cpu::sum_squares_tensors(h.data(), ns, divisors, 4, p);
+    EXPECT_NEAR(cu::sum_squares_tensors(d.data(), ns, divisors, 4, p), want, 1e-9 * want) << core::precision_name(p);
+  }
 }
 
 // ZeRO's mixed step: fp32 master weights and moments, 16-bit gradients
