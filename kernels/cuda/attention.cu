@@ -96,8 +96,9 @@
 //   backward 512 (hs + 8) + 53760:
 //            hs 16: 64.5 KiB, 32: 72.5, 64: 88.5, 128: 120.5
 //            (2 blocks at hs 64, 1 at 128).
-// Registers hold the forward's Q fragments and the backward's dK, dV
-// accumulators (2 hs / 16 fragments of 8 floats a lane: 64 at hs 128).
+// Registers hold the forward's Q fragments (hs / 16, 4 registers a lane
+// each) and the backward's dK, dV accumulators (2 hs / 16 fragments of 8
+// floats a lane: 128 registers at hs 128).
 // Requires sm_80 or later (bf16 WMMA); the build targets sm_90.
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -432,8 +433,12 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kTcWarps = 4;                 // warp w owns rows 16w .. 16w + 15 of a 64-row tile
 constexpr int kTcThreads = 32 * kTcWarps;
-constexpr int kBfPad = 8;                   // bf16 padding per row: WMMA wants ldm % 8 == 0, and rows 16 bytes apart shift banks
-constexpr int kF32Pad = 4;                  // fp32 padding per row: ldm % 4 == 0, the same shift
+// Row padding of the tiles in shared memory: WMMA wants ldm a multiple of 8
+// (bf16) or 4 (fp32) elements, and 16 extra bytes per row put 8 consecutive
+// rows (what one shared-memory access of a fragment load reads) on distinct
+// banks.
+constexpr int kBfPad = 8;
+constexpr int kF32Pad = 4;
 constexpr int kProbLd = kTile + kBfPad;     // of the bf16 [kTile][kTile] P and dS tiles
 constexpr int kScoreLd = kTile + kF32Pad;   // of the fp32 [kTile][kTile] S and dP tiles
 
@@ -527,7 +532,7 @@ __global__ void __launch_bounds__(kTcThreads)
       sum += p;
       prow[c] = __float2bfloat16(p);
     }
-    l = l * corr + sum + __shfl_xor_sync(kFull, sum, 1);
+    l = l * corr + (sum + __shfl_xor_sync(kFull, sum, 1));  // the same in both lanes
     m = m_new;
     float* orow = os + r * kLdo;
     for (int d = part; d < kHs; d += 2) orow[d] *= corr;
@@ -605,7 +610,10 @@ __global__ void __launch_bounds__(kTcThreads)
 
   for (int qb = kb; qb < nq; ++qb) {
     const int i0 = qb * kTile;
-    __syncthreads();  // the previous query tile's q, dO and dS^T are read (and, the first time, k, v are staged)
+    // No barrier needed before restaging: every read of the previous query
+    // tile's q, dO, lse and D came before its dQ barrier below, which this
+    // warp has passed, and the barrier after the staging keeps S^T (next)
+    // off the dq rows that other warps may still be adding.
     stage_bf16<kHs>(qs, kLdh, q, ld, i0, T);
     stage_bf16<kHs>(dys, kLdh, dy, C, i0, T);
     if (threadIdx.x < kTile) {
@@ -613,7 +621,7 @@ __global__ void __launch_bounds__(kTcThreads)
       row_lse[threadIdx.x] = i < T ? lse[std::int64_t(bh) * T + i] : 0.0f;
       row_d[threadIdx.x] = i < T ? D[std::int64_t(bh) * T + i] : 0.0f;
     }
-    __syncthreads();
+    __syncthreads();  // the tile (and, the first time, k and v) is staged; the previous dq rows are added
 
     // S^T = K Q^T and dP^T = V dO^T for the warp's keys (Q^T, dO^T: the
     // tiles read column-major).
@@ -650,8 +658,10 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     __syncwarp();
 
-    // dV += P^T dO, dK += dS^T Q over the tile's queries.
-#pragma unroll
+    // dV += P^T dO, dK += dS^T Q over the tile's queries. Not unrolled: with
+    // dK and dV live, unrolling let the compiler hoist loads past the 255
+    // registers at hs 128 (spills), for no gain at the smaller head sizes.
+#pragma unroll 1
     for (int c = 0; c < kTile / 16; ++c) {
       FragA pa, dsa;
       wmma::load_matrix_sync(pa, pts + w0 * kProbLd + 16 * c, kProbLd);
@@ -715,7 +725,8 @@ std::size_t forward_tc_smem(int hs) {
          sizeof(float) * (kTile * kScoreLd + kTile * (hs + kF32Pad) + kTile);
 }
 std::size_t backward_tc_smem(int hs) {
-  return sizeof(bf16) * (4 * kTile * (hs + kBfPad) + 2 * kTile * kProbLd) + sizeof(float) * (2 * kTile * kScoreLd + 2 * kTile);
+  return sizeof(bf16) * (4 * kTile * (hs + kBfPad) + 2 * kTile * kProbLd) +
+         sizeof(float) * (2 * kTile * kScoreLd + 2 * kTile);
 }
 
 // The tensor-core kernels: under bf16 math, for head sizes they tile (the

@@ -312,7 +312,8 @@ TEST_F(CudaAttention, Bf16MathRunsOnTensorCoresWithinBf16Rounding) {
 TEST_F(CudaAttention, Bf16MathWithAnUntiledHeadSizeStaysFp32) {
   SCOPED_TRACE(trace());
   const Bf16Math bf16;
-  for (const Shape& s : {Shape{1, 65, 2, 24}, Shape{2, 130, 1, 24}}) check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
+  for (const Shape& s : {Shape{1, 65, 2, 24}, Shape{2, 130, 1, 24}})
+    check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
 }
 
 // bf16_math() follows set_gemm_precision (no GPU needed).
