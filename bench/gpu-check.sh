@@ -17,6 +17,9 @@
 #                               5. inputs/gpu-gpt.toml (355 M parameters, seq
 #                                  1024, bf16) and the same deck with ZeRO-3,
 #                                  a few steps each, with NCCL on one rank
+#                               6. a small deck on 2 ranks sharing the GPU
+#                                  (MPI staged through the host), ZeRO-3,
+#                                  against the same on the CPU
 #                             and prints the table (bench/gpu_table.py).
 #
 # Why two halves: the GPU machine has nvcc and CMake but none of the
@@ -89,12 +92,23 @@ run() {
   # About 9 minutes at most in all, within one call's 10.
   step kernels 60 test_cuda_kernels --gtest_brief=1
   step attention 45 test_cuda_attention --gtest_brief=1
-  step parity 120 test_gpu_training --gtest_brief=1
+  step parity 100 test_gpu_training --gtest_brief=1
   step nccl 30 test_nccl --gtest_brief=1
   step kernel_times 45 gpu_kernels 8 1024 1024 16 50304 bf16
-  step train 150 strata run inputs/gpu-gpt.toml --set "run.output=$out/gpu-gpt.h5"
+  step train 130 strata run inputs/gpu-gpt.toml --set "run.output=$out/gpu-gpt.h5"
   step train_zero3 75 strata run inputs/gpu-gpt.toml --set run.steps=4 --set run.warmup_steps=1 \
     --set parallel.zero=3 --set run.output=/tmp/gpu/gpu-gpt-zero3.h5
+  # Two ranks on the one GPU (NCCL cannot share it: MPI staged through the
+  # host) under ZeRO-3, against the same deck on the CPU: the multi-rank
+  # paths of the strategies on device memory.
+  local small=(inputs/dp-zero.toml --set parallel.dp=2 --set parallel.zero=3 --set data.source=synthetic)
+  step dp2_gpu 30 mpiexec -n 2 strata run "${small[@]}" --set backend.device=cuda --set backend.comm=mpi \
+    --set run.output=/tmp/gpu/dp2-gpu.h5
+  step dp2_cpu 30 mpiexec -n 2 strata run "${small[@]}" --set run.output=/tmp/gpu/dp2-cpu.h5
+  env -u LD_LIBRARY_PATH python3 -c 'import h5py, sys
+l = [h5py.File(p)["summary/final_loss"][()] for p in sys.argv[1:]]
+print(f"dp 2 x ZeRO-3 final loss: GPU {l[0]:.5f}, CPU {l[1]:.5f} (relative difference {abs(l[0] - l[1]) / l[1]:.1e})")' \
+    /tmp/gpu/dp2-gpu.h5 /tmp/gpu/dp2-cpu.h5 2>&1 | tee -a "$log"
   # The machine's own Python (h5py), without the packed libraries.
   env -u LD_LIBRARY_PATH python3 bench/gpu_table.py "$out/gpu-gpt.h5" /tmp/gpu/kernel_times.log |
     tee "$out/table.txt"

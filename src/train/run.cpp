@@ -234,8 +234,9 @@ void print_step(const StepRecord& r) {
 
 // backend.device = "cuda": rank r of a node takes GPU r mod the node's GPU
 // count (ranks share a GPU only when there are more of them than GPUs).
-void select_device(const deck::Config& cfg, MPI_Comm comm) {
-  if (cfg.backend.device != "cuda") return;
+// Returns how many ranks share this rank's GPU (1 on the CPU).
+int select_device(const deck::Config& cfg, MPI_Comm comm) {
+  if (cfg.backend.device != "cuda") return 1;
   if (!kernels::cuda_built())
     core::input_error("backend.device = \"cuda\": this build has the CPU backend only; build with the CUDA backend "
                       "(cmake --preset cuda, or STRATA_WITH_CUDA=AUTO where nvcc is found)");
@@ -255,12 +256,15 @@ void select_device(const deck::Config& cfg, MPI_Comm comm) {
   kernels::use_device(kernels::Device::cuda, local % gpus);
   const auto p = core::parse_precision(cfg.backend.precision).value_or(core::Precision::fp32);
   kernels::set_gemm_precision(p);
+  return on_node / gpus + (local % gpus < on_node % gpus ? 1 : 0);
 }
 
 // The device arena: one region of the GPU for every tracked buffer, sized
 // backend.memory_limit, or, without a limit, the free memory less a reserve
 // for what the tracker does not hold (the CUDA context's own allocations,
-// cuBLAS workspaces, NCCL's buffers). Freed after the tracker that uses it.
+// cuBLAS workspaces, NCCL's buffers), divided among the ranks that share the
+// GPU (every rank reads the free memory before any allocates). Freed after
+// the tracker that uses it.
 struct DeviceArena {
   void* base = nullptr;
   std::size_t capacity = 0;
@@ -270,15 +274,17 @@ struct DeviceArena {
   ~DeviceArena() {
     if (base != nullptr) kernels::device_free(base);
   }
-  void open(std::size_t limit, core::MemoryTracker& tracker) {
+  void open(std::size_t limit, core::MemoryTracker& tracker, int sharing, MPI_Comm comm) {
+    STRATA_CHECK_MPI(MPI_Barrier(comm));
     const kernels::DeviceMemory m = kernels::device_memory();
+    STRATA_CHECK_MPI(MPI_Barrier(comm));
     const std::size_t reserve = std::max<std::size_t>(std::size_t(2) << 30, m.total / 20);
-    const std::size_t room = m.free > reserve ? m.free - reserve : 0;
+    const std::size_t room = (m.free > reserve ? m.free - reserve : 0) / std::size_t(sharing);
     if (limit > room)
       core::runtime_error("backend.memory_limit = {} does not fit on the GPU: {} free of {}, {} kept for the CUDA "
-                          "context, cuBLAS and NCCL",
+                          "context, cuBLAS and NCCL, the rest shared by {} rank(s)",
                           core::format_bytes(double(limit)), core::format_bytes(double(m.free)),
-                          core::format_bytes(double(m.total)), core::format_bytes(double(reserve)));
+                          core::format_bytes(double(m.total)), core::format_bytes(double(reserve)), sharing);
     capacity = (limit > 0 ? limit : room) / 256 * 256;
     base = kernels::device_alloc(capacity);
     tracker.use_arena(base, capacity, kernels::zero_bytes);
@@ -300,7 +306,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   check_world(cfg, world);
 
   if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
-  if (!options.dry_run) select_device(cfg, comm);
+  const int sharing_gpu = options.dry_run ? 1 : select_device(cfg, comm);
   const models::GptConfig gc = gpt_config(cfg);
   const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
@@ -385,7 +391,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   core::MemoryTracker tracker(cfg.backend.memory_limit);
   if (kernels::device() == kernels::Device::cuda) {
     timeline.set_fence(kernels::synchronize);
-    arena.open(cfg.backend.memory_limit, tracker);
+    arena.open(cfg.backend.memory_limit, tracker, sharing_gpu, comm);
     file.set_attr("/", "device_arena_bytes", std::int64_t(arena.capacity));
     file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
   }
