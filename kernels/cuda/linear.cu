@@ -127,8 +127,15 @@ void linear_bias_forward(float* out, const float* inp, const float* w, const flo
   STRATA_CHECK_CUBLASLT(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   const float alpha = 1.0f;
-  STRATA_CHECK_CUBLASLT(cublasLtMatmul(lt().handle, p.desc, &alpha, w, p.a, inp, p.b, &beta, out, p.c, out, p.c,
-                                       &p.algo, lt().workspace, kWorkspace, nullptr));
+  const cublasStatus_t rc = cublasLtMatmul(lt().handle, p.desc, &alpha, w, p.a, inp, p.b, &beta, out, p.c, out, p.c,
+                                           &p.algo, lt().workspace, kWorkspace, nullptr);
+  if (rc == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused at launch after all: unfused from now on, for this plan
+    it->second.usable = false;
+    matmul(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
+    bias_add(out, bias, N, OC);
+    return;
+  }
+  if (rc != CUBLAS_STATUS_SUCCESS) cublas_failed("cublasLtMatmul", int(rc), __FILE__, __LINE__);
 }
 
 }  // namespace strata::kernels::cuda

@@ -45,12 +45,25 @@ const cudaStream_t kComputeStream = cudaStreamLegacy;
 
 namespace detail {
 
+// An event on the communication stream and the profiling clock's reading
+// when it completed: what device times are measured from.
+struct NcclOrigin {
+  cudaEvent_t event = nullptr;
+  double host = 0;
+  NcclOrigin() = default;
+  NcclOrigin(const NcclOrigin&) = delete;
+  NcclOrigin& operator=(const NcclOrigin&) = delete;
+  ~NcclOrigin() {
+    if (event != nullptr) cudaEventDestroy(event);  // best effort: may run at exit
+  }
+};
+
 // The completion event of one launch, shared by the requests it completes,
-// with its start event and the communicator's origin for the timing.
+// with its start event and the origin for the timing (shared: a request may
+// outlive its communicator).
 struct NcclCompletion {
   cudaEvent_t event = nullptr, start = nullptr;
-  cudaEvent_t origin = nullptr;  // the communicator's: read only while it lives
-  double origin_host = 0;
+  std::shared_ptr<NcclOrigin> origin;
   NcclCompletion() = default;
   NcclCompletion(const NcclCompletion&) = delete;
   NcclCompletion& operator=(const NcclCompletion&) = delete;
@@ -59,15 +72,19 @@ struct NcclCompletion {
     if (start != nullptr) cudaEventDestroy(start);
   }
   // The start and end on the profiling clock; only once `event` completed.
+  // The duration is measured between the operation's own two events (a
+  // short interval, exact in a float of milliseconds), its start from the
+  // origin.
   bool span(double* s, double* e) const {
-    float a = 0, b = 0;
-    if (start == nullptr || cudaEventElapsedTime(&a, origin, start) != cudaSuccess ||
-        cudaEventElapsedTime(&b, origin, event) != cudaSuccess) {
+    float from_origin = 0, duration = 0;
+    if (start == nullptr || origin == nullptr ||
+        cudaEventElapsedTime(&from_origin, origin->event, start) != cudaSuccess ||
+        cudaEventElapsedTime(&duration, start, event) != cudaSuccess) {
       cudaGetLastError();
       return false;
     }
-    *s = origin_host + 1e-3 * double(a);
-    *e = origin_host + 1e-3 * double(b);
+    *s = origin->host + 1e-3 * double(from_origin);
+    *e = *s + 1e-3 * double(duration);
     return true;
   }
 };
@@ -84,7 +101,11 @@ struct NcclPending {
 namespace {
 
 using detail::NcclCompletion;
+using detail::NcclOrigin;
 using detail::NcclPending;
+
+// An origin older than this is renewed when the stream is next idle.
+constexpr double kReanchor = 30.0;
 
 std::size_t to_count(std::int64_t n, const char* call, const char* what) {
   if (n < 0) core::runtime_error("{}: {} {} is negative", call, what, n);
@@ -204,10 +225,7 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, std::string axis) : mpi_(comm,
       STRATA_COMM_CHECK_CUDA(cudaGetDevice(&device));
       STRATA_COMM_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       STRATA_COMM_CHECK_CUDA(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-      STRATA_COMM_CHECK_CUDA(cudaEventCreate(&origin_));
-      STRATA_COMM_CHECK_CUDA(cudaEventRecord(origin_, stream_));
-      STRATA_COMM_CHECK_CUDA(cudaEventSynchronize(origin_));
-      origin_host_ = prof::now_seconds();
+      anchor();
       STRATA_COMM_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&scratch_), sizeof(float)));
       STRATA_COMM_CHECK_CUDA(cudaMemset(scratch_, 0, sizeof(float)));
     } catch (const core::Error& e) {
@@ -268,10 +286,10 @@ void NcclCommunicator::release(bool abort) noexcept {
   }
   if (scratch_ != nullptr) cudaFree(scratch_);
   if (ready_ != nullptr) cudaEventDestroy(ready_);
-  if (origin_ != nullptr) cudaEventDestroy(origin_);
+  origin_.reset();
   if (next_start_ != nullptr) cudaEventDestroy(next_start_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  scratch_ = nullptr, ready_ = nullptr, stream_ = nullptr, origin_ = nullptr, next_start_ = nullptr;
+  scratch_ = nullptr, ready_ = nullptr, stream_ = nullptr, next_start_ = nullptr;
   cudaGetLastError();
 }
 
@@ -291,11 +309,28 @@ void NcclCommunicator::wait_for_compute() {
 }
 
 void NcclCommunicator::begin() {
+  if (next_start_ != nullptr) {  // left by an operation that failed after its begin()
+    cudaEventDestroy(next_start_);
+    next_start_ = nullptr;
+  }
+  // A new origin, if the last is old and the stream idle (so that waiting
+  // for the origin's event costs nothing).
+  if (prof::now_seconds() - origin_->host > kReanchor && cudaStreamQuery(stream_) == cudaSuccess) anchor();
+  cudaGetLastError();  // cudaStreamQuery's "not ready" is no error
   if (!pending_.empty())
     start_pending();  // waits for the compute stream itself
   else
     wait_for_compute();
   next_start_ = record_start();
+}
+
+void NcclCommunicator::anchor() {
+  auto o = std::make_shared<NcclOrigin>();
+  STRATA_COMM_CHECK_CUDA(cudaEventCreate(&o->event));
+  STRATA_COMM_CHECK_CUDA(cudaEventRecord(o->event, stream_));
+  STRATA_COMM_CHECK_CUDA(cudaEventSynchronize(o->event));
+  o->host = prof::now_seconds();
+  origin_ = std::move(o);
 }
 
 cudaEvent_t NcclCommunicator::record_start() {
@@ -309,7 +344,6 @@ std::shared_ptr<NcclCompletion> NcclCommunicator::complete_after(cudaEvent_t sta
   auto c = std::make_shared<NcclCompletion>();
   c->start = start;  // owned by the completion from here on
   c->origin = origin_;
-  c->origin_host = origin_host_;
   STRATA_COMM_CHECK_CUDA(cudaEventCreate(&c->event));
   STRATA_COMM_CHECK_CUDA(cudaEventRecord(c->event, stream_));
   return c;

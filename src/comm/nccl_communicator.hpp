@@ -60,6 +60,7 @@ ncclRedOp_t nccl_op(ReduceOp op);
 namespace detail {
 struct NcclCompletion;
 struct NcclPending;
+struct NcclOrigin;
 }  // namespace detail
 
 class NcclCommunicator : public Communicator {
@@ -137,15 +138,18 @@ class NcclCommunicator : public Communicator {
   void release(bool abort) noexcept;
 
   // Timing from the stream's own events, read once an operation completed:
-  // `origin_` was recorded and waited for at construction, when the host
-  // read `origin_host_` on the profiling clock; each operation's start event
-  // is recorded before its NCCL call(s), its completion event after.
+  // an origin event recorded and waited for while the host read the
+  // profiling clock (at construction, and again when the stream is idle and
+  // the last one is over `kReanchor` old: the GPU's and the host's clocks
+  // drift, and a float of milliseconds since an old origin loses
+  // precision); each operation's start event is recorded before its NCCL
+  // call(s), its completion event after. Completions share the origin.
   cudaEvent_t record_start();
   std::shared_ptr<detail::NcclCompletion> complete_after(cudaEvent_t start);
+  void anchor();
   // Keeps the span of a blocking operation for last_device_span().
   void keep_span(const Request& r);
-  cudaEvent_t origin_ = nullptr;
-  double origin_host_ = 0;
+  std::shared_ptr<detail::NcclOrigin> origin_;
   bool last_on_device_ = false;  // the last blocking call ran here (not on MPI)
   double last_start_ = 0, last_end_ = 0;
 
