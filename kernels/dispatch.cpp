@@ -24,7 +24,6 @@ namespace strata::kernels {
 
 namespace {
 Device g_device = Device::cpu;
-core::Precision g_gemm = core::Precision::fp32;
 bool on_gpu() { return g_device == Device::cuda; }
 
 // guard_device_memory's region, open while any kernel or copy runs (a count,
@@ -167,13 +166,12 @@ DeviceMemory device_memory() {
 }
 
 void set_gemm_precision(core::Precision p) {
-  g_gemm = p;
 #if STRATA_HAVE_CUDA
   cuda::set_gemm_precision(p);
+#else
+  (void)p;  // the CPU computes in fp32
 #endif
 }
-
-core::Precision gemm_precision() { return g_gemm; }
 
 double measure_gemm_flops(int n, int reps, core::Precision p) {
 #if STRATA_HAVE_CUDA

@@ -70,7 +70,6 @@ void guard_device_memory(void* base, std::size_t bytes);
 // GEMMs round their fp32 inputs to bf16 and accumulate in fp32 on tensor
 // cores (autocast's arithmetic); fp32 (the default) and the CPU compute in fp32.
 void set_gemm_precision(core::Precision p);
-core::Precision gemm_precision();
 
 // The best FLOP/s of `reps` n x n x n GEMMs on the selected device: the CPU's
 // sgemm; on a GPU, under mixed precision (p not fp32) bf16 inputs with fp32

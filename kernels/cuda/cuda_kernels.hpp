@@ -31,8 +31,6 @@ void synchronize();
 // Device memory.
 void* malloc_device(std::size_t bytes);
 void free_device(void* p);
-void copy_to_device(void* dst, const void* src, std::size_t bytes);
-void copy_to_host(void* dst, const void* src, std::size_t bytes);
 // Any direction, from the pointers (unified addressing).
 void copy_bytes(void* dst, const void* src, std::size_t bytes);
 void zero_bytes(void* p, std::size_t bytes);

@@ -116,24 +116,23 @@ void linear_bias_forward(float* out, const float* inp, const float* w, const flo
   auto it = plans.find(key);
   if (it == plans.end())
     it = plans.emplace(key, make_plan(N, IC, OC, compute, alignment(w), alignment(inp), alignment(out))).first;
-  const Plan& p = it->second;
-  // The epilogue reads the bias with vector loads: a bias less aligned than
-  // 16 bytes takes the unfused path too.
-  if (!p.usable || alignment(bias) < 16) {  // the GEMM, then the bias
+  Plan& p = it->second;
+  // The GEMM, then the bias: for a shape without a fused algorithm, a bias
+  // less aligned than 16 bytes (the epilogue reads it with vector loads), or
+  // a plan cuBLASLt refuses at launch after all (unfused from then on).
+  auto unfused = [&] {
     matmul(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
     bias_add(out, bias, N, OC);
-    return;
-  }
+  };
+  if (!p.usable || alignment(bias) < 16) return unfused();
   STRATA_CHECK_CUBLASLT(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   const float alpha = 1.0f;
   const cublasStatus_t rc = cublasLtMatmul(lt().handle, p.desc, &alpha, w, p.a, inp, p.b, &beta, out, p.c, out, p.c,
                                            &p.algo, lt().workspace, kWorkspace, nullptr);
-  if (rc == CUBLAS_STATUS_NOT_SUPPORTED) {  // refused at launch after all: unfused from now on, for this plan
-    it->second.usable = false;
-    matmul(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
-    bias_add(out, bias, N, OC);
-    return;
+  if (rc == CUBLAS_STATUS_NOT_SUPPORTED) {
+    p.usable = false;
+    return unfused();
   }
   if (rc != CUBLAS_STATUS_SUCCESS) cublas_failed("cublasLtMatmul", int(rc), __FILE__, __LINE__);
 }

@@ -60,7 +60,7 @@ double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const 
     STRATA_CHECK_LAUNCH();
   }
   double h = 0;
-  copy_to_host(&h, d, sizeof(double));
+  copy_bytes(&h, d, sizeof(double));
   return h;
 }
 

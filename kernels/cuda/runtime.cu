@@ -52,14 +52,6 @@ void* malloc_device(std::size_t bytes) {
 
 void free_device(void* p) { STRATA_CHECK_CUDA(cudaFree(p)); }
 
-void copy_to_device(void* dst, const void* src, std::size_t bytes) {
-  STRATA_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-}
-
-void copy_to_host(void* dst, const void* src, std::size_t bytes) {
-  STRATA_CHECK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
-
 // cudaMemcpy on the legacy default stream: ordered after every kernel
 // launched before it, and the host waits for a copy into host memory.
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {

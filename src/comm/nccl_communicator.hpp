@@ -105,7 +105,6 @@ class NcclCommunicator : public Communicator {
   // Launches the deferred isend / irecv operations now, as one group.
   void start_pending();
 
-  cudaStream_t stream() const { return stream_; }
   bool last_device_span(double* start, double* end) const override;
 
  private:

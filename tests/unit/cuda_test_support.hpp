@@ -34,7 +34,7 @@ class DeviceOf {
  public:
   explicit DeviceOf(const std::vector<T>& h)
       : n_(h.size()), p_(static_cast<T*>(kernels::cuda::malloc_device(h.size() * sizeof(T)))) {
-    kernels::cuda::copy_to_device(p_, h.data(), n_ * sizeof(T));
+    kernels::cuda::copy_bytes(p_, h.data(), n_ * sizeof(T));
   }
   ~DeviceOf() { kernels::cuda::free_device(p_); }
   DeviceOf(const DeviceOf&) = delete;
@@ -43,7 +43,7 @@ class DeviceOf {
   std::vector<T> host() const {
     kernels::cuda::synchronize();
     std::vector<T> h(n_);
-    kernels::cuda::copy_to_host(h.data(), p_, n_ * sizeof(T));
+    kernels::cuda::copy_bytes(h.data(), p_, n_ * sizeof(T));
     return h;
   }
 
