@@ -15,7 +15,7 @@
 #include "src/comm/mpi_check.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/comm/profiled_communicator.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 
 namespace {
 

@@ -11,7 +11,7 @@
 
 #include "kernels/kernels.hpp"
 #include "src/deck/deck.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "src/train/peak.hpp"
 #include "src/train/trainer.hpp"
 

@@ -15,7 +15,7 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #if STRATA_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
 #endif

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "src/core/precision.hpp"
+#include "kernels/foundation/precision.hpp"
 
 namespace strata::kernels {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "src/core/memory.hpp"
+#include "kernels/foundation/memory.hpp"
 
 namespace strata::models {
 

@@ -4,7 +4,7 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::models {
 

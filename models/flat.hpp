@@ -18,9 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include "src/comm/communicator.hpp"
-#include "src/core/memory.hpp"
-#include "src/core/precision.hpp"
+#include "kernels/foundation/communicator.hpp"
+#include "kernels/foundation/memory.hpp"
+#include "kernels/foundation/precision.hpp"
 
 namespace strata::models {
 

@@ -11,7 +11,7 @@
 #include "kernels/kernels.hpp"
 #include "models/init.hpp"
 #include "models/linear.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::models {
 

@@ -15,9 +15,9 @@
 #include "models/moe.hpp"
 #include "models/param_registry.hpp"
 #include "models/state.hpp"
-#include "src/comm/communicator.hpp"
-#include "src/core/memory.hpp"
-#include "src/prof/timeline.hpp"
+#include "kernels/foundation/communicator.hpp"
+#include "kernels/foundation/memory.hpp"
+#include "kernels/foundation/timeline.hpp"
 
 namespace strata::models {
 

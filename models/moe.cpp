@@ -5,7 +5,7 @@
 
 #include "kernels/kernels.hpp"
 #include "models/linear.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::models {
 

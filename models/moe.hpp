@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "models/buffer_plan.hpp"
-#include "src/comm/communicator.hpp"
-#include "src/core/memory.hpp"
+#include "kernels/foundation/communicator.hpp"
+#include "kernels/foundation/memory.hpp"
 
 namespace strata::models {
 

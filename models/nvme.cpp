@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 
 #include "kernels/kernels.hpp"
-#include "src/core/error.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/error.hpp"
+#include "kernels/foundation/clock.hpp"
 
 namespace strata::models {
 

@@ -18,7 +18,7 @@
 #include <future>
 #include <string>
 
-#include "src/core/memory.hpp"
+#include "kernels/foundation/memory.hpp"
 
 namespace strata::models {
 

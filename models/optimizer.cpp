@@ -6,7 +6,7 @@
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
 #include "models/nvme.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 
 namespace strata::models {
 

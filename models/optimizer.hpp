@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "models/param_registry.hpp"
-#include "src/core/memory.hpp"
-#include "src/core/precision.hpp"
+#include "kernels/foundation/memory.hpp"
+#include "kernels/foundation/precision.hpp"
 
 namespace strata::models {
 

@@ -1,6 +1,6 @@
 #include "models/param_registry.hpp"
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::models {
 

@@ -15,7 +15,7 @@
 
 #include "models/flat.hpp"
 #include "models/param_registry.hpp"
-#include "src/core/memory.hpp"
+#include "kernels/foundation/memory.hpp"
 
 namespace strata::models {
 

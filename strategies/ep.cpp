@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::strategies {
 

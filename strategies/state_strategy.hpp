@@ -16,8 +16,8 @@
 
 #include "models/gpt.hpp"
 #include "models/optimizer.hpp"
-#include "src/comm/communicator.hpp"
-#include "src/core/memory.hpp"
+#include "kernels/foundation/communicator.hpp"
+#include "kernels/foundation/memory.hpp"
 
 namespace strata::strategies {
 

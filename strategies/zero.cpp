@@ -4,7 +4,7 @@
 
 #include "kernels/kernels.hpp"
 #include "models/nvme.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::strategies {
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "src/core/precision.hpp"
+#include "kernels/foundation/precision.hpp"
 
 namespace strata::kernels::cpu {
 

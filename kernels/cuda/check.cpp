@@ -1,6 +1,6 @@
 #include "kernels/cuda/check.hpp"
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::kernels::cuda {
 

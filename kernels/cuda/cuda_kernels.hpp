@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "src/core/precision.hpp"
+#include "kernels/foundation/precision.hpp"
 
 namespace strata::kernels::cuda {
 

@@ -18,7 +18,7 @@
 
 #include "src/comm/abort.hpp"
 #include "src/comm/mpi_check.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
 #include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"

@@ -1,7 +1,7 @@
 #include "src/comm/backend.hpp"
 
 #include "src/comm/mpi_communicator.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 #if STRATA_HAVE_CUDA
 #include "src/comm/nccl_communicator.hpp"

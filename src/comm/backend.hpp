@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "src/comm/communicator.hpp"
+#include "kernels/foundation/communicator.hpp"
 
 namespace strata::comm {
 

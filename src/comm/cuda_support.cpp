@@ -1,6 +1,6 @@
 #include "src/comm/cuda_support.hpp"
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::comm {
 

@@ -5,7 +5,7 @@
 
 #include <mpi.h>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::comm {
 

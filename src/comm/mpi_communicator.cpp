@@ -7,8 +7,8 @@
 #include <cstdio>
 
 #include "src/comm/mpi_check.hpp"
-#include "src/core/error.hpp"
-#include "src/core/precision.hpp"
+#include "kernels/foundation/error.hpp"
+#include "kernels/foundation/precision.hpp"
 
 namespace strata::comm {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "src/comm/communicator.hpp"
+#include "kernels/foundation/communicator.hpp"
 
 namespace strata::comm {
 

@@ -11,8 +11,8 @@
 
 #include "src/comm/cuda_support.hpp"
 #include "src/comm/mpi_check.hpp"
-#include "src/core/error.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/error.hpp"
+#include "kernels/foundation/clock.hpp"
 
 namespace strata::comm {
 

@@ -49,7 +49,7 @@
 #include <string>
 #include <vector>
 
-#include "src/comm/communicator.hpp"
+#include "kernels/foundation/communicator.hpp"
 #include "src/comm/mpi_communicator.hpp"
 
 namespace strata::comm {

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 
 namespace strata::comm {
 

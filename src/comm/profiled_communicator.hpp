@@ -7,7 +7,7 @@
 #include <string>
 
 #include "src/comm/comm_log.hpp"
-#include "src/comm/communicator.hpp"
+#include "kernels/foundation/communicator.hpp"
 
 namespace strata::comm {
 

@@ -7,7 +7,7 @@
 #include <exception>
 
 #include "src/comm/cuda_support.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::comm {
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "src/comm/communicator.hpp"
+#include "kernels/foundation/communicator.hpp"
 
 namespace strata::comm {
 

@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #include "src/deck/keys.hpp"
 
 namespace strata::deck {

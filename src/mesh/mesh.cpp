@@ -12,7 +12,7 @@
 
 #include "src/comm/mpi_check.hpp"
 #include "src/comm/profiled_communicator.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::mesh {
 

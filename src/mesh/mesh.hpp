@@ -17,7 +17,7 @@
 
 #include "src/comm/backend.hpp"
 #include "src/comm/comm_log.hpp"
-#include "src/comm/communicator.hpp"
+#include "kernels/foundation/communicator.hpp"
 
 namespace strata::mesh {
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::report {
 

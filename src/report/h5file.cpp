@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "src/comm/mpi_check.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #include "src/report/h5check.hpp"
 
 namespace strata::report {

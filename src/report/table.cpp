@@ -3,7 +3,7 @@
 // fixed width) where the row is added, not later inside the HDF5 writer.
 #include "src/report/table.hpp"
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::report {
 

@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
 #include "src/deck/keys.hpp"
 #include "src/report/h5file.hpp"

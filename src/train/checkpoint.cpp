@@ -17,7 +17,7 @@
 
 #include "kernels/kernels.hpp"
 #include "src/comm/mpi_check.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::train {
 

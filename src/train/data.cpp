@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "models/init.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::train {
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "src/core/precision.hpp"
+#include "kernels/foundation/precision.hpp"
 
 namespace strata::train {
 

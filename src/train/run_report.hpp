@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "src/comm/comm_log.hpp"
-#include "src/core/memory.hpp"
-#include "src/prof/timeline.hpp"
+#include "kernels/foundation/memory.hpp"
+#include "kernels/foundation/timeline.hpp"
 #include "src/report/h5file.hpp"
 #include "src/train/trainer.hpp"
 

@@ -5,8 +5,8 @@
 #include <span>
 
 #include "kernels/kernels.hpp"
-#include "src/core/error.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/error.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "src/train/lr_schedule.hpp"
 
 namespace strata::train {

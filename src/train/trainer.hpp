@@ -11,10 +11,10 @@
 
 #include "models/gpt.hpp"
 #include "models/nvme.hpp"
-#include "src/comm/communicator.hpp"
-#include "src/core/memory.hpp"
+#include "kernels/foundation/communicator.hpp"
+#include "kernels/foundation/memory.hpp"
 #include "src/deck/config.hpp"
-#include "src/prof/timeline.hpp"
+#include "kernels/foundation/timeline.hpp"
 #include "src/train/data.hpp"
 #include "strategies/pp/schedule.hpp"
 #include "strategies/state_strategy.hpp"

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::strategies::pp {
 

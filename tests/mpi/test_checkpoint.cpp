@@ -19,10 +19,10 @@
 #include <fmt/format.h>
 
 #include "src/comm/comm_log.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
 #include "src/mesh/mesh.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi/parity.hpp"

@@ -16,10 +16,10 @@
 #include "src/comm/comm_log.hpp"
 #include "src/comm/mpi_communicator.hpp"
 #include "src/comm/profiled_communicator.hpp"
-#include "src/core/error.hpp"
-#include "src/core/precision.hpp"
+#include "kernels/foundation/error.hpp"
+#include "kernels/foundation/precision.hpp"
 #include "src/mesh/mesh.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 
 namespace {
 

@@ -20,7 +20,7 @@
 #include "src/comm/comm_log.hpp"
 #include "src/deck/deck.hpp"
 #include "src/mesh/mesh.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi/parity.hpp"
 

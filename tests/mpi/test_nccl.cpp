@@ -21,10 +21,10 @@
 #include "src/comm/mpi_communicator.hpp"
 #include "src/comm/nccl_communicator.hpp"
 #include "src/comm/staged_communicator.hpp"
-#include "src/core/error.hpp"
-#include "src/core/precision.hpp"
+#include "kernels/foundation/error.hpp"
+#include "kernels/foundation/precision.hpp"
 #include "src/mesh/mesh.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "tests/mpi/mpi_world.hpp"
 
 namespace {

@@ -19,7 +19,7 @@
 #include "src/comm/comm_log.hpp"
 #include "src/deck/deck.hpp"
 #include "src/mesh/mesh.hpp"
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "src/train/trainer.hpp"
 #include "strategies/zero.hpp"
 #include "tests/mpi/parity.hpp"

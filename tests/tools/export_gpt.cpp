@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
 #include "src/report/h5file.hpp"
 #include "src/train/trainer.hpp"

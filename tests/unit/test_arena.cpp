@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "src/core/arena.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/arena.hpp"
+#include "kernels/foundation/error.hpp"
 
 using strata::core::Arena;
 

@@ -30,7 +30,7 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
-#include "src/core/precision.hpp"
+#include "kernels/foundation/precision.hpp"
 #include "tests/unit/cuda_test_support.hpp"
 
 namespace cu = strata::kernels::cuda;

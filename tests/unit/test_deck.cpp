@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 #include <toml++/toml.h>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
 #include "src/deck/keys.hpp"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
-#include "src/core/memory.hpp"
+#include "kernels/foundation/memory.hpp"
 #include "src/deck/deck.hpp"
 #include "src/train/trainer.hpp"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
-#include "src/core/memory.hpp"
+#include "kernels/foundation/memory.hpp"
 #include "src/deck/deck.hpp"
 #include "src/train/trainer.hpp"
 #if STRATA_HAVE_CUDA

@@ -11,7 +11,7 @@
 #include "models/gpt.hpp"
 #include "models/init.hpp"
 #include "models/optimizer.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 using namespace strata;
 using core::MemCategory;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 #include "src/report/h5file.hpp"
 #include "src/report/table.hpp"
 

@@ -14,7 +14,7 @@
 
 namespace strata::comm {
 
-// bf16, f16: the 16-bit formats of mixed precision (src/core/precision.hpp);
+// bf16, f16: the 16-bit formats of mixed precision (kernels/foundation/precision.hpp);
 // their sums are taken in fp32 and rounded once per pairwise combination.
 enum class DType { f32, f64, i32, i64, bf16, f16 };
 std::size_t dtype_size(DType t);

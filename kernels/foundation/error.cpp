@@ -1,4 +1,4 @@
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::core {
 

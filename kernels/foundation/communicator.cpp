@@ -1,8 +1,8 @@
 // Backend-independent pieces of the communicator interface: element sizes,
 // used by every backend and by the profiling layer to count bytes.
-#include "src/comm/communicator.hpp"
+#include "kernels/foundation/communicator.hpp"
 
-#include "src/core/error.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::comm {
 

@@ -1,9 +1,9 @@
-#include "src/core/arena.hpp"
+#include "kernels/foundation/arena.hpp"
 
 #include <iterator>
 
-#include "src/core/error.hpp"
-#include "src/core/memory.hpp"
+#include "kernels/foundation/error.hpp"
+#include "kernels/foundation/memory.hpp"
 
 namespace strata::core {
 

@@ -1,12 +1,12 @@
-#include "src/core/memory.hpp"
+#include "kernels/foundation/memory.hpp"
 
 #include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
-#include "src/core/arena.hpp"
-#include "src/core/error.hpp"
+#include "kernels/foundation/arena.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::core {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "src/prof/clock.hpp"
+#include "kernels/foundation/clock.hpp"
 
 namespace strata::prof {
 
