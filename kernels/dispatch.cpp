@@ -25,6 +25,7 @@ namespace strata::kernels {
 namespace {
 Device g_device = Device::cpu;
 bool on_gpu() { return g_device == Device::cuda; }
+bool on_meta() { return g_device == Device::meta; }
 
 // guard_device_memory's region, open while any kernel or copy runs (a count,
 // since the optimizer's copy threads run beside the main thread's kernels).
@@ -60,14 +61,17 @@ class OpenGuard {
 };
 }  // namespace
 
+// On the meta device an operation does nothing and returns its type's zero.
 #if STRATA_HAVE_CUDA
-#define STRATA_DISPATCH(op, ...)                     \
-  if (on_gpu()) return cuda::op(__VA_ARGS__);        \
-  const OpenGuard open_guard;                        \
+#define STRATA_DISPATCH(op, ...)                                        \
+  if (on_meta()) return decltype(cpu::op(__VA_ARGS__))();               \
+  if (on_gpu()) return cuda::op(__VA_ARGS__);                           \
+  const OpenGuard open_guard;                                           \
   return cpu::op(__VA_ARGS__)
 #else
-#define STRATA_DISPATCH(op, ...) \
-  const OpenGuard open_guard;    \
+#define STRATA_DISPATCH(op, ...)                          \
+  if (on_meta()) return decltype(cpu::op(__VA_ARGS__))(); \
+  const OpenGuard open_guard;                             \
   return cpu::op(__VA_ARGS__)
 #endif
 
@@ -81,7 +85,7 @@ void guard_device_memory(void* base, std::size_t bytes) {
   if (g_guard.base != nullptr) protect(PROT_NONE);
 }
 
-const char* device_name(Device d) { return d == Device::cuda ? "cuda" : "cpu"; }
+const char* device_name(Device d) { return d == Device::cuda ? "cuda" : d == Device::meta ? "meta" : "cpu"; }
 
 bool cuda_built() { return STRATA_HAVE_CUDA != 0; }
 
@@ -103,6 +107,8 @@ void use_device(Device d, int ordinal) {
 
 Device device() { return g_device; }
 
+bool meta() { return on_meta(); }
+
 int gpu_count() {
 #if STRATA_HAVE_CUDA
   return cuda::device_count();
@@ -111,9 +117,10 @@ int gpu_count() {
 #endif
 }
 
-const char* backend_name() { return on_gpu() ? "cuda/cublas" : "cpu/openblas-openmp"; }
+const char* backend_name() { return on_gpu() ? "cuda/cublas" : on_meta() ? "meta" : "cpu/openblas-openmp"; }
 
 void* device_alloc(std::size_t bytes) {
+  STRATA_CHECK(!on_meta(), "device memory on the meta device, which has none");
 #if STRATA_HAVE_CUDA
   if (on_gpu()) return cuda::malloc_device(bytes);
 #endif
@@ -130,6 +137,7 @@ void device_free(void* p) {
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (on_meta()) return;
 #if STRATA_HAVE_CUDA
   if (on_gpu()) return cuda::copy_bytes(dst, src, bytes);
 #endif
@@ -138,6 +146,7 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 }
 
 void zero_bytes(void* p, std::size_t bytes) {
+  if (on_meta()) return;
 #if STRATA_HAVE_CUDA
   if (on_gpu()) return cuda::zero_bytes(p, bytes);
 #endif
@@ -174,6 +183,7 @@ void set_gemm_precision(core::Precision p) {
 }
 
 double measure_gemm_flops(int n, int reps, core::Precision p) {
+  if (on_meta()) return 0;
 #if STRATA_HAVE_CUDA
   if (on_gpu()) return cuda::measure_gemm_flops(n, reps, p);
 #endif

@@ -27,8 +27,13 @@
 namespace strata::kernels {
 
 // ---- the device ----
-enum class Device { cpu, cuda };
-// "cpu" | "cuda"
+// meta: the device a dry run executes a step on (as PyTorch's meta tensors):
+// buffers have no memory behind them, kernels and copies do nothing and
+// reductions return 0. What a step allocates and communicates on it is what
+// the same step allocates and communicates on a real device, because it is
+// the same code.
+enum class Device { cpu, cuda, meta };
+// "cpu" | "cuda" | "meta"
 const char* device_name(Device d);
 // True when this build has the CUDA backend (STRATA_WITH_CUDA).
 bool cuda_built();
@@ -37,6 +42,8 @@ bool cuda_built();
 // has no CUDA backend or there is no such GPU).
 void use_device(Device d, int ordinal = 0);
 Device device();
+// device() == Device::meta: host values need not be computed for it.
+bool meta();
 // GPUs this process can use (0 without the CUDA backend, a driver or a GPU).
 int gpu_count();
 // Name of the backend and its libraries, for the report ("cpu/openblas-openmp").

@@ -52,7 +52,8 @@ class Flat {
   void zero();
   // Elements [i, i + n) set from fp32 on the device (rounded when stored 16-bit).
   void write(std::int64_t i, std::int64_t n, const float* in);
-  // The same from fp32 in host memory (initial values, a checkpoint's).
+  // The same from fp32 in host memory (initial values, a checkpoint's);
+  // nothing on the meta device.
   void load(std::int64_t i, std::int64_t n, const float* host);
   // Elements [i, i + n) += src's [j, j + n) (same precision; 16-bit sums
   // are rounded once).

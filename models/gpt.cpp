@@ -249,7 +249,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
     : c_(config), B_(micro_batch), tp_(tp), stage_(resolved(config, stage)),
       reg_(gpt_registry(config, tp.size, tp.rank, stage_, ep.size, ep.rank)), split_(split_backward) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
-  STRATA_CHECK(c_.fused_attention == (kernels::device() == kernels::Device::cuda),
+  STRATA_CHECK(kernels::meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
                "a model with {} attention on the {} backend", c_.fused_attention ? "fused" : "unfused",
                kernels::device_name(kernels::device()));
   STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");

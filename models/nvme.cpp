@@ -44,9 +44,23 @@ double transfer(int fd, std::byte* buf, std::int64_t bytes, std::int64_t offset,
 
 }  // namespace
 
+static std::future<double> done_now() {
+  std::promise<double> p;
+  p.set_value(0.0);
+  return p.get_future();
+}
+
 NvmeFile::NvmeFile(const std::string& dir, core::MemoryTracker& host, std::int64_t chunk_elements, int tensors)
     : chunk_elements_(chunk_elements), host_(host) {
   STRATA_CHECK(chunk_elements % 1024 == 0, "NVMe chunk of {} elements is not a multiple of 1024", chunk_elements);
+  const std::size_t bytes = std::size_t(chunk_elements_) * std::size_t(tensors) * sizeof(float);
+  for (auto& b : buffers_)
+    b = core::Buffer<std::byte>(host, core::MemCategory::optimizer, bytes + kAlign, "NVMe offload: chunk buffer");
+  if (kernels::meta()) {  // a dry run: regions are counted, nothing is written
+    path_ = (std::filesystem::path(dir) / "(no file: meta device)").string();
+    mode_ = "meta";
+    return;
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   // One file per rank (process): the pid and a counter make it unique on a
@@ -63,22 +77,21 @@ NvmeFile::NvmeFile(const std::string& dir, core::MemoryTracker& host, std::int64
   }
   if (fd_ < 0)
     core::runtime_error("offload.path: cannot create the optimizer file {}: {}", path_, std::strerror(errno));
-  const std::size_t bytes = std::size_t(chunk_elements_) * std::size_t(tensors) * sizeof(float);
-  for (auto& b : buffers_)
-    b = core::Buffer<std::byte>(host, core::MemCategory::optimizer, bytes + kAlign, "NVMe offload: chunk buffer");
 }
 
 NvmeFile::~NvmeFile() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ < 0) return;
+  ::close(fd_);
   std::error_code ec;
   std::filesystem::remove(path_, ec);
 }
 
-std::int64_t NvmeFile::reserve(std::int64_t bytes) {
+std::int64_t NvmeFile::reserve(std::int64_t bytes, core::MemCategory c) {
   STRATA_CHECK(bytes % kAlign == 0, "NVMe region of {} bytes is not 4096-aligned", bytes);
   const std::int64_t at = size_;
   size_ += bytes;
-  if (::ftruncate(fd_, off_t(size_)) != 0)  // the new bytes read as zeros
+  bytes_[int(c)] += bytes;
+  if (fd_ >= 0 && ::ftruncate(fd_, off_t(size_)) != 0)  // the new bytes read as zeros
     core::runtime_error("offload file {}: cannot grow to {} bytes: {}", path_, size_, std::strerror(errno));
   return at;
 }
@@ -87,7 +100,7 @@ float* NvmeFile::buffer(int i) { return reinterpret_cast<float*>(align_up(buffer
 
 std::int64_t NvmeFile::reserve_block(std::int64_t bytes) {
   largest_block_ = std::max(largest_block_, aligned_size(bytes));
-  return reserve(aligned_size(bytes));
+  return reserve(aligned_size(bytes), core::MemCategory::params);
 }
 
 std::byte* NvmeFile::bounce() {
@@ -99,6 +112,7 @@ std::byte* NvmeFile::bounce() {
 
 double NvmeFile::read_block(void* dst, std::int64_t bytes, std::int64_t offset) {
   std::byte* b = bounce();
+  if (fd_ < 0) return 0;
   const double took = transfer(fd_, b, aligned_size(bytes), offset, false, path_);
   kernels::copy_bytes(dst, b, std::size_t(bytes));  // dst may be device memory
   return took;
@@ -106,16 +120,19 @@ double NvmeFile::read_block(void* dst, std::int64_t bytes, std::int64_t offset) 
 
 double NvmeFile::write_block(const void* src, std::int64_t bytes, std::int64_t offset) {
   std::byte* b = bounce();
+  if (fd_ < 0) return 0;
   kernels::copy_bytes(b, src, std::size_t(bytes));
   std::memset(b + bytes, 0, std::size_t(aligned_size(bytes) - bytes));
   return transfer(fd_, b, aligned_size(bytes), offset, true, path_);
 }
 
 std::future<double> NvmeFile::read_async(void* buf, std::int64_t bytes, std::int64_t offset) {
+  if (fd_ < 0) return done_now();
   return std::async(std::launch::async, transfer, fd_, static_cast<std::byte*>(buf), bytes, offset, false, path_);
 }
 
 std::future<double> NvmeFile::write_async(const void* buf, std::int64_t bytes, std::int64_t offset) {
+  if (fd_ < 0) return done_now();
   return std::async(std::launch::async, transfer, fd_, static_cast<std::byte*>(const_cast<void*>(buf)), bytes,
                     offset, true, path_);
 }

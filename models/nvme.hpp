@@ -10,7 +10,8 @@
 // chunk buffers (double buffering: one being computed on while the other
 // is read or written) come from the host arena and are shared by the rank's
 // optimizers, whose updates run one after the other. The file is removed
-// when the run ends.
+// when the run ends. On the meta device (a dry run) there is no file: regions
+// are only counted and transfers do nothing.
 #pragma once
 
 #include <cstddef>
@@ -33,8 +34,8 @@ class NvmeFile {
   NvmeFile& operator=(const NvmeFile&) = delete;
 
   // A region of `bytes` (a multiple of kAlign) at the end of the file,
-  // zero-filled; returns its offset.
-  std::int64_t reserve(std::int64_t bytes);
+  // zero-filled, holding state of category `c`; returns its offset.
+  std::int64_t reserve(std::int64_t bytes, core::MemCategory c = core::MemCategory::optimizer);
   // `bytes` rounded up to whole kAlign blocks: what a transfer moves.
   static std::int64_t aligned_size(std::int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
   // Blocks (ZeRO-3's parameter blocks): a region for up to `bytes`, and
@@ -55,11 +56,16 @@ class NvmeFile {
   const std::string& path() const { return path_; }
   const std::string& mode() const { return mode_; }  // "O_DIRECT", or "buffered (...why...)"
   std::int64_t size() const { return size_; }
+  // The file's bytes holding category c: the optimizer's regions, and with
+  // offload.params ZeRO-3's parameter blocks (params). The file's memory
+  // pool in the report.
+  std::int64_t bytes(core::MemCategory c) const { return bytes_[int(c)]; }
 
  private:
   std::string path_, mode_;
   int fd_ = -1;
   std::int64_t size_ = 0;
+  std::int64_t bytes_[core::kNumMemCategories] = {};
   std::int64_t chunk_elements_;
   core::MemoryTracker& host_;
   // Each over-allocated by kAlign and used from its first aligned byte.

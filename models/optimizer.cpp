@@ -28,7 +28,9 @@ AdamW::AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end
     if (mixed()) master_ = core::Buffer<float>(home, core::MemCategory::optimizer, cap, "fp32 master weights");
   }
   if (offload_.host != nullptr) {
-    const std::size_t bytes = std::size_t(end - begin) * std::size_t(core::element_bytes(precision));
+    // Sized by the capacity, as the state is: every rank of a padded shard
+    // holds the same bytes (the copies move end - begin elements).
+    const std::size_t bytes = std::size_t(capacity_) * std::size_t(core::element_bytes(precision));
     host_params_ = core::Buffer<std::byte>(*offload_.host, core::MemCategory::params, bytes,
                                            "offload: parameters on the host");
     host_grads_ = core::Buffer<std::byte>(*offload_.host, core::MemCategory::grads, bytes,
@@ -39,6 +41,7 @@ AdamW::AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end
 std::int64_t AdamW::chunk_bytes() const { return chunk_ * (mixed() ? 3 : 2) * std::int64_t(sizeof(float)); }
 
 void AdamW::set_master(const float* values) {
+  if (kernels::meta()) return;
   const bool brought = materialize(true);
   kernels::copy_bytes(master_.data(), values, std::size_t(capacity_) * sizeof(float));
   if (brought) materialize(false);
@@ -122,7 +125,7 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
   stage(params, grads);
   wait_for(copy_in_);
   const double t1 = prof::now_seconds();
-  if (!mixed() && grad_scale != 1.0f) {  // on the host copy: the device's gradients stay as they are
+  if (!mixed() && grad_scale != 1.0f && !kernels::meta()) {  // on the host copy: the device's stay as they are
     kernels::cpu::scale_inplace(reinterpret_cast<float*>(host_grads_.data()), grad_scale, n);
     grad_scale = 1.0f;
   }
@@ -186,7 +189,9 @@ void AdamW::stream_update(void* params, const void* grads, float grad_scale, flo
 void AdamW::update_span(std::int64_t lo, std::int64_t hi, void* params, const void* grads, float* m, float* v,
                         float* master, float grad_scale, float lr, int step, bool on_host) {
   // Offloaded, the update runs on the host's copies with the CPU backend,
-  // whatever the device.
+  // whatever the device (on the meta device, nowhere: its host copies have
+  // no memory either).
+  on_host = on_host && !kernels::meta();
   auto* mixed_update = on_host ? kernels::cpu::adamw_update_mixed : kernels::adamw_update_mixed;
   auto* update = on_host ? kernels::cpu::adamw_update : kernels::adamw_update;
   for (const auto& spec : reg_.specs()) {

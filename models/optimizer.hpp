@@ -80,7 +80,8 @@ class AdamW {
   float* master() { return master_.data(); }  // null in fp32
   std::int64_t capacity() const { return capacity_; }
   bool mixed() const { return precision_ != core::Precision::fp32; }
-  // Sets the master weights (capacity elements), wherever they live.
+  // Sets the master weights (capacity elements), wherever they live
+  // (nothing on the meta device).
   void set_master(const float* values);
   // NVMe offload: reads the state from the file into host buffers, where
   // m(), v() and master() see it (a checkpoint, a parity check), and writes

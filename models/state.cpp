@@ -15,15 +15,21 @@ void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t 
   }
 }
 
+std::vector<float> initial_values(const ParamRegistry& reg, std::uint64_t seed, std::int64_t begin,
+                                  std::int64_t end, std::int64_t size) {
+  if (kernels::meta()) return {};
+  std::vector<float> out(std::size_t(std::max(size, end - begin)), 0.0f);
+  init_flat_range(reg, seed, begin, end, out.data());
+  return out;
+}
+
 ReplicatedState::ReplicatedState(const ParamRegistry& reg, std::vector<Unit> units, core::MemoryTracker& tracker,
                                  std::uint64_t seed, core::Precision precision)
     : units_(std::move(units)),
       params_(tracker, core::MemCategory::params, precision, std::size_t(reg.numel()), "parameters"),
       grads_(tracker, core::MemCategory::grads, precision, std::size_t(reg.numel()), "gradients"),
       views_(tracker, units_.size(), precision) {
-  std::vector<float> init(std::size_t(reg.numel()));  // computed on the host
-  init_flat_range(reg, seed, 0, reg.numel(), init.data());
-  params_.load(0, reg.numel(), init.data());
+  params_.load(0, reg.numel(), initial_values(reg, seed, 0, reg.numel()).data());
 }
 
 float* ReplicatedState::acquire_params(int unit) {

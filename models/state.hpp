@@ -61,6 +61,11 @@ class ShiftedState : public ParamState {
 // Parameters of `spec` between flat elements [begin, end), initialised into
 // out[0 .. end-begin) by the layout-independent keyed initialisation.
 void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t begin, std::int64_t end, float* out);
+// The same in a host vector of `size` elements (at least end - begin; the
+// rest zero, a padded shard's padding), or empty on the meta device, where
+// no value is ever read (Flat::load and AdamW::set_master ignore it there).
+std::vector<float> initial_values(const ParamRegistry& reg, std::uint64_t seed, std::int64_t begin,
+                                  std::int64_t end, std::int64_t size = -1);
 
 // n floats of device (or host) memory into a host vector, and back: what a
 // checkpoint or a parity check reads and writes.

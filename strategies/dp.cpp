@@ -13,11 +13,7 @@ DataParallel::DataParallel(const StateConfig& cfg, const models::ParamRegistry& 
       tp_size_(cfg.tp_size), dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
       optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker, -1, cfg.offload, cfg.precision) {
   const std::int64_t n = numel();
-  if (optimizer_.mixed()) {
-    std::vector<float> init(static_cast<std::size_t>(n));
-    models::init_flat_range(reg, cfg.seed, 0, n, init.data());
-    optimizer_.set_master(init.data());
-  }
+  if (optimizer_.mixed()) optimizer_.set_master(models::initial_values(reg, cfg.seed, 0, n).data());
   const std::int64_t per =
       std::max<std::int64_t>(1, cfg.bucket_bytes / core::element_bytes(cfg.precision));
   for (std::int64_t hi = n; hi > 0; hi -= per) buckets_.push_back({std::max<std::int64_t>(0, hi - per), hi});

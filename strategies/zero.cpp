@@ -37,13 +37,10 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
     params_shard_ = models::Flat(tracker, MemCategory::params, precision_, shard, "parameter shard");
   // The keyed initial values: every unit whole (stages 1-2) or this rank's
   // block (stage 3), rounded when stored 16-bit.
-  std::vector<float> init;
   for (std::size_t u = 0; u < units_.size(); ++u) {
     const auto& s = us_[u];
     const std::int64_t lo = stage_ <= 2 ? units_[u].begin : s.own_begin, hi = stage_ <= 2 ? units_[u].end : s.own_end;
-    init.resize(std::size_t(hi - lo));
-    models::init_flat_range(reg_, cfg.seed, lo, hi, init.data());
-    params_store().load(stage_ <= 2 ? n_ * s.q : s.q, hi - lo, init.data());
+    params_store().load(stage_ <= 2 ? n_ * s.q : s.q, hi - lo, models::initial_values(reg_, cfg.seed, lo, hi).data());
   }
   if (stage_ == 1)
     grads_full_ = models::Flat(tracker, MemCategory::grads, precision_, full, "gradients (padded)");
@@ -52,11 +49,8 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
   for (const auto& s : us_) {
     optimizers_.push_back(std::make_unique<models::AdamW>(reg_, s.own_begin, s.own_end, cfg.adamw, tracker, s.shard,
                                                           cfg.offload, precision_));
-    if (mixed()) {
-      std::vector<float> master(std::size_t(s.shard), 0.0f);  // the padding stays zero
-      models::init_flat_range(reg_, cfg.seed, s.own_begin, s.own_end, master.data());
-      optimizers_.back()->set_master(master.data());
-    }
+    if (mixed())  // the padding stays zero
+      optimizers_.back()->set_master(models::initial_values(reg_, cfg.seed, s.own_begin, s.own_end, s.shard).data());
   }
   unit_grads_.resize(units_.size());
   gathered_.resize(units_.size());
@@ -128,6 +122,15 @@ void Zero::begin_step() {
   grads_store().zero();
 }
 
+void Zero::begin_micro_batch(bool last) {
+  // The previous micro-batch's reduce-scatters complete here (they overlapped
+  // the rest of its backward pass): what is held never depends on when a
+  // transfer happens to finish, and at most one micro-batch's unreduced
+  // gradients (and at most parallel.bucket_mb of them) are held at once.
+  while (!pending_.empty()) pop_front();
+  last_ = last;
+}
+
 float* Zero::acquire_params(int u) {
   models::Flat* whole = &params_full_;
   std::int64_t at = n_ * us_[u].q;
@@ -189,7 +192,7 @@ void Zero::launch_reduce_scatter(int u, models::Flat input, const void* src) {
   Pending p{u, std::move(input),
             models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(s.shard), "reduce-scatter output"),
             nullptr};
-  in_flight_bytes_ += std::int64_t(p.input.bytes());
+  in_flight_bytes_ += std::int64_t(p.input.bytes() + p.output.bytes());
   if (n_ > 1)
     p.request = dp_->ireduce_scatter(src, p.output.at(0), s.shard, p.output.dtype(), comm::ReduceOp::sum);
   else
@@ -228,14 +231,17 @@ void Zero::grads_done(int u) {
     launch_reduce_scatter(u, std::move(b), src);
   }
   poll();
-  // Bound the unreduced gradients held at once, as DeepSpeed's reduce bucket
-  // does: past parallel.bucket_mb, wait for the oldest reduce-scatters.
+  // Bound the reduce-scatter buffers held at once, as DeepSpeed's reduce
+  // bucket does: past parallel.bucket_mb, wait for the oldest reduce-scatters.
+  // Buffers are freed only here, at the next micro-batch and at
+  // finish_gradients, so what a step holds does not depend on when a
+  // transfer happens to complete, and the dry run's estimate of it is exact.
   while (in_flight_bytes_ > bucket_bytes_ && pending_.size() > 1) pop_front();
 }
 
 void Zero::pop_front() {
   complete(pending_.front());
-  in_flight_bytes_ -= std::int64_t(pending_.front().input.bytes());
+  in_flight_bytes_ -= std::int64_t(pending_.front().input.bytes() + pending_.front().output.bytes());
   pending_.erase(pending_.begin());
 }
 
@@ -249,10 +255,11 @@ void Zero::complete(Pending& p) {
 }
 
 void Zero::poll() {
-  // Complete in launch order, so the sums are the same whatever the timing.
-  while (!pending_.empty() && (!pending_.front().request || pending_.front().request->test())) pop_front();
+  // MPICH progresses only inside MPI calls. Completion (the sum into the
+  // shard and freeing the buffers) waits for pop_front, in launch order, so
+  // the sums are the same whatever the timing.
   for (auto& p : pending_)
-    if (p.request) p.request->test();  // MPICH progresses only inside MPI calls
+    if (p.request) p.request->test();
 }
 
 void Zero::finish_gradients() {

@@ -34,7 +34,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::string name() const override { return "zero" + std::to_string(stage_); }
   models::ParamState& state() override { return *this; }
   void begin_step() override;
-  void begin_micro_batch(bool last) override { last_ = last; }
+  void begin_micro_batch(bool last) override;
   void finish_gradients() override;
   double grad_norm_sq() override;
   void update(float coef, float lr, int step) override;
@@ -133,7 +133,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::vector<std::int64_t> param_region_;    // offload.params: unit u's block in the file
   std::vector<Gathered> gathered_;                   // stage 3
   std::vector<Pending> pending_;
-  std::int64_t in_flight_bytes_ = 0;  // unreduced gradient bytes held by pending_ (stages 2, 3)
+  std::int64_t in_flight_bytes_ = 0;  // reduce-scatter buffer bytes held by pending_ (inputs and outputs)
   std::int64_t bucket_bytes_;         // the most of those before the oldest is waited for
   bool last_ = true;
 };

@@ -35,7 +35,9 @@ class Request {
 };
 using RequestPtr = std::unique_ptr<Request>;
 
-// Counts are in elements. Buffers of "in place" operations are noted.
+// The operations are listed once, in comm_ops.inc; an implementation's class
+// declares them all by including it with
+//   #define STRATA_COMM_OP(ret, name, params) ret name params override;
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -43,39 +45,13 @@ class Communicator {
   virtual int size() const = 0;
   virtual const std::string& axis() const = 0;  // "world", "dp", "tp", "pp", ...
 
-  // buf[count] is reduced over the group in place.
-  virtual void all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) = 0;
-  // send[size() * recv_count] is reduced; rank r receives block r in recv[recv_count].
-  virtual void reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t, ReduceOp op) = 0;
-  // recv[size() * send_count] = concatenation of every rank's send[send_count];
-  // send may alias recv + rank() * send_count (in place).
-  virtual void all_gather(const void* send, void* recv, std::int64_t send_count, DType t) = 0;
-  virtual void broadcast(void* buf, std::int64_t count, DType t, int root) = 0;
-  // Block p of send (count_per_peer elements) goes to rank p.
-  virtual void all_to_all(const void* send, void* recv, std::int64_t count_per_peer, DType t) = 0;
-  // Counts and displacements in elements, one per rank of the group.
-  virtual void all_to_allv(const void* send, const std::int64_t* send_counts, const std::int64_t* send_displs,
-                           void* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
-                           DType t) = 0;
-  virtual void send(const void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
-  virtual void recv(void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
-  // Blocks until a message from `peer` with `tag` has arrived (or, for a
-  // large one, been announced), without receiving it: what a profiled recv
-  // uses to tell waiting for the peer from the transfer itself.
-  virtual void probe(int peer, int tag) = 0;
-  virtual void barrier() = 0;
-
-  // Non-blocking forms (MPI-3), so communication can overlap computation.
-  virtual RequestPtr iall_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) = 0;
-  virtual RequestPtr ireduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t,
-                                     ReduceOp op) = 0;
-  virtual RequestPtr iall_gather(const void* send, void* recv, std::int64_t send_count, DType t) = 0;
-  virtual RequestPtr ibroadcast(void* buf, std::int64_t count, DType t, int root) = 0;
-  virtual RequestPtr isend(const void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
-  virtual RequestPtr irecv(void* buf, std::int64_t count, DType t, int peer, int tag) = 0;
+#define STRATA_COMM_OP(ret, name, params) virtual ret name params = 0;
+#include "kernels/foundation/comm_ops.inc"
+#undef STRATA_COMM_OP
 
   // Request::device_span for the last blocking call (false if it ran on the host).
   virtual bool last_device_span(double* start, double* end) const { return false; }
 };
 
 }  // namespace strata::comm
+

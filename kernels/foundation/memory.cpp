@@ -23,6 +23,16 @@ const char* category_name(MemCategory c) {
   return "?";
 }
 
+const char* pool_name(Pool p) {
+  switch (p) {
+    case Pool::device: return "device";
+    case Pool::host: return "host";
+    case Pool::nvme: return "nvme";
+    case Pool::count: break;
+  }
+  return "?";
+}
+
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -51,6 +61,13 @@ void MemoryTracker::use_arena(void* base, std::size_t capacity, void (*zero)(voi
   zero_ = zero;
 }
 
+void MemoryTracker::count_only() {
+  STRATA_CHECK(total_current_ == 0 && arena_ == nullptr, "count_only after the first allocation");
+  // Far above any heap or mapping of this process, so a stray dereference
+  // faults instead of reading something.
+  fake_next_ = std::uintptr_t(1) << 46;
+}
+
 std::size_t MemoryTracker::arena_capacity() const { return arena_ ? arena_->capacity() : 0; }
 
 void* MemoryTracker::allocate(MemCategory c, std::size_t bytes, std::string_view what) {
@@ -62,7 +79,10 @@ void* MemoryTracker::allocate(MemCategory c, std::size_t bytes, std::string_view
                             format_bytes(double(limit_)), breakdown()));
   }
   void* p = nullptr;
-  if (arena_ && bytes > 0) {
+  if (fake_next_ != 0 && bytes > 0) {
+    p = reinterpret_cast<void*>(fake_next_);
+    fake_next_ += (bytes + 255) / 256 * 256;
+  } else if (arena_ && bytes > 0) {
     // The arena's blocks start on 256 bytes (cudaMalloc's alignment).
     try {
       p = arena_->allocate(bytes);
@@ -85,7 +105,9 @@ void* MemoryTracker::allocate(MemCategory c, std::size_t bytes, std::string_view
 }
 
 void MemoryTracker::release(MemCategory c, void* p, std::size_t bytes) {
-  if (arena_ && p != nullptr)
+  if (fake_next_ != 0)
+    ;  // nothing behind it
+  else if (arena_ && p != nullptr)
     arena_->release(p);
   else
     std::free(p);

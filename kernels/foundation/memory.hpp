@@ -21,6 +21,13 @@ inline constexpr int kNumMemCategories = static_cast<int>(MemCategory::count);
 
 const char* category_name(MemCategory c);
 
+// Where bytes live: the device (the tracker every buffer of the model and
+// the strategies comes from; host memory on the CPU backend), the host
+// arena of optimizer offload (a tracker of its own), and the NVMe file.
+enum class Pool : int { device = 0, host, nvme, count };
+inline constexpr int kNumPools = static_cast<int>(Pool::count);
+const char* pool_name(Pool p);
+
 class MemoryTracker {
  public:
   // limit_bytes == 0 means no limit. A request that would take the tracked
@@ -39,6 +46,12 @@ class MemoryTracker {
   // Without it buffers are host memory.
   void use_arena(void* base, std::size_t capacity, void (*zero)(void*, std::size_t));
   bool on_arena() const { return arena_ != nullptr; }
+  // From now on (before the first allocation) buffers have no memory behind
+  // them, as on the meta device of a dry run: each gets an address of its
+  // own that must never be dereferenced, and its bytes count as a real
+  // buffer's would.
+  void count_only();
+  bool counting_only() const { return fake_next_ != 0; }
   std::size_t arena_capacity() const;
 
   // Zeroed memory for `bytes` of category c.
@@ -65,6 +78,7 @@ class MemoryTracker {
   std::size_t total_peak_ = 0;
   std::unique_ptr<Arena> arena_;
   void (*zero_)(void*, std::size_t) = nullptr;
+  std::uintptr_t fake_next_ = 0;  // count_only: the next address handed out
 };
 
 // "1.50 MiB": bytes in binary units for people.

@@ -15,18 +15,20 @@ std::string describe_backend(Backend b) {
     case Backend::mpi: return "mpi";
     case Backend::mpi_staged: return "mpi (device buffers staged through host memory)";
     case Backend::nccl: return "nccl";
+    case Backend::meta: return "meta (a dry run: nothing moves)";
   }
   STRATA_CHECK(false, "unknown Backend {}", int(b));
   return "";
 }
 
-bool backend_built(Backend b) { return b == Backend::mpi || STRATA_HAVE_CUDA; }
+bool backend_built(Backend b) { return b == Backend::mpi || b == Backend::meta || STRATA_HAVE_CUDA; }
 
 std::unique_ptr<Communicator> make_communicator(Backend b, MPI_Comm comm, const std::string& axis) {
   if (!backend_built(b))
     core::runtime_error("communicator backend \"{}\" needs the CUDA backend, which this build lacks (configure with "
                         "-DSTRATA_WITH_CUDA=ON, or AUTO where nvcc is found)",
                         describe_backend(b));
+  STRATA_CHECK(b != Backend::meta, "meta communicators come from the meta mesh, not from an MPI communicator");
 #if STRATA_HAVE_CUDA
   if (b == Backend::nccl) return std::make_unique<NcclCommunicator>(comm, axis);
   if (b == Backend::mpi_staged)

@@ -14,7 +14,9 @@
 
 namespace strata::comm {
 
-enum class Backend { mpi, mpi_staged, nccl };
+// meta: the dry run's communicators (meta_communicator.hpp), which move
+// nothing; the mesh builds them without MPI.
+enum class Backend { mpi, mpi_staged, nccl, meta };
 
 // For the report: "mpi", "mpi (device buffers staged through host memory)", "nccl".
 std::string describe_backend(Backend b);

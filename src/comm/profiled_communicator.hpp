@@ -21,24 +21,9 @@ class ProfiledCommunicator : public Communicator {
   const std::string& axis() const override { return inner_->axis(); }
   Communicator& inner() { return *inner_; }
 
-  void all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) override;
-  void reduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t, ReduceOp op) override;
-  void all_gather(const void* send, void* recv, std::int64_t send_count, DType t) override;
-  void broadcast(void* buf, std::int64_t count, DType t, int root) override;
-  void all_to_all(const void* send, void* recv, std::int64_t count_per_peer, DType t) override;
-  void all_to_allv(const void* send, const std::int64_t* send_counts, const std::int64_t* send_displs, void* recv,
-                   const std::int64_t* recv_counts, const std::int64_t* recv_displs, DType t) override;
-  void send(const void* buf, std::int64_t count, DType t, int peer, int tag) override;
-  void recv(void* buf, std::int64_t count, DType t, int peer, int tag) override;
-  void probe(int peer, int tag) override;
-  void barrier() override;
-
-  RequestPtr iall_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) override;
-  RequestPtr ireduce_scatter(const void* send, void* recv, std::int64_t recv_count, DType t, ReduceOp op) override;
-  RequestPtr iall_gather(const void* send, void* recv, std::int64_t send_count, DType t) override;
-  RequestPtr ibroadcast(void* buf, std::int64_t count, DType t, int root) override;
-  RequestPtr isend(const void* buf, std::int64_t count, DType t, int peer, int tag) override;
-  RequestPtr irecv(void* buf, std::int64_t count, DType t, int peer, int tag) override;
+#define STRATA_COMM_OP(ret, name, params) ret name params override;
+#include "kernels/foundation/comm_ops.inc"
+#undef STRATA_COMM_OP
   bool last_device_span(double* start, double* end) const override { return inner_->last_device_span(start, end); }
 
  private:

@@ -176,7 +176,7 @@ const std::vector<KeySpec>& key_table() {
       key<&Config::parallel, &ParallelSection::pp>("parallel", "pp", "pipeline stages").at_least(1),
       key<&Config::parallel, &ParallelSection::ep>("parallel", "ep", "expert-parallel ranks: divides dp; each holds experts / ep of every MoE block").at_least(1),
       key<&Config::parallel, &ParallelSection::zero>("parallel", "zero", "ZeRO stage: 0 off, 1 optimizer state, 2 +gradients, 3 +parameters sharded over dp").between(0, 3),
-      key<&Config::parallel, &ParallelSection::bucket_mb>("parallel", "bucket_mb", "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO 2-3 hold at most this much unreduced").above(0),
+      key<&Config::parallel, &ParallelSection::bucket_mb>("parallel", "bucket_mb", "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO holds at most this much in reduce-scatter buffers (one more while it waits)").above(0),
       key<&Config::parallel, &ParallelSection::schedule>("parallel", "schedule", "pipeline schedule").one_of({"1f1b", "gpipe", "interleaved", "zb-h1"}),
       key<&Config::parallel, &ParallelSection::virtual_stages>("parallel", "virtual_stages", "model chunks per pipeline rank (interleaved schedule)").at_least(1),
       key<&Config::parallel, &ParallelSection::first_stage_layers>("parallel", "first_stage_layers", "transformer blocks on the first pipeline stage (beside the embedding); -1: as many as every stage").at_least(-1),

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "src/comm/meta_communicator.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/comm/profiled_communicator.hpp"
 #include "kernels/foundation/error.hpp"
@@ -131,6 +132,23 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
   }
 }
 
+Mesh::Mesh(const Layout& l, int rank, comm::CommLog& log) : layout_(l), backend_(comm::Backend::meta), rank_(rank) {
+  if (l.pp < 1 || l.dp < 1 || l.tp < 1 || l.ep < 1 || l.dp % l.ep != 0)
+    core::runtime_error("mesh: layout pp {} x dp {} x tp {} (ep {}) is not a mesh", l.pp, l.dp, l.tp, l.ep);
+  coords_ = coords_of(l, rank);
+  const Coords& c = coords_;
+  auto meta = [&](const char* axis, int size, int r) -> std::unique_ptr<comm::Communicator> {
+    return std::make_unique<comm::ProfiledCommunicator>(std::make_unique<comm::MetaCommunicator>(axis, size, r), log);
+  };
+  world_ = meta("world", l.world(), rank);
+  if (l.pp > 1 && (c.pp == 0 || c.pp == l.pp - 1)) emb_ = meta("emb", 2, c.pp == 0 ? 0 : 1);
+  dp_ = meta("dp", l.dp, c.dp);
+  tp_ = meta("tp", l.tp, c.tp);
+  pp_ = meta("pp", l.pp, c.pp);
+  ep_ = meta("ep", l.ep, c.dp % l.ep);
+  edp_ = meta("edp", l.dp / l.ep, c.dp / l.ep);
+}
+
 void Mesh::release() {
   world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset(), ep_.reset(), edp_.reset();
   int finalized = 0;
@@ -151,7 +169,17 @@ std::string Mesh::table() const {
   // Raw MPI, not the profiled world: setup traffic is not part of a step.
   STRATA_CHECK_MPI(
       MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, world_comm_));
+  std::vector<std::string> hosts;
+  for (int r = 0; r < n; ++r) {
+    const char* h = &all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME];
+    hosts.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+  }
+  return layout_table(layout_, hosts);
+}
 
+std::string layout_table(const Layout& layout, const std::vector<std::string>& hosts) {
+  const Layout& layout_ = layout;
+  const int n = layout_.world();
   struct Row {
     std::string host, dp, tp, pp, ep, edp;
     Coords c;
@@ -160,10 +188,9 @@ std::string Mesh::table() const {
   std::vector<Row> rows(n);
   std::size_t wh = 4, wd = 8, wt = 8, wp = 8, we = 8;  // at least the headers' widths
   for (int r = 0; r < n; ++r) {
-    const char* h = &all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME];
     Row& row = rows[r];
     row.c = coords_of(layout_, r);
-    row.host.assign(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+    row.host = hosts.empty() ? "-" : hosts[std::size_t(r)];
     row.dp = group_text("dp", group_members(layout_, row.c, Axis::dp));
     row.tp = group_text("tp", group_members(layout_, row.c, Axis::tp));
     row.pp = group_text("pp", group_members(layout_, row.c, Axis::pp));

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "src/comm/backend.hpp"
 #include "src/comm/comm_log.hpp"
@@ -34,6 +35,11 @@ struct Coords {
 Coords coords_of(const Layout& l, int rank);
 int rank_of(const Layout& l, const Coords& c);
 
+// The mesh table of layout `l`: one line per rank with its host (hosts[r],
+// or "-" where hosts is empty), its coordinates and the world ranks of each
+// group it belongs to.
+std::string layout_table(const Layout& l, const std::vector<std::string>& hosts = {});
+
 class Mesh {
  public:
   // Collective over `world`. Requires l.world() == size of `world` (checked:
@@ -42,6 +48,11 @@ class Mesh {
   // (nccl, mpi_staged without the CUDA backend) is a runtime error on every
   // rank; nccl needs each rank's GPU chosen (cudaSetDevice) beforehand.
   Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend backend = comm::Backend::mpi);
+  // The mesh as world rank `rank` of layout `l` sees it, on the meta device
+  // (a dry run, one process, no MPI): every axis a MetaCommunicator of the
+  // group's size in which this process plays the rank's part; calls are
+  // recorded into `log` as a real rank's are.
+  Mesh(const Layout& l, int rank, comm::CommLog& log);
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "strategies/pp/liveness.hpp"
 #include "strategies/pp/schedule.hpp"
 
 namespace strata::sim {
@@ -22,8 +23,8 @@ struct RankTiming {
   double busy = 0;       // summed compute
   double end = 0;        // when its last action finished
   int max_in_flight = 0; // most micro-batch chunks forwarded but not yet backwarded (input half)
-  int max_alive = 0;     // most micro-batch chunks forwarded whose weight gradient is not yet done
-                         // (what a stage must keep activations for)
+  int max_alive = 0;     // most (chunk, micro-batch) pairs live at once, from their first action to
+                         // their last (strategies/pp/liveness.hpp): the stage models the rank holds
 };
 
 struct PipelineRun {
@@ -34,6 +35,11 @@ struct PipelineRun {
   double bubble(int r) const { return makespan > 0 ? 1.0 - ranks[r].busy / makespan : 0.0; }
 };
 
-PipelineRun simulate(const strategies::pp::Schedule& sched, const UnitCosts& costs = {});
+// With `bounded_slots`, as the real executor runs: each rank has the stage
+// models its action list's liveness asks for (strategies/pp/liveness.hpp),
+// a pair's model is free again only once every send of its last actions
+// has been received, and a rank that starts a pair when none is free waits
+// for that. Without, sends never hold anything up.
+PipelineRun simulate(const strategies::pp::Schedule& sched, const UnitCosts& costs = {}, bool bounded_slots = false);
 
 }  // namespace strata::sim

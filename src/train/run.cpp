@@ -21,6 +21,7 @@
 #include "src/mesh/mesh.hpp"
 #include "src/train/peak.hpp"
 #include "src/train/checkpoint.hpp"
+#include "src/train/estimate.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
 
@@ -75,109 +76,47 @@ void check_world(const deck::Config& c, int world) {
                       p.dp, p.tp, p.pp, needed, world, needed);
 }
 
-// The most (chunk, micro-batch) pairs of `chunk` whose activations are held
-// at once in a rank's action list: from the forward until the backward (or
-// the weight-gradient half of a split one).
-int max_in_flight(const std::vector<strategies::pp::Action>& actions, int chunk) {
-  using strategies::pp::Op;
-  int now = 0, most = 0;
-  for (const auto& a : actions) {
-    if (a.chunk != chunk) continue;
-    if (a.op == Op::forward) most = std::max(most, ++now);
-    if (a.op == Op::backward || a.op == Op::backward_weight) --now;
-  }
-  return most;
-}
-
-void print_plan(const deck::Deck& deck, const models::GptConfig& gc, int micro_batch, std::int64_t params) {
+// The dry run's estimate, printed: per class of ranks with identical
+// figures, each pool's bytes per category held at the end of a step and at
+// its peak, and the collectives a rank of the class issues per step.
+void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t params) {
   fmt::print("# resolved configuration ({})\n{}\n", deck.path, deck.resolved_toml);
   fmt::print("parameters: {} ({:.3f} M)\n", params, double(params) / 1e6);
-  // Per pipeline rank: the parameters of its chunks as one tensor-parallel
-  // rank holds them, kept as the ZeRO stage says over dp ranks (shard padding,
-  // at most dp - 1 elements per unit, left out), and one stage model's
-  // activations and workspace per micro-batch its schedule holds at once (the
-  // executor may hold one more while a send completes).
-  const auto& par = deck.config.parallel;
-  const int p = par.pp, v = p > 1 ? par.virtual_stages : 1;
-  const int m = deck.config.data.global_batch / (micro_batch * par.dp);
-  // Dense parameters are kept over dp ranks, experts over the dp / ep ranks
-  // that hold the same ones.
-  const double n = par.dp, n_experts = double(par.dp) / par.ep;
-  strategies::pp::Schedule schedule;
-  bool split = false;
-  if (p > 1) {
-    schedule = strategies::pp::make_schedule(par.schedule, {p, m, v});
-    for (const auto& a : schedule[0]) split = split || a.op == strategies::pp::Op::backward_input;
-  }
   constexpr int K = core::kNumMemCategories;
-  fmt::print("memory estimate per rank (held; peaks add gathered units and reduce buffers):\n  {:>7}", "pp rank");
-  for (int c = 0; c < K; ++c) fmt::print(" {:>12}", core::category_name(core::MemCategory(c)));
-  fmt::print(" {:>12}\n", "total");
-  std::uint64_t largest = 0;
-  for (int r = 0; r < p; ++r) {
-    double psi = 0, psi_experts = 0;
-    std::uint64_t per_cat[K] = {};
-    for (int c = 0; c < v; ++c) {
-      const models::GptStage stage =
-          p > 1 ? models::gpt_stage(gc, c * p + r, p * v, par.first_stage_layers, par.last_stage_layers)
-                : models::GptStage{};
-      const models::ParamRegistry reg = models::gpt_registry(gc, par.tp, 0, stage, par.ep, 0);
-      for (const auto& s : reg.specs())
-        (s.expert ? psi_experts : psi) += double(s.numel);
-      const std::uint64_t slots = p > 1 ? std::uint64_t(max_in_flight(schedule[r], c)) : 1;
-      for (const auto& plan : {models::gpt_activation_plan(gc, micro_batch, par.tp, par.sequence_parallel, stage, split),
-                               models::gpt_moe_plan(gc, micro_batch, stage)})
-        for (const auto& b : plan) per_cat[int(b.category)] += 4 * std::uint64_t(b.numel) * slots;
+  const auto& offload = deck.config.parallel.offload;
+  fmt::print("memory estimate, {} rank(s) in {} class(es) of identical figures (a step run on the meta device; "
+             "held at its end, and peak during it):\n",
+             e.world, e.classes.size());
+  fmt::print("  {:<16} {:<6} {:<4}", "ranks", "pool", "");
+  for (int c = 0; c < K; ++c) fmt::print(" {:>11}", core::category_name(core::MemCategory(c)));
+  fmt::print(" {:>11}\n", "total");
+  for (const RankClass& k : e.classes) {
+    const std::string who = rank_ranges(k.ranks);
+    for (int p = 0; p < core::kNumPools; ++p) {
+      const auto pool = core::Pool(p);
+      if ((pool == core::Pool::host && offload == "none") || (pool == core::Pool::nvme && offload != "nvme")) continue;
+      const PoolFigures& f = k.memory[pool];
+      fmt::print("  {:<16} {:<6} {:<4}", p == 0 ? who : "", core::pool_name(pool), "held");
+      for (int c = 0; c < K; ++c) fmt::print(" {:>11}", core::format_bytes(double(f.held[std::size_t(c)])));
+      fmt::print(" {:>11}\n  {:<16} {:<6} {:<4}", core::format_bytes(double(f.total_held())), "", "", "peak");
+      for (int c = 0; c < K; ++c) fmt::print(" {:>11}", core::format_bytes(double(f.peak[std::size_t(c)])));
+      fmt::print(" {:>11}\n", core::format_bytes(double(f.total_peak)));
     }
-    // Parameters, gradients and optimizer state: whole, or sharded over
-    // their group from the ZeRO stage that shards them. Mixed precision:
-    // 2 + 2 + 12 bytes per element (16-bit parameters and gradients; fp32
-    // master weights and moments), else 4 + 4 + 8.
-    const auto precision = core::parse_precision(deck.config.backend.precision).value_or(core::Precision::fp32);
-    const double eb = core::element_bytes(precision), opt = precision == core::Precision::fp32 ? 8 : 12;
-    const int stage_of[3] = {3, 2, 1};  // the first ZeRO stage that shards params, grads, optimizer state
-    double owned = 0;                   // elements this rank updates
-    for (int k = 0; k < 3; ++k) {
-      const double whole = k == 2 ? opt : eb;
-      const bool sharded = par.zero >= stage_of[k];
-      const double elements = sharded ? psi / n + psi_experts / n_experts : psi + psi_experts;
-      if (k == 2) owned = elements;
-      per_cat[int(k == 0 ? core::MemCategory::params : k == 1 ? core::MemCategory::grads
-                                                              : core::MemCategory::optimizer)] =
-          std::uint64_t(whole * elements);
-    }
-    // Optimizer offload: that state (and staging for the gradients and
-    // parameters of the elements the rank updates) lives in the host arena;
-    // with NVMe the state is in the file and the arena holds two chunks.
-    double host = 0, file = 0;
-    if (par.offload == "host") host = owned * (opt + 2 * eb);
-    if (par.offload == "nvme") {
-      const double chunk = double(models::nvme_chunk_elements(deck.config.offload.chunk_mb));
-      host = owned * 2 * eb + 2 * (chunk * opt + 4096);  // each buffer 4 KiB over, for alignment
-      file = owned * opt;  // plus padding to whole chunks per optimizer
-      if (deck.config.offload.params) {  // ZeRO-3's shard in the file, read block by block
-        file += per_cat[int(core::MemCategory::params)];
-        per_cat[int(core::MemCategory::params)] = 0;
-      }
-    }
-    if (par.offload != "none") per_cat[int(core::MemCategory::optimizer)] = 0;
-    // Token ids and targets: one micro-batch's, or a pipeline step's.
-    per_cat[int(core::MemCategory::activations)] += 2 * 4 * std::uint64_t(micro_batch) * gc.seq_len * (p > 1 ? m + 1 : 1);
-    std::uint64_t total = 0;
-    fmt::print("  {:>7}", r);
-    for (int c = 0; c < K; ++c) {
-      fmt::print(" {:>12}", core::format_bytes(double(per_cat[c])));
-      total += per_cat[c];
-    }
-    fmt::print(" {:>12}{}\n", core::format_bytes(double(total)),
-               (host > 0 ? fmt::format("   + host arena {}", core::format_bytes(host)) : "") +
-                   (file > 0 ? fmt::format(" + NVMe file ~{}", core::format_bytes(file)) : ""));
-    largest = std::max(largest, total);
   }
-  const auto limit = deck.config.backend.memory_limit;
-  if (limit != 0)
-    fmt::print("backend.memory_limit {}: {}\n", core::format_bytes(double(limit)),
-               largest <= limit ? "fits" : "DOES NOT FIT");
+  fmt::print("communication per step (a rank of each class):\n");
+  for (const RankClass& k : e.classes) {
+    fmt::print("  ranks {}:{}\n", rank_ranges(k.ranks), k.comm.empty() ? " none" : "");
+    for (const CommVolume& v : k.comm)
+      fmt::print("    {:<6} {:<15} n {:>4} {:>6} call(s) {:>12}\n", v.axis, v.op, v.group_size, v.calls,
+                 core::format_bytes(double(v.bytes)));
+  }
+  const auto& b = deck.config.backend;
+  if (b.memory_limit != 0 || b.host_memory_limit != 0) {
+    if (e.does_not_fit.empty())
+      fmt::print("fits: every rank's peak is within backend.memory_limit{}\n",
+                 b.host_memory_limit != 0 ? " and backend.host_memory_limit" : "");
+    for (const auto& line : e.does_not_fit) fmt::print("DOES NOT FIT: {}\n", line);
+  }
 }
 
 // Every rank's bytes per category at the end of the last step, and peaks,
@@ -189,7 +128,7 @@ void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memor
   constexpr int K = core::kNumMemCategories;
   std::vector<double> mine(2 * K, 0.0), all(std::size_t(2 * K) * size);
   for (const auto& m : memory) {
-    if (m.host) continue;  // the device's
+    if (m.pool != core::Pool::device) continue;  // the device's
     const int c = int(m.category);
     if (m.step == last_step) mine[c] = double(m.current);
     mine[K + c] = std::max(mine[K + c], double(m.peak));
@@ -297,7 +236,89 @@ std::string report_path(const deck::Deck& deck, const RunOptions& options) {
   return "results/" + deck.config.run.name + ".h5";
 }
 
+namespace {
+
+// The estimate as a report: the provenance of a run, status "estimate", and
+// the /memory table a run writes, one row per rank, pool and category of the
+// estimated step (numbered 0).
+void write_estimate_report(const deck::Deck& deck, const RunOptions& options, const Estimate& e, std::int64_t params) {
+  report::H5File file(MPI_COMM_SELF, options.output);
+  Provenance prov;
+  prov.command_line = options.command_line;
+  prov.start_time = iso_time_utc();
+  prov.hosts = "-";
+  prov.world_size = e.world;
+  prov.deck_path = deck.path;
+  prov.deck_text = deck.text;
+  prov.resolved_config = deck.resolved_toml;
+  prov.backend = "meta";
+  prov.threads = kernels::num_threads();
+  prov.parameters = params;
+  write_provenance(file, prov);
+  file.set_attr("/", "device", deck.config.backend.device);
+  std::vector<MemoryRecord> rows;
+  const bool host = deck.config.parallel.offload != "none", nvme = deck.config.parallel.offload == "nvme";
+  for (const RankClass& k : e.classes)
+    for (int r : k.ranks)
+      for (const auto& m : memory_records(r, 0, k.memory, host, nvme)) rows.push_back(m);
+  std::sort(rows.begin(), rows.end(), [](const MemoryRecord& a, const MemoryRecord& b) { return a.rank < b.rank; });
+  write_memory_table(file, rows);
+  file.set_attr("/", "status", "estimate");
+  file.publish();
+}
+
+// --dry-run: the estimate of every rank of the layout, computed by rank 0 of
+// whatever launched it (one process is enough, at any scale); the others
+// take its verdict, so that an error ends every rank alike. Exit status 3
+// when a rank's peak exceeds a memory limit.
+int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
+  const deck::Config& cfg = deck.config;
+  int rank = 0;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  // status, error kind (0 none, 1 input, 2 runtime), and the message.
+  int verdict[2] = {0, 0};
+  std::string message;
+  if (rank == 0) {
+    try {
+      if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
+      const std::int64_t params = models::gpt_registry(gpt_config(cfg)).numel();  // the whole model
+      const Estimate e = estimate(cfg);
+      print_estimate(deck, e, params);
+      const mesh::Layout layout{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep};
+      if (layout.world() <= 64)
+        fmt::print("process mesh (pp {} x dp {} x tp {}{}):\n{}", layout.pp, layout.dp, layout.tp,
+                   layout.ep > 1 ? fmt::format(", ep {} within dp", layout.ep) : "", mesh::layout_table(layout));
+      if (!options.output.empty()) {
+        write_estimate_report(deck, options, e, params);
+        fmt::print("estimate report: {}\n", options.output);
+      }
+      verdict[0] = e.does_not_fit.empty() ? 0 : 3;
+    } catch (const core::Error& err) {
+      verdict[1] = err.kind() == core::ErrorKind::input ? 1 : 2;
+      message = err.what();
+    } catch (const std::exception& err) {
+      verdict[1] = 2;
+      message = err.what();
+    }
+    std::fflush(stdout);
+  }
+  STRATA_CHECK_MPI(MPI_Bcast(verdict, 2, MPI_INT, 0, comm));
+  if (verdict[1] != 0) {
+    int n = int(message.size());
+    STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, comm));
+    std::vector<char> text(message.begin(), message.end());
+    text.resize(std::size_t(n));
+    STRATA_CHECK_MPI(MPI_Bcast(text.data(), n, MPI_CHAR, 0, comm));
+    throw core::Error(verdict[1] == 1 ? core::ErrorKind::input : core::ErrorKind::runtime,
+                      std::string(text.begin(), text.end()));
+  }
+  return verdict[0];
+}
+
+}  // namespace
+
 int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
+  if (options.dry_run) return dry_run(deck, options, comm);
   const deck::Config& cfg = deck.config;
   int rank = 0, world = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
@@ -306,7 +327,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   check_world(cfg, world);
 
   if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
-  const int sharing_gpu = options.dry_run ? 1 : select_device(cfg, comm);
+  const int sharing_gpu = select_device(cfg, comm);
   const models::GptConfig gc = gpt_config(cfg);
   const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
@@ -335,16 +356,6 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   }
   const std::string checkpoint_dir =
       options.checkpoint_dir.empty() ? "checkpoints/" + cfg.run.name : options.checkpoint_dir;
-
-  if (options.dry_run) {
-    const std::string table = mesh.table();
-    if (rank == 0) {
-      print_plan(deck, gc, cfg.data.micro_batch, params);
-      fmt::print("process mesh (pp {} x dp {} x tp {}{}):\n{}", layout.pp, layout.dp, layout.tp,
-                 layout.ep > 1 ? fmt::format(", ep {} within dp", layout.ep) : "", table);
-    }
-    return 0;
-  }
 
   Provenance prov;
   prov.command_line = options.command_line;
@@ -470,12 +481,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       tracker.reset_peaks();
       steps.push_back(trainer.step(s));
       experts.insert(experts.end(), trainer.expert_records().begin(), trainer.expert_records().end());
-      for (int c = 0; c < core::kNumMemCategories; ++c) {
-        const auto cat = core::MemCategory(c);
-        memory.push_back({s, cat, tracker.current(cat), tracker.peak(cat)});
-        if (cfg.parallel.offload != "none")
-          memory.push_back({s, cat, trainer.host_tracker().current(cat), trainer.host_tracker().peak(cat), true});
-      }
+      for (const auto& m : memory_records(rank, s, rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file()),
+                                          cfg.parallel.offload != "none", cfg.parallel.offload == "nvme"))
+        memory.push_back(m);
       const int every = cfg.run.log_every;
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
       if (options.checkpoint_every > 0 && (s + 1) % options.checkpoint_every == 0) {

@@ -36,12 +36,41 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
     s.final_loss = steps.back().loss;
   }
   for (const auto& m : memory) {
-    if (m.host) continue;  // the device's figures; the host arena is reported apart
+    if (m.pool != core::Pool::device) continue;  // the device's figures; the host arena is reported apart
     auto& p = s.peak_bytes[int(m.category)];
     p = std::max(p, m.peak);
   }
   for (auto b : s.peak_bytes) s.peak_total += b;
   return s;
+}
+
+std::vector<MemoryRecord> memory_records(int rank, int step, const RankMemory& m, bool host, bool nvme) {
+  std::vector<MemoryRecord> out;
+  for (int p = 0; p < core::kNumPools; ++p) {
+    const auto pool = core::Pool(p);
+    if ((pool == core::Pool::host && !host) || (pool == core::Pool::nvme && !nvme)) continue;
+    const PoolFigures& f = m[pool];
+    for (int c = 0; c < core::kNumMemCategories; ++c)
+      out.push_back({rank, step, pool, core::MemCategory(c), f.held[std::size_t(c)], f.peak[std::size_t(c)],
+                     f.total_peak});
+  }
+  return out;
+}
+
+void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memory) {
+  report::Table mem("memory", "tracked bytes per step, rank, pool and category");
+  mem.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_i64("step", "1", "0-based optimizer step")
+      .col_str("category", 16, "", "params, grads, optimizer, activations, workspace or comm")
+      .col_str("pool", 8, "", "device; host (the arena optimizer offload keeps its state in); nvme (the offload file)")
+      .col_i64("current_bytes", "B", "bytes held at the end of the step")
+      .col_i64("peak_bytes", "B", "largest bytes held at any moment of the step")
+      .col_i64("pool_peak_bytes", "B", "largest bytes of the whole pool held at once during the step");
+  for (const auto& m : memory)
+    mem.add_row({std::int64_t(m.rank), std::int64_t(m.step), std::string(core::category_name(m.category)),
+                 std::string(core::pool_name(m.pool)), std::int64_t(m.current), std::int64_t(m.peak),
+                 std::int64_t(m.pool_peak)});
+  f.write_table(mem);
 }
 
 void write_provenance(report::H5File& f, const Provenance& p) {
@@ -125,17 +154,7 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
                 e.routed, e.dropped, e.prob_mass});
   f.write_table(ex);
 
-  report::Table mem("memory", "tracked bytes per step, rank and category");
-  mem.col_i64("rank", "1", "MPI rank in the world communicator")
-      .col_i64("step", "1", "0-based optimizer step")
-      .col_str("category", 16, "", "params, grads, optimizer, activations, workspace or comm")
-      .col_str("pool", 8, "", "device, or host (the arena optimizer offload keeps its state in)")
-      .col_i64("current_bytes", "B", "bytes held at the end of the step")
-      .col_i64("peak_bytes", "B", "largest bytes held at any moment of the step");
-  for (const auto& m : memory)
-    mem.add_row({std::int64_t(rank), std::int64_t(m.step), std::string(core::category_name(m.category)),
-                 std::string(m.host ? "host" : "device"), std::int64_t(m.current), std::int64_t(m.peak)});
-  f.write_table(mem);
+  write_memory_table(f, memory);
 
   report::Table tl("timeline", "compute spans per rank: forward and backward per layer, optimizer per step");
   tl.col_i64("rank", "1", "MPI rank in the world communicator")

@@ -12,6 +12,7 @@
 #include "kernels/foundation/memory.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "src/report/h5file.hpp"
+#include "src/train/memory_figures.hpp"
 #include "src/train/trainer.hpp"
 
 namespace strata::train {
@@ -43,13 +44,22 @@ struct Provenance {
   std::int64_t padding_elements = 0;
 };
 
+// One row of /memory: a pool's category over a step of a rank.
 struct MemoryRecord {
+  int rank;
   int step;
+  core::Pool pool;
   core::MemCategory category;
   std::uint64_t current;
   std::uint64_t peak;
-  bool host = false;  // the host arena (optimizer offload), not the device
+  std::uint64_t pool_peak;  // the pool's most bytes at once over the step
 };
+// A rank's rows for one step: the device's, the host arena's with offload,
+// the NVMe file's with NVMe offload.
+std::vector<MemoryRecord> memory_records(int rank, int step, const RankMemory& m, bool host, bool nvme);
+// The /memory table (rows of any ranks: a run passes its own, an estimate
+// every rank's).
+void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memory);
 
 struct Summary {
   int measured_steps = 0;

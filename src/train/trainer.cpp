@@ -30,6 +30,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
       tracker_(&tracker), host_tracker_(config.backend.host_memory_limit),
       precision_(core::parse_precision(config.backend.precision).value_or(core::Precision::fp32)) {
   if (precision_ == core::Precision::fp16) scaler_.scale = config.backend.loss_scale;
+  if (kernels::meta()) host_tracker_.count_only();  // a dry run: the host arena is counted, not taken
   if (dp_ != nullptr) {
     dp_size_ = dp_->size();
     dp_rank_ = dp_->rank();
@@ -54,18 +55,8 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
     emb_ = emb != nullptr && emb->size() > 1 ? emb : nullptr;
     const strategies::pp::Shape shape{p, micro_batches_, v};
     schedule_ = strategies::pp::make_schedule(cfg_.parallel.schedule, shape)[pp_rank_];
-    completes_chunk_.assign(schedule_.size(), 0);
-    last_of_mb_.assign(schedule_.size(), 0);
-    std::vector<int> chunk_last(std::size_t(v), -1), mb_last(std::size_t(v * micro_batches_), -1);
-    for (std::size_t i = 0; i < schedule_.size(); ++i) {
-      const auto& a = schedule_[i];
-      if (a.op == strategies::pp::Op::backward_input) split_backward_ = true;
-      if (a.op == strategies::pp::Op::backward || a.op == strategies::pp::Op::backward_weight)
-        chunk_last[a.chunk] = int(i);
-      if (a.mb >= 0) mb_last[a.chunk * micro_batches_ + a.mb] = int(i);
-    }
-    for (int i : chunk_last) completes_chunk_[i] = 1;
-    for (int i : mb_last) last_of_mb_[i] = 1;
+    live_ = strategies::pp::liveness(schedule_);
+    split_backward_ = live_.split_backward;
     mb_tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                             std::size_t(micro_batches_) * B * T, "tokens of the step");
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
@@ -79,7 +70,11 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
     if (pp_ != nullptr)
       ch.stage = models::gpt_stage(gc, c * p + pp_rank_, p * v, cfg_.parallel.first_stage_layers,
                                    cfg_.parallel.last_stage_layers);
-    add_slot(ch);
+    // One stage model per pair the schedule keeps live at once on this chunk
+    // (one without a pipeline), all built now: a step allocates nothing for
+    // them, and the count is the schedule's, not the timing's.
+    const int slots = pp_ != nullptr ? live_.slots[std::size_t(c)] : 1;
+    for (int k = 0; k < std::max(slots, 1); ++k) add_slot(ch);
     const models::Gpt& m = *ch.slots[0];
     const std::int64_t base = registry_.numel();
     ch.first_unit = int(units_.size());
@@ -282,21 +277,22 @@ void Trainer::finish_routing(StepRecord& r) {
 
 models::Gpt* Trainer::take_slot(int chunk, int mb) {
   Chunk& ch = chunks_[chunk];
-  // One more micro-batch in flight than ever before on this chunk: another
-  // stage model for its activations (parameters stay in the state).
-  if (ch.free.empty()) add_slot(ch);
+  STRATA_CHECK(!ch.free.empty(), "chunk {}: no stage model free for micro-batch {}", chunk, mb);
   ch.of_mb[mb] = ch.free.back();
   ch.free.pop_back();
   return ch.of_mb[mb];
 }
 
 // Runs this rank's actions of the schedule. Sends are non-blocking (the
-// schedules are deadlock-free when sends never block); a slot goes back to
-// its chunk's free list once the last action of its micro-batch ran and its
-// sends completed, so the stage models in use follow the schedule's
-// micro-batches in flight (1F1B: at most p - rank; GPipe: all m). Receives
-// block; the communicator records how long each waited for the peer and how
-// long the transfer took.
+// schedules are deadlock-free when sends never block); a stage model goes
+// back to its chunk's free list once the last action of its pair ran and its
+// sends completed. The chunk has as many as the schedule keeps pairs live
+// (strategies/pp/liveness.hpp: 1F1B p - rank, GPipe m), so when a pair
+// starts and none is free, one still holds a pair whose last sends are in
+// flight: the executor waits for the oldest such send (the unit-cost
+// simulator checks that no schedule deadlocks so). Receives block; the
+// communicator records how long each waited for the peer and how long the
+// transfer took.
 double Trainer::run_pipeline(int step, float loss_scale) {
   using strategies::pp::Op;
   const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len, C = cfg_.model.d_model, m = micro_batches_;
@@ -306,11 +302,16 @@ double Trainer::run_pipeline(int step, float loss_scale) {
   // Per (chunk, micro-batch) k = chunk * m + mb: its sends in flight.
   std::vector<std::vector<comm::RequestPtr>> sends(chunks_.size() * std::size_t(m));
   std::vector<int> draining;  // (chunk, micro-batch)s done computing whose sends may still be in flight
-  auto reclaim = [&](bool wait) {
+  // Gives back the stage models of draining pairs whose sends completed
+  // (all of them with wait, else those a test finds done), oldest first;
+  // with `chunk` >= 0, waits only until one of that chunk's is free.
+  auto reclaim = [&](bool wait, int chunk = -1) {
     for (std::size_t i = 0; i < draining.size();) {
+      if (chunk >= 0 && !chunks_[chunk].free.empty()) return;
       const int k = draining[i];
+      const bool mine = chunk < 0 || k / m == chunk;
       bool complete = true;
-      for (auto& r : sends[k]) complete = (wait ? (r->wait(), true) : r->test()) && complete;
+      for (auto& r : sends[k]) complete = ((wait && mine) ? (r->wait(), true) : r->test()) && complete;
       if (complete) {
         Chunk& ch = chunks_[k / m];
         ch.free.push_back(ch.of_mb[k % m]);
@@ -323,6 +324,7 @@ double Trainer::run_pipeline(int step, float loss_scale) {
   };
   auto slot = [&](int chunk, int mb) {
     if (chunks_[chunk].free.empty()) reclaim(false);
+    if (chunks_[chunk].free.empty()) reclaim(true, chunk);
     return take_slot(chunk, mb);
   };
   auto batch = [&](int mb, std::int32_t* base) { return base + std::size_t(mb) * B * T; };
@@ -361,11 +363,11 @@ double Trainer::run_pipeline(int step, float loss_scale) {
         break;
       case Op::backward:
       case Op::backward_input:
-        if (a.op == Op::backward) strategy_->begin_micro_batch(completes_chunk_[i] != 0);
+        if (a.op == Op::backward) strategy_->begin_micro_batch(live_.completes_chunk[i] != 0);
         g->backward(state, tokens, targets, loss_scale, timeline_, a.op == Op::backward_input);
         break;
       case Op::backward_weight:
-        strategy_->begin_micro_batch(completes_chunk_[i] != 0);
+        strategy_->begin_micro_batch(live_.completes_chunk[i] != 0);
         g->backward_weight(state, timeline_);
         break;
       case Op::send_grad:
@@ -374,7 +376,7 @@ double Trainer::run_pipeline(int step, float loss_scale) {
       case Op::optimizer:
         break;
     }
-    if (last_of_mb_[i]) draining.push_back(k);
+    if (live_.last_of_pair[i]) draining.push_back(k);
   }
   reclaim(true);
   // Only the last stage computed the loss.

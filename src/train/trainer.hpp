@@ -16,6 +16,7 @@
 #include "src/deck/config.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "src/train/data.hpp"
+#include "strategies/pp/liveness.hpp"
 #include "strategies/pp/schedule.hpp"
 #include "strategies/state_strategy.hpp"
 
@@ -89,8 +90,8 @@ class Trainer {
 
   // Runs 0-based optimizer step `step` and returns its record.
   StepRecord step(int step);
-  // Pipeline stage models (one per micro-batch and chunk in flight) ever
-  // built on this rank, over all of its chunks.
+  // Stage models built on this rank over all of its chunks: as many per
+  // chunk as its schedule keeps (chunk, micro-batch) pairs live at once.
   std::size_t pipeline_slots() const;
 
   // The first chunk's first stage model (the whole model without a pipeline).
@@ -164,10 +165,8 @@ class Trainer {
   models::ParamRegistry registry_;
   std::vector<models::Unit> units_;
   std::vector<strategies::pp::Action> schedule_;  // this rank's actions
-  // Per action of schedule_: whether it completes its chunk's gradients for
-  // the step (the last backward or backward_weight of the chunk), and whether
-  // it is the last action of its (chunk, micro-batch).
-  std::vector<char> completes_chunk_, last_of_mb_;
+  strategies::pp::Liveness live_;                 // what they keep alive, and when
+
   core::Buffer<std::int32_t> mb_tokens_, mb_targets_;  // every micro-batch of a step (pipeline only)
   core::MemoryTracker* tracker_;
   core::MemoryTracker host_tracker_;  // limit backend.host_memory_limit

@@ -74,11 +74,10 @@ if mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=
    && "$py" -c "import sys,h5py; a,b=(h5py.File(p)['steps'][...] for p in sys.argv[1:]); assert (a['loss']==b['loss']).all() and (b['offload_bytes_to_host']>0).all()" out/zero2.h5 out/offload.h5 >> off1.log 2>&1
 then ok "offload to host: same losses, optimizer state on the host"; else bad "offload to host"; cat off0.log off1.log; fi
 
-# --- every deck in inputs/ resolves and plans at its own world size ---
+# --- every deck in inputs/ resolves and is estimated, in one process whatever its world size ---
 for deck in "$src"/inputs/*.toml; do
-  n=$("$strata" run "$deck" --dry-run 2>&1 | sed -n 's/.*launch with mpiexec -n \([0-9]*\).*/\1/p')
-  if mpiexec -n "${n:-1}" "$strata" run "$deck" --dry-run > deck.log 2>&1 && grep -q "parameters:" deck.log; then
-    ok "deck $(basename "$deck") plans on ${n:-1} rank(s)"; else bad "deck $(basename "$deck")"; cat deck.log; fi
+  if "$strata" run "$deck" --dry-run > deck.log 2>&1 && grep -q "parameters:" deck.log && grep -q "memory estimate" deck.log
+  then ok "deck $(basename "$deck") estimated in one process"; else bad "deck $(basename "$deck")"; cat deck.log; fi
 done
 
 # --- checkpoint and resume: bit for bit, atomic ---
@@ -136,8 +135,28 @@ if [[ $rc -ne 0 && -f ck4/step-000002/manifest.toml && ! -e ck4/step-000004 && -
    && same_losses out/ck-whole.h5 out/ck-after-kill.h5 >> ck5.log 2>&1
 then ok "a run killed mid-checkpoint resumes from the previous one"; else bad "kill mid-checkpoint (rc $rc)"; ls -a ck4; cat ck4.log ck5.log; fi
 # --- dry run, help, version ---
-if "$strata" run tiny.toml --dry-run --output out/dry.h5 > dry.log 2>&1 && grep -q "parameters:" dry.log \
-   && grep -q "optimizer" dry.log && [[ ! -e out/dry.h5 ]]; then ok "dry run prints plan, writes nothing"; else bad "dry run"; cat dry.log; fi
+if "$strata" run tiny.toml --dry-run > dry.log 2>&1 && grep -q "parameters:" dry.log \
+   && grep -q "optimizer" dry.log && [[ ! -e results/tiny.h5 ]]; then ok "dry run prints the estimate, writes nothing"; else bad "dry run"; cat dry.log; fi
+# With --output, the estimate is a report (status "estimate") whose /memory
+# rows are the 2-rank ZeRO-2 run's above, rank by rank, every step.
+if "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=2 --dry-run --output out/dry.h5 > dry.log 2>&1 \
+   && "$py" - out/dry.h5 out/dp2.h5 >> dry.log 2>&1 <<'PY'
+import sys, h5py
+est, run = (h5py.File(p, "r") for p in sys.argv[1:3])
+assert est.attrs["status"] == b"estimate" or est.attrs["status"] == "estimate", est.attrs["status"]
+assert int(est.attrs["world_size"]) == 2
+key = lambda r: (int(r["rank"]), r["pool"], r["category"])
+want = {key(r): (int(r["current_bytes"]), int(r["peak_bytes"]), int(r["pool_peak_bytes"])) for r in est["memory"][...]}
+got = run["memory"][...]
+assert len(want) == 2 * 6 and len(got) == 4 * 2 * 6, (len(want), len(got))
+for r in got:
+    assert want[key(r)] == (int(r["current_bytes"]), int(r["peak_bytes"]), int(r["pool_peak_bytes"])), (r, want[key(r)])
+PY
+then ok "dry run --output: an estimate report equal to the run's /memory"; else bad "dry run --output"; cat dry.log; fi
+"$strata" run tiny.toml --dry-run --set backend.memory_limit=64KiB > dry3.log 2>&1
+rc=$?
+[[ $rc -eq 3 ]] && grep -q "DOES NOT FIT" dry3.log && ok "dry run of a layout that does not fit exits 3" \
+  || { bad "dry run that does not fit (rc $rc)"; cat dry3.log; }
 "$strata" --help > help.log 2>&1 && grep -q "run" help.log && ok "--help" || bad "--help"
 "$strata" --version > version.log 2>&1 && grep -q "strata" version.log && ok "--version" || bad "--version"
 

@@ -20,6 +20,7 @@
 #include "src/mesh/mesh.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/trainer.hpp"
+#include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
 
 using namespace strata;
@@ -59,7 +60,11 @@ Trajectory run(const deck::Config& c, mesh::Mesh* mesh) {
     t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, &mesh->dp(), &mesh->tp(), &mesh->pp(),
                                          mesh->embedding(), &mesh->ep(), &mesh->edp());
   Trajectory r;
-  for (int s = 0; s < c.run.steps; ++s) r.steps.push_back(t->step(s));
+  for (int s = 0; s < c.run.steps; ++s) {
+    estimate_check::begin_step(tracker, nullptr, s);
+    r.steps.push_back(t->step(s));
+  }
+  estimate_check::expect_estimate_is_measured(c, tracker, *t);
   r.params = t->strategy().full_params();
   r.registry = t->registry();
   return r;

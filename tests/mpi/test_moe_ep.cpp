@@ -22,6 +22,7 @@
 #include "src/mesh/mesh.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/trainer.hpp"
+#include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
 
 using namespace strata;
@@ -104,6 +105,7 @@ void check(const Layout& l) {
   for (const auto& s : t.registry().specs())
     if (s.expert) EXPECT_EQ(s.shape[0] * l.ep, kExperts) << s.name << ": experts split over ep";
   for (int s = 0; s < c.run.steps; ++s) {
+    estimate_check::begin_step(tracker, &log, s);
     const auto r = t.step(s);
     EXPECT_NEAR(r.loss, losses[s], 1e-5 * std::fabs(losses[s])) << "step " << s;
     // Adam's step is blind to a gradient's scale; the norm is not (the
@@ -111,6 +113,8 @@ void check(const Layout& l) {
     EXPECT_NEAR(r.grad_norm, norms[s], 1e-5 * norms[s]) << "step " << s;
     EXPECT_EQ(job_routing(t.expert_records(), l.tp), routing[s]) << "routing of step " << s;
   }
+  // Before full_params below, whose gathers are logged under the last step.
+  estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
   // Parameters norm-wise per tensor within 5e-5 (losses and gradient norms:
   // 1e-5). An expert's MLP runs over the rows of several micro-batches at
   // once here, one at a time on one rank: the weight gradients sum in

@@ -22,6 +22,7 @@
 #include "src/mesh/mesh.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/trainer.hpp"
+#include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
 
 using namespace strata;
@@ -70,11 +71,13 @@ void check(const Layout& l) {
   train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
+    estimate_check::begin_step(tracker, &log, s);
     const auto r = t.step(s);
     clipped += r.clipped;
     EXPECT_NEAR(r.loss, losses[s], 1e-5 * std::fabs(losses[s])) << "step " << s;
   }
   EXPECT_GT(clipped, 0);
+  estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
   // Parameters norm-wise per tensor within 2e-5 (losses: 1e-5). The
   // interleaved pp 4 layouts need 8 layers, and summing partial results in
   // another order over 8 layers and 10 Adam steps at lr 1e-2 leaves up to

@@ -22,6 +22,7 @@
 #include "kernels/foundation/clock.hpp"
 #include "src/train/trainer.hpp"
 #include "strategies/zero.hpp"
+#include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
 
 using namespace strata;
@@ -83,12 +84,14 @@ TEST_P(Parity, LossAndParametersMatchOneRank) {
     train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
     int clipped = 0;
     for (int s = 0; s < c.run.steps; ++s) {
+      estimate_check::begin_step(tracker, &log, s);
       const auto r = t.step(s);
       clipped += r.clipped;
       EXPECT_NEAR(r.loss, ref.losses[s], 1e-5 * std::fabs(ref.losses[s]))
           << "zero " << zero << " d_model " << d_model << " step " << s;
     }
     EXPECT_GT(clipped, 0) << "the test should exercise clipping";
+    estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
     const auto p = t.strategy().full_params();
     double key_abs = 0;
     EXPECT_LE(parity::params_error(t.model().registry(), p, ref.registry, ref.params, &key_abs), 1e-5)
@@ -202,7 +205,8 @@ TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
 // gradients and parameters, and the trajectory is the on-device one bit for
 // bit, under dp and every ZeRO stage. Per step the host receives 8 bytes
 // and returns 4 per element the rank updates; the arena holds 8 (moments)
-// + 4 + 4 (staging) per element. In mixed precision (bf16, ZeRO-Offload's
+// + 4 + 4 (staging) per element of its shards, padding included (so every
+// rank holds the same bytes). In mixed precision (bf16, ZeRO-Offload's
 // split) the fp32 master weights live there too (12 bytes with the
 // moments): the host receives the 16-bit gradients and returns the 16-bit
 // parameters (2 bytes each way), through 2 + 2 bytes of staging.
@@ -237,17 +241,19 @@ TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
       train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
       // Elements this rank updates, per optimizer: its shard of every unit
       // (dp: one optimizer for all).
-      std::int64_t own = 0, nvme_bytes = 0;
+      std::int64_t own = 0, padded = 0, nvme_bytes = 0;
       for (const auto& u : t.units()) {
         const std::int64_t shard = zero == 0 ? u.size() : (u.size() + n - 1) / n;
         const int r = mesh.dp().rank();
         const std::int64_t k = zero == 0 ? u.size() : std::max<std::int64_t>(0, std::min(u.size() - r * shard, shard));
         own += k;
+        padded += shard;
         if (zero > 0) nvme_bytes += (k + 1023) / 1024 * chunk_bytes;
       }
       if (zero == 0) nvme_bytes = (own + 1023) / 1024 * chunk_bytes;
       const bool off = offload != "none";
       for (int s = 0; s < c.run.steps; ++s) {
+        estimate_check::begin_step(tracker, nullptr, s);
         const auto r = t.step(s);
         loss[offload].push_back(r.loss);
         EXPECT_EQ(r.offload.bytes_to_host, off ? to_host * double(own) : 0.0);
@@ -255,6 +261,7 @@ TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
         EXPECT_EQ(r.offload.nvme_bytes_read, offload == "nvme" ? double(nvme_bytes) : 0.0);
         EXPECT_EQ(r.offload.nvme_bytes_written, offload == "nvme" ? double(nvme_bytes) : 0.0);
       }
+      estimate_check::expect_estimate_is_measured(c, tracker, t);
       params[offload] = t.strategy().full_params();
       if (!off) device_optimizer = tracker.current(MemCategory::optimizer);
       if (off) {
@@ -262,8 +269,8 @@ TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
         EXPECT_EQ(t.host_tracker().current(MemCategory::optimizer),
                   offload == "host" ? device_optimizer : std::size_t(2 * (chunk_bytes + 4096)))
             << "nvme: the two chunk buffers (each allocated 4 KiB over, for alignment)";
-        EXPECT_EQ(t.host_tracker().current(MemCategory::params), std::size_t(staging) * std::size_t(own));
-        EXPECT_EQ(t.host_tracker().current(MemCategory::grads), std::size_t(staging) * std::size_t(own));
+        EXPECT_EQ(t.host_tracker().current(MemCategory::params), std::size_t(staging) * std::size_t(padded));
+        EXPECT_EQ(t.host_tracker().current(MemCategory::grads), std::size_t(staging) * std::size_t(padded));
       }
       if (offload == "nvme") {
         ASSERT_NE(t.nvme_file(), nullptr);
@@ -318,6 +325,7 @@ TEST(StateStrategies, ParameterOffloadToNvmeIsExact) {
         if (k > 0) written += (shard * e + 4095) / 4096 * 4096 + (k + 1023) / 1024 * chunk_bytes;
       }
       for (int s = 0; s < c.run.steps; ++s) {
+        estimate_check::begin_step(tracker, nullptr, s);
         const auto r = t.step(s);
         loss[offload].push_back(r.loss);
         if (offload) {
@@ -327,6 +335,7 @@ TEST(StateStrategies, ParameterOffloadToNvmeIsExact) {
           EXPECT_GT(tracker.peak(MemCategory::params), 0u) << "gathered units while in use";
         }
       }
+      estimate_check::expect_estimate_is_measured(c, tracker, t);
       params[offload] = t.strategy().full_params();
     }
     EXPECT_EQ(loss[true], loss[false]) << "bit for bit";

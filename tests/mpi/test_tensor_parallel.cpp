@@ -18,6 +18,7 @@
 #include "src/mesh/mesh.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/trainer.hpp"
+#include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
 
 using namespace strata;
@@ -63,11 +64,13 @@ void check_layout(int dp, int tp, int zero, bool sp) {
   train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp());
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
+    estimate_check::begin_step(tracker, &log, s);
     const auto r = t.step(s);
     clipped += r.clipped;
     EXPECT_NEAR(r.loss, ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "step " << s;
   }
   EXPECT_GT(clipped, 0);
+  estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
   double key_abs = 0;
   EXPECT_LE(parity::params_error(t.model().registry(), t.strategy().full_params(), ref.registry, ref.params, &key_abs),
             1e-5);
@@ -162,10 +165,10 @@ TEST(TensorParallel, RecomputationIsExactOnEveryLayout) {
   for (const L l : {L{1, n / 2, 2, true, "1f1b"}, L{2, n / 2, 1, false, "1f1b"}, L{2, n / 4, 2, true, "gpipe"}}) {
     if (l.dp < 1 || l.pp * l.dp * l.tp != n) continue;
     SCOPED_TRACE(fmt::format("pp {} dp {} tp {} sp {} {}", l.pp, l.dp, l.tp, l.sp, l.schedule));
-    comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp}, log);
     std::map<std::string, std::vector<double>> loss;
     for (const char* mode : {"none", "selective", "full"}) {
+      comm::CommLog log(prof::now_seconds());
+      mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp}, log);
       const std::string text = fmt::format(
           "[run]\nsteps = 4\nwarmup_steps = 0\nseed = 5\n"
           "[model]\nlayers = 4\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\nrecompute = \"{}\"\n"
@@ -176,7 +179,11 @@ TEST(TensorParallel, RecomputationIsExactOnEveryLayout) {
       const auto c = deck::parse_deck("test.toml", text, {}).config;
       core::MemoryTracker tracker;
       train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
-      for (int s = 0; s < c.run.steps; ++s) loss[mode].push_back(t.step(s).loss);
+      for (int s = 0; s < c.run.steps; ++s) {
+        estimate_check::begin_step(tracker, &log, s);
+        loss[mode].push_back(t.step(s).loss);
+      }
+      estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
     }
     EXPECT_EQ(loss["selective"], loss["none"]);
     EXPECT_EQ(loss["full"], loss["none"]);

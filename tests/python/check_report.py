@@ -16,7 +16,7 @@ ROOT_ATTRS = ["schema", "schema_version", "strata_version", "git_commit", "comma
 TABLES = {
     "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "tokens_per_s", "model_flops", "mfu",
               "moe_aux_loss", "load_imbalance", "drop_rate"],
-    "memory": ["rank", "step", "category", "pool", "current_bytes", "peak_bytes"],
+    "memory": ["rank", "step", "category", "pool", "current_bytes", "peak_bytes", "pool_peak_bytes"],
     "experts": ["rank", "step", "layer", "expert", "tokens_routed", "tokens_dropped", "prob_mass"],
     "timeline": ["rank", "step", "micro_batch", "chunk", "layer", "phase", "start", "end"],
     "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait"],

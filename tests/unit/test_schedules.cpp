@@ -7,6 +7,7 @@
 
 #include "src/sim/pipeline_sim.hpp"
 #include "strategies/pp/check.hpp"
+#include "strategies/pp/liveness.hpp"
 #include "strategies/pp/schedule.hpp"
 
 using namespace strata;
@@ -107,4 +108,45 @@ TEST(Schedules, BrokenSchedulesAreCaught) {
                                    {{Op::recv_act, 0, 0, 0}, {Op::send_grad, 0, 0, 0}, {Op::optimizer}}};
   const auto run = sim::simulate(dead);
   EXPECT_NE(run.deadlock.find("rank 0 waits"), std::string::npos) << run.deadlock;
+}
+
+// The executor holds one stage model per pair its liveness counts and waits
+// for a send of a finished pair to be received before reusing its model:
+// no schedule deadlocks so, and none loses time to it under unit costs.
+TEST(Schedules, BoundedStageModelsNeitherDeadlockNorStall) {
+  for (const auto& info : strategies::pp::schedules())
+    for (const Shape& s : shapes_for(info)) {
+      const auto sched = strategies::pp::make_schedule(info.name, s);
+      const auto free_run = sim::simulate(sched, unit_costs());
+      const auto bounded = sim::simulate(sched, unit_costs(), true);
+      EXPECT_EQ(bounded.deadlock, "") << info.name << " p " << s.p << " m " << s.m << " v " << s.v;
+      EXPECT_EQ(bounded.makespan, free_run.makespan) << info.name << " p " << s.p << " m " << s.m << " v " << s.v;
+    }
+}
+
+// Liveness: GPipe keeps every micro-batch on every rank, 1F1B p - rank,
+// ZB-H1 p (its weight halves postponed up to the first rank's depth); the
+// first and last action of every pair are marked once, and each chunk's
+// last backward completes it.
+TEST(Schedules, LivenessCountsPairsFromFirstToLastAction) {
+  for (int p = 2; p <= 5; ++p)
+    for (int m = p; m <= 12; ++m) {
+      const Shape s{p, m, 1};
+      for (int r = 0; r < p; ++r) {
+        const auto gp = strategies::pp::liveness(strategies::pp::make_schedule("gpipe", s)[r]);
+        const auto f1b = strategies::pp::liveness(strategies::pp::make_schedule("1f1b", s)[r]);
+        const auto zb = strategies::pp::liveness(strategies::pp::make_schedule("zb-h1", s)[r]);
+        EXPECT_EQ(gp.slots[0], m) << "p " << p << " m " << m << " rank " << r;
+        EXPECT_EQ(f1b.slots[0], p - r) << "p " << p << " m " << m << " rank " << r;
+        EXPECT_EQ(zb.slots[0], p) << "p " << p << " m " << m << " rank " << r;
+        EXPECT_TRUE(zb.split_backward);
+        EXPECT_FALSE(f1b.split_backward);
+        int firsts = 0, lasts = 0, completes = 0;
+        for (std::size_t i = 0; i < f1b.first_of_pair.size(); ++i)
+          firsts += f1b.first_of_pair[i], lasts += f1b.last_of_pair[i], completes += f1b.completes_chunk[i];
+        EXPECT_EQ(firsts, m);
+        EXPECT_EQ(lasts, m);
+        EXPECT_EQ(completes, 1);
+      }
+    }
 }

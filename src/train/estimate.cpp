@@ -1,0 +1,115 @@
+#include "src/train/estimate.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "kernels/foundation/clock.hpp"
+#include "kernels/kernels.hpp"
+#include "src/train/trainer.hpp"
+
+namespace strata::train {
+
+std::vector<CommVolume> comm_volumes(const std::vector<comm::CommRecord>& records, int step) {
+  std::vector<CommVolume> out;
+  for (const auto& r : records) {
+    if (r.step != step) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const CommVolume& v) { return v.axis == r.axis && v.op == r.op; });
+    if (it == out.end()) it = out.insert(out.end(), CommVolume{r.axis, r.op, r.group_size});
+    ++it->calls;
+    it->bytes += r.bytes;
+  }
+  return out;
+}
+
+namespace {
+
+// The meta device for a scope, whatever device the process had.
+class OnMeta {
+ public:
+  OnMeta() : saved_(kernels::device()) { kernels::use_device(kernels::Device::meta); }
+  ~OnMeta() { kernels::use_device(saved_ == kernels::Device::meta ? kernels::Device::cpu : saved_); }
+  OnMeta(const OnMeta&) = delete;
+  OnMeta& operator=(const OnMeta&) = delete;
+
+ private:
+  kernels::Device saved_;
+};
+
+mesh::Layout layout_of(const deck::Config& cfg) {
+  return {cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep};
+}
+
+}  // namespace
+
+RankMemory estimate_rank(const deck::Config& cfg, int rank, std::vector<CommVolume>* comm) {
+  const OnMeta meta;
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(layout_of(cfg), rank, log);
+  core::MemoryTracker tracker;
+  tracker.count_only();
+  Trainer t(cfg, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(), &mesh.ep(), &mesh.edp());
+  // As run_deck measures: peaks restart with each step.
+  for (int s = 0; s < 2; ++s) {
+    log.set_step(s);
+    tracker.reset_peaks();
+    t.step(s);
+  }
+  if (comm != nullptr) *comm = comm_volumes(log.records(), 1);
+  return rank_memory(tracker, t.host_tracker(), t.nvme_file());
+}
+
+Estimate estimate(const deck::Config& cfg) {
+  const mesh::Layout l = layout_of(cfg);
+  Estimate e;
+  e.world = l.world();
+  for (int pp = 0; pp < l.pp; ++pp) {
+    std::vector<int> stage;
+    for (int dp = 0; dp < l.dp; ++dp)
+      for (int tp = 0; tp < l.tp; ++tp) stage.push_back(mesh::rank_of(l, {pp, dp, tp}));
+    std::vector<CommVolume> comm;
+    const RankMemory first = estimate_rank(cfg, stage.front(), &comm);
+    const bool alike = stage.size() == 1 || estimate_rank(cfg, stage.back()) == first;
+    if (alike) {
+      e.classes.push_back({stage, first, comm});
+      continue;
+    }
+    // Ranks of this stage differ: each is estimated, and equal ones grouped.
+    const std::size_t begin = e.classes.size();
+    for (int r : stage) {
+      std::vector<CommVolume> c;
+      const RankMemory m = r == stage.front() ? first : estimate_rank(cfg, r, &c);
+      auto it = std::find_if(e.classes.begin() + std::ptrdiff_t(begin), e.classes.end(),
+                             [&](const RankClass& k) { return k.memory == m; });
+      if (it == e.classes.end())
+        e.classes.push_back({{r}, m, r == stage.front() ? comm : c});
+      else
+        it->ranks.push_back(r);
+    }
+  }
+  const std::uint64_t limits[2] = {cfg.backend.memory_limit, cfg.backend.host_memory_limit};
+  for (const RankClass& k : e.classes)
+    for (int p = 0; p < 2; ++p) {
+      const std::uint64_t peak = k.memory.pools[std::size_t(p)].total_peak;
+      if (limits[p] != 0 && peak > limits[p])
+        e.does_not_fit.push_back(fmt::format("ranks {}: {} peak {} exceeds backend.{} = {}", rank_ranges(k.ranks),
+                                             core::pool_name(core::Pool(p)), core::format_bytes(double(peak)),
+                                             p == 0 ? "memory_limit" : "host_memory_limit",
+                                             core::format_bytes(double(limits[p]))));
+    }
+  return e;
+}
+
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string out;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += fmt::format("{}{}", out.empty() ? "" : ",", j == i ? fmt::format("{}", ranks[i])
+                                                               : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace strata::train

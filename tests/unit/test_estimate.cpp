@@ -1,0 +1,118 @@
+// The dry run's estimate (src/train/estimate.hpp): one step run on the meta
+// device, for any rank of any layout, in this process. On one rank it equals
+// what a run of the same deck measures, per pool and category, held and
+// peak, under every strategy a single rank can run (the MPI parity tests
+// assert the same on every layout of 2, 4 and 8 ranks). A 4096-rank layout
+// of a 7B-class GPT falls into one class per pipeline stage, holding ZeRO-1's
+// mixed-precision bytes of its stage exactly.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "kernels/kernels.hpp"
+#include "src/deck/deck.hpp"
+#include "src/train/estimate.hpp"
+#include "src/train/trainer.hpp"
+
+using namespace strata;
+using core::MemCategory;
+using core::Pool;
+
+namespace {
+
+deck::Config tiny(const std::vector<std::string>& sets) {
+  const std::string text =
+      "[run]\nsteps = 3\nwarmup_steps = 0\nseed = 11\n"
+      "[model]\nlayers = 2\nd_model = 16\nheads = 2\nvocab = 32\nseq_len = 8\n"
+      "[data]\nglobal_batch = 4\nmicro_batch = 2\n"
+      "[optim]\nlr = 3e-3\n"
+      "[backend]\nthreads = 1\n";
+  return deck::parse_deck("tiny.toml", text, sets).config;
+}
+
+}  // namespace
+
+TEST(Estimate, OneRankMeasuresWhatItEstimates) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("strata-estimate-{}", ::getpid())).string();
+  const std::vector<std::vector<std::string>> variants = {
+      {},
+      {"parallel.zero=3"},
+      {"model.recompute=\"selective\""},
+      {"model.recompute=\"full\""},
+      {"backend.precision=\"bf16\""},
+      {"backend.precision=\"fp16\"", "parallel.zero=2"},
+      {"parallel.offload=\"host\""},
+      {"parallel.offload=\"nvme\"", "offload.path=\"" + dir + "\"", "offload.chunk_mb=0.00390625"},
+      {"parallel.offload=\"nvme\"", "offload.path=\"" + dir + "\"", "parallel.zero=3", "offload.params=true",
+       "backend.precision=\"bf16\""},
+      {"model.kind=\"moe\"", "model.moe_experts=4"},
+      {"model.kind=\"moe\"", "model.moe_experts=4", "model.moe_every=2", "parallel.zero=2", "backend.precision=\"bf16\""},
+  };
+  for (const auto& sets : variants) {
+    std::string what;
+    for (const auto& s : sets) what += s + " ";
+    SCOPED_TRACE(what);
+    const deck::Config c = tiny(sets);
+    core::MemoryTracker tracker;
+    train::Trainer t(c, tracker, nullptr, 0.0);
+    for (int s = 0; s < c.run.steps; ++s) {
+      tracker.reset_peaks();
+      t.step(s);
+    }
+    const train::RankMemory got = train::rank_memory(tracker, t.host_tracker(), t.nvme_file());
+    const train::RankMemory want = train::estimate_rank(c, 0);
+    EXPECT_TRUE(got == want) << "measured:  " << train::describe(got) << "\nestimated: " << train::describe(want);
+    EXPECT_GT(got[Pool::device].total_peak, 0u);
+    if (c.parallel.offload != "none") EXPECT_GT(got[Pool::host].held[int(MemCategory::optimizer)], 0u);
+    if (c.parallel.offload == "nvme") EXPECT_GT(got[Pool::nvme].total_peak, 0u);
+    EXPECT_EQ(kernels::device(), kernels::Device::cpu) << "the estimate gives the device back";
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// The dry run writes nothing: no NVMe file on the meta device.
+TEST(Estimate, NvmeOffloadCreatesNoFile) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / fmt::format("strata-estimate-none-{}", ::getpid())).string();
+  const deck::Config c = tiny({"parallel.offload=\"nvme\"", "offload.path=\"" + dir + "\""});
+  const train::RankMemory m = train::estimate_rank(c, 0);
+  EXPECT_GT(m[Pool::nvme].held[int(MemCategory::optimizer)], 0u);
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+// dp 64 x tp 8 x pp 8 of a 6.7 B-parameter GPT: one class per pipeline
+// stage, 512 ranks each; every rank of a stage holds its tensor-parallel
+// slice of the stage's parameters whole (ZeRO-1: 2 bytes each in bf16,
+// padded per unit to a multiple of dp) and 12 bytes per element of its
+// 1/64 shard in the optimizer.
+TEST(Estimate, A4096RankLayoutIsOneClassPerStage) {
+  const deck::Config c = deck::load_deck(STRATA_SOURCE_DIR "/inputs/gpt-7b-4096.toml", {}).config;
+  const train::Estimate e = train::estimate(c);
+  EXPECT_EQ(e.world, 4096);
+  ASSERT_EQ(e.classes.size(), 8u);
+  const models::GptConfig gc = train::gpt_config(c);
+  for (int s = 0; s < 8; ++s) {
+    const auto& k = e.classes[std::size_t(s)];
+    ASSERT_EQ(k.ranks.size(), 512u);
+    EXPECT_EQ(k.ranks.front(), 512 * s);
+    EXPECT_EQ(k.ranks.back(), 512 * s + 511);
+    const models::GptStage stage = models::gpt_stage(gc, s, 8);
+    const models::ParamRegistry reg = models::gpt_registry(gc, 8, 0, stage);
+    std::uint64_t shard = 0;
+    for (const auto& u : models::gpt_units(reg, gc, stage)) shard += std::uint64_t((u.size() + 63) / 64);
+    const train::PoolFigures& d = k.memory[Pool::device];
+    EXPECT_EQ(d.held[int(MemCategory::params)], 2 * 64 * shard) << "stage " << s;
+    EXPECT_EQ(d.held[int(MemCategory::grads)], 2 * 64 * shard) << "stage " << s;
+    EXPECT_EQ(d.held[int(MemCategory::optimizer)], 12 * shard) << "stage " << s;
+    EXPECT_GE(d.total_peak, d.total_held());
+  }
+  EXPECT_TRUE(e.does_not_fit.empty());
+  deck::Config small = c;
+  small.backend.memory_limit = std::uint64_t(1) << 30;
+  EXPECT_EQ(train::estimate(small).does_not_fit.size(), 8u) << "1 GiB fits no stage";
+}
