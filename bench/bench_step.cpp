@@ -19,7 +19,7 @@ using namespace strata;
 
 namespace {
 
-deck::Config load(const std::string& name, std::vector<std::string> sets = {}) {
+plan::Plan load(const std::string& name, std::vector<std::string> sets = {}) {
   sets.push_back("run.steps=1000000");  // the trainer's step index only drives the lr schedule here
   return deck::load_deck(std::string(STRATA_SOURCE_DIR) + "/inputs/" + name, sets).config;
 }

@@ -2,10 +2,54 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "kernels/kernels.hpp"
 #include "models/state.hpp"
+#include "strategies/plan.hpp"
 
 namespace strata::strategies {
+
+namespace {
+
+// Each data-parallel rank takes global_batch / dp sequences of a step, in
+// whole micro-batches (every state strategy works over the dp group).
+void check_dp(const plan::Plan& p, PlanChecks& checks) {
+  const auto& d = p.data;
+  if (d.global_batch % d.micro_batch == 0 && d.global_batch % (d.micro_batch * p.parallel.dp) != 0)
+    checks.error({"data.global_batch", "data.micro_batch", "parallel.dp"},
+                 fmt::format("{} is not a multiple of {} x {}: each data-parallel rank takes global_batch / dp "
+                             "sequences in whole micro-batches",
+                             checks.show("data.global_batch"), checks.show("parallel.dp"),
+                             checks.show("data.micro_batch")));
+}
+
+std::unique_ptr<StateStrategy> make_dp(const StateConfig& cfg, const models::ParamRegistry& reg,
+                                       std::vector<models::Unit> units, comm::Communicator* group,
+                                       core::MemoryTracker& tracker) {
+  return std::make_unique<DataParallel>(cfg, reg, std::move(units), group, tracker);
+}
+
+}  // namespace
+
+const StateRow& data_parallel_row() {
+  using plan::key, plan::Plan, plan::ParallelSection;
+  static const StateRow row{
+      {"dp", "replicated parameters, gradients and optimizer state; gradient buckets all-reduced during the backward pass",
+       {key<&Plan::parallel, &ParallelSection::dp>("parallel", "dp", "data-parallel replicas").at_least(1),
+        key<&Plan::parallel, &ParallelSection::bucket_mb>(
+            "parallel", "bucket_mb",
+            "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO holds at most this much in "
+            "reduce-scatter buffers (one more while it waits)")
+            .above(0)},
+       {"dp"},
+       check_dp,
+       "params 4 Psi, grads 4 Psi, optimizer 8 Psi (mixed precision 2 + 2 + 12 Psi); all-reduce of 4 Psi (2 Psi) "
+       "per step, in buckets"},
+      [](const plan::Plan& p) { return p.parallel.zero == 0; },
+      make_dp};
+  return row;
+}
 
 DataParallel::DataParallel(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
                            comm::Communicator* dp, core::MemoryTracker& tracker)

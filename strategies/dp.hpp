@@ -9,9 +9,13 @@
 #pragma once
 
 #include "models/state.hpp"
+#include "strategies/registry.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::strategies {
+
+// The state seam's row of dp (zero = 0).
+const StateRow& data_parallel_row();
 
 class DataParallel final : public StateStrategy, public models::ReplicatedState {
  public:

@@ -24,9 +24,7 @@ class ExpertParallelState final : public StateStrategy, public models::ParamStat
  public:
   // `make` builds an inner strategy over a sub-registry, its units and a
   // group (the factory's own choice of dp or ZeRO).
-  using Make = std::unique_ptr<StateStrategy> (*)(const StateConfig&, const models::ParamRegistry&,
-                                                 std::vector<models::Unit>, comm::Communicator*,
-                                                 core::MemoryTracker&);
+  using Make = StateFactory;
   ExpertParallelState(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
                       comm::Communicator* dp, comm::Communicator* ep, comm::Communicator* edp,
                       core::MemoryTracker& tracker, Make make);

@@ -5,7 +5,7 @@
 // pass; "zero" (stages 1, 2, 3) shards optimizer state, then gradients, then
 // parameters; with expert parallelism, "ep" keeps expert units apart, each
 // kind under one of those over its own group. Adding a strategy is adding a
-// file and a line in the factory.
+// file and its row in state_rows() (strategies/registry.hpp).
 #pragma once
 
 #include <cstdint>
@@ -21,8 +21,17 @@
 
 namespace strata::strategies {
 
+class StateStrategy;
+struct StateConfig;
+// Builds a state strategy over the parameters of `reg` cut into `units`,
+// synchronised over `group` (null: one rank): a state row's factory.
+using StateFactory = std::unique_ptr<StateStrategy> (*)(const StateConfig&, const models::ParamRegistry& reg,
+                                                       std::vector<models::Unit> units, comm::Communicator* group,
+                                                       core::MemoryTracker& tracker);
+
 struct StateConfig {
-  int zero = 0;                              // 0: data parallel; 1, 2, 3: ZeRO stage
+  StateFactory make = nullptr;               // the chosen state row's
+  int zero = 0;                              // the ZeRO stage (1, 2, 3) for zero
   std::int64_t bucket_bytes = 25 << 20;      // DP all-reduce bucket (PyTorch DDP's default)
   models::AdamWSettings adamw;
   std::uint64_t seed = 0;
@@ -104,10 +113,11 @@ class StateStrategy {
 };
 
 // The parameters of `reg` (which must outlive the strategy), cut into
-// `units`. dp: the data-parallel communicator, or nullptr for a single rank.
-// With an expert-parallel group `ep` of more than one rank, the expert units
-// are kept apart and synchronised over `edp`, the expert-data-parallel group
-// (strategies/ep.hpp).
+// `units`, kept by cfg.make's strategy. dp: the data-parallel communicator,
+// or nullptr for a single rank. With an expert-parallel group `ep` of more
+// than one rank, the expert units are kept apart and synchronised over
+// `edp`, the expert-data-parallel group, each kind by its own strategy of
+// cfg.make (strategies/ep.hpp).
 std::unique_ptr<StateStrategy> make_state_strategy(const StateConfig& cfg, const models::ParamRegistry& reg,
                                                    std::vector<models::Unit> units, comm::Communicator* dp,
                                                    core::MemoryTracker& tracker, comm::Communicator* ep = nullptr,

@@ -5,8 +5,29 @@
 #include "kernels/kernels.hpp"
 #include "models/nvme.hpp"
 #include "kernels/foundation/error.hpp"
+#include "strategies/plan.hpp"
 
 namespace strata::strategies {
+
+const StateRow& zero_row() {
+  using plan::key, plan::Plan, plan::ParallelSection;
+  static const StateRow row{
+      {"zero", "ZeRO stages 1-3, sharded per unit as FSDP: optimizer state, then gradients, then parameters",
+       {key<&Plan::parallel, &ParallelSection::zero>(
+            "parallel", "zero", "ZeRO stage: 0 off, 1 optimizer state, 2 +gradients, 3 +parameters sharded over dp")
+            .between(0, 3)},
+       {"dp"},
+       nullptr,
+       "held per rank, Psi_p = N x sum over units of ceil(unit / N): stage 1 8 Psi_p + 8 Psi_p / N, stage 2 "
+       "4 Psi_p + 12 Psi_p / N, stage 3 16 Psi_p / N (mixed precision 4 + 12 / N, 2 + 14 / N, 16 / N); while in use, "
+       "gathered units (stage 3) and at most bucket_mb of reduce-scatter buffers"},
+      [](const plan::Plan& p) { return p.parallel.zero > 0; },
+      [](const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
+         comm::Communicator* group, core::MemoryTracker& tracker) -> std::unique_ptr<StateStrategy> {
+        return std::make_unique<Zero>(cfg, reg, std::move(units), group, tracker);
+      }};
+  return row;
+}
 
 using core::MemCategory;
 

@@ -21,9 +21,13 @@
 #include <vector>
 
 #include "models/state.hpp"
+#include "strategies/registry.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::strategies {
+
+// The state seam's row of zero (stages 1-3).
+const StateRow& zero_row();
 
 class Zero final : public StateStrategy, public models::ParamState {
  public:

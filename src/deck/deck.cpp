@@ -15,10 +15,12 @@
 #include <toml++/toml.h>
 
 #include "kernels/foundation/error.hpp"
-#include "src/deck/keys.hpp"
+#include "strategies/keys.hpp"
+#include "strategies/registry.hpp"
 
 namespace strata::deck {
 namespace fs = std::filesystem;
+using namespace plan;
 
 namespace {
 
@@ -121,13 +123,13 @@ std::vector<std::string> sections_with_key(std::string_view name) {
   return out;
 }
 
-// Builds a Config from defaults, the deck and overrides, collecting every error
+// Builds a Plan from defaults, the deck and overrides, collecting every error
 // so that one run of the tool reports all the mistakes in a deck at once.
-class Resolver {
+class Resolver : public strategies::PlanChecks {
  public:
   explicit Resolver(std::string path) : path_(std::move(path)) {}
 
-  Config config;
+  Plan config;
 
   void apply_file(const toml::table& root);
   void apply_override(const std::string& text, int index);
@@ -144,18 +146,23 @@ class Resolver {
   }
   // The place to start a message about several keys ("deck.toml:7" or the
   // --set text): the first of them that was set explicitly, else the file.
-  std::string primary(std::initializer_list<std::string> keys) const {
-    for (const std::string& k : keys)
-      if (auto it = origin_.find(k); it != origin_.end()) return it->second.where;
+  std::string primary(std::initializer_list<std::string_view> keys) const {
+    for (std::string_view k : keys)
+      if (auto it = origin_.find(std::string(k)); it != origin_.end()) return it->second.where;
     return path_;
   }
   // "model.heads = 8 (line 7)"
-  std::string show(const std::string& key) const {
+  std::string show(std::string_view key) const override {
     auto dot = key.find('.');
     const KeySpec* spec = find_key(key.substr(0, dot), key.substr(dot + 1));
-    return fmt::format("{} = {} ({})", key, toml_literal(spec->get(config)), at(key));
+    return fmt::format("{} = {} ({})", key, toml_literal(spec->get(config)), at(std::string(key)));
   }
+  std::string show(const char* key) const { return show(std::string_view(key)); }
   void error(std::string msg) { add_error(kCrossPhase, cross_count_++, 0, std::move(msg)); }
+  // A registry row's finding, placed at the first of its keys the deck sets.
+  void error(std::initializer_list<std::string_view> keys, std::string message) override {
+    error(primary(keys) + ": " + message);
+  }
 
  private:
   static constexpr int kFilePhase = 0, kOverridePhase = 1, kCrossPhase = 2;
@@ -296,7 +303,7 @@ void Resolver::apply_override(const std::string& text, int index) {
 }
 
 void Resolver::check_cross_keys() {
-  const Config& c = config;
+  const Plan& c = config;
   if (c.model.d_model % c.model.heads != 0)
     error(fmt::format("{}: {} is not a multiple of {}: each head takes d_model / heads channels",
                       primary({"model.d_model", "model.heads"}), show("model.d_model"), show("model.heads")));
@@ -304,111 +311,31 @@ void Resolver::check_cross_keys() {
     error(fmt::format("{}: {} is not a multiple of {}: a step accumulates global_batch / micro_batch micro-batches",
                       primary({"data.global_batch", "data.micro_batch"}), show("data.global_batch"),
                       show("data.micro_batch")));
-  else if (c.data.global_batch % (c.data.micro_batch * c.parallel.dp) != 0)
-    error(fmt::format("{}: {} is not a multiple of {} x {}: each data-parallel rank takes global_batch / dp "
-                      "sequences in whole micro-batches",
-                      primary({"data.global_batch", "data.micro_batch", "parallel.dp"}), show("data.global_batch"),
-                      show("parallel.dp"), show("data.micro_batch")));
-  if (c.model.heads % c.parallel.tp != 0)
-    error(fmt::format("{}: {} is not a multiple of {}: tensor parallelism splits the attention heads over tp ranks",
-                      primary({"model.heads", "parallel.tp"}), show("model.heads"), show("parallel.tp")));
-  if (c.model.vocab % c.parallel.tp != 0)
-    error(fmt::format("{}: {} is not a multiple of {}: the embedding and the logits are split by vocabulary over tp "
-                      "ranks",
-                      primary({"model.vocab", "parallel.tp"}), show("model.vocab"), show("parallel.tp")));
-  if (c.parallel.sequence_parallel && c.model.seq_len % c.parallel.tp != 0)
-    error(fmt::format("{}: {} is not a multiple of {}: sequence parallelism splits the sequence over tp ranks",
-                      primary({"model.seq_len", "parallel.tp", "parallel.sequence_parallel"}), show("model.seq_len"),
-                      show("parallel.tp")));
-  const int stages = c.parallel.pp * c.parallel.virtual_stages, first = c.parallel.first_stage_layers,
-            last = c.parallel.last_stage_layers;
-  const int fixed = (first >= 0) + (last >= 0), rest = c.model.layers - std::max(first, 0) - std::max(last, 0);
-  if (fixed > 0 && c.parallel.pp == 1)
-    error(fmt::format("{}: {} and {} split a pipeline; {} has one stage",
-                      primary({"parallel.first_stage_layers", "parallel.last_stage_layers"}),
-                      show("parallel.first_stage_layers"), show("parallel.last_stage_layers"), show("parallel.pp")));
-  else if (fixed == 0 && c.model.layers % stages != 0)
-    error(fmt::format("{}: {} is not a multiple of {} x {}: every pipeline stage takes the same number of layers "
-                      "(or set parallel.first_stage_layers / last_stage_layers)",
-                      primary({"model.layers", "parallel.pp", "parallel.virtual_stages"}), show("model.layers"),
-                      show("parallel.pp"), show("parallel.virtual_stages")));
-  else if (fixed > 0 && (rest < 0 || (stages == fixed ? rest != 0 : rest % (stages - fixed) != 0 ||
-                                                                        rest / (stages - fixed) < 1)))
-    error(fmt::format("{}: {} with {} and {} leaves {} layer(s) for the other {} of {} x {} stages: they must split "
-                      "evenly, at least one each",
-                      primary({"parallel.first_stage_layers", "parallel.last_stage_layers", "model.layers"}),
-                      show("model.layers"), show("parallel.first_stage_layers"), show("parallel.last_stage_layers"),
-                      rest, stages - fixed, show("parallel.pp"), show("parallel.virtual_stages")));
-  else if (c.parallel.pp > 1 && c.data.global_batch % (c.data.micro_batch * c.parallel.dp) == 0) {
-    const int m = c.data.global_batch / (c.data.micro_batch * c.parallel.dp);
-    if (c.parallel.schedule != "gpipe" && m < c.parallel.pp)
-      error(fmt::format("{}: {} needs at least as many micro-batches per step as pipeline stages: global_batch / "
-                        "(dp x micro_batch) = {} < {}",
-                        primary({"parallel.schedule", "parallel.pp"}), show("parallel.schedule"), m,
-                        show("parallel.pp")));
-    else if (c.parallel.schedule == "interleaved" && m % c.parallel.pp != 0)
-      error(fmt::format("{}: {} runs micro-batches in groups of pp: global_batch / (dp x micro_batch) = {} is not a "
-                        "multiple of {}",
-                        primary({"parallel.schedule", "parallel.pp"}), show("parallel.schedule"), m,
-                        show("parallel.pp")));
-  }
-  if (c.parallel.schedule == "interleaved" && c.parallel.pp > 1 && c.parallel.virtual_stages < 2)
-    error(fmt::format("{}: {} needs {} >= 2 model chunks per pipeline rank (1 is the plain 1f1b schedule)",
-                      primary({"parallel.virtual_stages", "parallel.schedule"}), show("parallel.schedule"),
-                      show("parallel.virtual_stages")));
-  if (c.parallel.virtual_stages != 1 && (c.parallel.schedule != "interleaved" || c.parallel.pp == 1))
-    error(fmt::format("{}: {} needs the interleaved schedule with pp > 1 ({}, {}); other schedules hold one model "
-                      "chunk per rank",
-                      primary({"parallel.virtual_stages", "parallel.schedule", "parallel.pp"}),
-                      show("parallel.virtual_stages"), show("parallel.schedule"), show("parallel.pp")));
-  if (c.parallel.offload == "nvme" && c.offload.path.empty())
-    error(fmt::format("{}: {} needs offload.path, the directory each rank's optimizer file goes in (on the NVMe)",
-                      primary({"parallel.offload", "offload.path"}), show("parallel.offload")));
-  if (c.offload.params && (c.parallel.offload != "nvme" || c.parallel.zero != 3))
-    error(fmt::format("{}: offload.params = true needs parallel.offload = \"nvme\" and parallel.zero = 3 ({}, {}): "
-                      "only ZeRO-3 holds just a parameter shard to offload",
-                      primary({"offload.params", "parallel.offload", "parallel.zero"}), show("parallel.offload"),
-                      show("parallel.zero")));
-  if (c.backend.comm == "nccl" && c.backend.device != "cuda")
+  if (c.backend.comm == CommChoice::nccl && c.backend.device != kernels::Device::cuda)
     error(fmt::format("{}: {} needs backend.device = \"cuda\" ({}): NCCL moves GPU memory",
                       primary({"backend.comm", "backend.device"}), show("backend.comm"), show("backend.device")));
-  if (c.backend.device == "cuda" && c.model.heads > 0 && c.model.d_model / c.model.heads > 128)
+  if (c.backend.device == kernels::Device::cuda && c.model.heads > 0 && c.model.d_model / c.model.heads > 128)
     error(fmt::format("{}: {} with a head size of {} (model.d_model / model.heads): the fused attention kernels "
                       "of the CUDA backend take head sizes up to 128",
                       primary({"backend.device", "model.d_model", "model.heads"}), show("backend.device"),
                       c.model.d_model / c.model.heads));
-  if (c.model.kind == "moe" && c.model.moe_experts == 0)
+  if (c.model.kind == ModelKind::moe && c.model.moe_experts == 0)
     error(fmt::format("{}: {} needs model.moe_experts >= 1 ({})", primary({"model.kind", "model.moe_experts"}),
                       show("model.kind"), show("model.moe_experts")));
-  if (c.model.kind != "moe" && c.model.moe_experts > 0)
+  if (c.model.kind != ModelKind::moe && c.model.moe_experts > 0)
     error(fmt::format("{}: {} needs model.kind = \"moe\" ({})", primary({"model.moe_experts", "model.kind"}),
                       show("model.moe_experts"), show("model.kind")));
   if (c.model.moe_experts > 0 && c.model.moe_top_k > c.model.moe_experts)
     error(fmt::format("{}: {} exceeds {}: a token is routed to top_k distinct experts",
                       primary({"model.moe_top_k", "model.moe_experts"}), show("model.moe_top_k"),
                       show("model.moe_experts")));
-  if (c.parallel.ep > 1 && c.model.moe_experts == 0)
-    error(fmt::format("{}: {} needs a Mixture-of-Experts model (model.kind = \"moe\", model.moe_experts >= 1); "
-                      "{}",
-                      primary({"parallel.ep", "model.moe_experts"}), show("parallel.ep"), show("model.moe_experts")));
-  if (c.parallel.dp % c.parallel.ep != 0)
-    error(fmt::format("{}: {} does not divide {}: the ep ranks holding different experts are a part of each "
-                      "data-parallel group",
-                      primary({"parallel.ep", "parallel.dp"}), show("parallel.ep"), show("parallel.dp")));
-  if (c.model.moe_experts > 0 && c.model.moe_experts % c.parallel.ep != 0)
-    error(fmt::format("{}: {} is not a multiple of {}: each expert-parallel rank holds experts / ep whole experts",
-                      primary({"model.moe_experts", "parallel.ep"}), show("model.moe_experts"), show("parallel.ep")));
-  if (c.model.recompute != "none" && c.parallel.schedule == "zb-h1" && c.parallel.pp > 1)
-    error(fmt::format("{}: {} with {}: the zero-bubble schedule keeps every block's activations until the weight "
-                      "half of its backward, which recomputation would have overwritten; use another schedule or "
-                      "recompute = \"none\"",
-                      primary({"model.recompute", "parallel.schedule"}), show("model.recompute"),
-                      show("parallel.schedule")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",
                       primary({"run.warmup_steps", "run.steps"}), show("run.warmup_steps"), show("run.steps")));
-  if (c.data.source == "text") check_text_source();
+  if (c.data.source == DataSource::text) check_text_source();
+  // The strategies' own constraints, each from its registry row.
+  strategies::check_plan(c, *this);
 }
 
 // A text source reads the file's bytes as tokens. A relative data.path is
@@ -416,7 +343,7 @@ void Resolver::check_cross_keys() {
 // that opened is written back, so the resolved deck names the file actually
 // read and re-resolves to it.
 void Resolver::check_text_source() {
-  Config& c = config;
+  Plan& c = config;
   if (c.model.vocab < 256)
     error(fmt::format("{}: {} needs model.vocab >= 256 (text is read as byte-level tokens); got {}",
                       primary({"model.vocab", "data.source"}), show("data.source"), show("model.vocab")));
@@ -476,7 +403,7 @@ void Resolver::throw_if_errors() {
   core::input_error("{}", join(lines, "\n"));
 }
 
-std::string resolved_toml(const Config& c) {
+std::string resolved_toml(const Plan& c) {
   std::string out = "# Resolved deck: every key with its final value (defaults, deck, --set).\n";
   std::string_view section;
   for (const KeySpec& k : key_table()) {
@@ -537,7 +464,7 @@ std::vector<std::string> describe_keys() {
   struct Row {
     std::string name, type, def, allowed, doc;
   };
-  const Config defaults;
+  const Plan defaults;
   std::vector<Row> rows;
   std::size_t w[4] = {0, 0, 0, 0};
   for (const KeySpec& k : key_table()) {

@@ -1,13 +1,16 @@
 // Decks: TOML input files that describe a run. A deck is parsed, overridden by
 // `--set section.key=value`, and validated against one table of known keys
-// (types, defaults, allowed values, ranges). Any error names the file, line,
-// key, what was expected and what is allowed, and is an input error (exit 2).
+// (types, defaults, allowed values, ranges: the global keys and the
+// strategies' registry rows', strategies/keys.hpp) into a typed plan; then
+// the global cross-key checks and every row's run. Any error names the file,
+// line, key, what was expected and what is allowed, and is an input error
+// (exit 2).
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "src/deck/config.hpp"
+#include "strategies/plan.hpp"
 
 namespace strata::deck {
 
@@ -15,7 +18,7 @@ struct Deck {
   std::string path;                     // where the text came from
   std::string text;                     // the deck exactly as read
   std::vector<std::string> overrides;   // "section.key=value", in order
-  Config config;                        // resolved and validated
+  plan::Plan config;                    // resolved and validated
   std::string resolved_toml;            // every key with its final value, as TOML
 };
 

@@ -19,7 +19,7 @@
 
 #include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
-#include "src/deck/keys.hpp"
+#include "strategies/keys.hpp"
 #include "src/report/h5file.hpp"
 #include "src/report/h5read.hpp"
 
@@ -30,19 +30,19 @@ namespace {
 
 std::vector<std::string> all_key_names() {
   std::vector<std::string> out;
-  for (const auto& k : deck::key_table()) out.push_back(k.full_name());
+  for (const auto& k : plan::key_table()) out.push_back(k.full_name());
   return out;
 }
 
-const deck::KeySpec* key_of(const std::string& full) {
+const plan::KeySpec* key_of(const std::string& full) {
   const auto dot = full.find('.');
   if (dot == std::string::npos) return nullptr;
-  return deck::find_key(full.substr(0, dot), full.substr(dot + 1));
+  return plan::find_key(full.substr(0, dot), full.substr(dot + 1));
 }
 
 std::string unknown_key(const std::string& name) {
   std::string msg = fmt::format("unknown deck key '{}'", name);
-  if (auto near = deck::closest_name(name, all_key_names())) msg += fmt::format(" (did you mean '{}'?)", *near);
+  if (auto near = plan::closest_name(name, all_key_names())) msg += fmt::format(" (did you mean '{}'?)", *near);
   return msg;
 }
 
@@ -56,7 +56,7 @@ struct Val {
 
 // A key's value for a clause: the point's axis value if the key is an axis,
 // else the base deck's; null while only checking the syntax.
-using Lookup = std::function<Val(const deck::KeySpec&, const std::string& key)>;
+using Lookup = std::function<Val(const plan::KeySpec&, const std::string& key)>;
 
 class Where {
  public:
@@ -185,9 +185,9 @@ class Where {
       const std::string word = s_.substr(i_, j - i_);
       i_ = j;
       if (word == "true" || word == "false") return num(word == "true");
-      const deck::KeySpec* k = key_of(word);
+      const plan::KeySpec* k = key_of(word);
       if (k == nullptr) fail(unknown_key(word));
-      if (lookup_ == nullptr) return k->type == deck::KeyType::string ? Val{true, 0, ""} : num(0);
+      if (lookup_ == nullptr) return k->type == plan::KeyType::string ? Val{true, 0, ""} : num(0);
       return (*lookup_)(*k, word);
     }
     fail(fmt::format("unexpected '{}'", s_.substr(i_)));
@@ -198,7 +198,7 @@ class Where {
   std::size_t i_ = 0;
 };
 
-Val from_value(const deck::Value& v) {
+Val from_value(const plan::Value& v) {
   if (auto p = std::get_if<std::string>(&v)) return Val{true, 0, *p};
   if (auto p = std::get_if<std::int64_t>(&v)) return Val{false, double(*p), ""};
   if (auto p = std::get_if<std::uint64_t>(&v)) return Val{false, double(*p), ""};
@@ -208,11 +208,11 @@ Val from_value(const deck::Value& v) {
 
 // An axis value as written (a TOML literal), for the clauses; a byte-size
 // string ("64KiB") of a bytes key counts as its number of bytes.
-Val from_literal(const deck::KeySpec& k, const std::string& lit) {
+Val from_literal(const plan::KeySpec& k, const std::string& lit) {
   if (!lit.empty() && lit.front() == '"') {
     const std::string text = toml::parse("v = " + lit)["v"].value_or(std::string());
-    if (k.type == deck::KeyType::bytes)
-      if (auto b = deck::parse_bytes(text); std::holds_alternative<std::uint64_t>(b))
+    if (k.type == plan::KeyType::bytes)
+      if (auto b = plan::parse_bytes(text); std::holds_alternative<std::uint64_t>(b))
         return Val{false, double(std::get<std::uint64_t>(b)), ""};
     return Val{true, 0, text};
   }
@@ -222,9 +222,9 @@ Val from_literal(const deck::KeySpec& k, const std::string& lit) {
 
 std::string literal(const toml::node& v) {
   if (auto x = v.as_integer()) return std::to_string(x->get());
-  if (auto x = v.as_floating_point()) return deck::toml_literal(deck::Value(x->get()));
+  if (auto x = v.as_floating_point()) return plan::toml_literal(plan::Value(x->get()));
   if (auto x = v.as_boolean()) return x->get() ? "true" : "false";
-  if (auto x = v.as_string()) return deck::toml_quote(x->get());
+  if (auto x = v.as_string()) return plan::toml_quote(x->get());
   return "";
 }
 
@@ -334,7 +334,7 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
     // The filters first, on the axis values (and the base deck's for other
     // keys), so that a point left out on purpose says so; then the deck's
     // own checks on what remains.
-    const Lookup lookup = [&](const deck::KeySpec& k, const std::string& key) {
+    const Lookup lookup = [&](const plan::KeySpec& k, const std::string& key) {
       for (std::size_t a = 0; a < s.axes.size(); ++a)
         if (s.axes[a].first == key) return from_literal(k, axis_values[a].substr(key.size() + 1));
       return from_value(k.get(base.config));

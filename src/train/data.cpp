@@ -55,10 +55,10 @@ class TextData final : public DataSource {
 
 }  // namespace
 
-std::unique_ptr<DataSource> make_data_source(const deck::Config& config) {
+std::unique_ptr<DataSource> make_data_source(const plan::Plan& config) {
   // The data stream has its own key, so changing the model does not change the data.
   const std::uint64_t seed = mix64(config.run.seed ^ 0xda7aULL);
-  if (config.data.source == "text") return std::make_unique<TextData>(seed, config.data.path);
+  if (config.data.source == plan::DataSource::text) return std::make_unique<TextData>(seed, config.data.path);
   return std::make_unique<SyntheticData>(seed, config.model.vocab);
 }
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "src/deck/config.hpp"
+#include "strategies/plan.hpp"
 
 namespace strata::train {
 
@@ -21,7 +21,7 @@ class DataSource {
   virtual std::string describe() const = 0;
 };
 
-std::unique_ptr<DataSource> make_data_source(const deck::Config& config);
+std::unique_ptr<DataSource> make_data_source(const plan::Plan& config);
 
 // Fills tokens and targets [B, T] with samples first_sample .. first_sample + B - 1.
 void fill_batch(const DataSource& data, std::int64_t first_sample, int B, int T, std::int32_t* tokens,

@@ -36,13 +36,13 @@ class OnMeta {
   kernels::Device saved_;
 };
 
-mesh::Layout layout_of(const deck::Config& cfg) {
+mesh::Layout layout_of(const plan::Plan& cfg) {
   return {cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep};
 }
 
 }  // namespace
 
-RankMemory estimate_rank(const deck::Config& cfg, int rank, std::vector<CommVolume>* comm) {
+RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm) {
   const OnMeta meta;
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(layout_of(cfg), rank, log);
@@ -59,7 +59,7 @@ RankMemory estimate_rank(const deck::Config& cfg, int rank, std::vector<CommVolu
   return rank_memory(tracker, t.host_tracker(), t.nvme_file());
 }
 
-Estimate estimate(const deck::Config& cfg) {
+Estimate estimate(const plan::Plan& cfg) {
   const mesh::Layout l = layout_of(cfg);
   Estimate e;
   e.world = l.world();

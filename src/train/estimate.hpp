@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "src/comm/comm_log.hpp"
-#include "src/deck/config.hpp"
+#include "strategies/plan.hpp"
 #include "src/mesh/mesh.hpp"
 #include "src/train/memory_figures.hpp"
 
@@ -53,9 +53,9 @@ struct Estimate {
 
 // One rank: its figures and, when `comm` is given, its calls, over its
 // second step (the first builds what is made on first use).
-RankMemory estimate_rank(const deck::Config& cfg, int rank, std::vector<CommVolume>* comm = nullptr);
+RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm = nullptr);
 // Every rank of the layout the deck implies (pp x dp x tp).
-Estimate estimate(const deck::Config& cfg);
+Estimate estimate(const plan::Plan& cfg);
 
 // "0-3,8" for a sorted list of ranks.
 std::string rank_ranges(const std::vector<int>& ranks);

@@ -2,11 +2,11 @@
 // with a linear warm-up over optim.warmup steps.
 #pragma once
 
-#include "src/deck/config.hpp"
+#include "strategies/plan.hpp"
 
 namespace strata::train {
 
 // Learning rate of 0-based step `step` of a run of `total_steps`.
-double learning_rate(const deck::OptimSection& o, int step, int total_steps);
+double learning_rate(const plan::OptimSection& o, int step, int total_steps);
 
 }  // namespace strata::train

@@ -67,7 +67,7 @@ void check_slurm_world(int world) {
 }
 
 // The layout must use every rank: dp x tp x pp == world.
-void check_world(const deck::Config& c, int world) {
+void check_world(const plan::Plan& c, int world) {
   const auto& p = c.parallel;
   const int needed = p.dp * p.tp * p.pp;
   if (needed != world)
@@ -94,7 +94,7 @@ void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t para
     const std::string who = rank_ranges(k.ranks);
     for (int p = 0; p < core::kNumPools; ++p) {
       const auto pool = core::Pool(p);
-      if ((pool == core::Pool::host && offload == "none") || (pool == core::Pool::nvme && offload != "nvme")) continue;
+      if ((pool == core::Pool::host && offload == plan::Offload::none) || (pool == core::Pool::nvme && offload != plan::Offload::nvme)) continue;
       const PoolFigures& f = k.memory[pool];
       fmt::print("  {:<16} {:<6} {:<4}", p == 0 ? who : "", core::pool_name(pool), "held");
       for (int c = 0; c < K; ++c) fmt::print(" {:>11}", core::format_bytes(double(f.held[std::size_t(c)])));
@@ -174,8 +174,8 @@ void print_step(const StepRecord& r) {
 // backend.device = "cuda": rank r of a node takes GPU r mod the node's GPU
 // count (ranks share a GPU only when there are more of them than GPUs).
 // Returns how many ranks share this rank's GPU (1 on the CPU).
-int select_device(const deck::Config& cfg, MPI_Comm comm) {
-  if (cfg.backend.device != "cuda") return 1;
+int select_device(const plan::Plan& cfg, MPI_Comm comm) {
+  if (cfg.backend.device != kernels::Device::cuda) return 1;
   if (!kernels::cuda_built())
     core::input_error("backend.device = \"cuda\": this build has the CPU backend only; build with the CUDA backend "
                       "(cmake --preset cuda, or STRATA_WITH_CUDA=AUTO where nvcc is found)");
@@ -188,13 +188,12 @@ int select_device(const deck::Config& cfg, MPI_Comm comm) {
   const int gpus = kernels::gpu_count();
   if (gpus == 0) core::runtime_error("backend.device = \"cuda\" but this node has no usable GPU");
   // NCCL refuses two ranks of one communicator on one GPU: say so before it does.
-  if (on_node > gpus && cfg.backend.comm != "mpi")
+  if (on_node > gpus && cfg.backend.comm != plan::CommChoice::mpi)
     core::runtime_error("{} ranks on this node but {} GPU(s): NCCL cannot share a GPU between ranks; start at most "
                         "{} rank(s) per node, or set backend.comm = \"mpi\" (device buffers staged through the host)",
                         on_node, gpus, gpus);
   kernels::use_device(kernels::Device::cuda, local % gpus);
-  const auto p = core::parse_precision(cfg.backend.precision).value_or(core::Precision::fp32);
-  kernels::set_gemm_precision(p);
+  kernels::set_gemm_precision(cfg.backend.precision);
   return on_node / gpus + (local % gpus < on_node % gpus ? 1 : 0);
 }
 
@@ -255,9 +254,10 @@ void write_estimate_report(const deck::Deck& deck, const RunOptions& options, co
   prov.threads = kernels::num_threads();
   prov.parameters = params;
   write_provenance(file, prov);
-  file.set_attr("/", "device", deck.config.backend.device);
+  file.set_attr("/", "device", std::string(plan::name_of(deck.config.backend.device)));
   std::vector<MemoryRecord> rows;
-  const bool host = deck.config.parallel.offload != "none", nvme = deck.config.parallel.offload == "nvme";
+  const bool host = deck.config.parallel.offload != plan::Offload::none,
+             nvme = deck.config.parallel.offload == plan::Offload::nvme;
   for (const RankClass& k : e.classes)
     for (int r : k.ranks)
       for (const auto& m : memory_records(r, 0, k.memory, host, nvme)) rows.push_back(m);
@@ -272,7 +272,7 @@ void write_estimate_report(const deck::Deck& deck, const RunOptions& options, co
 // take its verdict, so that an error ends every rank alike. Exit status 3
 // when a rank's peak exceeds a memory limit.
 int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
-  const deck::Config& cfg = deck.config;
+  const plan::Plan& cfg = deck.config;
   int rank = 0;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   // status, error kind (0 none, 1 input, 2 runtime), and the message.
@@ -319,7 +319,7 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
 int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   if (options.dry_run) return dry_run(deck, options, comm);
-  const deck::Config& cfg = deck.config;
+  const plan::Plan& cfg = deck.config;
   int rank = 0, world = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
@@ -339,13 +339,14 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   // CUDA-aware).
   const bool gpu = kernels::device() == kernels::Device::cuda;
   const comm::Backend comm_backend = !gpu                              ? comm::Backend::mpi
-                                     : cfg.backend.comm == "mpi" ? comm::Backend::mpi_staged
+                                     : cfg.backend.comm == plan::CommChoice::mpi ? comm::Backend::mpi_staged
                                                                        : comm::Backend::nccl;
   mesh::Mesh mesh(comm, layout, log, comm_backend);
 
   const int chunks = layout.pp > 1 ? cfg.parallel.virtual_stages : 1;  // model chunks per pipeline rank
   CheckpointLayout ck_layout{world,  layout.pp, layout.dp,    layout.tp,          layout.ep,
-                             cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml, cfg.backend.precision};
+                             cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml,
+                             core::precision_name(cfg.backend.precision)};
   CheckpointRef resume;
   if (!options.resume.empty()) {
     resume = find_checkpoint(comm, options.resume, ck_layout);
@@ -379,7 +380,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.parameters = params;
 
   const Peak peak = resolve_peak(cfg.backend.peak_tflops,
-                                 core::parse_precision(cfg.backend.precision).value_or(core::Precision::fp32));
+                                 cfg.backend.precision);
   // MFU compares the job's model FLOP/s with the summed peak of its ranks
   // (each measured at once, so ranks sharing a node share its cores).
   double job_peak = peak.flops_per_s;
@@ -389,7 +390,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   report::H5File file(comm, report_path(deck, options));
   write_provenance(file, prov);
-  file.set_attr("/", "device", cfg.backend.device);
+  file.set_attr("/", "device", std::string(plan::name_of(cfg.backend.device)));
   file.set_attr("/", "comm_backend", comm::describe_backend(comm_backend));
   if (!resume.dir.empty()) {
     file.set_attr("/", "resumed_from", resume.dir);
@@ -420,7 +421,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                         models::gpt_hardware_flops(gc, cfg.data.global_batch), job_peak);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
-                            chunks, cfg.parallel.schedule);
+                            chunks, *cfg.parallel.schedule);
     write_tables(file, rank, steps, experts, memory, cfg.run.profile ? &timeline : nullptr, &log);
     write_comm_summary(file, rank, comm_figures);
     write_pipeline_summary(file, rank, bubble);
@@ -443,7 +444,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     const std::size_t units = trainer.model().units().size();
     log.reserve(std::size_t(cfg.run.steps) * (3 * units * std::size_t(trainer.micro_batches()) + units + 64));
     prov.strategy = trainer.strategy().name();
-    prov.precision = cfg.backend.precision;
+    prov.precision = core::precision_name(cfg.backend.precision);
     if (const models::NvmeFile* f = trainer.nvme_file()) {
       prov.offload_io = f->mode();
       file.set_attr("/", "offload_io", prov.offload_io);
@@ -482,7 +483,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       steps.push_back(trainer.step(s));
       experts.insert(experts.end(), trainer.expert_records().begin(), trainer.expert_records().end());
       for (const auto& m : memory_records(rank, s, rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file()),
-                                          cfg.parallel.offload != "none", cfg.parallel.offload == "nvme"))
+                                          cfg.parallel.offload != plan::Offload::none,
+                                          cfg.parallel.offload == plan::Offload::nvme))
         memory.push_back(m);
       const int every = cfg.run.log_every;
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
@@ -515,9 +517,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     std::vector<double> all(std::size_t(3 * world));
     STRATA_CHECK_MPI(MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, comm));
     if (rank == 0) {
-      fmt::print("pipeline bubble ({}, p {}, m {}, v {}; theory {} = {:.3f}):\n", cfg.parallel.schedule, layout.pp,
-                 micro_batches, b.virtual_stages, strategies::pp::find_schedule(cfg.parallel.schedule).formula,
-                 b.theory);
+      fmt::print("pipeline bubble ({}, p {}, m {}, v {}; theory {} = {:.3f}):\n", cfg.parallel.schedule->name,
+                 layout.pp, micro_batches, b.virtual_stages, cfg.parallel.schedule->formula, b.theory);
       for (int r = 0; r < world; ++r)
         fmt::print("  rank {:>3} stage {:>2}: bubble {:.3f} (idle / pipeline time)   idle/compute {:.3f}\n", r, int(all[3 * r]),
                    all[3 * r + 1], all[3 * r + 2]);

@@ -198,10 +198,9 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
 }
 
 Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
-                      int micro_batches, int virtual_stages, const std::string& schedule) {
-  Bubble b{pp_rank, stages, micro_batches, virtual_stages, schedule};
-  b.theory = stages > 1 ? strategies::pp::find_schedule(schedule).bubble({stages, micro_batches, virtual_stages})
-                        : 0.0;
+                      int micro_batches, int virtual_stages, const strategies::pp::ScheduleInfo& schedule) {
+  Bubble b{pp_rank, stages, micro_batches, virtual_stages, schedule.name};
+  b.theory = stages > 1 ? schedule.bubble({stages, micro_batches, virtual_stages}) : 0.0;
   // The pipeline's part of a step is all but the optimizer span (gradient
   // synchronisation, norm, clipping, AdamW), which every schedule has alike
   // and the theory leaves out; its idle time is that part minus the compute.

@@ -114,7 +114,7 @@ struct Bubble {
   double theory = 0;             // the schedule's with unit costs (strategies::pp::ScheduleInfo::bubble)
 };
 Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
-                      int micro_batches, int virtual_stages, const std::string& schedule);
+                      int micro_batches, int virtual_stages, const strategies::pp::ScheduleInfo& schedule);
 void write_pipeline_summary(report::H5File& f, int rank, const Bubble& b);
 void write_summary(report::H5File& f, const Summary& s, const Provenance& p);
 

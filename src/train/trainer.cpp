@@ -5,30 +5,28 @@
 #include <span>
 
 #include "kernels/kernels.hpp"
+#include "strategies/registry.hpp"
 #include "kernels/foundation/error.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/lr_schedule.hpp"
 
 namespace strata::train {
 
-models::GptConfig gpt_config(const deck::Config& cfg) {
-  const deck::ModelSection& m = cfg.model;
+models::GptConfig gpt_config(const plan::Plan& cfg) {
+  const plan::ModelSection& m = cfg.model;
   models::GptMoe moe{m.moe_experts,          m.moe_every,       m.moe_top_k,          m.moe_capacity_factor,
                      m.moe_drop_tokens,      m.moe_renormalize, float(m.moe_aux_coef)};
-  const models::Recompute rc = m.recompute == "full"        ? models::Recompute::full
-                               : m.recompute == "selective" ? models::Recompute::selective
-                                                            : models::Recompute::none;
-  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, rc,
-                           cfg.backend.device == "cuda"};
+  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
+                           cfg.backend.device == kernels::Device::cuda};
 }
 
-Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
+Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
                  double peak_flops, comm::Communicator* dp, comm::Communicator* tp, comm::Communicator* pp,
                  comm::Communicator* emb, comm::Communicator* ep, comm::Communicator* edp)
     : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(dp),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr), pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
       tracker_(&tracker), host_tracker_(config.backend.host_memory_limit),
-      precision_(core::parse_precision(config.backend.precision).value_or(core::Precision::fp32)) {
+      precision_(config.backend.precision) {
   if (precision_ == core::Precision::fp16) scaler_.scale = config.backend.loss_scale;
   if (kernels::meta()) host_tracker_.count_only();  // a dry run: the host arena is counted, not taken
   if (dp_ != nullptr) {
@@ -54,7 +52,7 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
     v = cfg_.parallel.virtual_stages;
     emb_ = emb != nullptr && emb->size() > 1 ? emb : nullptr;
     const strategies::pp::Shape shape{p, micro_batches_, v};
-    schedule_ = strategies::pp::make_schedule(cfg_.parallel.schedule, shape)[pp_rank_];
+    schedule_ = strategies::pp::make_schedule(*cfg_.parallel.schedule, shape)[pp_rank_];
     live_ = strategies::pp::liveness(schedule_);
     split_backward_ = live_.split_backward;
     mb_tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
@@ -62,13 +60,14 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                              std::size_t(micro_batches_) * B * T, "targets of the step");
   }
-  // Chunk c of pipeline rank r is global stage c * p + r (Megatron's
-  // interleaving); the rank's state lays the chunks' parameters end to end.
+  // Where chunk c of this rank sits is the schedule row's placement; the
+  // rank's state lays the chunks' parameters end to end.
   chunks_.resize(std::size_t(v));
   for (int c = 0; c < v; ++c) {
     Chunk& ch = chunks_[c];
     if (pp_ != nullptr)
-      ch.stage = models::gpt_stage(gc, c * p + pp_rank_, p * v, cfg_.parallel.first_stage_layers,
+      ch.stage = models::gpt_stage(gc, cfg_.parallel.schedule->placement->stage_of({p, micro_batches_, v}, pp_rank_, c),
+                                   p * v, cfg_.parallel.first_stage_layers,
                                    cfg_.parallel.last_stage_layers);
     // One stage model per pair the schedule keeps live at once on this chunk
     // (one without a pipeline), all built now: a step allocates nothing for
@@ -83,19 +82,16 @@ Trainer::Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof:
     ch.of_mb.assign(std::size_t(micro_batches_), nullptr);
   }
   strategies::StateConfig sc;
+  sc.make = strategies::chosen_state(cfg_).make;
   sc.zero = cfg_.parallel.zero;
   sc.bucket_bytes = std::int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
   sc.adamw = {float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;
   sc.tp_size = tpc_.size;
-  if (cfg_.parallel.offload == "host") sc.offload = {&host_tracker_, &offload_};
-  if (cfg_.parallel.offload == "nvme") {
-    nvme_ = std::make_unique<models::NvmeFile>(cfg_.offload.path, host_tracker_,
-                                               models::nvme_chunk_elements(cfg_.offload.chunk_mb),
-                                               precision_ == core::Precision::fp32 ? 2 : 3);
-    sc.offload = {&host_tracker_, &offload_, nvme_.get(), cfg_.offload.params};
-  }
+  strategies::OffloadSetup offload = strategies::open_offload(cfg_, host_tracker_, &offload_);
+  sc.offload = offload.offload;
+  nvme_ = std::move(offload.file);
   sc.precision = precision_;
   strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, epc_.comm, edp_);
   if (v > 1)

@@ -13,7 +13,7 @@
 #include "models/nvme.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
-#include "src/deck/config.hpp"
+#include "strategies/plan.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "src/train/data.hpp"
 #include "strategies/pp/liveness.hpp"
@@ -60,7 +60,7 @@ struct ExpertRecord {
   double prob_mass = 0;      // router probability summed over the tokens
 };
 
-models::GptConfig gpt_config(const deck::Config& cfg);
+models::GptConfig gpt_config(const plan::Plan& cfg);
 
 // fp16's dynamic loss scaling (as PyTorch's GradScaler and DeepSpeed do):
 // the backward pass runs on the loss times `scale`, so that small gradients
@@ -84,7 +84,7 @@ class Trainer {
   // other stages), when the model is cut into parallel.pp stages that run
   // parallel.schedule. ep and edp: the expert-parallel and
   // expert-data-parallel groups (parallel.ep > 1, a MoE model).
-  Trainer(const deck::Config& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
+  Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
           comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr,
           comm::Communicator* emb = nullptr, comm::Communicator* ep = nullptr, comm::Communicator* edp = nullptr);
 
@@ -126,7 +126,7 @@ class Trainer {
     std::vector<models::Gpt*> of_mb;             // the slot holding each micro-batch of the step
   };
 
-  const deck::Config& cfg_;
+  const plan::Plan& cfg_;
   prof::Timeline* timeline_;
   double peak_flops_;
   // One micro-batch's forward and backward through the model (no pipeline),

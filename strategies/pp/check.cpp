@@ -9,7 +9,7 @@
 
 namespace strata::strategies::pp {
 
-std::string check_schedule(const Schedule& sched, const Shape& s) {
+std::string check_schedule(const Schedule& sched, const Shape& s, const Placement& placement) {
   if (int(sched.size()) != s.p) return fmt::format("{} rank lists for p = {}", sched.size(), s.p);
   // (src, dst, is_grad) -> the (mb, chunk) sequence sent and received.
   std::map<std::tuple<int, int, bool>, std::vector<std::pair<int, int>>> sent, received;
@@ -30,7 +30,7 @@ std::string check_schedule(const Schedule& sched, const Shape& s) {
       }
       // Transfers are named by (micro-batch, producing global stage), which
       // both ends agree on whatever their own chunk numbers are.
-      const int st = global_stage(s, r, a.chunk);
+      const int st = placement.stage_of(s, r, a.chunk);
       if (a.op == Op::send_act || a.op == Op::send_grad) sent[{r, a.peer, a.op == Op::send_grad}].push_back({a.mb, st});
       if (a.op == Op::recv_act) received[{a.peer, r, false}].push_back({a.mb, st - 1});
       if (a.op == Op::recv_grad) received[{a.peer, r, true}].push_back({a.mb, st + 1});

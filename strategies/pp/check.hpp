@@ -13,6 +13,7 @@
 namespace strata::strategies::pp {
 
 // "" when the schedule is well formed, else the first problem found.
-std::string check_schedule(const Schedule& sched, const Shape& s);
+// Transfers are matched by the global stages of `placement`.
+std::string check_schedule(const Schedule& sched, const Shape& s, const Placement& placement = kInterleaved);
 
 }  // namespace strata::strategies::pp

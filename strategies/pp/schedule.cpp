@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/foundation/error.hpp"
+#include "strategies/plan.hpp"
 
 namespace strata::strategies::pp {
 
@@ -107,12 +108,17 @@ ComputeOrder zb_h1(const Shape& s) {
   return order;
 }
 
-Schedule add_communication(const ComputeOrder& order, const Shape& s) {
+const Placement kInterleaved = {
+    "interleaved", [](const Shape& s, int rank, int chunk) { return chunk * s.p + rank; },
+    [](const Shape& s, int stage) { return stage % s.p; }};
+
+Schedule add_communication(const ComputeOrder& order, const Shape& s, const Placement& placement) {
   const int stages = s.p * s.v;
+  auto stage_rank = [&](const Shape& shape, int stage) { return placement.rank_of(shape, stage); };
   Schedule out(order.size());
   for (int r = 0; r < int(order.size()); ++r) {
     for (const Action& a : order[r]) {
-      const int st = global_stage(s, r, a.chunk);
+      const int st = placement.stage_of(s, r, a.chunk);
       const bool first = st == 0, last = st == stages - 1;
       switch (a.op) {
         case Op::forward:
@@ -135,15 +141,56 @@ Schedule add_communication(const ComputeOrder& order, const Shape& s) {
   return out;
 }
 
+namespace {
+
+// Shape problems are said in the deck's terms: m is global_batch / (dp x
+// micro_batch), v parallel.virtual_stages.
+std::string at_least_p(const Shape& s) {
+  if (s.m < s.p)
+    return fmt::format("needs at least as many micro-batches per step as pipeline stages: global_batch / (dp x "
+                       "micro_batch) = {} < parallel.pp = {}",
+                       s.m, s.p);
+  return "";
+}
+
+std::string interleaved_shape(const Shape& s) {
+  if (s.p < 2 || s.v < 2)
+    return fmt::format("needs pp >= 2 and >= 2 model chunks per pipeline rank (parallel.pp = {}, "
+                       "parallel.virtual_stages = {}; 1 is the plain 1f1b schedule)",
+                       s.p, s.v);
+  if (const std::string m = at_least_p(s); !m.empty()) return m;
+  if (s.m % s.p != 0)
+    return fmt::format("runs micro-batches in groups of pp (a multiple of pp): global_batch / (dp x micro_batch) = "
+                       "{} is not a multiple of parallel.pp = {}",
+                       s.m, s.p);
+  return "";
+}
+
+// ZB-H1's weight halves read every block's activations after later blocks
+// ran, which recomputation would have overwritten.
+void zb_h1_check(const plan::Plan& p, PlanChecks& checks) {
+  if (p.model.recompute != models::Recompute::none)
+    checks.error({"model.recompute", "parallel.schedule"},
+                 fmt::format("{} with {}: the zero-bubble schedule keeps every block's activations until the weight "
+                             "half of its backward, which recomputation would have overwritten; use another schedule "
+                             "or recompute = \"none\"",
+                             checks.show("model.recompute"), checks.show("parallel.schedule")));
+}
+
+}  // namespace
+
 const std::vector<ScheduleInfo>& schedules() {
   static const std::vector<ScheduleInfo> all = {
-      {"gpipe", gpipe, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, "(p-1)/(m+p-1)", false},
       {"1f1b", one_f_one_b, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, "(p-1)/(m+p-1)",
-       false},
+       false, &kInterleaved, at_least_p, nullptr, "p - rank micro-batches' activations"},
+      {"gpipe", gpipe, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, "(p-1)/(m+p-1)", false,
+       &kInterleaved, nullptr, nullptr, "every micro-batch's activations until the backward passes: m on every rank"},
       {"interleaved", interleaved_1f1b, [](const Shape& s) { return double(s.p - 1) / (s.v * s.m + s.p - 1); },
-       "(p-1)/(v m+p-1)", true},
+       "(p-1)/(v m+p-1)", true, &kInterleaved, interleaved_shape, nullptr,
+       "per chunk, the pairs its liveness counts (the first rank's first chunk the most)"},
       {"zb-h1", zb_h1, [](const Shape& s) { return double(s.p - 1) / (3 * s.m + s.p - 1); }, "(p-1)/(3m+p-1)",
-       false},
+       false, &kInterleaved, at_least_p, zb_h1_check,
+       "p micro-batches' activations on every rank (weight halves postponed to the first rank's 1F1B depth)"},
   };
   return all;
 }
@@ -154,27 +201,19 @@ const ScheduleInfo& find_schedule(const std::string& name) {
   core::runtime_error("unknown pipeline schedule '{}'", name);
 }
 
-std::string check_shape(const std::string& name, const Shape& s) {
-  const ScheduleInfo& info = find_schedule(name);
+std::string check_shape(const ScheduleInfo& row, const Shape& s) {
   if (s.p < 1 || s.m < 1 || s.v < 1) return fmt::format("p {}, m {} and v {} must be >= 1", s.p, s.m, s.v);
-  if (!info.virtual_stages && s.v != 1)
-    return fmt::format("the {} schedule has one model chunk per rank: virtual_stages must be 1, not {}", name, s.v);
-  if (name == "gpipe") return "";
-  if (info.virtual_stages && (s.p < 2 || s.v < 2))
-    return fmt::format("the interleaved schedule needs pp >= 2 and virtual_stages >= 2 (pp {}, virtual_stages {})",
-                       s.p, s.v);
-  if (s.m < s.p)
-    return fmt::format("the {} schedule needs at least as many micro-batches as pipeline stages: {} < pp {}", name,
-                       s.m, s.p);
-  if (info.virtual_stages && s.m % s.p != 0)
-    return fmt::format("the interleaved schedule needs micro-batches a multiple of pp: {} % {} != 0", s.m, s.p);
-  return "";
+  if (!row.virtual_stages && s.v != 1)
+    return fmt::format("the {} schedule has one model chunk per rank: virtual_stages must be 1, not {}", row.name, s.v);
+  if (row.shape_problem == nullptr) return "";
+  const std::string why = row.shape_problem(s);
+  return why.empty() ? "" : fmt::format("the {} schedule {}", row.name, why);
 }
 
-Schedule make_schedule(const std::string& name, const Shape& s) {
-  const std::string problem = check_shape(name, s);
+Schedule make_schedule(const ScheduleInfo& row, const Shape& s) {
+  const std::string problem = check_shape(row, s);
   STRATA_CHECK(problem.empty(), "{}", problem);
-  return add_communication(find_schedule(name).generate(s), s);
+  return add_communication(row.generate(s), s, *row.placement);
 }
 
 }  // namespace strata::strategies::pp

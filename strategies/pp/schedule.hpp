@@ -6,15 +6,19 @@
 // executor and the simulator run the same lists; being data, schedules are
 // tested without MPI (strategies/pp/check.hpp).
 //
-// With v virtual stages, rank r holds model chunks c = 0..v-1, and chunk c of
-// rank r is global stage s = c * p + r (Megatron's interleaving): activations
-// flow from stage s to s + 1, gradients back.
+// With v virtual stages, rank r holds model chunks c = 0..v-1; where chunk c
+// of rank r sits in the model (its global stage) is the schedule's placement,
+// a property of its row: Megatron's interleaving (stage c * p + r) for every
+// schedule registered today. Activations flow from stage s to s + 1,
+// gradients back.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "strategies/plan_checks.hpp"
 
 namespace strata::strategies::pp {
 
@@ -57,11 +61,24 @@ ComputeOrder one_f_one_b(const Shape& s);
 ComputeOrder interleaved_1f1b(const Shape& s);
 ComputeOrder zb_h1(const Shape& s);
 
-// Receives before, sends after every compute action (first and last global
-// stages excepted), and the optimizer step at the end of every list.
-Schedule add_communication(const ComputeOrder& order, const Shape& s);
+// Where the model chunks sit: the global stage of chunk c of rank r, and the
+// rank holding a stage (its inverse, chunk by chunk).
+struct Placement {
+  const char* name;
+  int (*stage_of)(const Shape& s, int rank, int chunk);
+  int (*rank_of)(const Shape& s, int stage);
+};
+// Megatron's interleaving: chunk c of rank r is stage c p + r (with one
+// chunk, stage r).
+extern const Placement kInterleaved;
 
-// The registered schedules: "gpipe", "1f1b", "interleaved", "zb-h1".
+// Receives before, sends after every compute action (first and last global
+// stages excepted, by `placement`), and the optimizer step at the end of
+// every list.
+Schedule add_communication(const ComputeOrder& order, const Shape& s, const Placement& placement = kInterleaved);
+
+// A row of the schedule seam: everything a schedule is, in one place.
+// Adding a schedule is its generator (a file) and a row in schedules().
 struct ScheduleInfo {
   const char* name;
   std::function<ComputeOrder(const Shape&)> generate;
@@ -71,19 +88,25 @@ struct ScheduleInfo {
   std::function<double(const Shape&)> bubble;
   const char* formula;  // of the bubble, for people
   bool virtual_stages;  // uses v > 1
+  const Placement* placement = &kInterleaved;
+  // Its constraints on (p, m, v) beyond each >= 1 and v == 1 without
+  // virtual stages: what is wrong, or "".
+  std::string (*shape_problem)(const Shape& s) = nullptr;
+  // Its constraints against the rest of a plan (zb-h1: no recomputation),
+  // checked when the deck chooses it with pp > 1.
+  PlanCheck check = nullptr;
+  // What its stage models hold, for people (the liveness of its lists).
+  const char* memory = "";
 };
 const std::vector<ScheduleInfo>& schedules();
 const ScheduleInfo& find_schedule(const std::string& name);  // runtime error if unknown
 
 // Shape constraints of a schedule, as a message naming the violated one
 // ("" if the shape is allowed).
-std::string check_shape(const std::string& name, const Shape& s);
+std::string check_shape(const ScheduleInfo& row, const Shape& s);
+inline std::string check_shape(const std::string& name, const Shape& s) { return check_shape(find_schedule(name), s); }
 
-Schedule make_schedule(const std::string& name, const Shape& s);
-
-// Global stage of (rank, chunk), and the rank holding a global stage.
-inline int global_stage(const Shape& s, int rank, int chunk) { return chunk * s.p + rank; }
-inline int stage_rank(const Shape& s, int stage) { return stage % s.p; }
-inline int stage_chunk(const Shape& s, int stage) { return stage / s.p; }
+Schedule make_schedule(const ScheduleInfo& row, const Shape& s);
+inline Schedule make_schedule(const std::string& name, const Shape& s) { return make_schedule(find_schedule(name), s); }
 
 }  // namespace strata::strategies::pp

@@ -30,7 +30,7 @@ foundation=kernels/foundation/memory.hpp
 kernels=kernels/kernels.hpp
 models=models/param_registry.hpp
 strategies=strategies/pp/schedule.hpp
-harness=src/deck/keys.hpp
+harness=src/deck/deck.hpp
 check strata_foundation $foundation compiles
 for h in $kernels $models $strategies $harness; do check strata_foundation $h refused; done
 check strata_kernels $foundation compiles

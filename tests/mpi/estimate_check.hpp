@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "src/comm/comm_log.hpp"
-#include "src/deck/config.hpp"
+#include "strategies/plan.hpp"
 #include "src/train/estimate.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi/mpi_world.hpp"
@@ -28,7 +28,7 @@ inline void begin_step(core::MemoryTracker& tracker, comm::CommLog* log, int ste
 
 // After `step`, the run's last. The layout is the world's, or a single rank
 // (a reference run, which every rank makes).
-inline void expect_estimate_is_measured(const deck::Config& c, const core::MemoryTracker& tracker,
+inline void expect_estimate_is_measured(const plan::Plan& c, const core::MemoryTracker& tracker,
                                         const train::Trainer& t, const comm::CommLog* log = nullptr, int step = 0) {
   const bool alone = c.parallel.pp * c.parallel.dp * c.parallel.tp == 1;
   const int rank = alone ? 0 : mpi_test::world_rank();

@@ -31,7 +31,7 @@ namespace {
 // The state-strategy tests' tiny GPT (d_model 16: units divisible by 4;
 // 6: shards padded), on text so that the loss can fall, with a mesh and a
 // precision; MoE when experts > 0.
-deck::Config config(mesh::Layout l, int zero, int d_model, int global_batch, int micro_batch, int steps,
+plan::Plan config(mesh::Layout l, int zero, int d_model, int global_batch, int micro_batch, int steps,
                     const std::string& precision, int experts = 0) {
   std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 21\n"
@@ -51,7 +51,7 @@ struct Trajectory {
   models::ParamRegistry registry;
 };
 
-Trajectory run(const deck::Config& c, mesh::Mesh* mesh) {
+Trajectory run(const plan::Plan& c, mesh::Mesh* mesh) {
   core::MemoryTracker tracker;
   std::unique_ptr<train::Trainer> t;
   if (mesh == nullptr)

@@ -39,7 +39,7 @@ struct Layout {
 
 constexpr int kExperts = 4, kMicroBatch = 1, kSeq = 8, kD = 16;
 
-deck::Config config(const Layout& l, int global_batch, int steps = 10) {
+plan::Plan config(const Layout& l, int global_batch, int steps = 10) {
   const std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 21\n"
       "[model]\nkind = \"moe\"\nlayers = 2\nd_model = {}\nheads = 4\nvocab = 32\nseq_len = {}\n"

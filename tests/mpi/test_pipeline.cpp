@@ -39,7 +39,7 @@ struct Layout {
   int first = -1, last = -1;  // blocks of the first and last stage (-1: balanced)
 };
 
-deck::Config config(const Layout& l, int layers, int global_batch, int micro_batch, int steps = 10) {
+plan::Plan config(const Layout& l, int layers, int global_batch, int micro_batch, int steps = 10) {
   const std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 13\n"
       "[model]\nlayers = {}\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"

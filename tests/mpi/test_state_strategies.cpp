@@ -32,7 +32,7 @@ namespace {
 
 // Tiny, so that 4 ranks on 2 cores stay fast. d_model 16 makes every unit a
 // multiple of 4 elements (no shard padding); d_model 6 does not.
-deck::Config config(int dp, int zero, int d_model, int global_batch, int micro_batch, int steps = 10) {
+plan::Plan config(int dp, int zero, int d_model, int global_batch, int micro_batch, int steps = 10) {
   const std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 21\n"
       "[model]\nlayers = 2\nd_model = {}\nheads = 2\nvocab = 32\nseq_len = 8\n"
@@ -50,7 +50,7 @@ struct Trajectory {
   models::ParamRegistry registry;
 };
 
-Trajectory run_single(const deck::Config& c) {
+Trajectory run_single(const plan::Plan& c) {
   core::MemoryTracker tracker;
   train::Trainer t(c, tracker, nullptr, 0.0, nullptr);
   Trajectory r;
@@ -155,7 +155,7 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
     auto c = config(n, zero, 6, 2 * n, 2, 1);
-    c.backend.precision = precision;
+    c.backend.precision = plan::choose<core::Precision>(precision);
     core::MemoryTracker tracker;
     train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
     log.set_step(0);
@@ -233,10 +233,10 @@ TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
     for (const std::string offload : {"none", "host", "nvme"}) {
       SCOPED_TRACE(offload);
       auto c = config(n, zero, 16, 2 * n, 1, 4);
-      c.parallel.offload = offload;
+      c.parallel.offload = plan::choose<plan::Offload>(offload);
       c.offload.path = dir;
       c.offload.chunk_mb = 1.0 / 256;
-      c.backend.precision = precision;
+      c.backend.precision = plan::choose<core::Precision>(precision);
       core::MemoryTracker tracker;
       train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
       // Elements this rank updates, per optimizer: its shard of every unit
@@ -309,9 +309,9 @@ TEST(StateStrategies, ParameterOffloadToNvmeIsExact) {
     std::map<bool, std::vector<float>> params;
     for (bool offload : {false, true}) {
       auto c = config(n, 3, 16, 2 * n, 1, 4);
-      c.backend.precision = precision;
+      c.backend.precision = plan::choose<core::Precision>(precision);
       if (offload) {
-        c.parallel.offload = "nvme";
+        c.parallel.offload = plan::Offload::nvme;
         c.offload.path = dir;
         c.offload.chunk_mb = 1.0 / 256;
         c.offload.params = true;

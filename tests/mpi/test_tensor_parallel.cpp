@@ -25,7 +25,7 @@ using namespace strata;
 
 namespace {
 
-deck::Config config(int dp, int tp, int zero, int global_batch, int micro_batch, int steps = 10, bool sp = false) {
+plan::Plan config(int dp, int tp, int zero, int global_batch, int micro_batch, int steps = 10, bool sp = false) {
   const std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 5\n"
       "[model]\nlayers = 2\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
@@ -43,7 +43,7 @@ struct Reference {
   models::ParamRegistry registry;
 };
 
-Reference single_rank(const deck::Config& c) {
+Reference single_rank(const plan::Plan& c) {
   core::MemoryTracker tracker;
   train::Trainer t(c, tracker, nullptr, 0.0);
   Reference r;

@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
         "[backend]\nthreads = 1\n";
     std::vector<std::string> sets(argv + 2, argv + argc);
     const deck::Deck d = deck::parse_deck("parity.toml", base, sets);
-    const deck::Config& c = d.config;
+    const plan::Plan& c = d.config;
 
     core::MemoryTracker tracker;
     train::Trainer trainer(c, tracker, nullptr, 0.0);

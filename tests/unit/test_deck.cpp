@@ -1,6 +1,6 @@
 // Deck parsing and validation: full and partial decks, every kind of error and
 // what its message names (file, line, key), --set overrides, byte sizes, and
-// the resolved TOML reading back to the same Config.
+// the resolved TOML reading back to the same plan.
 #include <unistd.h>
 
 #include <cstdint>
@@ -16,18 +16,19 @@
 
 #include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
-#include "src/deck/keys.hpp"
+#include "strategies/keys.hpp"
 
 namespace fs = std::filesystem;
-using strata::deck::Config;
+using strata::plan::Plan;
+using strata::plan::name_of;
 using strata::deck::Deck;
 using strata::deck::load_deck;
 using strata::deck::parse_deck;
 
 namespace {
 
-// Every field of Config, compared one by one (Config has no operator==).
-void expect_same_config(const Config& a, const Config& b) {
+// Every field of the plan, compared one by one (Plan has no operator==).
+void expect_same_config(const Plan& a, const Plan& b) {
   EXPECT_EQ(a.run.name, b.run.name);
   EXPECT_EQ(a.run.steps, b.run.steps);
   EXPECT_EQ(a.run.warmup_steps, b.run.warmup_steps);
@@ -71,16 +72,18 @@ void expect_same_config(const Config& a, const Config& b) {
   EXPECT_EQ(a.backend.peak_tflops, b.backend.peak_tflops);
 }
 
-// Every key the Config has; describe_keys() and docs/decks.md must list them all.
+// Every key the plan has, in the key table's order (the global keys, then each
+// registry row's, grouped by section); describe_keys() and docs/decks.md must
+// list them all.
 const std::vector<std::string> kAllKeys = {
     "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every",
     "model.kind", "model.layers", "model.d_model", "model.heads", "model.ffn_mult", "model.vocab", "model.seq_len",
-    "model.recompute", "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
-    "model.moe_renormalize", "model.moe_aux_coef",
+    "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
+    "model.moe_renormalize", "model.moe_aux_coef", "model.recompute",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
-    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.ep", "parallel.zero", "parallel.bucket_mb", "parallel.schedule",
-    "parallel.virtual_stages", "parallel.first_stage_layers", "parallel.last_stage_layers",
-    "parallel.sequence_parallel", "parallel.offload",
+    "parallel.dp", "parallel.bucket_mb", "parallel.zero", "parallel.tp", "parallel.sequence_parallel", "parallel.ep",
+    "parallel.pp", "parallel.schedule", "parallel.virtual_stages", "parallel.first_stage_layers",
+    "parallel.last_stage_layers", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps", "optim.grad_clip",
     "backend.device", "backend.comm", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops", "offload.path", "offload.chunk_mb", "offload.params",
@@ -194,7 +197,7 @@ memory_limit = "2GiB"
 peak_tflops = 1.5
 )";
   const Deck d = load(deck_text);
-  const Config& c = d.config;
+  const Plan& c = d.config;
   EXPECT_EQ(d.text, deck_text);
   EXPECT_EQ(c.run.name, "full");
   EXPECT_EQ(c.run.steps, 20);
@@ -203,21 +206,21 @@ peak_tflops = 1.5
   EXPECT_EQ(c.run.output, "out/full.h5");
   EXPECT_FALSE(c.run.profile);
   EXPECT_EQ(c.run.log_every, 5);
-  EXPECT_EQ(c.model.kind, "gpt");
+  EXPECT_EQ(name_of(c.model.kind), "gpt");
   EXPECT_EQ(c.model.layers, 3);
   EXPECT_EQ(c.model.d_model, 96);
   EXPECT_EQ(c.model.heads, 6);
   EXPECT_EQ(c.model.ffn_mult, 2);
   EXPECT_EQ(c.model.vocab, 300);
   EXPECT_EQ(c.model.seq_len, 32);
-  EXPECT_EQ(c.data.source, "text");
+  EXPECT_EQ(name_of(c.data.source), "text");
   EXPECT_EQ(c.data.path, data);
   EXPECT_EQ(c.data.global_batch, 12);
   EXPECT_EQ(c.data.micro_batch, 4);
-  EXPECT_EQ(c.parallel.schedule, "gpipe");
-  EXPECT_EQ(c.parallel.offload, "none");
+  EXPECT_EQ(name_of(c.parallel.schedule), "gpipe");
+  EXPECT_EQ(name_of(c.parallel.offload), "none");
   EXPECT_DOUBLE_EQ(c.optim.lr, 0.001);
-  EXPECT_EQ(c.optim.schedule, "cosine");
+  EXPECT_EQ(name_of(c.optim.schedule), "cosine");
   EXPECT_EQ(c.optim.warmup, 5);
   EXPECT_DOUBLE_EQ(c.optim.min_lr, 1e-5);
   EXPECT_DOUBLE_EQ(c.optim.weight_decay, 0.1);
@@ -225,8 +228,8 @@ peak_tflops = 1.5
   EXPECT_DOUBLE_EQ(c.optim.beta2, 0.99);
   EXPECT_DOUBLE_EQ(c.optim.eps, 1e-6);
   EXPECT_DOUBLE_EQ(c.optim.grad_clip, 1.0);
-  EXPECT_EQ(c.backend.device, "cpu");
-  EXPECT_EQ(c.backend.precision, "fp32");
+  EXPECT_EQ(name_of(c.backend.device), "cpu");
+  EXPECT_EQ(name_of(c.backend.precision), "fp32");
   EXPECT_EQ(c.backend.threads, 2);
   EXPECT_EQ(c.backend.memory_limit, 2ull << 30);
   EXPECT_DOUBLE_EQ(c.backend.peak_tflops, 1.5);
@@ -234,13 +237,13 @@ peak_tflops = 1.5
 
 TEST_F(DeckTest, EmptyDeckIsAllDefaults) {
   const Deck d = load("");
-  expect_same_config(d.config, Config{});
+  expect_same_config(d.config, Plan{});
   EXPECT_EQ(d.text, "");
 }
 
 TEST_F(DeckTest, DefaultsFillMissingKeys) {
   const Deck d = load("[model]\nlayers = 5\n\n[optim]\nlr = 1\n");
-  Config expected;
+  Plan expected;
   expected.model.layers = 5;
   expected.optim.lr = 1.0;  // an integer where a float is expected is fine
   expect_same_config(d.config, expected);
@@ -514,7 +517,7 @@ TEST_F(DeckTest, OverridesApplyAfterTheDeck) {
   EXPECT_EQ(d.config.model.layers, 6);
   EXPECT_DOUBLE_EQ(d.config.optim.lr, 0.001);
   EXPECT_EQ(d.config.optim.min_lr, 0.0);
-  EXPECT_EQ(d.config.data.source, "text");
+  EXPECT_EQ(name_of(d.config.data.source), "text");
   EXPECT_EQ(d.config.run.name, "quoted run");
   EXPECT_EQ(d.config.run.output, "2024");
   EXPECT_FALSE(d.config.run.profile);
@@ -569,7 +572,7 @@ TEST_F(DeckTest, ResolvedTomlReparsesToTheSameConfig) {
   EXPECT_EQ(again.resolved_toml, d.resolved_toml);
   // The defaults round-trip too.
   const Deck defaults = parse_deck("defaults.toml", load("").resolved_toml, {});
-  expect_same_config(defaults.config, Config{});
+  expect_same_config(defaults.config, Plan{});
 }
 
 TEST_F(DeckTest, LoadDeckRefusesUnreadableFiles) {
@@ -588,7 +591,7 @@ TEST_F(DeckTest, DescribeKeysListsEveryKeyOnce) {
   const std::vector<std::string> lines = strata::deck::describe_keys();
   ASSERT_EQ(lines.size(), kAllKeys.size());
   for (std::size_t i = 0; i < kAllKeys.size(); ++i) EXPECT_EQ(lines[i].rfind(kAllKeys[i] + " ", 0), 0u) << lines[i];
-  // Defaults come from Config.
+  // Defaults come from the Plan.
   for (const std::string& line : lines) {
     if (line.rfind("model.layers ", 0) == 0) {
       EXPECT_NE(line.find(" 2 "), std::string::npos) << line;
@@ -620,9 +623,9 @@ TEST_F(DeckTest, DocsListEveryKey) {
 }
 
 TEST(DeckKeys, ByteSizesAndHints) {
-  using strata::deck::closest_name;
-  using strata::deck::edit_distance;
-  using strata::deck::parse_bytes;
+  using strata::plan::closest_name;
+  using strata::plan::edit_distance;
+  using strata::plan::parse_bytes;
   EXPECT_EQ(std::get<std::uint64_t>(parse_bytes("1.5GB")), 1500000000ull);
   EXPECT_EQ(std::get<std::uint64_t>(parse_bytes("18446744073709551615")), 18446744073709551615ull);
   EXPECT_TRUE(std::holds_alternative<std::string>(parse_bytes("18446744073709551616")));
@@ -631,9 +634,9 @@ TEST(DeckKeys, ByteSizesAndHints) {
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
   EXPECT_EQ(closest_name("lyers", {"kind", "layers"}).value_or(""), "layers");
   EXPECT_FALSE(closest_name("ab", {"dp", "tp"}).has_value());
-  EXPECT_EQ(strata::deck::toml_literal(strata::deck::Value(1.0)), "1.0");
-  EXPECT_EQ(strata::deck::toml_literal(strata::deck::Value(3e-4)), "0.0003");
-  EXPECT_EQ(strata::deck::toml_quote("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
+  EXPECT_EQ(strata::plan::toml_literal(strata::plan::Value(1.0)), "1.0");
+  EXPECT_EQ(strata::plan::toml_literal(strata::plan::Value(3e-4)), "0.0003");
+  EXPECT_EQ(strata::plan::toml_quote("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ void on_fault(int, siginfo_t* info, void*) {
   _exit(3);
 }
 
-deck::Config config(const std::vector<std::string>& sets) {
+plan::Plan config(const std::vector<std::string>& sets) {
   const std::string text =
       "[run]\nsteps = 3\nwarmup_steps = 1\nseed = 9\n"
       "[model]\nlayers = 2\nd_model = 32\nheads = 4\nvocab = 53\nseq_len = 16\n"
@@ -59,7 +59,7 @@ struct Trajectory {
 Trajectory train_run(const std::vector<std::string>& sets, bool guarded) {
   std::vector<std::string> all = sets;
   all.push_back("offload.path=" + std::filesystem::temp_directory_path().string());
-  const deck::Config c = config(all);
+  const plan::Plan c = config(all);
   Trajectory out;
   core::MemoryTracker tracker;
   if (guarded) {

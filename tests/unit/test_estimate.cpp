@@ -23,7 +23,7 @@ using core::Pool;
 
 namespace {
 
-deck::Config tiny(const std::vector<std::string>& sets) {
+plan::Plan tiny(const std::vector<std::string>& sets) {
   const std::string text =
       "[run]\nsteps = 3\nwarmup_steps = 0\nseed = 11\n"
       "[model]\nlayers = 2\nd_model = 16\nheads = 2\nvocab = 32\nseq_len = 8\n"
@@ -56,7 +56,7 @@ TEST(Estimate, OneRankMeasuresWhatItEstimates) {
     std::string what;
     for (const auto& s : sets) what += s + " ";
     SCOPED_TRACE(what);
-    const deck::Config c = tiny(sets);
+    const plan::Plan c = tiny(sets);
     core::MemoryTracker tracker;
     train::Trainer t(c, tracker, nullptr, 0.0);
     for (int s = 0; s < c.run.steps; ++s) {
@@ -67,8 +67,8 @@ TEST(Estimate, OneRankMeasuresWhatItEstimates) {
     const train::RankMemory want = train::estimate_rank(c, 0);
     EXPECT_TRUE(got == want) << "measured:  " << train::describe(got) << "\nestimated: " << train::describe(want);
     EXPECT_GT(got[Pool::device].total_peak, 0u);
-    if (c.parallel.offload != "none") EXPECT_GT(got[Pool::host].held[int(MemCategory::optimizer)], 0u);
-    if (c.parallel.offload == "nvme") EXPECT_GT(got[Pool::nvme].total_peak, 0u);
+    if (c.parallel.offload != plan::Offload::none) EXPECT_GT(got[Pool::host].held[int(MemCategory::optimizer)], 0u);
+    if (c.parallel.offload == plan::Offload::nvme) EXPECT_GT(got[Pool::nvme].total_peak, 0u);
     EXPECT_EQ(kernels::device(), kernels::Device::cpu) << "the estimate gives the device back";
   }
   std::error_code ec;
@@ -79,7 +79,7 @@ TEST(Estimate, OneRankMeasuresWhatItEstimates) {
 TEST(Estimate, NvmeOffloadCreatesNoFile) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / fmt::format("strata-estimate-none-{}", ::getpid())).string();
-  const deck::Config c = tiny({"parallel.offload=\"nvme\"", "offload.path=\"" + dir + "\""});
+  const plan::Plan c = tiny({"parallel.offload=\"nvme\"", "offload.path=\"" + dir + "\""});
   const train::RankMemory m = train::estimate_rank(c, 0);
   EXPECT_GT(m[Pool::nvme].held[int(MemCategory::optimizer)], 0u);
   EXPECT_FALSE(std::filesystem::exists(dir));
@@ -91,7 +91,7 @@ TEST(Estimate, NvmeOffloadCreatesNoFile) {
 // padded per unit to a multiple of dp) and 12 bytes per element of its
 // 1/64 shard in the optimizer.
 TEST(Estimate, A4096RankLayoutIsOneClassPerStage) {
-  const deck::Config c = deck::load_deck(STRATA_SOURCE_DIR "/inputs/gpt-7b-4096.toml", {}).config;
+  const plan::Plan c = deck::load_deck(STRATA_SOURCE_DIR "/inputs/gpt-7b-4096.toml", {}).config;
   const train::Estimate e = train::estimate(c);
   EXPECT_EQ(e.world, 4096);
   ASSERT_EQ(e.classes.size(), 8u);
@@ -112,7 +112,7 @@ TEST(Estimate, A4096RankLayoutIsOneClassPerStage) {
     EXPECT_GE(d.total_peak, d.total_held());
   }
   EXPECT_TRUE(e.does_not_fit.empty());
-  deck::Config small = c;
+  plan::Plan small = c;
   small.backend.memory_limit = std::uint64_t(1) << 30;
   EXPECT_EQ(train::estimate(small).does_not_fit.size(), 8u) << "1 GiB fits no stage";
 }

@@ -26,7 +26,7 @@ using namespace strata;
 
 namespace {
 
-deck::Config config(const std::string& device, const std::vector<std::string>& sets) {
+plan::Plan config(const std::string& device, const std::vector<std::string>& sets) {
   const std::string text =
       "[run]\nsteps = 6\nwarmup_steps = 1\nseed = 5\n"
       "[model]\nlayers = 2\nd_model = 64\nheads = 4\nvocab = 97\nseq_len = 48\n"
@@ -44,7 +44,7 @@ struct Trajectory {
 
 Trajectory train_on(kernels::Device d, const std::vector<std::string>& sets) {
   kernels::use_device(d);
-  const deck::Config c = config(kernels::device_name(d), sets);
+  const plan::Plan c = config(kernels::device_name(d), sets);
   Trajectory out;
   void* region = nullptr;
   {

@@ -36,7 +36,7 @@ TEST(Schedules, WellFormedAndDeadlockFree) {
     EXPECT_GT(shapes.size(), 10u) << info.name;
     for (const Shape& s : shapes) {
       const auto sched = strategies::pp::make_schedule(info.name, s);
-      EXPECT_EQ(strategies::pp::check_schedule(sched, s), "") << info.name << " p " << s.p << " m " << s.m << " v " << s.v;
+      EXPECT_EQ(strategies::pp::check_schedule(sched, s, *info.placement), "") << info.name << " p " << s.p << " m " << s.m << " v " << s.v;
       const auto run = sim::simulate(sched, unit_costs());
       EXPECT_EQ(run.deadlock, "") << info.name << " p " << s.p << " m " << s.m << " v " << s.v;
     }

@@ -16,7 +16,7 @@ using namespace strata;
 
 namespace {
 
-deck::Config tiny_config(const std::vector<std::string>& sets) {
+plan::Plan tiny_config(const std::vector<std::string>& sets) {
   const std::string text =
       "[run]\nsteps = 6\nwarmup_steps = 1\nseed = 11\n"
       "[model]\nlayers = 2\nd_model = 16\nheads = 2\nvocab = 29\nseq_len = 8\n"
@@ -26,7 +26,7 @@ deck::Config tiny_config(const std::vector<std::string>& sets) {
   return deck::parse_deck("tiny.toml", text, sets).config;
 }
 
-std::vector<double> losses(const deck::Config& c) {
+std::vector<double> losses(const plan::Plan& c) {
   core::MemoryTracker tracker;
   train::Trainer t(c, tracker, nullptr, 0.0);
   std::vector<double> out;
@@ -56,14 +56,14 @@ TEST(Data, SamplesAreKeyedByGlobalIndex) {
 }
 
 TEST(LrSchedule, ConstantAndCosineWithWarmup) {
-  deck::OptimSection o;
+  plan::OptimSection o;
   o.lr = 1.0;
   o.warmup = 4;
-  o.schedule = "constant";
+  o.schedule = plan::LrSchedule::constant;
   EXPECT_DOUBLE_EQ(train::learning_rate(o, 0, 20), 0.25);
   EXPECT_DOUBLE_EQ(train::learning_rate(o, 3, 20), 1.0);
   EXPECT_DOUBLE_EQ(train::learning_rate(o, 19, 20), 1.0);
-  o.schedule = "cosine";
+  o.schedule = plan::LrSchedule::cosine;
   o.min_lr = 0.1;
   EXPECT_DOUBLE_EQ(train::learning_rate(o, 4, 20), 1.0);
   EXPECT_NEAR(train::learning_rate(o, 12, 20), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);

@@ -1,7 +1,7 @@
-// The key table (one entry per deck key) and the small pieces that read it:
-// value checks, byte sizes, TOML literals and "did you mean" hints. Defaults
-// are not written here: they are read back from a default-constructed Config.
-#include "src/deck/keys.hpp"
+// The global deck keys and the small pieces that read any key: value checks,
+// byte sizes, TOML literals and "did you mean" hints. Defaults are not
+// written here: they are read back from a default-constructed Plan.
+#include "strategies/keys.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -10,56 +10,8 @@
 
 #include <fmt/format.h>
 
-namespace strata::deck {
+namespace strata::plan {
 namespace {
-
-// Binds a key to one field of Config, so the table needs no hand-written
-// setter per key: Field<&Config::model, &ModelSection::layers>.
-template <auto section_member, auto field_member>
-struct Field {
-  using SectionT = std::remove_cvref_t<decltype(std::declval<Config&>().*section_member)>;
-  using T = std::remove_cvref_t<decltype(std::declval<SectionT&>().*field_member)>;
-
-  static constexpr KeyType natural_type() {
-    if constexpr (std::is_same_v<T, int>) return KeyType::integer;
-    else if constexpr (std::is_same_v<T, std::uint64_t>) return KeyType::unsigned_;
-    else if constexpr (std::is_same_v<T, double>) return KeyType::floating;
-    else if constexpr (std::is_same_v<T, bool>) return KeyType::boolean;
-    else {
-      static_assert(std::is_same_v<T, std::string>, "a deck key must be int, uint64, double, bool or string");
-      return KeyType::string;
-    }
-  }
-
-  static void set(Config& c, const Value& v) {
-    T& f = (c.*section_member).*field_member;
-    // check_value has already proven the value fits the field.
-    if constexpr (std::is_same_v<T, int>) f = static_cast<int>(std::get<std::int64_t>(v));
-    else if constexpr (std::is_same_v<T, std::uint64_t>) f = std::get<std::uint64_t>(v);
-    else if constexpr (std::is_same_v<T, double>) f = std::get<double>(v);
-    else if constexpr (std::is_same_v<T, bool>) f = std::get<bool>(v);
-    else f = std::get<std::string>(v);
-  }
-
-  static Value get(const Config& c) {
-    const T& f = (c.*section_member).*field_member;
-    if constexpr (std::is_same_v<T, int>) return Value(static_cast<std::int64_t>(f));
-    else return Value(f);
-  }
-};
-
-template <auto section_member, auto field_member>
-KeySpec key(std::string_view section, std::string_view name, std::string_view doc) {
-  using F = Field<section_member, field_member>;
-  KeySpec k;
-  k.section = section;
-  k.name = name;
-  k.type = F::natural_type();
-  k.doc = doc;
-  k.set = &F::set;
-  k.get = &F::get;
-  return k;
-}
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -135,78 +87,60 @@ KeySpec KeySpec::as_bytes() const {
   return k;
 }
 
-// The table. Values listed under `later` are part of the design but refused by
-// this build with "not available yet"; move one into the allowed list when its
-// backend lands. Constraints between keys are checked in deck.cpp
-// (check_cross_keys).
-const std::vector<KeySpec>& key_table() {
+// The keys of the whole run. A strategy's keys are in its registry row
+// (strategies/registry.cpp); constraints between keys are checked there and,
+// for the global ones, in src/deck/deck.cpp. Values listed under `later` are
+// part of the design but refused by this build with "not available yet".
+const std::vector<KeySpec>& global_keys() {
   static const std::vector<KeySpec> table = {
       // [run]
-      key<&Config::run, &RunSection::name>("run", "name", "name of the run; labels the report and the default output path"),
-      key<&Config::run, &RunSection::steps>("run", "steps", "optimizer steps to run").at_least(1),
-      key<&Config::run, &RunSection::warmup_steps>("run", "warmup_steps", "first steps left out of timing figures (must be < steps)").at_least(0),
-      key<&Config::run, &RunSection::seed>("run", "seed", "seed for initial weights and synthetic data"),
-      key<&Config::run, &RunSection::output>("run", "output", "report path; empty: results/<name>.h5"),
-      key<&Config::run, &RunSection::profile>("run", "profile", "record per-layer timeline spans"),
-      key<&Config::run, &RunSection::log_every>("run", "log_every", "print a table row every N steps; 0: never").at_least(0),
+      key<&Plan::run, &RunSection::name>("run", "name", "name of the run; labels the report and the default output path"),
+      key<&Plan::run, &RunSection::steps>("run", "steps", "optimizer steps to run").at_least(1),
+      key<&Plan::run, &RunSection::warmup_steps>("run", "warmup_steps", "first steps left out of timing figures (must be < steps)").at_least(0),
+      key<&Plan::run, &RunSection::seed>("run", "seed", "seed for initial weights and synthetic data"),
+      key<&Plan::run, &RunSection::output>("run", "output", "report path; empty: results/<name>.h5"),
+      key<&Plan::run, &RunSection::profile>("run", "profile", "record per-layer timeline spans"),
+      key<&Plan::run, &RunSection::log_every>("run", "log_every", "print a table row every N steps; 0: never").at_least(0),
       // [model]
-      key<&Config::model, &ModelSection::kind>("model", "kind", "model family: gpt (dense) or moe (MLPs of moe_every-th blocks replaced by experts)").one_of({"gpt", "moe"}),
-      key<&Config::model, &ModelSection::layers>("model", "layers", "transformer blocks").at_least(1),
-      key<&Config::model, &ModelSection::d_model>("model", "d_model", "width of the residual stream (a multiple of heads)").at_least(1),
-      key<&Config::model, &ModelSection::heads>("model", "heads", "attention heads per block").at_least(1),
-      key<&Config::model, &ModelSection::ffn_mult>("model", "ffn_mult", "MLP hidden width as a multiple of d_model").at_least(1),
-      key<&Config::model, &ModelSection::vocab>("model", "vocab", "vocabulary size (>= 256 for text data: byte-level tokens)").at_least(2),
-      key<&Config::model, &ModelSection::seq_len>("model", "seq_len", "tokens per sequence").at_least(1),
-      key<&Config::model, &ModelSection::recompute>("model", "recompute", "activation recomputation: none; selective (attention probabilities rebuilt in the backward pass); full (each block's forward rebuilt from its input)").one_of({"none", "selective", "full"}),
-      key<&Config::model, &ModelSection::moe_experts>("model", "moe_experts", "experts of each Mixture-of-Experts block; 0: a dense model").at_least(0),
-      key<&Config::model, &ModelSection::moe_every>("model", "moe_every", "every k-th block is a MoE block (blocks l with l % k == k - 1)").at_least(1),
-      key<&Config::model, &ModelSection::moe_top_k>("model", "moe_top_k", "experts each token is routed to").between(1, 2),
-      key<&Config::model, &ModelSection::moe_capacity_factor>("model", "moe_capacity_factor", "expert capacity = ceil(factor x tokens x top_k / experts) per micro-batch").above(0),
-      key<&Config::model, &ModelSection::moe_drop_tokens>("model", "moe_drop_tokens", "drop assignments past an expert's capacity (false: no capacity limit)"),
-      key<&Config::model, &ModelSection::moe_renormalize>("model", "moe_renormalize", "gates = top-k probabilities over their sum (false: the probabilities)"),
-      key<&Config::model, &ModelSection::moe_aux_coef>("model", "moe_aux_coef", "weight of the load-balancing auxiliary loss").at_least(0),
+      key<&Plan::model, &ModelSection::kind>("model", "kind", "model family: gpt (dense) or moe (MLPs of moe_every-th blocks replaced by experts)"),
+      key<&Plan::model, &ModelSection::layers>("model", "layers", "transformer blocks").at_least(1),
+      key<&Plan::model, &ModelSection::d_model>("model", "d_model", "width of the residual stream (a multiple of heads)").at_least(1),
+      key<&Plan::model, &ModelSection::heads>("model", "heads", "attention heads per block").at_least(1),
+      key<&Plan::model, &ModelSection::ffn_mult>("model", "ffn_mult", "MLP hidden width as a multiple of d_model").at_least(1),
+      key<&Plan::model, &ModelSection::vocab>("model", "vocab", "vocabulary size (>= 256 for text data: byte-level tokens)").at_least(2),
+      key<&Plan::model, &ModelSection::seq_len>("model", "seq_len", "tokens per sequence").at_least(1),
+      key<&Plan::model, &ModelSection::moe_experts>("model", "moe_experts", "experts of each Mixture-of-Experts block; 0: a dense model").at_least(0),
+      key<&Plan::model, &ModelSection::moe_every>("model", "moe_every", "every k-th block is a MoE block (blocks l with l % k == k - 1)").at_least(1),
+      key<&Plan::model, &ModelSection::moe_top_k>("model", "moe_top_k", "experts each token is routed to").between(1, 2),
+      key<&Plan::model, &ModelSection::moe_capacity_factor>("model", "moe_capacity_factor", "expert capacity = ceil(factor x tokens x top_k / experts) per micro-batch").above(0),
+      key<&Plan::model, &ModelSection::moe_drop_tokens>("model", "moe_drop_tokens", "drop assignments past an expert's capacity (false: no capacity limit)"),
+      key<&Plan::model, &ModelSection::moe_renormalize>("model", "moe_renormalize", "gates = top-k probabilities over their sum (false: the probabilities)"),
+      key<&Plan::model, &ModelSection::moe_aux_coef>("model", "moe_aux_coef", "weight of the load-balancing auxiliary loss").at_least(0),
       // [data]
-      key<&Config::data, &DataSection::source>("data", "source", "where tokens come from: random tokens, or the bytes of a text file").one_of({"synthetic", "text"}),
-      key<&Config::data, &DataSection::path>("data", "path", "text file for source = \"text\" (see docs/decks.md for how it is found)"),
-      key<&Config::data, &DataSection::global_batch>("data", "global_batch", "sequences per optimizer step (a multiple of micro_batch)").at_least(1),
-      key<&Config::data, &DataSection::micro_batch>("data", "micro_batch", "sequences per forward/backward pass").at_least(1),
-      // [parallel]
-      key<&Config::parallel, &ParallelSection::dp>("parallel", "dp", "data-parallel replicas").at_least(1),
-      key<&Config::parallel, &ParallelSection::tp>("parallel", "tp", "tensor-parallel ranks per layer").at_least(1),
-      key<&Config::parallel, &ParallelSection::pp>("parallel", "pp", "pipeline stages").at_least(1),
-      key<&Config::parallel, &ParallelSection::ep>("parallel", "ep", "expert-parallel ranks: divides dp; each holds experts / ep of every MoE block").at_least(1),
-      key<&Config::parallel, &ParallelSection::zero>("parallel", "zero", "ZeRO stage: 0 off, 1 optimizer state, 2 +gradients, 3 +parameters sharded over dp").between(0, 3),
-      key<&Config::parallel, &ParallelSection::bucket_mb>("parallel", "bucket_mb", "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO holds at most this much in reduce-scatter buffers (one more while it waits)").above(0),
-      key<&Config::parallel, &ParallelSection::schedule>("parallel", "schedule", "pipeline schedule").one_of({"1f1b", "gpipe", "interleaved", "zb-h1"}),
-      key<&Config::parallel, &ParallelSection::virtual_stages>("parallel", "virtual_stages", "model chunks per pipeline rank (interleaved schedule)").at_least(1),
-      key<&Config::parallel, &ParallelSection::first_stage_layers>("parallel", "first_stage_layers", "transformer blocks on the first pipeline stage (beside the embedding); -1: as many as every stage").at_least(-1),
-      key<&Config::parallel, &ParallelSection::last_stage_layers>("parallel", "last_stage_layers", "transformer blocks on the last pipeline stage (beside the head and loss); -1: as many as every stage").at_least(-1),
-      key<&Config::parallel, &ParallelSection::sequence_parallel>("parallel", "sequence_parallel", "shard norm and dropout activations along the sequence over tp ranks"),
-      key<&Config::parallel, &ParallelSection::offload>("parallel", "offload", "where optimizer state is offloaded").one_of({"none", "host", "nvme"}),
+      key<&Plan::data, &DataSection::source>("data", "source", "where tokens come from: random tokens, or the bytes of a text file"),
+      key<&Plan::data, &DataSection::path>("data", "path", "text file for source = \"text\" (see docs/decks.md for how it is found)"),
+      key<&Plan::data, &DataSection::global_batch>("data", "global_batch", "sequences per optimizer step (a multiple of micro_batch)").at_least(1),
+      key<&Plan::data, &DataSection::micro_batch>("data", "micro_batch", "sequences per forward/backward pass").at_least(1),
       // [optim]
-      key<&Config::optim, &OptimSection::lr>("optim", "lr", "peak learning rate (AdamW)").above(0),
-      key<&Config::optim, &OptimSection::schedule>("optim", "schedule", "learning-rate schedule after warm-up").one_of({"constant", "cosine"}),
-      key<&Config::optim, &OptimSection::warmup>("optim", "warmup", "linear warm-up steps of the learning rate").at_least(0),
-      key<&Config::optim, &OptimSection::min_lr>("optim", "min_lr", "floor of the cosine schedule").at_least(0),
-      key<&Config::optim, &OptimSection::weight_decay>("optim", "weight_decay", "decoupled weight decay").at_least(0),
-      key<&Config::optim, &OptimSection::beta1>("optim", "beta1", "AdamW first-moment decay").from_below(0, 1),
-      key<&Config::optim, &OptimSection::beta2>("optim", "beta2", "AdamW second-moment decay").from_below(0, 1),
-      key<&Config::optim, &OptimSection::eps>("optim", "eps", "AdamW denominator epsilon").above(0),
-      key<&Config::optim, &OptimSection::grad_clip>("optim", "grad_clip", "clip the global gradient norm to this; 0: no clipping").at_least(0),
+      key<&Plan::optim, &OptimSection::lr>("optim", "lr", "peak learning rate (AdamW)").above(0),
+      key<&Plan::optim, &OptimSection::schedule>("optim", "schedule", "learning-rate schedule after warm-up"),
+      key<&Plan::optim, &OptimSection::warmup>("optim", "warmup", "linear warm-up steps of the learning rate").at_least(0),
+      key<&Plan::optim, &OptimSection::min_lr>("optim", "min_lr", "floor of the cosine schedule").at_least(0),
+      key<&Plan::optim, &OptimSection::weight_decay>("optim", "weight_decay", "decoupled weight decay").at_least(0),
+      key<&Plan::optim, &OptimSection::beta1>("optim", "beta1", "AdamW first-moment decay").from_below(0, 1),
+      key<&Plan::optim, &OptimSection::beta2>("optim", "beta2", "AdamW second-moment decay").from_below(0, 1),
+      key<&Plan::optim, &OptimSection::eps>("optim", "eps", "AdamW denominator epsilon").above(0),
+      key<&Plan::optim, &OptimSection::grad_clip>("optim", "grad_clip", "clip the global gradient norm to this; 0: no clipping").at_least(0),
       // [backend]
-      key<&Config::backend, &BackendSection::device>("backend", "device", "where kernels run: the CPU, or one GPU per rank (the CUDA backend)").one_of({"cpu", "cuda"}),
-      key<&Config::backend, &BackendSection::comm>("backend", "comm", "collectives: auto (nccl on cuda, mpi on cpu), mpi (device buffers staged through the host), nccl (cuda only)").one_of({"auto", "mpi", "nccl"}),
-      key<&Config::backend, &BackendSection::precision>("backend", "precision", "fp32, or mixed precision: 16-bit parameters, gradients and collectives, fp32 master weights and optimizer").one_of({"fp32", "bf16", "fp16"}),
-      key<&Config::backend, &BackendSection::loss_scale>("backend", "loss_scale", "fp16: initial dynamic loss scale (halved on overflow, the step skipped)").at_least(1),
-      key<&Config::backend, &BackendSection::loss_scale_window>("backend", "loss_scale_window", "fp16: good steps in a row before the loss scale doubles").at_least(1),
-      key<&Config::backend, &BackendSection::threads>("backend", "threads", "compute threads per rank; 0: OMP_NUM_THREADS or all cores").at_least(0),
-      key<&Config::backend, &BackendSection::memory_limit>("backend", "memory_limit", "memory budget per rank in bytes (or \"512MiB\", \"2GB\"); 0: no limit").as_bytes(),
-      key<&Config::backend, &BackendSection::host_memory_limit>("backend", "host_memory_limit", "host arena budget per rank for parallel.offload = \"host\" (bytes, or \"8GiB\"); 0: no limit").as_bytes(),
-      key<&Config::backend, &BackendSection::peak_tflops>("backend", "peak_tflops", "peak TFLOP/s per rank for utilisation figures; 0: measure an sgemm at start-up").at_least(0),
-      // [offload]
-      key<&Config::offload, &OffloadSection::path>("offload", "path", "parallel.offload = \"nvme\": the directory of each rank's optimizer file (on the NVMe)"),
-      key<&Config::offload, &OffloadSection::chunk_mb>("offload", "chunk_mb", "parallel.offload = \"nvme\": MiB of each state tensor per streamed chunk").above(0),
-      key<&Config::offload, &OffloadSection::params>("offload", "params", "with parallel.offload = \"nvme\" and zero = 3: the parameter shard in the file too"),
+      key<&Plan::backend, &BackendSection::device>("backend", "device", "where kernels run: the CPU, or one GPU per rank (the CUDA backend)"),
+      key<&Plan::backend, &BackendSection::comm>("backend", "comm", "collectives: auto (nccl on cuda, mpi on cpu), mpi (device buffers staged through the host), nccl (cuda only)"),
+      key<&Plan::backend, &BackendSection::precision>("backend", "precision", "fp32, or mixed precision: 16-bit parameters, gradients and collectives, fp32 master weights and optimizer"),
+      key<&Plan::backend, &BackendSection::loss_scale>("backend", "loss_scale", "fp16: initial dynamic loss scale (halved on overflow, the step skipped)").at_least(1),
+      key<&Plan::backend, &BackendSection::loss_scale_window>("backend", "loss_scale_window", "fp16: good steps in a row before the loss scale doubles").at_least(1),
+      key<&Plan::backend, &BackendSection::threads>("backend", "threads", "compute threads per rank; 0: OMP_NUM_THREADS or all cores").at_least(0),
+      key<&Plan::backend, &BackendSection::memory_limit>("backend", "memory_limit", "memory budget per rank in bytes (or \"512MiB\", \"2GB\"); 0: no limit").as_bytes(),
+      key<&Plan::backend, &BackendSection::host_memory_limit>("backend", "host_memory_limit", "host arena budget per rank for parallel.offload = \"host\" (bytes, or \"8GiB\"); 0: no limit").as_bytes(),
+      key<&Plan::backend, &BackendSection::peak_tflops>("backend", "peak_tflops", "peak TFLOP/s per rank for utilisation figures; 0: measure an sgemm at start-up").at_least(0),
   };
   return table;
 }
@@ -450,4 +384,4 @@ std::optional<std::string> closest_name(std::string_view name, const std::vector
   return std::nullopt;
 }
 
-}  // namespace strata::deck
+}  // namespace strata::plan

@@ -1,0 +1,96 @@
+// The layer seam's rows: how a layer computes across ranks. Tensor and
+// sequence parallelism (Megatron-LM), expert parallelism (GShard), and
+// activation recomputation, which trades a layer's memory for its forward
+// work again. The layers themselves are in models/gpt.cpp and models/moe.cpp
+// (a parallel layer reaches its group through the layer seam's context,
+// models::TensorParallel, models::ExpertParallel).
+#include <fmt/format.h>
+
+#include "strategies/plan.hpp"
+#include "strategies/registry.hpp"
+
+namespace strata::strategies {
+
+namespace {
+
+using plan::key, plan::Plan, plan::ParallelSection, plan::ModelSection;
+
+// Heads, the MLP's hidden units and the vocabulary split over tp ranks; with
+// sequence parallelism the tokens too.
+void check_tp(const Plan& p, PlanChecks& checks) {
+  const auto& m = p.model;
+  const int tp = p.parallel.tp;
+  if (m.heads % tp != 0)
+    checks.error({"model.heads", "parallel.tp"},
+                 fmt::format("{} is not a multiple of {}: tensor parallelism splits the attention heads over tp ranks",
+                             checks.show("model.heads"), checks.show("parallel.tp")));
+  if (m.vocab % tp != 0)
+    checks.error({"model.vocab", "parallel.tp"},
+                 fmt::format("{} is not a multiple of {}: the embedding and the logits are split by vocabulary over "
+                             "tp ranks",
+                             checks.show("model.vocab"), checks.show("parallel.tp")));
+  if (p.parallel.sequence_parallel && m.seq_len % tp != 0)
+    checks.error({"model.seq_len", "parallel.tp", "parallel.sequence_parallel"},
+                 fmt::format("{} is not a multiple of {}: sequence parallelism splits the sequence over tp ranks",
+                             checks.show("model.seq_len"), checks.show("parallel.tp")));
+}
+
+// The ep ranks holding different experts are part of each dp group; each
+// holds experts / ep whole experts.
+void check_ep(const Plan& p, PlanChecks& checks) {
+  const int ep = p.parallel.ep, experts = p.model.moe_experts;
+  if (ep > 1 && experts == 0)
+    checks.error({"parallel.ep", "model.moe_experts"},
+                 fmt::format("{} needs a Mixture-of-Experts model (model.kind = \"moe\", model.moe_experts >= 1); {}",
+                             checks.show("parallel.ep"), checks.show("model.moe_experts")));
+  if (p.parallel.dp % ep != 0)
+    checks.error({"parallel.ep", "parallel.dp"},
+                 fmt::format("{} does not divide {}: the ep ranks holding different experts are a part of each "
+                             "data-parallel group",
+                             checks.show("parallel.ep"), checks.show("parallel.dp")));
+  if (experts > 0 && experts % ep != 0)
+    checks.error({"model.moe_experts", "parallel.ep"},
+                 fmt::format("{} is not a multiple of {}: each expert-parallel rank holds experts / ep whole experts",
+                             checks.show("model.moe_experts"), checks.show("parallel.ep")));
+}
+
+}  // namespace
+
+const std::vector<Row>& layer_rows() {
+  static const std::vector<Row> rows = {
+      {"tp",
+       "tensor parallelism (Megatron-LM): column- and row-parallel linears, vocabulary-parallel embedding and "
+       "cross-entropy; with sequence parallelism the norms and residual stream hold 1/tp of the tokens",
+       {key<&Plan::parallel, &ParallelSection::tp>("parallel", "tp", "tensor-parallel ranks per layer").at_least(1),
+        key<&Plan::parallel, &ParallelSection::sequence_parallel>(
+            "parallel", "sequence_parallel", "shard norm and dropout activations along the sequence over tp ranks")},
+       {"tp"},
+       check_tp,
+       "parameters, gradients and optimizer state of the split tensors 1/tp; per block two all-reduces of b s h "
+       "forward and two backward (with sequence parallelism, all-gather and reduce-scatter pairs of the same bytes)"},
+      {"ep",
+       "expert parallelism (GShard): the experts of each MoE block split over ep ranks of each dp group, tokens "
+       "dispatched and combined by all-to-all; expert state kept over the expert-data-parallel group",
+       {key<&Plan::parallel, &ParallelSection::ep>(
+            "parallel", "ep", "expert-parallel ranks: divides dp; each holds experts / ep of every MoE block")
+            .at_least(1)},
+       {"ep", "edp"},
+       check_ep,
+       "expert parameters and state 1/ep (sharded by ZeRO over dp / ep); per MoE block and micro-batch an "
+       "all-to-all of E int32 counts and all_to_allv of the routed rows out and back, each way"},
+      {"recompute",
+       "activation recomputation: selective rebuilds the attention probabilities from q and k in the backward "
+       "pass (Korthikanti et al., 2022); full rebuilds each block's forward from its stored input",
+       {key<&Plan::model, &ModelSection::recompute>(
+            "model", "recompute",
+            "activation recomputation: none; selective (attention probabilities rebuilt in the backward pass); full "
+            "(each block's forward rebuilt from its input)")},
+       {},
+       nullptr,
+       "selective: (L - 1) 4 B NH T^2 bytes of activations fewer per stage; full: besides, one block's worth of "
+       "every activation but the block outputs; hardware FLOPs add the forward work recomputed"},
+  };
+  return rows;
+}
+
+}  // namespace strata::strategies

@@ -1,0 +1,178 @@
+// The plan: what a deck resolves to, once, in typed values (every choice an
+// enum or a registry row, never a string), read by every module. Section
+// and key names follow the deck exactly (docs/decks.md), since sweeps and
+// tests address keys as "section.key". It sits on the strategies floor
+// because the strategies' registry rows declare and check their own keys
+// (strategies/registry.hpp); the harness (src/deck) parses TOML into it.
+#pragma once
+
+#include <array>
+#include <stdexcept>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/foundation/precision.hpp"
+#include "kernels/kernels.hpp"
+#include "models/gpt.hpp"
+#include "strategies/pp/schedule.hpp"
+
+namespace strata::plan {
+
+enum class ModelKind { gpt, moe };
+enum class DataSource { synthetic, text };
+enum class Offload { none, host, nvme };
+enum class LrSchedule { constant, cosine };
+// backend.comm: auto is NCCL on a GPU and MPI on the CPU.
+enum class CommChoice { auto_, mpi, nccl };
+
+// A value a deck names from a fixed list: an enum (its i-th name names
+// value i), or a registry row. Choice<T> gives the names in order, the value
+// of the i-th and the index of a value.
+template <typename T>
+struct Choice;
+
+template <typename E, const auto& kNames>
+struct EnumChoice {
+  static std::vector<std::string_view> names() { return {kNames.begin(), kNames.end()}; }
+  static E at(std::size_t i) { return E(i); }
+  static std::size_t index(E e) { return std::size_t(e); }
+};
+inline constexpr std::array<std::string_view, 2> kModelKinds{"gpt", "moe"};
+inline constexpr std::array<std::string_view, 2> kDataSources{"synthetic", "text"};
+inline constexpr std::array<std::string_view, 3> kOffloads{"none", "host", "nvme"};
+inline constexpr std::array<std::string_view, 2> kLrSchedules{"constant", "cosine"};
+inline constexpr std::array<std::string_view, 3> kCommChoices{"auto", "mpi", "nccl"};
+inline constexpr std::array<std::string_view, 3> kRecomputes{"none", "selective", "full"};
+inline constexpr std::array<std::string_view, 3> kPrecisions{"fp32", "bf16", "fp16"};
+inline constexpr std::array<std::string_view, 2> kDevices{"cpu", "cuda"};  // a deck never names the meta device
+template <> struct Choice<ModelKind> : EnumChoice<ModelKind, kModelKinds> {};
+template <> struct Choice<DataSource> : EnumChoice<DataSource, kDataSources> {};
+template <> struct Choice<Offload> : EnumChoice<Offload, kOffloads> {};
+template <> struct Choice<LrSchedule> : EnumChoice<LrSchedule, kLrSchedules> {};
+template <> struct Choice<CommChoice> : EnumChoice<CommChoice, kCommChoices> {};
+template <> struct Choice<models::Recompute> : EnumChoice<models::Recompute, kRecomputes> {};
+template <> struct Choice<core::Precision> : EnumChoice<core::Precision, kPrecisions> {};
+template <> struct Choice<kernels::Device> : EnumChoice<kernels::Device, kDevices> {};
+
+// Pipeline schedules: the rows of strategies/pp's table.
+using Schedule = const strategies::pp::ScheduleInfo*;
+template <>
+struct Choice<Schedule> {
+  static std::vector<std::string_view> names();
+  static Schedule at(std::size_t i);
+  static std::size_t index(Schedule s);
+};
+
+// The deck's name of a value, and the value of a name (the program's own
+// choices, e.g. a test's; a name that is not one is a bug, not bad input:
+// decks are checked against Choice<T>::names() first).
+template <typename T>
+std::string_view name_of(const T& v) {
+  return Choice<T>::names()[Choice<T>::index(v)];
+}
+template <typename T>
+T choose(std::string_view name) {
+  const auto names = Choice<T>::names();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return Choice<T>::at(i);
+  throw std::invalid_argument("not a choice: " + std::string(name));
+}
+
+struct RunSection {
+  std::string name = "run";
+  int steps = 10;
+  int warmup_steps = 2;         // excluded from timing figures
+  std::uint64_t seed = 1234;
+  std::string output;           // report path; default results/<name>.h5
+  bool profile = true;          // per-layer timeline spans
+  int log_every = 1;            // print a table row every N steps (0: never)
+};
+
+struct ModelSection {
+  ModelKind kind = ModelKind::gpt;
+  int layers = 2;
+  int d_model = 64;
+  int heads = 4;
+  int ffn_mult = 4;
+  int vocab = 256;
+  int seq_len = 64;
+  models::Recompute recompute = models::Recompute::none;  // activation recomputation
+  // Mixture of experts (moe_experts = 0: a dense model).
+  int moe_experts = 0;
+  int moe_every = 1;
+  int moe_top_k = 2;
+  double moe_capacity_factor = 1.25;
+  bool moe_drop_tokens = true;
+  bool moe_renormalize = true;
+  double moe_aux_coef = 0.01;
+};
+
+struct DataSection {
+  DataSource source = DataSource::synthetic;
+  std::string path;                  // file for source = "text" (byte-level tokens)
+  int global_batch = 8;              // sequences per optimizer step
+  int micro_batch = 8;               // sequences per forward/backward
+};
+
+struct ParallelSection {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int ep = 1;
+  int zero = 0;
+  double bucket_mb = 25.0;  // MiB, as PyTorch DDP's bucket_cap_mb
+  Schedule schedule = &strategies::pp::find_schedule("1f1b");
+  int virtual_stages = 1;
+  int first_stage_layers = -1;  // -1: balanced
+  int last_stage_layers = -1;
+  bool sequence_parallel = false;
+  Offload offload = Offload::none;
+};
+
+struct OptimSection {
+  double lr = 3e-4;
+  LrSchedule schedule = LrSchedule::constant;
+  int warmup = 0;                     // linear warm-up steps of the lr schedule
+  double min_lr = 0.0;                // cosine floor
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 0.0;             // 0: no clipping
+};
+
+struct BackendSection {
+  kernels::Device device = kernels::Device::cpu;
+  CommChoice comm = CommChoice::auto_;
+  core::Precision precision = core::Precision::fp32;
+  double loss_scale = 65536.0;        // fp16: initial dynamic loss scale
+  int loss_scale_window = 1000;       // fp16: good steps in a row before the scale doubles
+  int threads = 0;                    // 0: OMP_NUM_THREADS or all cores
+  std::uint64_t memory_limit = 0;     // bytes; 0: no limit
+  std::uint64_t host_memory_limit = 0;  // bytes of the host arena (offload); 0: no limit
+  double peak_tflops = 0.0;           // 0: measure an sgemm at start-up
+};
+
+// NVMe offload (parallel.offload = "nvme"): where each rank's optimizer file
+// lives and the chunks it streams through.
+struct OffloadSection {
+  std::string path;                   // a directory; required with "nvme"
+  double chunk_mb = 4.0;              // MiB per state tensor per chunk
+  bool params = false;                // ZeRO-3's parameter shard on NVMe too
+};
+
+struct Plan {
+  RunSection run;
+  ModelSection model;
+  DataSection data;
+  ParallelSection parallel;
+  OptimSection optim;
+  BackendSection backend;
+  OffloadSection offload;
+  // Micro-batches per rank and step: global_batch / (dp x micro_batch).
+  int micro_batches() const { return data.global_batch / (parallel.dp * data.micro_batch); }
+};
+
+}  // namespace strata::plan

@@ -1,0 +1,29 @@
+// What a registry row's checks report to: the deck's resolver, which knows
+// where every key's value came from (a file's line, a --set, the default).
+// A row checks the constraints between its own keys and the rest of the
+// plan, so the deck's central validator keeps only what is truly global.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+namespace strata::plan {
+struct Plan;
+}
+
+namespace strata::strategies {
+
+class PlanChecks {
+ public:
+  virtual ~PlanChecks() = default;
+  // "parallel.tp = 4 (line 7)": the key's final value and where it came from.
+  virtual std::string show(std::string_view key) const = 0;
+  // A violated constraint between `keys`; the message is placed at the first
+  // of them the deck sets (else at the deck).
+  virtual void error(std::initializer_list<std::string_view> keys, std::string message) = 0;
+};
+
+using PlanCheck = void (*)(const plan::Plan&, PlanChecks&);
+
+}  // namespace strata::strategies

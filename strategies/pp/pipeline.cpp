@@ -1,0 +1,96 @@
+// The schedule seam's executor row: pipeline parallelism, its deck keys and
+// the checks they need whatever the schedule (the stage split, the chosen
+// schedule's shape and its own constraints). The schedules are pp::schedules()'s
+// rows; the executor that runs their action lists is the trainer's
+// (src/train/trainer.cpp, run_pipeline).
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "strategies/plan.hpp"
+#include "strategies/registry.hpp"
+
+namespace strata::strategies {
+
+namespace {
+
+using plan::key, plan::Plan, plan::ParallelSection;
+
+void check_pipeline(const Plan& c, PlanChecks& checks) {
+  const auto& par = c.parallel;
+  const int stages = par.pp * par.virtual_stages, first = par.first_stage_layers, last = par.last_stage_layers;
+  const int fixed = (first >= 0) + (last >= 0), rest = c.model.layers - std::max(first, 0) - std::max(last, 0);
+  if (fixed > 0 && par.pp == 1)
+    checks.error({"parallel.first_stage_layers", "parallel.last_stage_layers"},
+                 fmt::format("{} and {} split a pipeline; {} has one stage", checks.show("parallel.first_stage_layers"),
+                             checks.show("parallel.last_stage_layers"), checks.show("parallel.pp")));
+  else if (fixed == 0 && c.model.layers % stages != 0)
+    checks.error({"model.layers", "parallel.pp", "parallel.virtual_stages"},
+                 fmt::format("{} is not a multiple of {} x {}: every pipeline stage takes the same number of layers "
+                             "(or set parallel.first_stage_layers / last_stage_layers)",
+                             checks.show("model.layers"), checks.show("parallel.pp"),
+                             checks.show("parallel.virtual_stages")));
+  else if (fixed > 0 && (rest < 0 || (stages == fixed ? rest != 0 : rest % (stages - fixed) != 0 ||
+                                                                        rest / (stages - fixed) < 1)))
+    checks.error({"parallel.first_stage_layers", "parallel.last_stage_layers", "model.layers"},
+                 fmt::format("{} with {} and {} leaves {} layer(s) for the other {} of {} x {} stages: they must "
+                             "split evenly, at least one each",
+                             checks.show("model.layers"), checks.show("parallel.first_stage_layers"),
+                             checks.show("parallel.last_stage_layers"), rest, stages - fixed,
+                             checks.show("parallel.pp"), checks.show("parallel.virtual_stages")));
+  // Several chunks per rank: a schedule whose row runs virtual stages.
+  const pp::ScheduleInfo& schedule = *par.schedule;
+  std::string chunked;
+  for (const auto& s : pp::schedules())
+    if (s.virtual_stages) chunked += fmt::format("{}{}", chunked.empty() ? "" : " or ", s.name);
+  if (par.virtual_stages != 1 && (!schedule.virtual_stages || par.pp == 1)) {
+    checks.error({"parallel.virtual_stages", "parallel.schedule", "parallel.pp"},
+                 fmt::format("{} needs the {} schedule with pp > 1 ({}, {}); other schedules hold one model chunk per "
+                             "rank",
+                             checks.show("parallel.virtual_stages"), chunked, checks.show("parallel.schedule"),
+                             checks.show("parallel.pp")));
+    return;
+  }
+  if (schedule.virtual_stages && par.pp > 1 && par.virtual_stages < 2) {
+    checks.error({"parallel.virtual_stages", "parallel.schedule"},
+                 fmt::format("{} needs {} >= 2 model chunks per pipeline rank (1 is the plain 1f1b schedule)",
+                             checks.show("parallel.schedule"), checks.show("parallel.virtual_stages")));
+    return;
+  }
+  const auto& d = c.data;
+  if (par.pp == 1 || d.global_batch % (d.micro_batch * par.dp) != 0) return;
+  const std::string problem = pp::check_shape(schedule, {par.pp, c.micro_batches(), par.virtual_stages});
+  if (!problem.empty())
+    checks.error({"parallel.schedule", "parallel.pp"}, fmt::format("{}: {}", checks.show("parallel.schedule"), problem));
+  if (schedule.check != nullptr) schedule.check(c, checks);
+}
+
+}  // namespace
+
+const Row& pipeline_row() {
+  static const Row row{
+      "pp",
+      "pipeline parallelism: the model cut into pp stages (pp x virtual_stages chunks) that run a schedule's "
+      "action lists, activations sent forward and gradients back",
+      {key<&Plan::parallel, &ParallelSection::pp>("parallel", "pp", "pipeline stages").at_least(1),
+       key<&Plan::parallel, &ParallelSection::schedule>("parallel", "schedule", "pipeline schedule"),
+       key<&Plan::parallel, &ParallelSection::virtual_stages>(
+           "parallel", "virtual_stages", "model chunks per pipeline rank (interleaved schedule)")
+           .at_least(1),
+       key<&Plan::parallel, &ParallelSection::first_stage_layers>(
+           "parallel", "first_stage_layers",
+           "transformer blocks on the first pipeline stage (beside the embedding); -1: as many as every stage")
+           .at_least(-1),
+       key<&Plan::parallel, &ParallelSection::last_stage_layers>(
+           "parallel", "last_stage_layers",
+           "transformer blocks on the last pipeline stage (beside the head and loss); -1: as many as every stage")
+           .at_least(-1)},
+      {"pp", "emb"},
+      check_pipeline,
+      "each rank its stages' parameters and one stage model (activations and scratch) per (chunk, micro-batch) "
+      "its schedule keeps live (strategies/pp/liveness.hpp); sends and receives of b s h activations and "
+      "gradients per micro-batch and stage boundary"};
+  return row;
+}
+
+}  // namespace strata::strategies
