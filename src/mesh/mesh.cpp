@@ -17,6 +17,17 @@
 
 namespace strata::mesh {
 
+Layout layout_of(const plan::Plan& p) {
+  Layout l{p.parallel.pp, p.parallel.dp, p.parallel.tp, p.parallel.ep};
+  if (l.pp > 1) {
+    const strategies::pp::Shape s{l.pp, p.micro_batches(), p.parallel.virtual_stages};
+    const auto& place = *p.parallel.schedule->placement;
+    l.emb_first = place.rank_of(s, 0);
+    l.emb_last = place.rank_of(s, s.p * s.v - 1);
+  }
+  return l;
+}
+
 Coords coords_of(const Layout& l, int rank) {
   STRATA_CHECK(rank >= 0 && rank < l.world(), "rank {} outside a world of {}", rank, l.world());
   return Coords{rank / (l.tp * l.dp), (rank / l.tp) % l.dp, rank % l.tp};
@@ -112,7 +123,7 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
     pp_comm_ = split(world_comm_, c.dp * l.tp + c.tp, c.pp);
     // The first and last pipeline stages of each (dp, tp) position: the two
     // holders of the tied word embedding.
-    const bool holds_wte = c.pp == 0 || c.pp == l.pp - 1;
+    const bool holds_wte = c.pp == l.emb_first || c.pp == l.last_stage_rank();
     emb_comm_ = split(world_comm_, holds_wte ? c.dp * l.tp + c.tp : MPI_UNDEFINED, c.pp);
     // ep: the same (pp, tp) and dp / ep; edp: the same (pp, tp) and dp % ep.
     const int groups = l.dp / l.ep;
@@ -141,7 +152,8 @@ Mesh::Mesh(const Layout& l, int rank, comm::CommLog& log) : layout_(l), backend_
     return std::make_unique<comm::ProfiledCommunicator>(std::make_unique<comm::MetaCommunicator>(axis, size, r), log);
   };
   world_ = meta("world", l.world(), rank);
-  if (l.pp > 1 && (c.pp == 0 || c.pp == l.pp - 1)) emb_ = meta("emb", 2, c.pp == 0 ? 0 : 1);
+  if (l.pp > 1 && (c.pp == l.emb_first || c.pp == l.last_stage_rank()))
+    emb_ = meta("emb", 2, c.pp == l.emb_first ? 0 : 1);
   dp_ = meta("dp", l.dp, c.dp);
   tp_ = meta("tp", l.tp, c.tp);
   pp_ = meta("pp", l.pp, c.pp);

@@ -18,6 +18,7 @@
 
 #include "src/comm/backend.hpp"
 #include "src/comm/comm_log.hpp"
+#include "strategies/plan.hpp"
 #include "kernels/foundation/communicator.hpp"
 
 namespace strata::mesh {
@@ -25,8 +26,17 @@ namespace strata::mesh {
 struct Layout {
   int pp = 1, dp = 1, tp = 1;
   int ep = 1;  // divides dp
+  // The pipeline ranks holding the first and the last stage, whose two
+  // copies of the tied word embedding form the emb group (-1: pp - 1). The
+  // schedule's placement says which (layout_of).
+  int emb_first = 0, emb_last = -1;
   int world() const { return pp * dp * tp; }
+  int last_stage_rank() const { return emb_last < 0 ? pp - 1 : emb_last; }
 };
+
+// The layout a plan asks for: its axes, and the ranks of its first and last
+// stage under its schedule's placement.
+Layout layout_of(const plan::Plan& p);
 
 struct Coords {
   int pp = 0, dp = 0, tp = 0;

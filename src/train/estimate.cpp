@@ -36,16 +36,12 @@ class OnMeta {
   kernels::Device saved_;
 };
 
-mesh::Layout layout_of(const plan::Plan& cfg) {
-  return {cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep};
-}
-
 }  // namespace
 
 RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm) {
   const OnMeta meta;
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(layout_of(cfg), rank, log);
+  mesh::Mesh mesh(mesh::layout_of(cfg), rank, log);
   core::MemoryTracker tracker;
   tracker.count_only();
   Trainer t(cfg, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(), &mesh.ep(), &mesh.edp());
@@ -60,7 +56,7 @@ RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume
 }
 
 Estimate estimate(const plan::Plan& cfg) {
-  const mesh::Layout l = layout_of(cfg);
+  const mesh::Layout l = mesh::layout_of(cfg);
   Estimate e;
   e.world = l.world();
   for (int pp = 0; pp < l.pp; ++pp) {

@@ -284,7 +284,7 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       const std::int64_t params = models::gpt_registry(gpt_config(cfg)).numel();  // the whole model
       const Estimate e = estimate(cfg);
       print_estimate(deck, e, params);
-      const mesh::Layout layout{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep};
+      const mesh::Layout layout = mesh::layout_of(cfg);
       if (layout.world() <= 64)
         fmt::print("process mesh (pp {} x dp {} x tp {}{}):\n{}", layout.pp, layout.dp, layout.tp,
                    layout.ep > 1 ? fmt::format(", ep {} within dp", layout.ep) : "", mesh::layout_table(layout));
@@ -331,7 +331,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   const models::GptConfig gc = gpt_config(cfg);
   const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
-  const mesh::Layout layout{cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.ep};
+  const mesh::Layout layout = mesh::layout_of(cfg);
   prof::Timeline timeline(cfg.run.profile);
   comm::CommLog log(timeline.origin());
   // backend.comm: NCCL on the GPU unless told otherwise; MPI with device

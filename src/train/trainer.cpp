@@ -45,41 +45,28 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     epc_ = {ep, ep->size(), ep->rank()};
     edp_ = edp;
   }
-  int p = 1, v = 1;
   if (pp_ != nullptr) {
-    p = pp_->size();
-    pp_rank_ = pp_->rank();
-    v = cfg_.parallel.virtual_stages;
+    // This rank's chunks of the pipeline, placed and counted by the schedule's row.
     emb_ = emb != nullptr && emb->size() > 1 ? emb : nullptr;
-    const strategies::pp::Shape shape{p, micro_batches_, v};
-    schedule_ = strategies::pp::make_schedule(*cfg_.parallel.schedule, shape)[pp_rank_];
-    live_ = strategies::pp::liveness(schedule_);
-    split_backward_ = live_.split_backward;
+    const strategies::pp::Shape shape{pp_->size(), micro_batches_, cfg_.parallel.virtual_stages};
+    const std::int64_t rows = std::int64_t(B) * T / (tpc_.sequence_parallel ? tpc_.size : 1);
+    pipeline_ = std::make_unique<strategies::pp::Executor>(
+        *cfg_.parallel.schedule, shape, pp_->rank(), *pp_, rows * cfg_.model.d_model, [&](int stage, bool split) {
+          return std::make_unique<models::Gpt>(gc, B, tracker, tpc_,
+                                               models::gpt_stage(gc, stage, shape.p * shape.v,
+                                                                 cfg_.parallel.first_stage_layers,
+                                                                 cfg_.parallel.last_stage_layers),
+                                               split, epc_);
+        });
+    pipeline_->lay_out(registry_, units_);
     mb_tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                             std::size_t(micro_batches_) * B * T, "tokens of the step");
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                              std::size_t(micro_batches_) * B * T, "targets of the step");
-  }
-  // Where chunk c of this rank sits is the schedule row's placement; the
-  // rank's state lays the chunks' parameters end to end.
-  chunks_.resize(std::size_t(v));
-  for (int c = 0; c < v; ++c) {
-    Chunk& ch = chunks_[c];
-    if (pp_ != nullptr)
-      ch.stage = models::gpt_stage(gc, cfg_.parallel.schedule->placement->stage_of({p, micro_batches_, v}, pp_rank_, c),
-                                   p * v, cfg_.parallel.first_stage_layers,
-                                   cfg_.parallel.last_stage_layers);
-    // One stage model per pair the schedule keeps live at once on this chunk
-    // (one without a pipeline), all built now: a step allocates nothing for
-    // them, and the count is the schedule's, not the timing's.
-    const int slots = pp_ != nullptr ? live_.slots[std::size_t(c)] : 1;
-    for (int k = 0; k < std::max(slots, 1); ++k) add_slot(ch);
-    const models::Gpt& m = *ch.slots[0];
-    const std::int64_t base = registry_.numel();
-    ch.first_unit = int(units_.size());
-    registry_.append(m.registry());
-    for (const auto& u : m.units()) units_.push_back({base + u.begin, base + u.end});
-    ch.of_mb.assign(std::size_t(micro_batches_), nullptr);
+  } else {
+    model_ = std::make_unique<models::Gpt>(gc, B, tracker, tpc_, models::GptStage{}, false, epc_);
+    registry_ = model_->registry();
+    units_ = model_->units();
   }
   strategies::StateConfig sc;
   sc.make = strategies::chosen_state(cfg_).make;
@@ -94,10 +81,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   nvme_ = std::move(offload.file);
   sc.precision = precision_;
   strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, epc_.comm, edp_);
-  if (v > 1)
-    for (auto& ch : chunks_)
-      ch.view = std::make_unique<models::ShiftedState>(strategy_->state(), ch.first_unit,
-                                                       int(ch.slots[0]->units().size()));
+  if (pipeline_) pipeline_->use_state(*strategy_);
   data_ = make_data_source(cfg_);
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");
   targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "targets");
@@ -105,22 +89,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     timeline_->reserve(std::size_t(cfg_.run.steps) * (micro_batches_ * 3 * (gc.layers + 2) + 1));
 }
 
-void Trainer::add_slot(Chunk& ch) {
-  ch.slots.push_back(std::make_unique<models::Gpt>(gpt_config(cfg_), cfg_.data.micro_batch, *tracker_, tpc_,
-                                                   ch.stage, split_backward_, epc_));
-  ch.free.push_back(ch.slots.back().get());
-}
-
-std::size_t Trainer::pipeline_slots() const {
-  std::size_t n = 0;
-  for (const auto& ch : chunks_) n += ch.slots.size();
-  return n;
-}
-
-models::ParamState& Trainer::chunk_state(int chunk) {
-  auto& view = chunks_[chunk].view;
-  return view ? *view : strategy_->state();
-}
+std::size_t Trainer::pipeline_slots() const { return pipeline_ ? pipeline_->stage_models() : 1; }
 
 void Trainer::sum_tied_embedding() {
   if (emb_ == nullptr) return;
@@ -271,113 +240,17 @@ void Trainer::finish_routing(StepRecord& r) {
   r.drop_rate = routed > 0 ? double(dropped) / double(routed) : 0.0;
 }
 
-models::Gpt* Trainer::take_slot(int chunk, int mb) {
-  Chunk& ch = chunks_[chunk];
-  STRATA_CHECK(!ch.free.empty(), "chunk {}: no stage model free for micro-batch {}", chunk, mb);
-  ch.of_mb[mb] = ch.free.back();
-  ch.free.pop_back();
-  return ch.of_mb[mb];
-}
-
-// Runs this rank's actions of the schedule. Sends are non-blocking (the
-// schedules are deadlock-free when sends never block); a stage model goes
-// back to its chunk's free list once the last action of its pair ran and its
-// sends completed. The chunk has as many as the schedule keeps pairs live
-// (strategies/pp/liveness.hpp: 1F1B p - rank, GPipe m), so when a pair
-// starts and none is free, one still holds a pair whose last sends are in
-// flight: the executor waits for the oldest such send (the unit-cost
-// simulator checks that no schedule deadlocks so). Receives block; the
-// communicator records how long each waited for the peer and how long the
-// transfer took.
 double Trainer::run_pipeline(int step, float loss_scale) {
-  using strategies::pp::Op;
-  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len, C = cfg_.model.d_model, m = micro_batches_;
-  const bool sp = tp_ != nullptr && cfg_.parallel.sequence_parallel;
-  const std::int64_t count = std::int64_t(B) * T / (sp ? tp_->size() : 1) * C;
-  constexpr int kActTag = 1, kGradTag = 2;
-  // Per (chunk, micro-batch) k = chunk * m + mb: its sends in flight.
-  std::vector<std::vector<comm::RequestPtr>> sends(chunks_.size() * std::size_t(m));
-  std::vector<int> draining;  // (chunk, micro-batch)s done computing whose sends may still be in flight
-  // Gives back the stage models of draining pairs whose sends completed
-  // (all of them with wait, else those a test finds done), oldest first;
-  // with `chunk` >= 0, waits only until one of that chunk's is free.
-  auto reclaim = [&](bool wait, int chunk = -1) {
-    for (std::size_t i = 0; i < draining.size();) {
-      if (chunk >= 0 && !chunks_[chunk].free.empty()) return;
-      const int k = draining[i];
-      const bool mine = chunk < 0 || k / m == chunk;
-      bool complete = true;
-      for (auto& r : sends[k]) complete = ((wait && mine) ? (r->wait(), true) : r->test()) && complete;
-      if (complete) {
-        Chunk& ch = chunks_[k / m];
-        ch.free.push_back(ch.of_mb[k % m]);
-        sends[k].clear();
-        draining.erase(draining.begin() + std::ptrdiff_t(i));
-      } else {
-        ++i;
-      }
-    }
-  };
-  auto slot = [&](int chunk, int mb) {
-    if (chunks_[chunk].free.empty()) reclaim(false);
-    if (chunks_[chunk].free.empty()) reclaim(true, chunk);
-    return take_slot(chunk, mb);
-  };
-  auto batch = [&](int mb, std::int32_t* base) { return base + std::size_t(mb) * B * T; };
-  const bool first = chunks_.front().stage.embedding, last = chunks_.back().stage.head;
-  if (first || last)
-    for (int mb = 0; mb < m; ++mb) {
+  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len;
+  if (pipeline_->holds_embedding() || pipeline_->holds_head())
+    for (int mb = 0; mb < micro_batches_; ++mb) {
       const std::int64_t s0 = std::int64_t(step) * cfg_.data.global_batch +
                               std::int64_t(dp_rank_) * (cfg_.data.global_batch / dp_size_) + std::int64_t(mb) * B;
-      load_batch(s0, B, T, batch(mb, mb_tokens_.data()), batch(mb, mb_targets_.data()));
+      const std::size_t at = std::size_t(mb) * B * T;
+      load_batch(s0, B, T, mb_tokens_.data() + at, mb_targets_.data() + at);
     }
-  double loss_sum = 0;
-  for (std::size_t i = 0; i < schedule_.size(); ++i) {
-    const auto& a = schedule_[i];
-    if (a.op == Op::optimizer) continue;
-    if (timeline_ != nullptr) timeline_->set_position(step, a.mb, a.chunk);
-    Chunk& ch = chunks_[a.chunk];
-    models::ParamState& state = chunk_state(a.chunk);
-    const std::int32_t* tokens = batch(a.mb, mb_tokens_.data());
-    const std::int32_t* targets = batch(a.mb, mb_targets_.data());
-    models::Gpt* g = ch.of_mb[a.mb];
-    const int k = a.chunk * m + a.mb;
-    switch (a.op) {
-      case Op::recv_act:
-        pp_->recv(slot(a.chunk, a.mb)->input(), count, comm::DType::f32, a.peer, kActTag);
-        break;
-      case Op::forward:
-        if (ch.stage.embedding) g = slot(a.chunk, a.mb);
-        loss_sum += g->forward(state, tokens, targets, timeline_);
-        record_routing(*g);
-        break;
-      case Op::send_act:
-        sends[k].push_back(pp_->isend(g->output(), count, comm::DType::f32, a.peer, kActTag));
-        break;
-      case Op::recv_grad:
-        pp_->recv(g->output_grad(), count, comm::DType::f32, a.peer, kGradTag);
-        break;
-      case Op::backward:
-      case Op::backward_input:
-        if (a.op == Op::backward) strategy_->begin_micro_batch(live_.completes_chunk[i] != 0);
-        g->backward(state, tokens, targets, loss_scale, timeline_, a.op == Op::backward_input);
-        break;
-      case Op::backward_weight:
-        strategy_->begin_micro_batch(live_.completes_chunk[i] != 0);
-        g->backward_weight(state, timeline_);
-        break;
-      case Op::send_grad:
-        sends[k].push_back(pp_->isend(g->input_grad(), count, comm::DType::f32, a.peer, kGradTag));
-        break;
-      case Op::optimizer:
-        break;
-    }
-    if (live_.last_of_pair[i]) draining.push_back(k);
-  }
-  reclaim(true);
-  // Only the last stage computed the loss.
-  pp_->all_reduce(&loss_sum, 1, comm::DType::f64, comm::ReduceOp::sum);
-  return loss_sum;
+  return pipeline_->run(step, loss_scale, mb_tokens_.data(), mb_targets_.data(), std::int64_t(B) * T, timeline_,
+                        [&](const models::Gpt& g) { record_routing(g); });
 }
 
 }  // namespace strata::train

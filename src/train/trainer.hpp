@@ -16,8 +16,7 @@
 #include "strategies/plan.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "src/train/data.hpp"
-#include "strategies/pp/liveness.hpp"
-#include "strategies/pp/schedule.hpp"
+#include "strategies/pp/executor.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::train {
@@ -95,7 +94,7 @@ class Trainer {
   std::size_t pipeline_slots() const;
 
   // The first chunk's first stage model (the whole model without a pipeline).
-  models::Gpt& model() { return *chunks_[0].slots[0]; }
+  models::Gpt& model() { return pipeline_ ? pipeline_->model(0) : *model_; }
   // This rank's parameters, every chunk's in turn, and their units: the
   // layout of the strategy's flat buffers.
   const models::ParamRegistry& registry() const { return registry_; }
@@ -114,18 +113,6 @@ class Trainer {
   void set_scaler(const ScalerState& s) { scaler_ = s; }
 
  private:
-  // One model chunk of this rank (one pipeline stage; the interleaved
-  // schedule gives a rank v of them). Each slot is a stage model holding one
-  // micro-batch's activations; parameters live in the strategy's state.
-  struct Chunk {
-    models::GptStage stage;
-    int first_unit = 0;                          // of the chunk's units in the rank's state
-    std::unique_ptr<models::ShiftedState> view;  // the chunk's units, when the rank has several chunks
-    std::vector<std::unique_ptr<models::Gpt>> slots;
-    std::vector<models::Gpt*> free;
-    std::vector<models::Gpt*> of_mb;             // the slot holding each micro-batch of the step
-  };
-
   const plan::Plan& cfg_;
   prof::Timeline* timeline_;
   double peak_flops_;
@@ -133,9 +120,6 @@ class Trainer {
   // and a whole step's worth of them through this rank's pipeline chunks.
   double run_micro_batches(int step, float loss_scale);
   double run_pipeline(int step, float loss_scale);
-  models::Gpt* take_slot(int chunk, int mb);
-  models::ParamState& chunk_state(int chunk);
-  void add_slot(Chunk& ch);
   // Sums the gradient of the tied embedding's two copies (first and last
   // pipeline stage) over the embedding group.
   void sum_tied_embedding();
@@ -156,16 +140,13 @@ class Trainer {
   comm::Communicator* tp_;
   comm::Communicator* pp_ = nullptr;
   comm::Communicator* emb_ = nullptr;
-  int pp_rank_ = 0;
   models::TensorParallel tpc_;  // the layer seam's context, for every stage model
   models::ExpertParallel epc_;
   comm::Communicator* edp_ = nullptr;
-  bool split_backward_ = false;  // the schedule runs backward_input and backward_weight apart
-  std::vector<Chunk> chunks_;
+  std::unique_ptr<models::Gpt> model_;                      // without a pipeline
+  std::unique_ptr<strategies::pp::Executor> pipeline_;      // with one: this rank's chunks and actions
   models::ParamRegistry registry_;
   std::vector<models::Unit> units_;
-  std::vector<strategies::pp::Action> schedule_;  // this rank's actions
-  strategies::pp::Liveness live_;                 // what they keep alive, and when
 
   core::Buffer<std::int32_t> mb_tokens_, mb_targets_;  // every micro-batch of a step (pipeline only)
   core::MemoryTracker* tracker_;
