@@ -157,10 +157,13 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
       {"dfch", N * F, W},
       {"dgelu", N * F, W},
   };
+  // The gradients of the block's replicated parameters from this rank's
+  // rows (norms and row-parallel biases), summed over ranks where the rows
+  // are split, then added to the parameters' gradients.
+  plan.push_back({"rep_grads", 6 * C, W});
   if (sp) {
     plan.push_back({"sp_rows", Nl * C, W});
     plan.push_back({"dres_full", N * C, W});
-    plan.push_back({"sp_grads", 6 * C, W});
   }
   if (split_backward) {
     // Kept from a micro-batch's input-gradient pass to its weight-gradient
@@ -244,17 +247,20 @@ std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptSta
   return u;
 }
 
-Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp, GptStage stage,
-         bool split_backward, ExpertParallel ep)
-    : c_(config), B_(micro_batch), tp_(tp), stage_(resolved(config, stage)),
-      reg_(gpt_registry(config, tp.size, tp.rank, stage_, ep.size, ep.rank)), split_(split_backward) {
+Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorSeam& tp, GptStage stage,
+         bool split_backward, ExpertSeam& ep)
+    : c_(config), B_(micro_batch), tp_(&tp), stage_(resolved(config, stage)),
+      reg_(gpt_registry(config, tp.size(), tp.rank(), stage_, ep.size(), ep.rank())), split_(split_backward) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
   STRATA_CHECK(kernels::meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
                "a model with {} attention on the {} backend", c_.fused_attention ? "fused" : "unfused",
                kernels::device_name(kernels::device()));
   STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");
-  STRATA_CHECK(c_.heads % tp_.size == 0 && c_.vocab % tp_.size == 0, "heads {} and vocab {} over tp {}", c_.heads,
-               c_.vocab, tp_.size);
+  STRATA_CHECK(c_.heads % tp_->size() == 0 && c_.vocab % tp_->size() == 0, "heads {} and vocab {} over tp {}",
+               c_.heads, c_.vocab, tp_->size());
+  const std::int64_t N = std::int64_t(B_) * c_.seq_len;
+  Nl_ = tp_->rows(N);
+  r0_ = tp_->first_row(N);
   units_ = gpt_units(reg_, c_, stage_);
   blocks_ = stage_.last - stage_.first;
   static const char* kDense[kParamsPerLayer] = {
@@ -294,10 +300,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
     head_wte_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
   }
 
-  STRATA_CHECK(!tp_.sequence_parallel || (c_.seq_len * B_) % tp_.size == 0, "rows {} over tp {}",
-               c_.seq_len * B_, tp_.size);
-  if (tp_.size == 1) tp_.sequence_parallel = false;
-  plan_ = gpt_activation_plan(c_, B_, tp_.size, tp_.sequence_parallel, stage_, split_);
+  plan_ = gpt_activation_plan(c_, B_, tp_->size(), Nl_ < N, stage_, split_);
   for (const auto& p : plan_) acts_.emplace_back(tracker, p.category, p.numel, p.name);
   encoded_ = act("encoded");
   ln1_ = act("ln1"), ln1_mean_ = act("ln1_mean"), ln1_rstd_ = act("ln1_rstd");
@@ -309,7 +312,8 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
   ce_max_ = act("ce_max"), ce_sum_ = act("ce_sum"), ce_target_ = act("ce_target");
   dres_ = act("dres"), dbuf_ = act("dbuf"), dqkv_ = act("dqkv"), dprobs_ = act("dprobs");
   dfch_ = act("dfch"), dgelu_ = act("dgelu");
-  if (tp_.sequence_parallel) sp_rows_ = act("sp_rows"), dres_full_ = act("dres_full"), sp_grads_ = act("sp_grads");
+  rep_grads_ = act("rep_grads");
+  if (Nl_ < N) sp_rows_ = act("sp_rows"), dres_full_ = act("dres_full");
   if (split_) dy_fcproj_ = act("dy_fcproj"), dy_fc_ = act("dy_fc"), dy_proj_ = act("dy_proj"), dy_qkv_ = act("dy_qkv");
 }
 
@@ -319,28 +323,15 @@ float* Gpt::act(const char* name) {
   core::runtime_error("no activation buffer '{}'", name);
 }
 
-void Gpt::tp_sum(float* x, std::int64_t n) {
-  if (tp_.size > 1) tp_.comm->all_reduce(x, n, comm::DType::f32, comm::ReduceOp::sum);
-}
-
-void Gpt::tp_reduce_scatter(const float* all, float* mine, std::int64_t count) {
-  tp_.comm->reduce_scatter(all, mine, count, comm::DType::f32, comm::ReduceOp::sum);
-}
-
-void Gpt::tp_all_gather(const float* mine, float* all, std::int64_t count) {
-  tp_.comm->all_gather(mine, all, count, comm::DType::f32);
-}
-
-void Gpt::sp_reduce_param_grads(float* const* grads, int n, int C) {
-  tp_sum(sp_grads_, std::int64_t(n) * C);
-  for (int k = 0; k < n; ++k) kernels::add_inplace(grads[k], sp_grads_ + std::int64_t(k) * C, C);
-  kernels::fill_zero(sp_grads_, std::int64_t(n) * C);
+void Gpt::finish_replicated(float* const* grads, int n) {
+  const std::int64_t C = c_.d_model;
+  tp_->reduce_replicated(rep_grads_, n * C);
+  for (int k = 0; k < n; ++k) kernels::add_inplace(grads[k], rep_grads_ + k * C, C);
+  kernels::fill_zero(rep_grads_, n * C);
 }
 
 const float* Gpt::output() const {
-  const std::int64_t rows = tp_.sequence_parallel ? std::int64_t(B_) * c_.seq_len / tp_.size
-                                                  : std::int64_t(B_) * c_.seq_len;
-  return blocks_ == 0 ? encoded_ : res3_ + std::int64_t(blocks_ - 1) * rows * c_.d_model;
+  return blocks_ == 0 ? encoded_ : res3_ + std::int64_t(blocks_ - 1) * Nl_ * c_.d_model;
 }
 
 Gpt::LayerParams Gpt::layer_view(float* base, float* experts, int l) const {
@@ -355,9 +346,8 @@ Gpt::BlockActs Gpt::block_acts(int lb) const {
   // Full recomputation keeps one block's worth (slot 0) and rebuilds it in
   // the backward pass; selective keeps every block's but one attention
   // probability matrix.
-  const int B = B_, T = c_.seq_len, C = c_.d_model, tp = tp_.size;
-  const std::int64_t Ct = C / tp, Ft = c_.ffn() / tp, NHt = c_.heads / tp, N = std::int64_t(B) * T;
-  const std::int64_t Nl = tp_.sequence_parallel ? N / tp : N;
+  const int B = B_, T = c_.seq_len, C = c_.d_model, tp = tp_->size();
+  const std::int64_t Ct = C / tp, Ft = c_.ffn() / tp, NHt = c_.heads / tp, N = std::int64_t(B) * T, Nl = Nl_;
   const std::int64_t k = c_.recompute == Recompute::full ? 0 : lb;
   const std::int64_t ka = c_.recompute == Recompute::none ? lb : 0;
   // The dense MLP's buffers, per dense block (a MoE block's point at the first, unused).
@@ -368,33 +358,25 @@ Gpt::BlockActs Gpt::block_acts(int lb) const {
 }
 
 void Gpt::norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
-  // A norm over this rank's rows, its output gathered to all N rows.
-  const int C = c_.d_model, N = B_ * c_.seq_len, tp = tp_.size;
-  const bool sp = tp_.sequence_parallel;
-  const int Nl = sp ? N / tp : N, r0 = sp ? tp_.rank * Nl : 0;
-  kernels::layernorm_forward(out_all + std::int64_t(r0) * C, mean, rstd, x, w, b, Nl, C);
-  if (sp) tp_all_gather(out_all + std::int64_t(r0) * C, out_all, std::int64_t(Nl) * C);
+  // A norm over this rank's rows [Nl, C], its output [N, C] of all rows for
+  // the column-parallel linear that reads it (f, gathered in place).
+  const int C = c_.d_model, N = B_ * c_.seq_len;
+  float* mine = out_all + r0_ * C;
+  kernels::layernorm_forward(mine, mean, rstd, x, w, b, int(Nl_), C);
+  tp_->gather(mine, out_all, N, C);
 }
 
 void Gpt::residual_rows(float* out, const float* x, const float* bias) {
-  // out = x + (the row-parallel partial sums in dbuf_, summed over ranks) + bias.
-  const int C = c_.d_model, N = B_ * c_.seq_len, tp = tp_.size;
-  const bool sp = tp_.sequence_parallel;
-  const int Nl = sp ? N / tp : N;
-  const std::int64_t NlC = std::int64_t(Nl) * C;
-  const float* sum = dbuf_;
-  if (sp) {
-    tp_reduce_scatter(dbuf_, sp_rows_, NlC);
-    sum = sp_rows_;
-  } else {
-    tp_sum(dbuf_, std::int64_t(N) * C);
-  }
-  kernels::residual_forward(out, x, sum, NlC);
-  kernels::bias_add(out, bias, Nl, C);
+  // out[Nl, C] = x + (this rank's rows of the row-parallel partial sums in
+  // dbuf_ [N, C], summed over ranks: g) + bias.
+  const int C = c_.d_model, N = B_ * c_.seq_len;
+  const float* sum = tp_->reduce(dbuf_, sp_rows_, N, C);
+  kernels::residual_forward(out, x, sum, Nl_ * C);
+  kernels::bias_add(out, bias, int(Nl_), C);
 }
 
 void Gpt::block_front(const BlockActs& a, const LayerParams& p, const float* x) {
-  const int B = B_, T = c_.seq_len, C = c_.d_model, tp = tp_.size, N = B * T;
+  const int B = B_, T = c_.seq_len, C = c_.d_model, tp = tp_->size(), N = B * T;
   const int Ct = C / tp, NHt = c_.heads / tp;
   norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
   linear_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * Ct);  // column-parallel: this rank's heads
@@ -407,38 +389,32 @@ void Gpt::block_front(const BlockActs& a, const LayerParams& p, const float* x) 
 }
 
 void Gpt::mlp_front(const BlockActs& a, const LayerParams& p) {
-  const int N = B_ * c_.seq_len, C = c_.d_model, Ft = c_.ffn() / tp_.size;
+  const int N = B_ * c_.seq_len, C = c_.d_model, Ft = c_.ffn() / tp_->size();
   linear_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
   kernels::gelu_forward(a.fch_gelu, a.fch, std::int64_t(N) * Ft);
 }
 
 float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
   // Local sizes: this tensor-parallel rank's MLP hidden units (Ft) and
-  // vocabulary rows [v0, v0 + Vt); with sequence parallelism its Nl rows of
-  // the residual stream start at row r0.
-  const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
-  const int Ft = c_.ffn() / tp, Vt = c_.vocab / tp, v0 = tp_.rank * Vt;
-  const bool sp = tp_.sequence_parallel;
-  const int N = B * T, Nl = sp ? N / tp : N, r0 = sp ? tp_.rank * Nl : 0;
-  const std::int64_t NC = std::int64_t(N) * C, NlC = std::int64_t(Nl) * C;
+  // vocabulary rows [v0, v0 + Vt); its Nl rows of the residual stream start
+  // at row r0 (all of them, from 0, unless sequence parallel).
+  const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_->size();
+  const int Ft = c_.ffn() / tp, Vt = c_.vocab / tp, v0 = tp_->rank() * Vt;
+  const int N = B * T, Nl = int(Nl_);
+  const std::int64_t NlC = std::int64_t(Nl) * C;
   if (stage_.embedding) {
     ScopedSpan s(tl, 0, Phase::forward);
     const float* wte = st.acquire_params(kWteUnit);
     const float* wpe = st.acquire_params(kWpeUnit);
     st.prefetch(block_unit(0));
-    if (tp == 1) {
-      kernels::embedding_forward(encoded_, tokens, wte, wpe, B, T, C);
-    } else {
-      // Vocabulary-parallel: each rank looks up the rows it holds, the sum
-      // over ranks is the lookup, then the (whole) position rows are added.
-      float* rows = sp ? dbuf_ : encoded_;
-      kernels::embedding_forward(rows, tokens, wte, nullptr, B, T, C, v0, Vt);
-      if (sp)
-        tp_reduce_scatter(dbuf_, encoded_, NlC);
-      else
-        tp_sum(encoded_, NC);
-      kernels::add_position_rows(encoded_, wpe, Nl, C, T, r0);
-    }
+    // Vocabulary-parallel: each rank looks up the rows it holds (a token
+    // outside them gives 0), the sum over ranks is the lookup (g: this
+    // rank's rows, in encoded_), then the whole position rows are added once.
+    float* lookup = Nl == N ? encoded_ : dbuf_;  // [N, C]
+    kernels::embedding_forward(lookup, tokens, wte, nullptr, B, T, C, v0, Vt);
+    const float* sum = tp_->reduce(lookup, encoded_, N, C);
+    STRATA_CHECK(sum == encoded_, "the embedding's sum outside the stage input");
+    kernels::add_position_rows(encoded_, wpe, Nl, C, T, int(r0_));
     st.release_params(kWpeUnit);
     st.release_params(kWteUnit);
   }
@@ -464,7 +440,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
       p = layer_view(base, st.acquire_params(eu), lb);
       st.prefetch(eu + 1);
       aux += moe_[std::size_t(lb)]->forward(dbuf_, a.ln2, {p.router, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b});
-      kernels::residual_forward(res3, a.res2, dbuf_ + std::int64_t(r0) * C, NlC);
+      kernels::residual_forward(res3, a.res2, dbuf_ + r0_ * C, NlC);
       st.release_params(eu);
     } else {
       mlp_front(a, p);
@@ -485,11 +461,11 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   // exponentials and the target's logit are combined over the ranks; no rank
   // holds the whole vocabulary's logits.
   kernels::row_max(ce_max_, logits_, N, Vt);
-  if (tp > 1) tp_.comm->all_reduce(ce_max_, N, comm::DType::f32, comm::ReduceOp::max);
+  tp_->all_reduce(ce_max_, N, comm::ReduceOp::max);
   kernels::row_exp_sum(ce_sum_, logits_, ce_max_, N, Vt);
-  tp_sum(ce_sum_, N);
+  tp_->all_reduce(ce_sum_, N, comm::ReduceOp::sum);
   kernels::pick_target_logits(ce_target_, logits_, targets, v0, N, Vt);
-  tp_sum(ce_target_, N);
+  tp_->all_reduce(ce_target_, N, comm::ReduceOp::sum);
   kernels::cross_entropy_from_parts(losses_, ce_max_, ce_sum_, ce_target_, N);
   // The one read of device memory per micro-batch: the rows' losses.
   host_losses_.resize(std::size_t(N));
@@ -502,18 +478,14 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
 void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
                    prof::Timeline* tl, bool input_only) {
   STRATA_CHECK(!input_only || split_, "an input-only backward needs a model built with split_backward");
-  const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
-  const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_.rank * Vt;
-  const bool sp = tp_.sequence_parallel;
-  const int N = B * T, Nl = sp ? N / tp : N;
+  const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_->size();
+  const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_->rank() * Vt;
+  const int N = B * T, Nl = int(Nl_);
   const std::int64_t NC = std::int64_t(N) * C, NlC = std::int64_t(Nl) * C;
   const Phase phase = input_only ? Phase::backward_input : Phase::backward;
-  // The residual gradient of all N rows (gathered under sequence parallelism).
-  auto dres_all = [&]() -> const float* {
-    if (!sp) return dres_;
-    tp_all_gather(dres_, dres_full_, NlC);
-    return dres_full_;
-  };
+  // The residual gradient of all N rows [N, C], for the row-parallel
+  // linears' input gradients (g backward: gathered where the rows are split).
+  auto dres_all = [&] { return tp_->gather(dres_, dres_full_, N, C); };
   // A linear's output gradient `dy`: its input gradient now; its weight (and
   // bias) gradient now, or, input-only, a copy of dy kept in `keep` for
   // backward_weight() (nothing to copy when dy already is `keep`).
@@ -525,25 +497,18 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     else if (keep != dy)
       kernels::copy_bytes(keep, dy, sizeof(float) * std::size_t(N) * std::size_t(OC));
   };
-  // A norm's backward from the column-parallel partial input gradients in
-  // dbuf_ (f: summed over ranks), accumulating into dres_. Under sequence
-  // parallelism its weight and bias gradients cover this rank's rows only:
-  // they go to sp_grads_ + k*C and (k+1)*C, summed over ranks at the block's end.
-  // A MoE block's input gradient is complete on every rank (partial = false):
-  // nothing to sum, a sequence-parallel rank takes its rows.
-  auto norm_back = [&](const float* x, const float* w, const float* mean, const float* rstd, float* gw, float* gb,
-                       int k, bool partial = true) {
-    if (sp) {
-      if (partial)
-        tp_reduce_scatter(dbuf_, sp_rows_, NlC);
-      else
-        kernels::copy_bytes(sp_rows_, dbuf_ + std::int64_t(tp_.rank) * NlC, sizeof(float) * std::size_t(NlC));
-      kernels::layernorm_backward(dres_, sp_grads_ + std::int64_t(k) * C, sp_grads_ + std::int64_t(k + 1) * C,
-                                  sp_rows_, x, w, mean, rstd, Nl, C);
-    } else {
-      if (partial) tp_sum(dbuf_, NC);
-      kernels::layernorm_backward(dres_, gw, gb, dbuf_, x, w, mean, rstd, N, C);
-    }
+  // A norm's backward over this rank's rows, accumulating into dres_ [Nl, C],
+  // from the column-parallel linears' partial input gradients [N, C] in dbuf_
+  // (f backward: this rank's rows of their sum over ranks), or from a MoE
+  // block's input gradient, which every rank holds whole (partial = false:
+  // its own rows). Its weight and bias gradients are those of replicated
+  // parameters from this rank's rows: into rep_grads_ + k*C and (k+1)*C, for
+  // finish_replicated.
+  auto norm_back = [&](const float* x, const float* w, const float* mean, const float* rstd, int k,
+                       bool partial = true) {
+    const float* d = partial ? tp_->reduce(dbuf_, sp_rows_, N, C) : dbuf_ + r0_ * C;
+    kernels::layernorm_backward(dres_, rep_grads_ + std::int64_t(k) * C, rep_grads_ + std::int64_t(k + 1) * C, d, x,
+                                w, mean, rstd, Nl, C);
   };
   // Without the head, output_grad() (dres_) already holds the gradient of
   // this stage's output.
@@ -560,11 +525,9 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     linear_back(dbuf_, input_only ? nullptr : st.grads(head_wte_unit_), nullptr, dlogits, lnf_, wte, C, Vt, dlogits);
     const float* xL = output();
     kernels::fill_zero(dres_, NlC);
-    norm_back(xL, uf + lnfw_off_, lnf_mean_, lnf_rstd_, gf + lnfw_off_, gf + lnfb_off_, 0);
-    if (sp) {
-      float* g[2] = {gf + lnfw_off_, gf + lnfb_off_};
-      sp_reduce_param_grads(g, 2, C);
-    }
+    norm_back(xL, uf + lnfw_off_, lnf_mean_, lnf_rstd_, 0);
+    float* g[2] = {gf + lnfw_off_, gf + lnfb_off_};
+    finish_replicated(g, 2);
     // Twice: once for this backward's acquire, once for the forward's.
     for (int k = 0; k < 2; ++k) {
       st.release_params(head_unit_);
@@ -605,8 +568,10 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
 
     // MLP branch: dres_ holds d(res3); the identity path leaves it as d(res2).
     // The row-parallel projection's input gradient needs the residual
-    // gradient of every row (g's backward: identity, or an all-gather under
-    // sequence parallelism); the column-parallel input's is summed (f).
+    // gradient of every row (g backward); its bias, whole on every rank,
+    // takes this rank's rows (a replicated gradient, slot 5); the
+    // column-parallel input's gradient is summed over ranks (f backward, in
+    // norm_back).
     const float* d3 = dres_all();
     if (moe) {
       // The whole MoE backward (experts and router) runs here, in the
@@ -620,28 +585,26 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
       st.release_params(eu);
       if (!input_only) st.grads_done(eu);  // the experts' unit follows the block's: it completes first
     } else {
-      linear_back(dgelu_, g.fcproj_w, sp ? nullptr : g.fcproj_b, d3, fch_gelu, p.fcproj_w, Ft, C, keep3);
-      if (sp) kernels::bias_backward(sp_grads_ + 5 * C, dres_, Nl, C);
+      linear_back(dgelu_, g.fcproj_w, nullptr, d3, fch_gelu, p.fcproj_w, Ft, C, keep3);
+      kernels::bias_backward(rep_grads_ + 5 * C, dres_, Nl, C);
       kernels::fill_zero(dfch, std::int64_t(N) * Ft);
       kernels::gelu_backward(dfch, fch, dgelu_, std::int64_t(N) * Ft);
       linear_back(dbuf_, g.fc_w, g.fc_b, dfch, ln2, p.fc_w, C, Ft, dfch);
     }
-    norm_back(res2, p.ln2_w, a.ln2_mean, a.ln2_rstd, g.ln2_w, g.ln2_b, 3, !moe);
+    norm_back(res2, p.ln2_w, a.ln2_mean, a.ln2_rstd, 3, !moe);
     // Attention branch: dres_ now holds d(res2).
     const float* d2 = dres_all();
-    linear_back(dbuf_, g.proj_w, sp ? nullptr : g.proj_b, d2, atty, p.proj_w, Ct, C, keep2);
-    if (sp) kernels::bias_backward(sp_grads_ + 2 * C, dres_, Nl, C);
+    linear_back(dbuf_, g.proj_w, nullptr, d2, atty, p.proj_w, Ct, C, keep2);
+    kernels::bias_backward(rep_grads_ + 2 * C, dres_, Nl, C);
     kernels::fill_zero(dqkv, std::int64_t(N) * 3 * Ct);
     // Selective recomputation: the attention probabilities again from q
     // and k (Korthikanti et al.); atty gets the same values it holds.
     if (c_.recompute == Recompute::selective) kernels::attention_forward(a.atty, a.att, a.qkv, B, T, Ct, NHt);
     kernels::attention_backward(dqkv, dprobs_, dbuf_, qkv, atty, att, B, T, Ct, NHt);
     linear_back(dbuf_, g.qkv_w, g.qkv_b, dqkv, ln1, p.qkv_w, C, 3 * Ct, dqkv);
-    norm_back(x, p.ln1_w, a.ln1_mean, a.ln1_rstd, g.ln1_w, g.ln1_b, 0);
-    if (sp) {
-      float* gs[6] = {g.ln1_w, g.ln1_b, g.proj_b, g.ln2_w, g.ln2_b, g.fcproj_b};
-      sp_reduce_param_grads(gs, moe ? 5 : 6, C);  // the experts' biases are whole, not per-row partial
-    }
+    norm_back(x, p.ln1_w, a.ln1_mean, a.ln1_rstd, 0);
+    float* gs[6] = {g.ln1_w, g.ln1_b, g.proj_b, g.ln2_w, g.ln2_b, g.fcproj_b};
+    finish_replicated(gs, moe ? 5 : 6);  // a MoE block's output biases belong to its experts
     st.release_params(block_unit(lb));
     if (!input_only) st.grads_done(block_unit(lb));
   }
@@ -662,9 +625,8 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
 // gradient (kept by backward(input_only)). No parameter is read.
 void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
   STRATA_CHECK(split_, "backward_weight needs a model built with split_backward");
-  const int N = B_ * c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_.size;
+  const int N = B_ * c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_->size();
   const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp;
-  const bool sp = tp_.sequence_parallel;
   const std::int64_t NC = std::int64_t(N) * C;
   if (stage_.head) {
     ScopedSpan s(tl, L + 1, Phase::backward_weight);
@@ -680,12 +642,11 @@ void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
       st.grads_done(eu);  // its gradients came with the input-gradient half
     } else {
       const std::int64_t di = dense_index_[std::size_t(lb)];
-      linear_backward_weight(g.fcproj_w, sp ? nullptr : g.fcproj_b, dy_fcproj_ + di * NC, block_acts(lb).fch_gelu,
-                             N, Ft, C);
+      // The row-parallel biases came with the input half (replicated gradients).
+      linear_backward_weight(g.fcproj_w, nullptr, dy_fcproj_ + di * NC, block_acts(lb).fch_gelu, N, Ft, C);
       linear_backward_weight(g.fc_w, g.fc_b, dy_fc_ + di * N * Ft, ln2_ + lb * NC, N, C, Ft);
     }
-    linear_backward_weight(g.proj_w, sp ? nullptr : g.proj_b, dy_proj_ + lb * NC, atty_ + std::int64_t(lb) * N * Ct,
-                           N, Ct, C);
+    linear_backward_weight(g.proj_w, nullptr, dy_proj_ + lb * NC, atty_ + std::int64_t(lb) * N * Ct, N, Ct, C);
     linear_backward_weight(g.qkv_w, g.qkv_b, dy_qkv_ + std::int64_t(lb) * N * 3 * Ct, ln1_ + lb * NC, N, C, 3 * Ct);
     st.grads_done(block_unit(lb));
   }

@@ -15,6 +15,7 @@
 #include "models/moe.hpp"
 #include "models/param_registry.hpp"
 #include "models/state.hpp"
+#include "models/tensor_seam.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
 #include "kernels/foundation/timeline.hpp"
@@ -60,20 +61,6 @@ struct GptConfig {
     return {d_model, ffn(), moe.experts, moe.top_k, moe.capacity_factor, moe.drop_tokens, moe.renormalize,
             moe.aux_coef};
   }
-};
-
-// Tensor parallelism (Megatron-LM): the layer seam's parallel context. With
-// size > 1 attention heads, the MLP's hidden units and the vocabulary are
-// split over the group; every collective goes through `comm` (the tp axis).
-struct TensorParallel {
-  comm::Communicator* comm = nullptr;  // null: one rank
-  int size = 1;
-  int rank = 0;
-  // Sequence parallelism (Korthikanti et al., 2022): the norms and residual
-  // stream hold 1/size of the tokens (contiguous rows of the flattened
-  // batch x sequence); all-gathers before the column-parallel linears and
-  // reduce-scatters after the row-parallel ones replace the all-reduces.
-  bool sequence_parallel = false;
 };
 
 // A pipeline stage: blocks [first, last), and whether it holds the
@@ -141,15 +128,20 @@ class Gpt {
   // split_backward: the backward pass may run as backward(input) then
   // backward_weight() (zero-bubble schedules), which keeps each linear's
   // output gradient in between.
-  // ep: the expert-parallel group the MoE blocks dispatch tokens over.
-  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorParallel tp = {},
-      GptStage stage = {}, bool split_backward = false, ExpertParallel ep = {});
+  // tp: where the layers meet the ranks they are split over (the layer
+  // seam: models/tensor_seam.hpp; one rank by default, or
+  // strategies/tp.cpp's tensor and sequence parallelism). It must outlive
+  // the model. ep: where the MoE blocks' tokens meet the ranks holding the
+  // other experts (models/expert_seam.hpp; one rank by default, or
+  // strategies/ep.cpp's all-to-all), which must outlive the model too.
+  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorSeam& tp = one_rank(),
+      GptStage stage = {}, bool split_backward = false, ExpertSeam& ep = one_expert_rank());
 
   const GptConfig& config() const { return c_; }
   int micro_batch() const { return B_; }
   const ParamRegistry& registry() const { return reg_; }
   const std::vector<Unit>& units() const { return units_; }
-  const TensorParallel& tp() const { return tp_; }
+  const TensorSeam& tp() const { return *tp_; }
   const GptStage& stage() const { return stage_; }
   // A stage without the embedding reads its input activations [rows, C] here
   // (fill before forward); a stage without the head takes the gradient of
@@ -212,22 +204,16 @@ class Gpt {
   // MoE block, its expert unit (null: the expert views are not used).
   LayerParams layer_view(float* unit_base, float* expert_base, int l) const;
   float* act(const char* name);
-  // Megatron's g in the forward pass and f in the backward pass: the sum of
-  // the tensor-parallel ranks' partial results (nothing with one rank).
-  void tp_sum(float* x, std::int64_t n);
-  // Sequence parallelism: this rank's rows of a [N, C] partial sum, summed
-  // over the ranks (reduce-scatter), and all rows from every rank's share
-  // (all-gather; `mine` may be this rank's block of `all`).
-  void tp_reduce_scatter(const float* all, float* mine, std::int64_t count);
-  void tp_all_gather(const float* mine, float* all, std::int64_t count);
-  // Adds the sequence-parallel partial gradients of the replicated norm and
-  // bias parameters, summed over the ranks, into their gradients.
-  void sp_reduce_param_grads(float* const* grads, int n, int C);
+  // The replicated parameters' gradients of this rank's rows in rep_grads_
+  // (slot k: grads[k]), summed over the ranks where the rows are split,
+  // added to their gradients.
+  void finish_replicated(float* const* grads, int n);
 
   GptConfig c_;
   int B_;
-  TensorParallel tp_;
+  TensorSeam* tp_;
   GptStage stage_;
+  std::int64_t Nl_ = 0, r0_ = 0;  // this rank's rows of the residual stream, from row r0_
   int blocks_ = 0;               // blocks on this stage
   // Units: wte and wpe (a stage with the embedding), the blocks, the final
   // norm and (a last stage without the embedding) the tied wte copy.
@@ -253,10 +239,12 @@ class Gpt {
   std::vector<float> host_losses_;
   // Backward scratch (workspace).
   float *dres_, *dbuf_, *dqkv_, *dprobs_, *dfch_, *dgelu_;
-  // Sequence parallelism only: a reduce-scatter's rows, the gathered
-  // residual gradient, and the partial gradients of the replicated
-  // parameters (ln1 w, b; proj b; ln2 w, b; mlp proj b).
-  float *sp_rows_ = nullptr, *dres_full_ = nullptr, *sp_grads_ = nullptr;
+  // The gradients of a block's replicated parameters from this rank's rows
+  // (ln1 w, b; proj b; ln2 w, b; mlp proj b). Where the rows are split
+  // (sequence parallelism): a reduction's rows and the gathered residual
+  // gradient.
+  float* rep_grads_ = nullptr;
+  float *sp_rows_ = nullptr, *dres_full_ = nullptr;
   // Split backward only: per block, the output gradients of the MLP
   // projection, the MLP's first linear, the attention projection and QKV.
   bool split_ = false;

@@ -38,13 +38,12 @@ std::vector<BufferPlan> moe_buffer_plan(const MoeConfig& c, int tokens) {
   };
 }
 
-MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertParallel ep)
-    : c_(c), ep_(ep), N_(tokens), cap_(moe_capacity(c, tokens)) {
+MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertSeam& ep)
+    : c_(c), ep_(&ep), N_(tokens), cap_(moe_capacity(c, tokens)) {
   STRATA_CHECK(c.top_k >= 1 && c.top_k <= c.experts, "top_k {} of {} experts", c.top_k, c.experts);
   STRATA_CHECK(c.capacity_factor > 0, "capacity factor {}", c.capacity_factor);
-  if (ep_.comm == nullptr || ep_.size == 1) ep_ = {nullptr, 1, 0};
-  STRATA_CHECK(c.experts % ep_.size == 0, "{} experts over ep {}", c.experts, ep_.size);
-  El_ = c.experts / ep_.size;
+  STRATA_CHECK(c.experts % ep_->size() == 0, "{} experts over ep {}", c.experts, ep_->size());
+  El_ = c.experts / ep_->size();
   for (const auto& b : moe_buffer_plan(c, tokens)) bufs_.emplace_back(tracker, b.category, b.numel, b.name);
   float** ptrs[] = {&probs_, &send_, &recv_, &yback_, &xin_, &hpre_, &h_, &yout_, &dyout_, &dh_, &dhpre_, &dxin_,
                     &dlogits_};
@@ -57,21 +56,18 @@ MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker,
   pos_.assign(E, 0);
   recv_count_.assign(E, 0);
   expert_rows_.assign(std::size_t(El_), 0);
-  for (auto* v : {&out_counts_, &out_displs_, &in_counts_, &in_displs_}) v->assign(std::size_t(ep_.size), 0);
+  for (auto* v : {&out_counts_, &out_displs_, &in_counts_, &in_displs_}) v->assign(std::size_t(ep_->size()), 0);
 }
 
 void MoeLayer::exchange(const float* send, float* recv, bool out) {
   // Out: this rank's rows to their experts' ranks; back: the reverse.
   auto* sc = &out_counts_, *sd = &out_displs_, *rc = &in_counts_, *rd = &in_displs_;
   if (!out) std::swap(sc, rc), std::swap(sd, rd);
-  if (ep_.comm == nullptr)
-    kernels::copy_bytes(recv, send, sizeof(float) * std::size_t((*sc)[0]));
-  else
-    ep_.comm->all_to_allv(send, sc->data(), sd->data(), recv, rc->data(), rd->data(), comm::DType::f32);
+  ep_->exchange(send, sc->data(), sd->data(), recv, rc->data(), rd->data());
 }
 
 void MoeLayer::regroup(float* by_source, float* by_expert, bool to_experts) const {
-  const int C = c_.d_model, P = ep_.size;
+  const int C = c_.d_model, P = ep_->size();
   std::int64_t row = 0;  // in the by-source order
   std::vector<int> done(std::size_t(El_), 0);
   for (int p = 0; p < P; ++p)
@@ -139,7 +135,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
     }
   // Dispatch: the kept rows, expert after expert in slot order, to their
   // experts' ranks (counts first, so each rank knows what arrives).
-  const int P = ep_.size;
+  const int P = ep_->size();
   hrows_.resize(std::size_t(N) * C);
   kernels::copy_bytes(hrows_.data(), x, hrows_.size() * sizeof(float));
   hsend_.resize(std::size_t(E) * cap_ * C);
@@ -151,10 +147,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
                   hsend_.data() + std::int64_t(rows) * C);
   }
   kernels::copy_bytes(send_, hsend_.data(), sizeof(float) * std::size_t(rows) * C);
-  if (ep_.comm != nullptr)
-    ep_.comm->all_to_all(count_.data(), recv_count_.data(), El_, comm::DType::i32);
-  else
-    recv_count_ = count_;
+  ep_->exchange_counts(count_.data(), recv_count_.data(), El_);
   std::int64_t out = 0, in = 0;
   std::fill(expert_rows_.begin(), expert_rows_.end(), 0);
   for (int p = 0; p < P; ++p) {
@@ -209,7 +202,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
 void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoeParams& p, const MoeGrads& g,
                         float aux_scale) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
-  const int P = ep_.size;
+  const int P = ep_->size();
   const float* probs = hprobs_.data();
   // On the host: d(gate) per choice, and each kept choice's output gradient
   // (gate x dy) into its row of the packed rows, sent to its expert's rank.

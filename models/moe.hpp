@@ -24,17 +24,12 @@
 #include <vector>
 
 #include "models/buffer_plan.hpp"
+#include "models/expert_seam.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
 
 namespace strata::models {
 
-// The layer seam's context for MoE blocks: the ep axis of the mesh.
-struct ExpertParallel {
-  comm::Communicator* comm = nullptr;  // null: one rank holds every expert
-  int size = 1;
-  int rank = 0;
-};
 
 struct MoeConfig {
   int d_model = 64;
@@ -70,7 +65,9 @@ struct MoeGrads {
 
 class MoeLayer {
  public:
-  MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertParallel ep = {});
+  // `ep` (which must outlive the layer): where its tokens meet the ranks
+  // holding the other experts (models/expert_seam.hpp).
+  MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertSeam& ep = one_expert_rank());
 
   // y[N, C] = MoE(x[N, C]). Returns the auxiliary loss, aux_coef x E x
   // sum_e f_e P_e (f_e: share of the group's tokens whose first choice is e;
@@ -82,7 +79,7 @@ class MoeLayer {
 
   // Routing of the last forward (this rank's group, every expert).
   const MoeConfig& config() const { return c_; }
-  const ExpertParallel& ep() const { return ep_; }
+  const ExpertSeam& ep() const { return *ep_; }
   int capacity() const { return cap_; }
   const std::vector<int>& routed() const { return routed_; }    // assignments per expert, before dropping
   const std::vector<int>& kept() const { return count_; }       // assignments per expert that fit
@@ -106,7 +103,7 @@ class MoeLayer {
   void regroup(float* by_source, float* by_expert, bool to_experts) const;
 
   MoeConfig c_;
-  ExpertParallel ep_;
+  ExpertSeam* ep_;
   int N_, cap_, El_;  // El_: experts on this rank
   std::vector<int> topk_, slot_, count_, routed_, tok_;  // tok_[e * cap + s]: the token in that slot
   std::vector<int> pos_;                   // [E]: first row of expert e in the packed rows this rank sends

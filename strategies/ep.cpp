@@ -7,6 +7,11 @@
 
 namespace strata::strategies {
 
+std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep) {
+  if (ep == nullptr || ep->size() == 1) return std::make_unique<models::OneExpertRank>();
+  return std::make_unique<ExpertParallelSeam>(*ep);
+}
+
 ExpertParallelState::ExpertParallelState(const StateConfig& cfg, const models::ParamRegistry& reg,
                                          std::vector<models::Unit> units, comm::Communicator* dp,
                                          comm::Communicator* ep, comm::Communicator* edp,

@@ -15,10 +15,35 @@
 #include <memory>
 #include <vector>
 
+#include "models/expert_seam.hpp"
 #include "models/state.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::strategies {
+
+// The layer seam of expert parallelism (models/expert_seam.hpp) over the ep
+// group: counts by all_to_all, rows by all_to_allv, so every exchange is
+// profiled on the `ep` axis.
+class ExpertParallelSeam final : public models::ExpertSeam {
+ public:
+  explicit ExpertParallelSeam(comm::Communicator& ep) : ep_(ep) {}
+  int size() const override { return ep_.size(); }
+  int rank() const override { return ep_.rank(); }
+  void exchange_counts(const std::int32_t* send, std::int32_t* recv, std::int64_t per_peer) override {
+    ep_.all_to_all(send, recv, per_peer, comm::DType::i32);
+  }
+  void exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs, float* recv,
+                const std::int64_t* recv_counts, const std::int64_t* recv_displs) override {
+    ep_.all_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs, comm::DType::f32);
+  }
+
+ private:
+  comm::Communicator& ep_;
+};
+
+// The seam of the layer row ep: over `ep` (one rank, the plain seam, when
+// null or of one rank).
+std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep);
 
 class ExpertParallelState final : public StateStrategy, public models::ParamState {
  public:

@@ -2,8 +2,9 @@
 // sequence parallelism (Megatron-LM), expert parallelism (GShard), and
 // activation recomputation, which trades a layer's memory for its forward
 // work again. The layers themselves are in models/gpt.cpp and models/moe.cpp
-// (a parallel layer reaches its group through the layer seam's context,
-// models::TensorParallel, models::ExpertParallel).
+// (written once against the layer seams, models/tensor_seam.hpp and
+// models/expert_seam.hpp); their parallel forms are strategies/tp.cpp and
+// strategies/ep.cpp.
 #include <fmt/format.h>
 
 #include "strategies/plan.hpp"

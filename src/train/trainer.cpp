@@ -6,6 +6,8 @@
 
 #include "kernels/kernels.hpp"
 #include "strategies/registry.hpp"
+#include "strategies/ep.hpp"
+#include "strategies/tp.hpp"
 #include "kernels/foundation/error.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/lr_schedule.hpp"
@@ -40,23 +42,21 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
   hardware_flops_per_step_ = models::gpt_hardware_flops(gc, cfg_.data.global_batch);
-  if (tp_ != nullptr) tpc_ = {tp_, tp_->size(), tp_->rank(), cfg_.parallel.sequence_parallel};
-  if (ep != nullptr && ep->size() > 1) {
-    epc_ = {ep, ep->size(), ep->rank()};
-    edp_ = edp;
-  }
+  tp_seam_ = strategies::make_tensor_seam(tp_, cfg_.parallel.sequence_parallel);
+  ep_seam_ = strategies::make_expert_seam(ep);
+  if (ep_seam_->size() > 1) ep_ = ep, edp_ = edp;
   if (pp_ != nullptr) {
     // This rank's chunks of the pipeline, placed and counted by the schedule's row.
     emb_ = emb != nullptr && emb->size() > 1 ? emb : nullptr;
     const strategies::pp::Shape shape{pp_->size(), micro_batches_, cfg_.parallel.virtual_stages};
-    const std::int64_t rows = std::int64_t(B) * T / (tpc_.sequence_parallel ? tpc_.size : 1);
+    const std::int64_t rows = tp_seam_->rows(std::int64_t(B) * T);
     pipeline_ = std::make_unique<strategies::pp::Executor>(
         *cfg_.parallel.schedule, shape, pp_->rank(), *pp_, rows * cfg_.model.d_model, [&](int stage, bool split) {
-          return std::make_unique<models::Gpt>(gc, B, tracker, tpc_,
+          return std::make_unique<models::Gpt>(gc, B, tracker, *tp_seam_,
                                                models::gpt_stage(gc, stage, shape.p * shape.v,
                                                                  cfg_.parallel.first_stage_layers,
                                                                  cfg_.parallel.last_stage_layers),
-                                               split, epc_);
+                                               split, *ep_seam_);
         });
     pipeline_->lay_out(registry_, units_);
     mb_tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
@@ -64,7 +64,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                              std::size_t(micro_batches_) * B * T, "targets of the step");
   } else {
-    model_ = std::make_unique<models::Gpt>(gc, B, tracker, tpc_, models::GptStage{}, false, epc_);
+    model_ = std::make_unique<models::Gpt>(gc, B, tracker, *tp_seam_, models::GptStage{}, false, *ep_seam_);
     registry_ = model_->registry();
     units_ = model_->units();
   }
@@ -75,12 +75,12 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   sc.adamw = {float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;
-  sc.tp_size = tpc_.size;
+  sc.tp_size = tp_seam_->size();
   strategies::OffloadSetup offload = strategies::open_offload(cfg_, host_tracker_, &offload_);
   sc.offload = offload.offload;
   nvme_ = std::move(offload.file);
   sc.precision = precision_;
-  strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, epc_.comm, edp_);
+  strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, ep_, edp_);
   if (pipeline_) pipeline_->use_state(*strategy_);
   data_ = make_data_source(cfg_);
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");

@@ -140,8 +140,9 @@ class Trainer {
   comm::Communicator* tp_;
   comm::Communicator* pp_ = nullptr;
   comm::Communicator* emb_ = nullptr;
-  models::TensorParallel tpc_;  // the layer seam's context, for every stage model
-  models::ExpertParallel epc_;
+  std::unique_ptr<models::TensorSeam> tp_seam_;  // the layer seam of tp, for every stage model
+  std::unique_ptr<models::ExpertSeam> ep_seam_;  // the layer seam of ep, for every MoE layer
+  comm::Communicator* ep_ = nullptr;
   comm::Communicator* edp_ = nullptr;
   std::unique_ptr<models::Gpt> model_;                      // without a pipeline
   std::unique_ptr<strategies::pp::Executor> pipeline_;      // with one: this rank's chunks and actions

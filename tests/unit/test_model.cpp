@@ -226,7 +226,7 @@ TEST(Model, StagesComposeToTheWholeModel) {
     std::vector<std::unique_ptr<models::Gpt>> stage;
     std::vector<std::unique_ptr<models::ReplicatedState>> state;
     for (int s = 0; s < S; ++s) {
-      stage.push_back(std::make_unique<models::Gpt>(c, B, ts, models::TensorParallel{}, models::gpt_stage(c, s, S)));
+      stage.push_back(std::make_unique<models::Gpt>(c, B, ts, models::one_rank(), models::gpt_stage(c, s, S)));
       state.push_back(std::make_unique<models::ReplicatedState>(stage[s]->registry(), stage[s]->units(), ts, 9));
     }
     const std::size_t NC = std::size_t(N) * c.d_model;

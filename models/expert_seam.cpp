@@ -1,0 +1,23 @@
+#include "models/expert_seam.hpp"
+
+#include <algorithm>
+
+#include "kernels/kernels.hpp"
+
+namespace strata::models {
+
+void ExpertSeam::exchange_counts(const std::int32_t* send, std::int32_t* recv, std::int64_t per_peer) {
+  std::copy_n(send, per_peer, recv);  // host memory: counts are routing
+}
+
+void ExpertSeam::exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs,
+                          float* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs) {
+  kernels::copy_bytes(recv + recv_displs[0], send + send_displs[0], sizeof(float) * std::size_t(send_counts[0]));
+}
+
+ExpertSeam& one_expert_rank() {
+  static OneExpertRank seam;
+  return seam;
+}
+
+}  // namespace strata::models
