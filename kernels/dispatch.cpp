@@ -10,11 +10,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/foundation/timeline.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/meta/meta_kernels.hpp"
 #include "kernels/foundation/error.hpp"
 #if STRATA_HAVE_CUDA
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -61,19 +64,52 @@ class OpenGuard {
 };
 }  // namespace
 
-// On the meta device an operation does nothing and returns its type's zero.
+// On the meta device an operation only counts its cost (kernels/meta/) and
+// returns its type's zero.
 #if STRATA_HAVE_CUDA
 #define STRATA_DISPATCH(op, ...)                                        \
-  if (on_meta()) return decltype(cpu::op(__VA_ARGS__))();               \
+  if (on_meta()) return meta::op(__VA_ARGS__);                          \
   if (on_gpu()) return cuda::op(__VA_ARGS__);                           \
   const OpenGuard open_guard;                                           \
   return cpu::op(__VA_ARGS__)
 #else
 #define STRATA_DISPATCH(op, ...)                          \
-  if (on_meta()) return decltype(cpu::op(__VA_ARGS__))(); \
+  if (on_meta()) return meta::op(__VA_ARGS__);           \
   const OpenGuard open_guard;                             \
   return cpu::op(__VA_ARGS__)
 #endif
+
+namespace {
+struct MetaCount {
+  std::mutex mutex;
+  std::map<std::pair<int, std::string>, WorkCost> costs;
+} g_meta;
+}  // namespace
+
+void count_meta_cost(double matmul_flops, double other_flops, double bytes) {
+  const prof::Work& w = prof::current_work();
+  const std::string phase = w.recompute ? "recompute" : prof::phase_name(w.phase);
+  std::lock_guard lock(g_meta.mutex);
+  WorkCost& c = g_meta.costs[{w.layer, phase}];
+  c.layer = w.layer;
+  c.phase = phase;
+  c.matmul_flops += matmul_flops;
+  c.other_flops += other_flops;
+  c.bytes += bytes;
+  ++c.kernels;
+}
+
+std::vector<WorkCost> meta_costs() {
+  std::lock_guard lock(g_meta.mutex);
+  std::vector<WorkCost> out;
+  for (const auto& [key, c] : g_meta.costs) out.push_back(c);
+  return out;
+}
+
+void reset_meta_costs() {
+  std::lock_guard lock(g_meta.mutex);
+  g_meta.costs.clear();
+}
 
 void guard_device_memory(void* base, std::size_t bytes) {
   STRATA_CHECK(!on_gpu(), "guard_device_memory stands in for a GPU on the CPU backend");
@@ -107,7 +143,7 @@ void use_device(Device d, int ordinal) {
 
 Device device() { return g_device; }
 
-bool meta() { return on_meta(); }
+bool is_meta() { return on_meta(); }
 
 int gpu_count() {
 #if STRATA_HAVE_CUDA

@@ -21,6 +21,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kernels/foundation/precision.hpp"
 
@@ -43,7 +45,7 @@ bool cuda_built();
 void use_device(Device d, int ordinal = 0);
 Device device();
 // device() == Device::meta: host values need not be computed for it.
-bool meta();
+bool is_meta();
 // GPUs this process can use (0 without the CUDA backend, a driver or a GPU).
 int gpu_count();
 // Name of the backend and its libraries, for the report ("cpu/openblas-openmp").
@@ -86,6 +88,25 @@ double measure_gemm_flops(int n, int reps, core::Precision p);
 // Threads used by OpenMP loops and by BLAS on the host.
 void set_num_threads(int n);
 int num_threads();
+
+// ---- the work counted on the meta device: a dry run's compute ----
+// Every operation run on the meta device adds its cost (kernels/meta/) under
+// the thread's current work (prof::current_work: the layer and phase of the
+// innermost span, or the recomputation inside a backward pass): FLOPs of
+// matrix products (GEMMs and attention's two products, as the model's FLOPs
+// count them) apart from all other FLOPs, the bytes read and written, and
+// the kernels launched. Phases: "forward", "backward", "backward_input",
+// "backward_weight", "recompute", "optimizer".
+struct WorkCost {
+  int layer = -1;  // 0 embedding, 1..L blocks, L+1 head and loss, -1 whole-model work
+  std::string phase;
+  double matmul_flops = 0, other_flops = 0, bytes = 0;
+  std::int64_t kernels = 0;
+};
+std::vector<WorkCost> meta_costs();  // by layer, then phase
+void reset_meta_costs();
+// What a meta operation calls.
+void count_meta_cost(double matmul_flops, double other_flops, double bytes);
 
 // Floats of attention_forward's `state` and attention_backward's `scratch`:
 // the probabilities and their gradient on the CPU; for the fused kernels

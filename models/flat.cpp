@@ -36,7 +36,7 @@ void Flat::write(std::int64_t i, std::int64_t n, const float* in) {
 }
 
 void Flat::load(std::int64_t i, std::int64_t n, const float* host) {
-  if (kernels::meta()) return;  // no values, nowhere to put them
+  if (kernels::is_meta()) return;  // no values, nowhere to put them
   if (!half()) return kernels::copy_bytes(f32(i), host, sizeof(float) * std::size_t(n));
   // Rounded on the host (the same rounding as the device's), then copied.
   std::vector<std::uint16_t> rounded(static_cast<std::size_t>(n));

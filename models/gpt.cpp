@@ -252,7 +252,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
     : c_(config), B_(micro_batch), tp_(&tp), stage_(resolved(config, stage)),
       reg_(gpt_registry(config, tp.size(), tp.rank(), stage_, ep.size(), ep.rank())), split_(split_backward) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
-  STRATA_CHECK(kernels::meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
+  STRATA_CHECK(kernels::is_meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
                "a model with {} attention on the {} backend", c_.fused_attention ? "fused" : "unfused",
                kernels::device_name(kernels::device()));
   STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");
@@ -553,6 +553,7 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
       // The block's forward again from its stored input (a MoE layer keeps
       // its own activations and routing: only its input is rebuilt). The
       // time counts in the block's backward span.
+      const prof::Recomputing again;
       block_front(a, p, x);
       if (!moe) mlp_front(a, p);
     }
@@ -599,7 +600,10 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     kernels::fill_zero(dqkv, std::int64_t(N) * 3 * Ct);
     // Selective recomputation: the attention probabilities again from q
     // and k (Korthikanti et al.); atty gets the same values it holds.
-    if (c_.recompute == Recompute::selective) kernels::attention_forward(a.atty, a.att, a.qkv, B, T, Ct, NHt);
+    if (c_.recompute == Recompute::selective) {
+      const prof::Recomputing again;
+      kernels::attention_forward(a.atty, a.att, a.qkv, B, T, Ct, NHt);
+    }
     kernels::attention_backward(dqkv, dprobs_, dbuf_, qkv, atty, att, B, T, Ct, NHt);
     linear_back(dbuf_, g.qkv_w, g.qkv_b, dqkv, ln1, p.qkv_w, C, 3 * Ct, dqkv);
     norm_back(x, p.ln1_w, a.ln1_mean, a.ln1_rstd, 0);

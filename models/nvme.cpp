@@ -56,7 +56,7 @@ NvmeFile::NvmeFile(const std::string& dir, core::MemoryTracker& host, std::int64
   const std::size_t bytes = std::size_t(chunk_elements_) * std::size_t(tensors) * sizeof(float);
   for (auto& b : buffers_)
     b = core::Buffer<std::byte>(host, core::MemCategory::optimizer, bytes + kAlign, "NVMe offload: chunk buffer");
-  if (kernels::meta()) {  // a dry run: regions are counted, nothing is written
+  if (kernels::is_meta()) {  // a dry run: regions are counted, nothing is written
     path_ = (std::filesystem::path(dir) / "(no file: meta device)").string();
     mode_ = "meta";
     return;

@@ -41,7 +41,7 @@ AdamW::AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end
 std::int64_t AdamW::chunk_bytes() const { return chunk_ * (mixed() ? 3 : 2) * std::int64_t(sizeof(float)); }
 
 void AdamW::set_master(const float* values) {
-  if (kernels::meta()) return;
+  if (kernels::is_meta()) return;
   const bool brought = materialize(true);
   kernels::copy_bytes(master_.data(), values, std::size_t(capacity_) * sizeof(float));
   if (brought) materialize(false);
@@ -125,7 +125,7 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
   stage(params, grads);
   wait_for(copy_in_);
   const double t1 = prof::now_seconds();
-  if (!mixed() && grad_scale != 1.0f && !kernels::meta()) {  // on the host copy: the device's stay as they are
+  if (!mixed() && grad_scale != 1.0f && !kernels::is_meta()) {  // on the host copy: the device's stay as they are
     kernels::cpu::scale_inplace(reinterpret_cast<float*>(host_grads_.data()), grad_scale, n);
     grad_scale = 1.0f;
   }
@@ -191,7 +191,7 @@ void AdamW::update_span(std::int64_t lo, std::int64_t hi, void* params, const vo
   // Offloaded, the update runs on the host's copies with the CPU backend,
   // whatever the device (on the meta device, nowhere: its host copies have
   // no memory either).
-  on_host = on_host && !kernels::meta();
+  on_host = on_host && !kernels::is_meta();
   auto* mixed_update = on_host ? kernels::cpu::adamw_update_mixed : kernels::adamw_update_mixed;
   auto* update = on_host ? kernels::cpu::adamw_update : kernels::adamw_update;
   for (const auto& spec : reg_.specs()) {

@@ -17,7 +17,7 @@ void init_flat_range(const ParamRegistry& reg, std::uint64_t seed, std::int64_t 
 
 std::vector<float> initial_values(const ParamRegistry& reg, std::uint64_t seed, std::int64_t begin,
                                   std::int64_t end, std::int64_t size) {
-  if (kernels::meta()) return {};
+  if (kernels::is_meta()) return {};
   std::vector<float> out(std::size_t(std::max(size, end - begin)), 0.0f);
   init_flat_range(reg, seed, begin, end, out.data());
   return out;

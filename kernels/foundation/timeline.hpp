@@ -59,13 +59,44 @@ class Timeline {
   std::vector<Span> spans_;
 };
 
-// Records [construction, destruction) as one span when the timeline is on.
+// Where the work of this thread is now, whether or not a timeline records
+// it: the layer and phase of the innermost span, and whether a backward pass
+// is recomputing its forward. The meta device attributes each kernel's cost
+// to it (kernels/kernels.hpp, meta_costs).
+struct Work {
+  int layer = -1;
+  Phase phase = Phase::optimizer;
+  bool recompute = false;
+};
+inline Work& current_work() {
+  thread_local Work w;
+  return w;
+}
+
+// Marks a backward pass's rebuilding of its forward (activation
+// recomputation) for the scope.
+class Recomputing {
+ public:
+  Recomputing() : saved_(current_work().recompute) { current_work().recompute = true; }
+  ~Recomputing() { current_work().recompute = saved_; }
+  Recomputing(const Recomputing&) = delete;
+  Recomputing& operator=(const Recomputing&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// Records [construction, destruction) as one span when the timeline is on,
+// and is where the thread's work is for the while (current_work).
 class ScopedSpan {
  public:
   ScopedSpan(Timeline* tl, int layer, Phase phase)
       : tl_(tl != nullptr && tl->enabled() ? tl : nullptr), layer_(layer), phase_(phase),
-        start_(tl_ ? (tl_->fence(), now_seconds()) : 0.0) {}
+        start_(tl_ ? (tl_->fence(), now_seconds()) : 0.0), saved_(current_work()) {
+    current_work() = Work{layer, phase, false};
+  }
   ~ScopedSpan() {
+    current_work() = saved_;
     if (tl_) {
       tl_->fence();
       tl_->record(layer_, phase_, start_, now_seconds());
@@ -79,6 +110,7 @@ class ScopedSpan {
   int layer_;
   Phase phase_;
   double start_;
+  Work saved_;
 };
 
 inline const char* phase_name(Phase p) {

@@ -38,7 +38,8 @@ class OnMeta {
 
 }  // namespace
 
-RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm) {
+RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm,
+                         std::vector<kernels::WorkCost>* compute) {
   const OnMeta meta;
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(mesh::layout_of(cfg), rank, log);
@@ -49,9 +50,11 @@ RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume
   for (int s = 0; s < 2; ++s) {
     log.set_step(s);
     tracker.reset_peaks();
+    kernels::reset_meta_costs();
     t.step(s);
   }
   if (comm != nullptr) *comm = comm_volumes(log.records(), 1);
+  if (compute != nullptr) *compute = kernels::meta_costs();
   return rank_memory(tracker, t.host_tracker(), t.nvme_file());
 }
 
@@ -64,21 +67,23 @@ Estimate estimate(const plan::Plan& cfg) {
     for (int dp = 0; dp < l.dp; ++dp)
       for (int tp = 0; tp < l.tp; ++tp) stage.push_back(mesh::rank_of(l, {pp, dp, tp}));
     std::vector<CommVolume> comm;
-    const RankMemory first = estimate_rank(cfg, stage.front(), &comm);
+    std::vector<kernels::WorkCost> compute;
+    const RankMemory first = estimate_rank(cfg, stage.front(), &comm, &compute);
     const bool alike = stage.size() == 1 || estimate_rank(cfg, stage.back()) == first;
     if (alike) {
-      e.classes.push_back({stage, first, comm});
+      e.classes.push_back({stage, first, comm, compute});
       continue;
     }
     // Ranks of this stage differ: each is estimated, and equal ones grouped.
     const std::size_t begin = e.classes.size();
     for (int r : stage) {
-      std::vector<CommVolume> c;
-      const RankMemory m = r == stage.front() ? first : estimate_rank(cfg, r, &c);
+      std::vector<CommVolume> c = comm;
+      std::vector<kernels::WorkCost> w = compute;
+      const RankMemory m = r == stage.front() ? first : estimate_rank(cfg, r, &c, &w);
       auto it = std::find_if(e.classes.begin() + std::ptrdiff_t(begin), e.classes.end(),
                              [&](const RankClass& k) { return k.memory == m; });
       if (it == e.classes.end())
-        e.classes.push_back({{r}, m, r == stage.front() ? comm : c});
+        e.classes.push_back({{r}, m, c, w});
       else
         it->ranks.push_back(r);
     }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kernels.hpp"
 #include "src/comm/comm_log.hpp"
 #include "strategies/plan.hpp"
 #include "src/mesh/mesh.hpp"
@@ -41,6 +42,7 @@ struct RankClass {
   std::vector<int> ranks;  // world ranks, ascending
   RankMemory memory;       // one step
   std::vector<CommVolume> comm;
+  std::vector<kernels::WorkCost> compute;  // one step's kernels, per layer and phase
 };
 
 struct Estimate {
@@ -51,9 +53,10 @@ struct Estimate {
   std::vector<std::string> does_not_fit;
 };
 
-// One rank: its figures and, when `comm` is given, its calls, over its
-// second step (the first builds what is made on first use).
-RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm = nullptr);
+// One rank: its figures and, when given, its calls and its kernels' work,
+// over its second step (the first builds what is made on first use).
+RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm = nullptr,
+                         std::vector<kernels::WorkCost>* compute = nullptr);
 // Every rank of the layout the deck implies (pp x dp x tp).
 Estimate estimate(const plan::Plan& cfg);
 

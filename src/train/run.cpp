@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <set>
 #include <vector>
@@ -109,6 +110,22 @@ void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t para
     for (const CommVolume& v : k.comm)
       fmt::print("    {:<6} {:<15} n {:>4} {:>6} call(s) {:>12}\n", v.axis, v.op, v.group_size, v.calls,
                  core::format_bytes(double(v.bytes)));
+  }
+  fmt::print("compute per step (a rank of each class; its kernels counted on the meta device):\n");
+  fmt::print("  {:<16} {:<16} {:>14} {:>14} {:>12} {:>8}\n", "ranks", "phase", "matmul GFLOP", "other GFLOP",
+             "moved GB", "kernels");
+  for (const RankClass& k : e.classes) {
+    std::map<std::string, kernels::WorkCost> phases;
+    for (const auto& w : k.compute) {
+      auto& p = phases[w.phase];
+      p.matmul_flops += w.matmul_flops, p.other_flops += w.other_flops, p.bytes += w.bytes, p.kernels += w.kernels;
+    }
+    bool first_line = true;
+    for (const auto& [phase, p] : phases) {
+      fmt::print("  {:<16} {:<16} {:>14.3f} {:>14.3f} {:>12.3f} {:>8}\n", first_line ? rank_ranges(k.ranks) : "",
+                 phase, p.matmul_flops / 1e9, p.other_flops / 1e9, p.bytes / 1e9, p.kernels);
+      first_line = false;
+    }
   }
   const auto& b = deck.config.backend;
   if (b.memory_limit != 0 || b.host_memory_limit != 0) {
@@ -263,6 +280,20 @@ void write_estimate_report(const deck::Deck& deck, const RunOptions& options, co
       for (const auto& m : memory_records(r, 0, k.memory, host, nvme)) rows.push_back(m);
   std::sort(rows.begin(), rows.end(), [](const MemoryRecord& a, const MemoryRecord& b) { return a.rank < b.rank; });
   write_memory_table(file, rows);
+  report::Table compute("compute", "one step's kernels per rank class, layer and phase, counted on the meta device");
+  compute.col_i64("rank", "1", "the first rank of the class (every rank of it does the same work)")
+      .col_str("ranks", 64, "", "the ranks of the class, as ranges: 0-3,8")
+      .col_i64("layer", "1", "0 embedding, 1..L transformer blocks, L+1 final norm, head and loss, -1 whole-model work")
+      .col_str("phase", 16, "", "forward, backward, backward_input, backward_weight, recompute or optimizer")
+      .col_f64("matmul_flops", "FLOP", "matrix products: GEMMs and attention's two products (full T x T square)")
+      .col_f64("other_flops", "FLOP", "every other operation's arithmetic")
+      .col_f64("bytes", "B", "bytes the kernels read and write, each once")
+      .col_i64("kernels", "1", "kernels launched");
+  for (const RankClass& k : e.classes)
+    for (const auto& w : k.compute)
+      compute.add_row({std::int64_t(k.ranks.front()), rank_ranges(k.ranks).substr(0, 63), std::int64_t(w.layer),
+                       w.phase, w.matmul_flops, w.other_flops, w.bytes, std::int64_t(w.kernels)});
+  file.write_table(compute);
   file.set_attr("/", "status", "estimate");
   file.publish();
 }

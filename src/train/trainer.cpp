@@ -30,7 +30,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
       tracker_(&tracker), host_tracker_(config.backend.host_memory_limit),
       precision_(config.backend.precision) {
   if (precision_ == core::Precision::fp16) scaler_.scale = config.backend.loss_scale;
-  if (kernels::meta()) host_tracker_.count_only();  // a dry run: the host arena is counted, not taken
+  if (kernels::is_meta()) host_tracker_.count_only();  // a dry run: the host arena is counted, not taken
   if (dp_ != nullptr) {
     dp_size_ = dp_->size();
     dp_rank_ = dp_->rank();

@@ -45,7 +45,9 @@ inline void expect_estimate_is_measured(const plan::Plan& c, const core::MemoryT
     EXPECT_EQ(g.axis + " " + g.op, w.axis + " " + w.op) << "rank " << rank;
     EXPECT_EQ(g.group_size, w.group_size) << "rank " << rank << " " << g.axis << " " << g.op;
     EXPECT_EQ(g.calls, w.calls) << "rank " << rank << " " << g.axis << " " << g.op;
-    if (g.op != "all_to_allv") EXPECT_EQ(g.bytes, w.bytes) << "rank " << rank << " " << g.axis << " " << g.op;
+    if (g.op != "all_to_allv") {
+      EXPECT_EQ(g.bytes, w.bytes) << "rank " << rank << " " << g.axis << " " << g.op;
+    }
   }
 }
 

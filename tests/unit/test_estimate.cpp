@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -115,4 +116,63 @@ TEST(Estimate, A4096RankLayoutIsOneClassPerStage) {
   plan::Plan small = c;
   small.backend.memory_limit = std::uint64_t(1) << 30;
   EXPECT_EQ(train::estimate(small).does_not_fit.size(), 8u) << "1 GiB fits no stage";
+}
+
+namespace {
+
+// One step's matrix-product FLOPs per phase, over every layer.
+std::map<std::string, double> matmul_flops(const std::vector<kernels::WorkCost>& work) {
+  std::map<std::string, double> out;
+  for (const auto& w : work) out[w.phase] += w.matmul_flops;
+  return out;
+}
+
+}  // namespace
+
+// The compute a dry run declares is its kernels' work, counted on the meta
+// device per layer and phase: the matrix products of a step's forward are
+// the model's FLOPs (Megatron's count, gpt_forward_flops) exactly, the
+// backward's twice that (input and weight gradients), recomputation's the
+// hardware FLOPs' excess; a split backward's halves are one forward each;
+// and tensor parallelism splits every product evenly over its ranks.
+TEST(Estimate, ComputeIsTheModelsFlops) {
+  for (const std::string recompute : {"none", "selective", "full"}) {
+    SCOPED_TRACE(recompute);
+    const plan::Plan c = tiny({"model.recompute=\"" + recompute + "\"", "model.layers=3"});
+    std::vector<kernels::WorkCost> work;
+    train::estimate_rank(c, 0, nullptr, &work);
+    const models::GptConfig gc = train::gpt_config(c);
+    const double forward = models::gpt_model_flops(gc, c.data.global_batch) / 3;
+    auto f = matmul_flops(work);
+    EXPECT_DOUBLE_EQ(f["forward"], forward);
+    EXPECT_DOUBLE_EQ(f["backward"], 2 * forward);
+    EXPECT_DOUBLE_EQ(f["recompute"],
+                     models::gpt_hardware_flops(gc, c.data.global_batch) - models::gpt_model_flops(gc, c.data.global_batch));
+    EXPECT_EQ(f.count("backward_input"), 0u);
+    for (const auto& w : work) {
+      EXPECT_GT(w.kernels, 0) << w.layer << " " << w.phase;
+      EXPECT_GT(w.bytes, 0) << w.layer << " " << w.phase;
+    }
+  }
+  // Two pipeline stages under ZB-H1: the halves of each stage's backward.
+  const plan::Plan zb = tiny({"parallel.pp=2", "parallel.schedule=\"zb-h1\"", "data.micro_batch=1"});
+  const models::GptConfig gz = train::gpt_config(zb);
+  double forward = 0, input = 0, weight = 0;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<kernels::WorkCost> work;
+    train::estimate_rank(zb, r, nullptr, &work);
+    auto f = matmul_flops(work);
+    forward += f["forward"], input += f["backward_input"], weight += f["backward_weight"];
+    EXPECT_EQ(f.count("backward"), 0u);
+  }
+  EXPECT_DOUBLE_EQ(forward, models::gpt_model_flops(gz, zb.data.global_batch) / 3);
+  EXPECT_DOUBLE_EQ(input + weight, 2 * forward);
+  // tp 2: each rank half of every product.
+  const plan::Plan tp = tiny({"parallel.tp=2", "parallel.sequence_parallel=true"});
+  const double whole = models::gpt_model_flops(train::gpt_config(tp), tp.data.global_batch) / 3;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<kernels::WorkCost> work;
+    train::estimate_rank(tp, r, nullptr, &work);
+    EXPECT_DOUBLE_EQ(matmul_flops(work)["forward"], whole / 2) << "tp rank " << r;
+  }
 }
