@@ -27,6 +27,7 @@ namespace strata::kernels {
 
 namespace {
 Device g_device = Device::cpu;
+int g_ordinal = 0;
 bool on_gpu() { return g_device == Device::cuda; }
 bool on_meta() { return g_device == Device::meta; }
 
@@ -139,9 +140,12 @@ void use_device(Device d, int ordinal) {
 #endif
   }
   g_device = d;
+  g_ordinal = ordinal;
 }
 
 Device device() { return g_device; }
+
+int device_ordinal() { return g_ordinal; }
 
 bool is_meta() { return on_meta(); }
 

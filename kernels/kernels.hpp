@@ -44,6 +44,8 @@ bool cuda_built();
 // has no CUDA backend or there is no such GPU).
 void use_device(Device d, int ordinal = 0);
 Device device();
+// The ordinal use_device() selected (the GPU of a cuda process).
+int device_ordinal();
 // device() == Device::meta: host values need not be computed for it.
 bool is_meta();
 // GPUs this process can use (0 without the CUDA backend, a driver or a GPU).

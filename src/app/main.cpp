@@ -44,11 +44,7 @@ std::string read_deck_on_root(const std::string& path, MPI_Comm comm) {
       text = ss.str();
     }
   }
-  std::string payload = problem.empty() ? "T" + text : "E" + problem;
-  long long n = static_cast<long long>(payload.size());
-  STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
-  payload.resize(static_cast<std::size_t>(n));
-  STRATA_CHECK_MPI(MPI_Bcast(payload.data(), static_cast<int>(n), MPI_CHAR, 0, comm));
+  const std::string payload = strata::comm::broadcast_string(problem.empty() ? "T" + text : "E" + problem, comm);
   if (payload[0] == 'E') strata::core::input_error("{}", payload.substr(1));
   return payload.substr(1);
 }

@@ -5,6 +5,9 @@
 
 #include <mpi.h>
 
+#include <string>
+#include <vector>
+
 #include "kernels/foundation/error.hpp"
 
 namespace strata::comm {
@@ -27,3 +30,18 @@ namespace strata::comm {
     if (strata_mpi_rc_ != MPI_SUCCESS)                                              \
       ::strata::comm::mpi_failed(strata_mpi_rc_, #expr, __FILE__, __LINE__);        \
   } while (0)
+
+namespace strata::comm {
+
+// Rank 0's `text` on every rank of `comm` (collective; other ranks' `text`
+// is ignored): a deck read on rank 0, a verdict's message.
+inline std::string broadcast_string(const std::string& text, MPI_Comm comm) {
+  long long n = static_cast<long long>(text.size());
+  STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
+  std::vector<char> buf(text.begin(), text.end());
+  buf.resize(static_cast<std::size_t>(n));
+  STRATA_CHECK_MPI(MPI_Bcast(buf.data(), static_cast<int>(n), MPI_CHAR, 0, comm));
+  return std::string(buf.begin(), buf.end());
+}
+
+}  // namespace strata::comm

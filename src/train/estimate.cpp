@@ -24,16 +24,19 @@ std::vector<CommVolume> comm_volumes(const std::vector<comm::CommRecord>& record
 
 namespace {
 
-// The meta device for a scope, whatever device the process had.
+// The meta device for a scope, then the device (and GPU) the process had.
 class OnMeta {
  public:
-  OnMeta() : saved_(kernels::device()) { kernels::use_device(kernels::Device::meta); }
-  ~OnMeta() { kernels::use_device(saved_ == kernels::Device::meta ? kernels::Device::cpu : saved_); }
+  OnMeta() : saved_(kernels::device()), ordinal_(kernels::device_ordinal()) {
+    kernels::use_device(kernels::Device::meta);
+  }
+  ~OnMeta() { kernels::use_device(saved_, ordinal_); }
   OnMeta(const OnMeta&) = delete;
   OnMeta& operator=(const OnMeta&) = delete;
 
  private:
   kernels::Device saved_;
+  int ordinal_;
 };
 
 }  // namespace

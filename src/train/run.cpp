@@ -84,7 +84,6 @@ void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t para
   fmt::print("# resolved configuration ({})\n{}\n", deck.path, deck.resolved_toml);
   fmt::print("parameters: {} ({:.3f} M)\n", params, double(params) / 1e6);
   constexpr int K = core::kNumMemCategories;
-  const auto& offload = deck.config.parallel.offload;
   fmt::print("memory estimate, {} rank(s) in {} class(es) of identical figures (a step run on the meta device; "
              "held at its end, and peak during it):\n",
              e.world, e.classes.size());
@@ -95,7 +94,7 @@ void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t para
     const std::string who = rank_ranges(k.ranks);
     for (int p = 0; p < core::kNumPools; ++p) {
       const auto pool = core::Pool(p);
-      if ((pool == core::Pool::host && offload == plan::Offload::none) || (pool == core::Pool::nvme && offload != plan::Offload::nvme)) continue;
+      if (!uses_pool(deck.config, pool)) continue;
       const PoolFigures& f = k.memory[pool];
       fmt::print("  {:<16} {:<6} {:<4}", p == 0 ? who : "", core::pool_name(pool), "held");
       for (int c = 0; c < K; ++c) fmt::print(" {:>11}", core::format_bytes(double(f.held[std::size_t(c)])));
@@ -254,15 +253,15 @@ std::string report_path(const deck::Deck& deck, const RunOptions& options) {
 
 namespace {
 
-// The estimate as a report: the provenance of a run, status "estimate", and
-// the /memory table a run writes, one row per rank, pool and category of the
-// estimated step (numbered 0).
+// The estimate as a report: the provenance of a run, status "estimate", the
+// /memory table a run writes, one row per rank, pool and category of the
+// estimated step (numbered 0), and /compute per rank class, layer and phase.
 void write_estimate_report(const deck::Deck& deck, const RunOptions& options, const Estimate& e, std::int64_t params) {
   report::H5File file(MPI_COMM_SELF, options.output);
   Provenance prov;
   prov.command_line = options.command_line;
   prov.start_time = iso_time_utc();
-  prov.hosts = "-";
+  prov.hosts = std::string(1, '-');  // no hosts: nothing ran (a literal here trips GCC 12's -Wrestrict)
   prov.world_size = e.world;
   prov.deck_path = deck.path;
   prov.deck_text = deck.text;
@@ -273,11 +272,9 @@ void write_estimate_report(const deck::Deck& deck, const RunOptions& options, co
   write_provenance(file, prov);
   file.set_attr("/", "device", std::string(plan::name_of(deck.config.backend.device)));
   std::vector<MemoryRecord> rows;
-  const bool host = deck.config.parallel.offload != plan::Offload::none,
-             nvme = deck.config.parallel.offload == plan::Offload::nvme;
   for (const RankClass& k : e.classes)
     for (int r : k.ranks)
-      for (const auto& m : memory_records(r, 0, k.memory, host, nvme)) rows.push_back(m);
+      for (const auto& m : memory_records(r, 0, k.memory, deck.config)) rows.push_back(m);
   std::sort(rows.begin(), rows.end(), [](const MemoryRecord& a, const MemoryRecord& b) { return a.rank < b.rank; });
   write_memory_table(file, rows);
   report::Table compute("compute", "one step's kernels per rank class, layer and phase, counted on the meta device");
@@ -334,15 +331,9 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     std::fflush(stdout);
   }
   STRATA_CHECK_MPI(MPI_Bcast(verdict, 2, MPI_INT, 0, comm));
-  if (verdict[1] != 0) {
-    int n = int(message.size());
-    STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT, 0, comm));
-    std::vector<char> text(message.begin(), message.end());
-    text.resize(std::size_t(n));
-    STRATA_CHECK_MPI(MPI_Bcast(text.data(), n, MPI_CHAR, 0, comm));
+  if (verdict[1] != 0)
     throw core::Error(verdict[1] == 1 ? core::ErrorKind::input : core::ErrorKind::runtime,
-                      std::string(text.begin(), text.end()));
-  }
+                      comm::broadcast_string(message, comm));
   return verdict[0];
 }
 
@@ -513,9 +504,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       tracker.reset_peaks();
       steps.push_back(trainer.step(s));
       experts.insert(experts.end(), trainer.expert_records().begin(), trainer.expert_records().end());
-      for (const auto& m : memory_records(rank, s, rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file()),
-                                          cfg.parallel.offload != plan::Offload::none,
-                                          cfg.parallel.offload == plan::Offload::nvme))
+      for (const auto& m : memory_records(rank, s, rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file()), cfg))
         memory.push_back(m);
       const int every = cfg.run.log_every;
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());

@@ -44,11 +44,19 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
   return s;
 }
 
-std::vector<MemoryRecord> memory_records(int rank, int step, const RankMemory& m, bool host, bool nvme) {
+bool uses_pool(const plan::Plan& p, core::Pool pool) {
+  switch (pool) {
+    case core::Pool::host: return p.parallel.offload != plan::Offload::none;
+    case core::Pool::nvme: return p.parallel.offload == plan::Offload::nvme;
+    default: return true;
+  }
+}
+
+std::vector<MemoryRecord> memory_records(int rank, int step, const RankMemory& m, const plan::Plan& plan) {
   std::vector<MemoryRecord> out;
   for (int p = 0; p < core::kNumPools; ++p) {
     const auto pool = core::Pool(p);
-    if ((pool == core::Pool::host && !host) || (pool == core::Pool::nvme && !nvme)) continue;
+    if (!uses_pool(plan, pool)) continue;
     const PoolFigures& f = m[pool];
     for (int c = 0; c < core::kNumMemCategories; ++c)
       out.push_back({rank, step, pool, core::MemCategory(c), f.held[std::size_t(c)], f.peak[std::size_t(c)],

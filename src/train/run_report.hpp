@@ -54,9 +54,11 @@ struct MemoryRecord {
   std::uint64_t peak;
   std::uint64_t pool_peak;  // the pool's most bytes at once over the step
 };
-// A rank's rows for one step: the device's, the host arena's with offload,
-// the NVMe file's with NVMe offload.
-std::vector<MemoryRecord> memory_records(int rank, int step, const RankMemory& m, bool host, bool nvme);
+// Whether a plan's runs use pool p: the device always, the host arena with
+// offload, the NVMe file with NVMe offload.
+bool uses_pool(const plan::Plan& p, core::Pool pool);
+// A rank's rows for one step, one per category of every pool the plan uses.
+std::vector<MemoryRecord> memory_records(int rank, int step, const RankMemory& m, const plan::Plan& p);
 // The /memory table (rows of any ranks: a run passes its own, an estimate
 // every rank's).
 void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memory);

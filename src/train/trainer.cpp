@@ -27,7 +27,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
                  comm::Communicator* emb, comm::Communicator* ep, comm::Communicator* edp)
     : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(dp),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr), pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
-      tracker_(&tracker), host_tracker_(config.backend.host_memory_limit),
+      host_tracker_(config.backend.host_memory_limit),
       precision_(config.backend.precision) {
   if (precision_ == core::Precision::fp16) scaler_.scale = config.backend.loss_scale;
   if (kernels::is_meta()) host_tracker_.count_only();  // a dry run: the host arena is counted, not taken

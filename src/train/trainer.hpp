@@ -150,7 +150,6 @@ class Trainer {
   std::vector<models::Unit> units_;
 
   core::Buffer<std::int32_t> mb_tokens_, mb_targets_;  // every micro-batch of a step (pipeline only)
-  core::MemoryTracker* tracker_;
   core::MemoryTracker host_tracker_;  // limit backend.host_memory_limit
   models::OffloadStats offload_;      // this step's
   std::unique_ptr<models::NvmeFile> nvme_;  // parallel.offload = "nvme"

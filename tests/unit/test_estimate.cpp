@@ -68,8 +68,12 @@ TEST(Estimate, OneRankMeasuresWhatItEstimates) {
     const train::RankMemory want = train::estimate_rank(c, 0);
     EXPECT_TRUE(got == want) << "measured:  " << train::describe(got) << "\nestimated: " << train::describe(want);
     EXPECT_GT(got[Pool::device].total_peak, 0u);
-    if (c.parallel.offload != plan::Offload::none) EXPECT_GT(got[Pool::host].held[int(MemCategory::optimizer)], 0u);
-    if (c.parallel.offload == plan::Offload::nvme) EXPECT_GT(got[Pool::nvme].total_peak, 0u);
+    if (c.parallel.offload != plan::Offload::none) {
+      EXPECT_GT(got[Pool::host].held[int(MemCategory::optimizer)], 0u);
+    }
+    if (c.parallel.offload == plan::Offload::nvme) {
+      EXPECT_GT(got[Pool::nvme].total_peak, 0u);
+    }
     EXPECT_EQ(kernels::device(), kernels::Device::cpu) << "the estimate gives the device back";
   }
   std::error_code ec;
