@@ -87,8 +87,19 @@ struct MetaCount {
 } g_meta;
 }  // namespace
 
-void count_meta_cost(double matmul_flops, double other_flops, double bytes) {
+void count_meta_cost(const char* name, double matmul_flops, double other_flops, double bytes, int m, int n, int k) {
   const prof::Work& w = prof::current_work();
+  if (prof::Trace* t = prof::current_trace()) {
+    prof::TraceEvent e;
+    e.kind = prof::TraceEvent::Kind::kernel;
+    e.name = name;
+    e.matmul_flops = matmul_flops, e.other_flops = other_flops, e.bytes = bytes;
+    e.m = m, e.n = n, e.k = k;
+    e.recompute = w.recompute;
+    e.layer = w.layer;
+    e.phase = w.phase;
+    t->events.push_back(e);
+  }
   const std::string phase = w.recompute ? "recompute" : prof::phase_name(w.phase);
   std::lock_guard lock(g_meta.mutex);
   WorkCost& c = g_meta.costs[{w.layer, phase}];
@@ -177,7 +188,7 @@ void device_free(void* p) {
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
-  if (on_meta()) return;
+  if (on_meta()) return count_meta_cost("copy_bytes", 0, 0, 2.0 * double(bytes));
 #if STRATA_HAVE_CUDA
   if (on_gpu()) return cuda::copy_bytes(dst, src, bytes);
 #endif
@@ -186,7 +197,7 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 }
 
 void zero_bytes(void* p, std::size_t bytes) {
-  if (on_meta()) return;
+  if (on_meta()) return count_meta_cost("zero_bytes", 0, 0, double(bytes));
 #if STRATA_HAVE_CUDA
   if (on_gpu()) return cuda::zero_bytes(p, bytes);
 #endif

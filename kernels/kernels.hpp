@@ -107,8 +107,11 @@ struct WorkCost {
 };
 std::vector<WorkCost> meta_costs();  // by layer, then phase
 void reset_meta_costs();
-// What a meta operation calls.
-void count_meta_cost(double matmul_flops, double other_flops, double bytes);
+// What a meta operation calls: its name (kernels/ops.inc), cost and, for a
+// matrix product, its shape. Also recorded into the thread's trace, if any
+// (kernels/foundation/trace.hpp).
+void count_meta_cost(const char* name, double matmul_flops, double other_flops, double bytes, int m = 0, int n = 0,
+                     int k = 0);
 
 // Floats of attention_forward's `state` and attention_backward's `scratch`:
 // the probabilities and their gradient on the CPU; for the fused kernels

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/foundation/clock.hpp"
+#include "kernels/foundation/trace.hpp"
 
 namespace strata::prof {
 
@@ -35,7 +36,11 @@ class Timeline {
     micro_batch_ = micro_batch;
     chunk_ = chunk;
   }
+  int micro_batch() const { return micro_batch_; }
+  int chunk() const { return chunk_; }
   void reserve(std::size_t n) { spans_.reserve(n); }
+  // A span with its times given (a simulated timeline).
+  void add(const Span& s) { spans_.push_back(s); }
   double origin() const { return origin_; }
   // Called at both ends of every span: on a GPU, a wait for the kernels
   // launched so far, so that a span covers its layer's execution and not only
@@ -91,11 +96,13 @@ class Recomputing {
 class ScopedSpan {
  public:
   ScopedSpan(Timeline* tl, int layer, Phase phase)
-      : tl_(tl != nullptr && tl->enabled() ? tl : nullptr), layer_(layer), phase_(phase),
+      : tl_(tl != nullptr && tl->enabled() ? tl : nullptr), pos_(tl), layer_(layer), phase_(phase),
         start_(tl_ ? (tl_->fence(), now_seconds()) : 0.0), saved_(current_work()) {
     current_work() = Work{layer, phase, false};
+    if (current_trace() != nullptr) trace(TraceEvent::Kind::span_begin);
   }
   ~ScopedSpan() {
+    if (current_trace() != nullptr) trace(TraceEvent::Kind::span_end);
     current_work() = saved_;
     if (tl_) {
       tl_->fence();
@@ -106,7 +113,17 @@ class ScopedSpan {
   ScopedSpan& operator=(const ScopedSpan&) = delete;
 
  private:
+  // A dry run's trace gets the span's ends, with the timeline's position.
+  void trace(TraceEvent::Kind kind) const {
+    TraceEvent e;
+    e.kind = kind;
+    e.layer = layer_;
+    e.phase = phase_;
+    if (pos_ != nullptr) e.micro_batch = pos_->micro_batch(), e.chunk = pos_->chunk();
+    current_trace()->events.push_back(e);
+  }
   Timeline* tl_;
+  const Timeline* pos_;  // where the trainer is (micro-batch, chunk), recording or not
   int layer_;
   Phase phase_;
   double start_;

@@ -22,6 +22,8 @@
 #include "src/deck/deck.hpp"
 #include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"
+#include "src/sim/calibrate.hpp"
+#include "src/train/simulate.hpp"
 
 namespace {
 
@@ -159,6 +161,23 @@ int main(int argc, char** argv) {
                   "where checkpoints go, one step-NNNNNN directory each (default: checkpoints/<run.name>)");
   run->add_option("--resume", ro.resume,
                   "continue from a checkpoint directory, or the latest complete one in a directory of them");
+  strata::train::SimulateOptions so;
+  so.command_line = command_line;
+  CLI::App* simulate = app.add_subcommand(
+      "simulate", "predict a deck's step on a machine description, in one process, at any scale, and write its report");
+  simulate->add_option("deck", deck_path, "TOML deck (see docs/decks.md)")->required();
+  simulate->add_option("--machine,-m", so.machine, "a machine under inputs/machines/ by name, or a path (docs/machines.md)")
+      ->required();
+  simulate->add_option("--set", sets, "override a deck key: --set section.key=value (repeatable)");
+  simulate->add_option("--output,-o", so.output, "report path (default: results/<run.name>-sim.h5)");
+  strata::sim::CalibrateOptions co;
+  co.command_line = command_line;
+  CLI::App* calibrate = app.add_subcommand(
+      "calibrate", "measure this machine (kernels, collectives, storage) and write its machine description");
+  calibrate->add_option("--output,-o", co.output, "machine description path (default: results/machine-<host>.toml)");
+  calibrate->add_flag("--quick", co.quick, "fewer shapes and sizes, shorter timings");
+  calibrate->add_option("--threads", co.threads, "threads per rank (default 1: one rank per core)")
+      ->check(CLI::PositiveNumber);
   SweepArgs sw;
   CLI::App* sweep = app.add_subcommand(
       "sweep", "run every valid point of a deck's [sweep] table, each as its own MPI job, and index the reports");
@@ -186,6 +205,12 @@ int main(int argc, char** argv) {
 
   try {
     if (*run) status = run_command(deck_path, sets, ro);
+    if (*calibrate) status = strata::sim::calibrate(co, MPI_COMM_WORLD);
+    if (*simulate) {
+      if (world > 1) strata::core::input_error("strata simulate runs in one process: start it without mpiexec or srun");
+      const std::string text = read_deck_on_root(deck_path, MPI_COMM_WORLD);
+      status = strata::train::simulate_deck(strata::deck::parse_deck(deck_path, text, sets), so);
+    }
     if (*sweep) status = sweep_command(deck_path, sets, sw, command_line);
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::input) {

@@ -24,6 +24,18 @@ struct CommRecord {
   double peer_wait = 0;  // recv: the part of wait before the peer's message arrived (the rest is the transfer)
 };
 
+// The nccl-tests bus-bandwidth factor: the bytes each rank's busiest link
+// carries per byte of the call (the /comm convention), so that bytes x factor
+// / time compares with a link's bandwidth: all_reduce 2(n-1)/n, all_gather,
+// reduce_scatter and all_to_all(v) (n-1)/n, others 1; 0 for a group of one.
+inline double busbw_factor(const std::string& op, int n) {
+  if (n <= 1) return 0;
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" || op == "all_to_allv")
+    return double(n - 1) / n;
+  return 1.0;
+}
+
 class CommLog {
  public:
   explicit CommLog(double origin) : origin_(origin) {}

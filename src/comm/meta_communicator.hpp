@@ -3,7 +3,7 @@
 // operation returns at once without moving anything; non-blocking ones
 // return complete requests. Wrapped in the profiling decorator, it records
 // exactly the calls, sizes and axes a real rank of that position would
-// issue, since the same code issues them.
+// issue, since the same code issues them; a dry run's trace gets them too.
 #pragma once
 
 #include <string>
@@ -25,6 +25,9 @@ class MetaCommunicator : public Communicator {
 #undef STRATA_COMM_OP
 
  private:
+  // Records the call in the thread's trace, if any; returns its index there.
+  int record(const char* op, std::int64_t bytes, bool nonblocking = false, int peer = -1, int tag = 0) const;
+  RequestPtr request(const char* op, std::int64_t bytes, int peer = -1, int tag = 0) const;
   std::string axis_;
   int size_, rank_;
 };

@@ -62,6 +62,26 @@ std::vector<int> group_members(const Layout& l, Coords c, Axis axis) {
   return out;
 }
 
+}  // namespace
+
+std::vector<int> group_ranks(const Layout& l, const std::string& axis, int rank) {
+  const Coords c = coords_of(l, rank);
+  if (axis == "dp") return group_members(l, c, Axis::dp);
+  if (axis == "tp") return group_members(l, c, Axis::tp);
+  if (axis == "pp") return group_members(l, c, Axis::pp);
+  if (axis == "ep") return group_members(l, c, Axis::ep);
+  if (axis == "edp") return group_members(l, c, Axis::edp);
+  if (axis == "emb") {
+    const Coords first{l.emb_first, c.dp, c.tp}, last{l.last_stage_rank(), c.dp, c.tp};
+    return {rank_of(l, first), rank_of(l, last)};
+  }
+  std::vector<int> all(std::size_t(l.world()));
+  for (int r = 0; r < l.world(); ++r) all[std::size_t(r)] = r;
+  return all;
+}
+
+namespace {
+
 // "dp{0,2}"; a group is an arithmetic progression of ranks, so long ones are
 // shortened to "dp{0,2,..,30}" and a table for thousands of ranks stays readable.
 std::string group_text(const char* name, const std::vector<int>& m) {

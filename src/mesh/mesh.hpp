@@ -45,6 +45,10 @@ struct Coords {
 Coords coords_of(const Layout& l, int rank);
 int rank_of(const Layout& l, const Coords& c);
 
+// The world ranks of `rank`'s group along `axis` ("dp", "tp", "pp", "ep",
+// "edp", "emb"; anything else: the world), in group-rank order.
+std::vector<int> group_ranks(const Layout& l, const std::string& axis, int rank);
+
 // The mesh table of layout `l`: one line per rank with its host (hosts[r],
 // or "-" where hosts is empty), its coordinates and the world ranks of each
 // group it belongs to.

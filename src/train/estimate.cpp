@@ -42,18 +42,22 @@ class OnMeta {
 }  // namespace
 
 RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm,
-                         std::vector<kernels::WorkCost>* compute) {
+                         std::vector<kernels::WorkCost>* compute, prof::Trace* trace) {
   const OnMeta meta;
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(mesh::layout_of(cfg), rank, log);
   core::MemoryTracker tracker;
   tracker.count_only();
-  Trainer t(cfg, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(), &mesh.ep(), &mesh.edp());
+  // Records nothing: it only carries the micro-batch and chunk into the trace's spans.
+  prof::Timeline positions(false);
+  Trainer t(cfg, tracker, &positions, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(), &mesh.ep(),
+            &mesh.edp());
   // As run_deck measures: peaks restart with each step.
   for (int s = 0; s < 2; ++s) {
     log.set_step(s);
     tracker.reset_peaks();
     kernels::reset_meta_costs();
+    const prof::TraceScope scope(s == 1 ? trace : nullptr);
     t.step(s);
   }
   if (comm != nullptr) *comm = comm_volumes(log.records(), 1);
@@ -61,7 +65,7 @@ RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume
   return rank_memory(tracker, t.host_tracker(), t.nvme_file());
 }
 
-Estimate estimate(const plan::Plan& cfg) {
+Estimate estimate(const plan::Plan& cfg, bool with_traces) {
   const mesh::Layout l = mesh::layout_of(cfg);
   Estimate e;
   e.world = l.world();
@@ -71,10 +75,11 @@ Estimate estimate(const plan::Plan& cfg) {
       for (int tp = 0; tp < l.tp; ++tp) stage.push_back(mesh::rank_of(l, {pp, dp, tp}));
     std::vector<CommVolume> comm;
     std::vector<kernels::WorkCost> compute;
-    const RankMemory first = estimate_rank(cfg, stage.front(), &comm, &compute);
+    prof::Trace trace;
+    const RankMemory first = estimate_rank(cfg, stage.front(), &comm, &compute, with_traces ? &trace : nullptr);
     const bool alike = stage.size() == 1 || estimate_rank(cfg, stage.back()) == first;
     if (alike) {
-      e.classes.push_back({stage, first, comm, compute});
+      e.classes.push_back({stage, first, comm, compute, std::move(trace)});
       continue;
     }
     // Ranks of this stage differ: each is estimated, and equal ones grouped.
@@ -82,11 +87,13 @@ Estimate estimate(const plan::Plan& cfg) {
     for (int r : stage) {
       std::vector<CommVolume> c = comm;
       std::vector<kernels::WorkCost> w = compute;
-      const RankMemory m = r == stage.front() ? first : estimate_rank(cfg, r, &c, &w);
+      prof::Trace tr;
+      const RankMemory m = r == stage.front() ? first : estimate_rank(cfg, r, &c, &w, with_traces ? &tr : nullptr);
+      if (r == stage.front()) tr = trace;
       auto it = std::find_if(e.classes.begin() + std::ptrdiff_t(begin), e.classes.end(),
                              [&](const RankClass& k) { return k.memory == m; });
       if (it == e.classes.end())
-        e.classes.push_back({{r}, m, c, w});
+        e.classes.push_back({{r}, m, c, w, std::move(tr)});
       else
         it->ranks.push_back(r);
     }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/foundation/trace.hpp"
 #include "kernels/kernels.hpp"
 #include "src/comm/comm_log.hpp"
 #include "strategies/plan.hpp"
@@ -43,6 +44,7 @@ struct RankClass {
   RankMemory memory;       // one step
   std::vector<CommVolume> comm;
   std::vector<kernels::WorkCost> compute;  // one step's kernels, per layer and phase
+  prof::Trace trace;  // with_traces: the step as a program, of the class's first rank
 };
 
 struct Estimate {
@@ -53,12 +55,13 @@ struct Estimate {
   std::vector<std::string> does_not_fit;
 };
 
-// One rank: its figures and, when given, its calls and its kernels' work,
-// over its second step (the first builds what is made on first use).
+// One rank: its figures and, when given, its calls, its kernels' work and
+// its trace, over its second step (the first builds what is made on first use).
 RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm = nullptr,
-                         std::vector<kernels::WorkCost>* compute = nullptr);
-// Every rank of the layout the deck implies (pp x dp x tp).
-Estimate estimate(const plan::Plan& cfg);
+                         std::vector<kernels::WorkCost>* compute = nullptr, prof::Trace* trace = nullptr);
+// Every rank of the layout the deck implies (pp x dp x tp); with_traces,
+// each class's trace too (what the simulator replays).
+Estimate estimate(const plan::Plan& cfg, bool with_traces = false);
 
 // "0-3,8" for a sorted list of ranks.
 std::string rank_ranges(const std::vector<int>& ranks);

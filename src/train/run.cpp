@@ -444,9 +444,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
                             chunks, *cfg.parallel.schedule);
-    write_tables(file, rank, steps, experts, memory, cfg.run.profile ? &timeline : nullptr, &log);
-    write_comm_summary(file, rank, comm_figures);
-    write_pipeline_summary(file, rank, bubble);
+    write_tables(file, {{rank, &steps, &experts, cfg.run.profile ? &timeline : nullptr, &log}}, memory);
+    write_comm_summary(file, {{rank, comm_figures}});
+    write_pipeline_summary(file, {{rank, bubble}});
     write_summary(file, summary, prov);
     if (kernels::device() == kernels::Device::cuda) {
       // The driver's view beside the tracker's: the arena, the context,

@@ -106,9 +106,7 @@ void write_provenance(report::H5File& f, const Provenance& p) {
   f.set_attr("/", "status", "running");
 }
 
-void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& steps,
-                  const std::vector<ExpertRecord>& experts, const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline,
-                  const comm::CommLog* comm) {
+void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const std::vector<MemoryRecord>& memory) {
   report::Table st("steps", "one row per optimizer step and rank");
   st.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
@@ -140,8 +138,9 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
                "MoE: this rank's auxiliary losses, summed over its MoE blocks, mean over micro-batches (in loss)")
       .col_f64("load_imbalance", "1", "MoE: max over this rank's MoE blocks of max / mean assignments per expert")
       .col_f64("drop_rate", "1", "MoE: share of this rank's assignments dropped past an expert's capacity");
-  for (const auto& r : steps)
-    st.add_row({std::int64_t(rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
+  for (const RankRows& rr : ranks)
+    for (const auto& r : *rr.steps)
+    st.add_row({std::int64_t(rr.rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
                 std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
                 r.mfu, r.hardware_flops, r.hfu, r.offload.bytes_to_host, r.offload.bytes_to_device,
                 r.offload.copy_time, r.offload.copy_wait_time, r.offload.update_time, r.offload.nvme_bytes_read, r.offload.nvme_bytes_written,
@@ -157,8 +156,10 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_i64("tokens_routed", "tokens", "assignments of tokens to the expert over the step (k per token)")
       .col_i64("tokens_dropped", "tokens", "of those, past the expert's capacity")
       .col_f64("prob_mass", "1", "router probability of the expert summed over the step's tokens");
-  for (const auto& e : experts)
-    ex.add_row({std::int64_t(rank), std::int64_t(e.step), std::int64_t(e.layer + 1), std::int64_t(e.expert),
+  for (const RankRows& rr : ranks)
+    if (rr.experts != nullptr)
+    for (const auto& e : *rr.experts)
+    ex.add_row({std::int64_t(rr.rank), std::int64_t(e.step), std::int64_t(e.layer + 1), std::int64_t(e.expert),
                 e.routed, e.dropped, e.prob_mass});
   f.write_table(ex);
 
@@ -175,9 +176,10 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
                "(a zero-bubble schedule's two halves) or optimizer")
       .col_f64("start", "s", "start, seconds since the run's clock origin")
       .col_f64("end", "s", "end, seconds since the run's clock origin");
-  if (timeline != nullptr)
-    for (const auto& s : timeline->spans())
-      tl.add_row({std::int64_t(rank), std::int64_t(s.step), std::int64_t(s.micro_batch), std::int64_t(s.chunk),
+  for (const RankRows& rr : ranks)
+    if (rr.timeline != nullptr)
+    for (const auto& s : rr.timeline->spans())
+      tl.add_row({std::int64_t(rr.rank), std::int64_t(s.step), std::int64_t(s.micro_batch), std::int64_t(s.chunk),
                   std::int64_t(s.layer),
                   std::string(prof::phase_name(s.phase)), s.start, s.end});
   f.write_table(tl);
@@ -197,9 +199,10 @@ void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& st
       .col_f64("wait", "s", "time this rank was blocked by the call: all of it if blocking, else inside wait/test")
       .col_f64("peer_wait", "s",
                "recv: the part of wait before the peer's message arrived (the rest is the transfer); else 0");
-  if (comm != nullptr)
-    for (const auto& r : comm->records())
-      cm.add_row({std::int64_t(rank), std::int64_t(r.step), std::string(r.op), std::string(r.axis),
+  for (const RankRows& rr : ranks)
+    if (rr.comm != nullptr)
+    for (const auto& r : rr.comm->records())
+      cm.add_row({std::int64_t(rr.rank), std::int64_t(r.step), std::string(r.op), std::string(r.axis),
                   std::int64_t(r.group_size), r.bytes, std::int64_t(r.nonblocking), r.start, r.end, r.wait,
                   r.peer_wait});
   f.write_table(cm);
@@ -230,7 +233,7 @@ Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepReco
   return b;
 }
 
-void write_pipeline_summary(report::H5File& f, int rank, const Bubble& b) {
+void write_pipeline_summary(report::H5File& f, const std::vector<std::pair<int, Bubble>>& per_rank) {
   report::Table t("summary/pipeline", "per rank: the measured pipeline bubble beside the schedule's");
   t.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("pp_rank", "1", "pipeline stage of the rank")
@@ -245,20 +248,13 @@ void write_pipeline_summary(report::H5File& f, int rank, const Bubble& b) {
       .col_f64("theory", "1",
                "the schedule's idle / step time with unit costs: (p-1)/(m+p-1) gpipe and 1f1b, (p-1)/(v m+p-1) "
                "interleaved, (p-1)/(3m+p-1) zb-h1");
+  for (const auto& [rank, b] : per_rank)
   t.add_row({std::int64_t(rank), std::int64_t(b.pp_rank), std::int64_t(b.stages), std::int64_t(b.micro_batches),
              std::int64_t(b.virtual_stages), b.schedule, b.idle_over_step, b.idle_over_compute, b.theory});
   f.write_table(t);
 }
 
-double busbw_factor(const std::string& op, int n) {
-  if (n <= 1) return 0;
-  if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" || op == "all_to_allv")
-    return double(n - 1) / n;
-  return 1.0;
-}
-
-double CommAggregate::busbw() const { return algbw() * busbw_factor(op, group_size); }
+double CommAggregate::busbw() const { return algbw() * comm::busbw_factor(op, group_size); }
 
 std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step) {
   std::vector<CommAggregate> out;
@@ -280,7 +276,7 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
   return out;
 }
 
-void write_comm_summary(report::H5File& f, int rank, const std::vector<CommAggregate>& aggs) {
+void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank) {
   report::Table t("summary/comm", "per rank, axis and op over the measured steps (warm-up excluded)");
   t.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_str("axis", 8, "", "mesh axis")
@@ -294,6 +290,7 @@ void write_comm_summary(report::H5File& f, int rank, const std::vector<CommAggre
       .col_f64("hidden_fraction", "1", "1 - wait / time: share of the communication time overlapped with compute")
       .col_f64("algbw", "B/s", "bytes / time")
       .col_f64("busbw", "B/s", "algbw x nccl-tests factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n");
+  for (const auto& [rank, aggs] : per_rank)
   for (const auto& a : aggs)
     t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.count, a.bytes, a.time, a.wait,
                a.peer_wait, a.time > 0 ? 1.0 - a.wait / a.time : 0.0, a.algbw(), a.busbw()});

@@ -82,10 +82,17 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
                   double model_flops_per_step, double hardware_flops_per_step, double peak_flops);
 
 void write_provenance(report::H5File& f, const Provenance& p);
-void write_tables(report::H5File& f, int rank, const std::vector<StepRecord>& steps,
-                  const std::vector<ExpertRecord>& experts,
-                  const std::vector<MemoryRecord>& memory, const prof::Timeline* timeline,
-                  const comm::CommLog* comm);
+// One rank's rows of the per-rank tables.
+struct RankRows {
+  int rank = 0;
+  const std::vector<StepRecord>* steps = nullptr;
+  const std::vector<ExpertRecord>* experts = nullptr;  // null: none
+  const prof::Timeline* timeline = nullptr;            // null: none
+  const comm::CommLog* comm = nullptr;                 // null: none
+};
+// /steps, /experts, /memory, /timeline and /comm. A run passes its own rank's
+// rows (every rank calls it, collectively); a simulation every rank's.
+void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const std::vector<MemoryRecord>& memory);
 
 // Per axis and op over this rank's records: what /summary/comm holds.
 struct CommAggregate {
@@ -99,11 +106,8 @@ struct CommAggregate {
   double algbw() const { return time > 0 ? bytes / time : 0; }
   double busbw() const;  // algbw x the nccl-tests factor of the op
 };
-// The nccl-tests bus-bandwidth factor: all_reduce 2(n-1)/n, all_gather and
-// reduce_scatter (n-1)/n, all_to_all (n-1)/n, others 1.
-double busbw_factor(const std::string& op, int n);
 std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step);
-void write_comm_summary(report::H5File& f, int rank, const std::vector<CommAggregate>& aggs);
+void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank);
 
 // The pipeline bubble of this rank over the measured steps: pipeline time =
 // step time - the optimizer span; busy = summed forward and backward spans of
@@ -117,7 +121,7 @@ struct Bubble {
 };
 Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
                       int micro_batches, int virtual_stages, const strategies::pp::ScheduleInfo& schedule);
-void write_pipeline_summary(report::H5File& f, int rank, const Bubble& b);
+void write_pipeline_summary(report::H5File& f, const std::vector<std::pair<int, Bubble>>& per_rank);
 void write_summary(report::H5File& f, const Summary& s, const Provenance& p);
 
 }  // namespace strata::train

@@ -172,6 +172,28 @@ expect_input_error() {  # name, expected substring, then the command
 deck_with() {  # file, sed expression
   sed "$2" tiny.toml > "$1"
 }
+
+# --- prediction: simulate any layout on a described machine, in one process ---
+if "$strata" simulate tiny.toml --machine a100-80gb --set parallel.pp=2 --set parallel.dp=2 --set data.micro_batch=1 --output out/sim.h5 > sim.log 2>&1 \
+   && grep -q "predicted step" sim.log \
+   && "$py" "$src/tests/python/check_report.py" out/sim.h5 --steps 1 --layers 2 --world 4 > checksim.log 2>&1 \
+   && "$py" -c "import h5py,sys; f=h5py.File('out/sim.h5'); m=f.attrs['machine']; m=m.decode() if isinstance(m,bytes) else m; sys.exit(0 if f.attrs['simulated']==1 and m=='a100-80gb' else 1)"; then
+  ok "simulate: a 4-rank layout's report, marked simulated"; else bad "simulate"; cat sim.log checksim.log; fi
+if "$strata" simulate tiny.toml --machine h100-80gb --set 'backend.device="cuda"' --set backend.precision='"bf16"' \
+     --output out/simcuda.h5 > simcuda.log 2>&1 && grep -q "bf16" simcuda.log; then
+  ok "simulate: a CUDA deck on a CPU-only machine"; else bad "simulate a CUDA deck"; cat simcuda.log; fi
+if "$strata" simulate "$src/inputs/gpt-7b-4096.toml" --machine h200 --output out/sim4096.h5 > sim4096.log 2>&1 \
+   && grep -q "4096 rank(s)" sim4096.log; then ok "simulate: 4096 ranks in one process"; else bad "simulate 4096"; cat sim4096.log; fi
+if mpiexec -n 2 "$strata" calibrate --quick --output out/here.toml > calib.log 2>&1 \
+   && "$strata" simulate tiny.toml --machine out/here.toml --set parallel.dp=2 --output out/simhere.h5 > simhere.log 2>&1; then
+  ok "calibrate --quick writes a machine description simulate reads"; else bad "calibrate"; cat calib.log simhere.log; fi
+expect_input_error "unknown machine" "known: a100-80gb, h100-80gb, h200" "$strata" simulate tiny.toml --machine dgx-z9 --output out_bad/x.h5
+sed 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = -5/' "$src/inputs/machines/a100-80gb.toml" > negative.toml
+expect_input_error "negative machine figure" "negative.toml:21: device.memory_bandwidth_gbs must be > 0" \
+  "$strata" simulate tiny.toml --machine ./negative.toml --output out_bad/x.h5
+grep -v '^peak_tflops_bf16' "$src/inputs/machines/a100-80gb.toml" > missing.toml
+expect_input_error "missing machine figure" "missing.toml:11: device.peak_tflops_bf16 is missing" \
+  "$strata" simulate tiny.toml --machine ./missing.toml --output out_bad/x.h5
 deck_with unknown.toml 's/^layers = 2/layerz = 2/'
 expect_input_error "unknown key" "layers" "$strata" run unknown.toml --output out_bad/x.h5
 expect_input_error "unknown key names line" "unknown.toml:7" "$strata" run unknown.toml --output out_bad/x.h5

@@ -1,0 +1,428 @@
+#include "src/sim/calibrate.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernels/foundation/clock.hpp"
+#include "kernels/foundation/error.hpp"
+#include "kernels/foundation/trace.hpp"
+#include "kernels/kernels.hpp"
+#include "src/comm/backend.hpp"
+#include "src/comm/mpi_check.hpp"
+#include "src/sim/machine.hpp"
+#include "src/sim/simulator.hpp"
+
+namespace strata::sim {
+namespace fs = std::filesystem;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Seconds per call: the median over batches of the batch's mean, each batch
+// long enough to be read off the clock; every rank runs at once.
+double time_kernel(const std::function<void()>& f, double min_batch_s, MPI_Comm comm) {
+  f();  // warm caches, pages and any lazy set-up
+  kernels::synchronize();
+  int reps = 1;
+  for (;;) {
+    const double t0 = prof::now_seconds();
+    for (int i = 0; i < reps; ++i) f();
+    kernels::synchronize();
+    if (prof::now_seconds() - t0 >= min_batch_s || reps >= (1 << 20)) break;
+    reps *= 2;
+  }
+  std::vector<double> batches;
+  STRATA_CHECK_MPI(MPI_Barrier(comm));
+  for (int b = 0; b < 5; ++b) {
+    const double t0 = prof::now_seconds();
+    for (int i = 0; i < reps; ++i) f();
+    kernels::synchronize();
+    batches.push_back((prof::now_seconds() - t0) / reps);
+  }
+  return median(batches);
+}
+
+// Device buffers of floats, freed at the end of calibration.
+struct Buffers {
+  std::vector<void*> all;
+  ~Buffers() {
+    for (void* p : all) kernels::device_free(p);
+  }
+  float* floats(std::int64_t n) {
+    void* p = kernels::device_alloc(std::size_t(std::max<std::int64_t>(n, 1)) * sizeof(float));
+    kernels::zero_bytes(p, std::size_t(std::max<std::int64_t>(n, 1)) * sizeof(float));
+    all.push_back(p);
+    return static_cast<float*>(p);
+  }
+};
+
+// The cost the meta device declares for one call of `f` (its last kernel).
+prof::TraceEvent declared_cost(const std::function<void()>& f) {
+  const kernels::Device saved = kernels::device();
+  const int ordinal = kernels::device_ordinal();
+  prof::Trace t;
+  {
+    const prof::TraceScope scope(&t);
+    kernels::use_device(kernels::Device::meta);
+    f();
+    kernels::use_device(saved, ordinal);
+  }
+  STRATA_CHECK(!t.events.empty(), "calibrate: a kernel declared no cost");
+  return t.events.back();
+}
+
+// Least squares of t = a + x / b, relative (weights 1 / t^2): latency a,
+// bandwidth b, and the RMS relative residual.
+struct LineFit {
+  double latency = 0, bandwidth = 0, residual = 0;
+};
+LineFit fit_line(const std::vector<double>& x, const std::vector<double>& t) {
+  double sw = 0, sx = 0, st = 0, sxx = 0, sxt = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double w = 1.0 / (t[i] * t[i]);
+    sw += w, sx += w * x[i], st += w * t[i], sxx += w * x[i] * x[i], sxt += w * x[i] * t[i];
+  }
+  const double det = sw * sxx - sx * sx;
+  double slope = det != 0 ? (sw * sxt - sx * st) / det : 0, a = det != 0 ? (st - slope * sx) / sw : 0;
+  if (slope <= 0) slope = 1e-15;  // no size dependence seen: a very fast link
+  if (a < 0) {  // refit through the origin
+    a = 0;
+    slope = sxt / sxx;
+  }
+  LineFit f{a, 1.0 / slope, 0};
+  double ss = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double r = (a + x[i] * slope - t[i]) / t[i];
+    ss += r * r;
+  }
+  f.residual = std::sqrt(ss / double(x.size()));
+  return f;
+}
+
+std::string host_name() {
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  return name;
+}
+
+// Write and read back `bytes` in a file under `dir`: the storage's bandwidth
+// as offload to NVMe sees it (the page cache dropped before reading).
+double measure_storage(const fs::path& dir, std::size_t bytes) {
+  const fs::path p = dir / fmt::format(".strata-calibrate-{}.tmp", ::getpid());
+  std::vector<char> buf(bytes, 1);
+  const double t0 = prof::now_seconds();
+  int fd = ::open(p.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  if (fd < 0) return 0;
+  const bool wrote = ::write(fd, buf.data(), bytes) == ssize_t(bytes) && ::fsync(fd) == 0;
+  ::close(fd);
+  const double t1 = prof::now_seconds();
+  fd = ::open(p.c_str(), O_RDONLY);
+  double t2 = t1, t3 = t1;
+  bool read_ok = false;
+  if (fd >= 0) {
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    t2 = prof::now_seconds();
+    read_ok = ::read(fd, buf.data(), bytes) == ssize_t(bytes);
+    t3 = prof::now_seconds();
+    ::close(fd);
+  }
+  std::error_code ec;
+  fs::remove(p, ec);
+  if (!wrote || !read_ok) return 0;
+  return 2.0 * double(bytes) / ((t1 - t0) + (t3 - t2));
+}
+
+}  // namespace
+
+int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
+  int rank = 0, world = 1;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
+  MPI_Comm node = MPI_COMM_NULL;
+  STRATA_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int on_node = 1;
+  STRATA_CHECK_MPI(MPI_Comm_size(node, &on_node));
+  STRATA_CHECK_MPI(MPI_Comm_free(&node));
+  if (o.threads < 1) core::input_error("--threads {}: at least 1 thread per rank", o.threads);
+  kernels::set_num_threads(o.threads);
+  const double batch = o.quick ? 0.01 : 0.05;
+  const std::string host = host_name();
+  const std::string out = !o.output.empty() ? o.output : fmt::format("results/machine-{}.toml", host);
+  auto say = [&](const std::string& s) {
+    if (rank == 0) {
+      fmt::print("{}", s);
+      std::fflush(stdout);
+    }
+  };
+  say(fmt::format("strata calibrate: {} rank(s), {} on this node, {} thread(s) each, {} ({})\n", world, on_node,
+                  o.threads, kernels::backend_name(), o.quick ? "quick" : "full"));
+
+  Machine m;
+  m.name = "machine-" + host;
+  m.devices_per_node = on_node;
+  m.gpu = kernels::device() == kernels::Device::cuda;
+  m.matmul_efficiency = 1;  // peak is the best fitted rate: the CPU has no published one per rank
+  Buffers buf;
+
+  // ---- products: t = flops / (P d / (d + h)) over shapes, fitted in log space ----
+  std::vector<std::array<int, 3>> shapes = {{64, 64, 64},   {128, 128, 128}, {256, 256, 256}, {512, 128, 128},
+                                            {512, 512, 128}, {512, 128, 512}, {32, 512, 512}, {384, 384, 384}};
+  if (!o.quick) shapes.insert(shapes.end(), {{512, 512, 512}, {1024, 256, 256}, {768, 768, 768}, {16, 1024, 1024}});
+  std::vector<double> flops, dims, secs;
+  say("  products (M N K: GFLOP/s):");
+  for (const auto& [M, N, K] : shapes) {
+    float* A = buf.floats(std::int64_t(M) * K);
+    float* B = buf.floats(std::int64_t(K) * N);
+    float* C = buf.floats(std::int64_t(M) * N);
+    const double t = time_kernel([&] { kernels::matmul(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N); }, batch, comm);
+    flops.push_back(2.0 * M * N * K), dims.push_back(std::min({M, N, K})), secs.push_back(t);
+    say(fmt::format(" {}x{}x{}: {:.1f}", M, N, K, flops.back() / t / 1e9));
+  }
+  say("\n");
+  double best_err = 1e300;
+  for (double h = 0; h <= 1024; h += 1) {
+    double lp = 0;
+    for (std::size_t i = 0; i < secs.size(); ++i) lp += std::log(flops[i] * (dims[i] + h) / dims[i] / secs[i]);
+    const double P = std::exp(lp / double(secs.size()));
+    double err = 0;
+    for (std::size_t i = 0; i < secs.size(); ++i) {
+      const double r = std::log(flops[i] / (P * dims[i] / (dims[i] + h)) / secs[i]);
+      err += r * r;
+    }
+    if (err < best_err) best_err = err, m.matmul_half_dim = h, m.peak_fp32 = P;
+  }
+  // The CPU computes every precision's products in fp32.
+  m.peak_bf16 = m.peak_fp16 = m.peak_fp32;
+  if (m.gpu) {
+    // A GPU's 16-bit rate: the tensor cores' products, measured as large as fits.
+    m.peak_bf16 = kernels::measure_gemm_flops(4096, o.quick ? 3 : 10, core::Precision::bf16);
+    m.peak_fp16 = m.peak_bf16;
+  }
+
+  // ---- memory bandwidth, other arithmetic, launch latency ----
+  const std::int64_t big = o.quick ? (std::int64_t(4) << 20) : (std::int64_t(16) << 20);
+  {
+    float* x = buf.floats(big);
+    float* y = buf.floats(big);
+    const double t = time_kernel([&] { kernels::add_inplace(y, x, big); }, batch, comm);
+    m.memory_bandwidth = 3.0 * 4 * double(big) / t;
+    const std::int64_t small = 1 << 14;
+    const double tg = time_kernel([&] { kernels::gelu_forward(y, x, small); }, batch, comm);
+    m.vector_flops = 12.0 * double(small) / tg;
+    m.launch_latency = time_kernel([&] { kernels::add_inplace(y, x, 16); }, batch, comm);
+  }
+  say(fmt::format("  fitted product peak {:.2f} GFLOP/s, half at d = {:.0f}; memory {:.2f} GB/s; other arithmetic "
+                  "{:.2f} GFLOP/s; launch {:.2f} us\n",
+                  m.peak_fp32 / 1e9, m.matmul_half_dim, m.memory_bandwidth / 1e9, m.vector_flops / 1e9,
+                  m.launch_latency * 1e6));
+
+  // ---- each kernel of a step against the model of its declared cost ----
+  {
+    const int B = 8, T = 64, C = 128, NH = 4, V = 256, N = B * T;
+    const bool fused = kernels::device() == kernels::Device::cuda;
+    float* in = buf.floats(std::int64_t(N) * 4 * C);
+    float* out = buf.floats(std::int64_t(N) * 4 * C);
+    float* g = buf.floats(std::int64_t(N) * 4 * C);
+    float* w = buf.floats(std::int64_t(4 * C) * 4 * C);
+    float* vec = buf.floats(4 * C);
+    float* vec2 = buf.floats(4 * C);
+    float* stats = buf.floats(N);
+    float* stats2 = buf.floats(N);
+    float* qkv = buf.floats(std::int64_t(N) * 3 * C);
+    float* dqkv = buf.floats(std::int64_t(N) * 3 * C);
+    float* att = buf.floats(kernels::attention_state_floats(fused, B, NH, T));
+    float* datt = buf.floats(kernels::attention_scratch_floats(fused, B, NH, T));
+    float* logits = buf.floats(std::int64_t(N) * V);
+    float* wte = buf.floats(std::int64_t(V) * C);
+    float* mm = buf.floats(std::int64_t(N) * V);
+    auto* tokens = reinterpret_cast<std::int32_t*>(buf.floats(N));  // zeros: valid token ids
+    const std::int64_t P = std::int64_t(4 * C) * 4 * C;
+    const std::vector<std::pair<const char*, std::function<void()>>> ops = {
+        {"linear_bias_forward", [&] { kernels::linear_bias_forward(out, in, w, vec, N, C, 4 * C, 0.f); }},
+        {"bias_backward", [&] { kernels::bias_backward(vec, g, N, 4 * C); }},
+        {"layernorm_forward", [&] { kernels::layernorm_forward(out, stats, stats2, in, vec, vec2, N, C); }},
+        {"layernorm_backward", [&] { kernels::layernorm_backward(g, vec, vec2, out, in, vec, stats, stats2, N, C); }},
+        {"gelu_forward", [&] { kernels::gelu_forward(out, in, std::int64_t(N) * 4 * C); }},
+        {"gelu_backward", [&] { kernels::gelu_backward(g, in, out, std::int64_t(N) * 4 * C); }},
+        {"residual_forward", [&] { kernels::residual_forward(out, in, g, std::int64_t(N) * C); }},
+        {"add_inplace", [&] { kernels::add_inplace(out, in, std::int64_t(N) * C); }},
+        {"scale_inplace", [&] { kernels::scale_inplace(out, 0.5f, std::int64_t(N) * C); }},
+        {"fill_zero", [&] { kernels::fill_zero(g, std::int64_t(N) * C); }},
+        {"attention_forward", [&] { kernels::attention_forward(out, att, qkv, B, T, C, NH); }},
+        {"attention_backward", [&] { kernels::attention_backward(dqkv, datt, g, qkv, out, att, B, T, C, NH); }},
+        {"embedding_forward", [&] { kernels::embedding_forward(out, tokens, wte, wte, B, T, C); }},
+        {"embedding_backward", [&] { kernels::embedding_backward(g, g, in, tokens, B, T, C); }},
+        {"softmax_cross_entropy_forward", [&] { kernels::softmax_cross_entropy_forward(stats, logits, tokens, N, V); }},
+        {"softmax_cross_entropy_backward",
+         [&] { kernels::softmax_cross_entropy_backward(mm, logits, tokens, 1.f / N, N, V); }},
+        {"sum_squares", [&] { (void)kernels::sum_squares(w, P); }},
+        {"adamw_update", [&] { kernels::adamw_update(w, g, out, in, std::min<std::int64_t>(P, std::int64_t(N) * 4 * C), 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1); }},
+    };
+    Machine plain = m;  // factors of 1
+    say("  kernels (measured / modelled):");
+    for (const auto& [name, f] : ops) {
+      const double t = time_kernel(f, batch, comm);
+      const double model = kernel_time(plain, declared_cost(f), core::Precision::fp32);
+      m.kernel_factors[name] = model > 0 ? t / model : 1.0;
+      say(fmt::format(" {} {:.2f}", name, m.kernel_factors[name]));
+    }
+    say("\n");
+  }
+
+  // ---- collectives per group size, and the overlap of a non-blocking one ----
+  const comm::Backend backend = m.gpu ? comm::Backend::nccl : comm::Backend::mpi;
+  std::vector<int> sizes;
+  for (int n = 2; n < world; n *= 2) sizes.push_back(n);
+  if (world >= 2) sizes.push_back(world);
+  const std::vector<double> bytes_list = o.quick ? std::vector<double>{4096, 65536, 1 << 20, 4 << 20}
+                                                 : std::vector<double>{1024, 16384, 262144, 1 << 20, 4 << 20, 16 << 20};
+  const double max_bytes = bytes_list.back();
+  float* a = buf.floats(std::int64_t(max_bytes / 4) * std::max(world, 2));
+  float* b = buf.floats(std::int64_t(max_bytes / 4) * std::max(world, 2));
+  for (int n : sizes) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    STRATA_CHECK_MPI(MPI_Comm_split(comm, rank < n ? 0 : 1, rank, &sub));
+    const auto c = comm::make_communicator(backend, sub, "calibrate");
+    const std::vector<const char*> ops = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send"};
+    for (const char* op : ops) {
+      if (std::string(op) == "send" && n != 2) continue;  // point to point: one pair
+      std::vector<double> xs, ts;
+      for (double bytes : bytes_list) {
+        const std::int64_t count = std::int64_t(bytes / 4);
+        std::function<void()> call;
+        const std::string s = op;
+        if (s == "all_reduce") call = [&] { c->all_reduce(a, count, comm::DType::f32, comm::ReduceOp::sum); };
+        if (s == "reduce_scatter") call = [&] { c->reduce_scatter(a, b, count / n, comm::DType::f32, comm::ReduceOp::sum); };
+        if (s == "all_gather") call = [&] { c->all_gather(a, b, count / n, comm::DType::f32); };
+        if (s == "all_to_all") call = [&] { c->all_to_all(a, b, count / n, comm::DType::f32); };
+        if (s == "broadcast") call = [&] { c->broadcast(a, count, comm::DType::f32, 0); };
+        if (s == "send")  // a ping-pong: half its round trip is one message
+          call = [&] {
+            if (c->rank() == 0) c->send(a, count, comm::DType::f32, 1, 7), c->recv(a, count, comm::DType::f32, 1, 7);
+            if (c->rank() == 1) c->recv(a, count, comm::DType::f32, 0, 7), c->send(a, count, comm::DType::f32, 0, 7);
+          };
+        double t = 0;
+        if (rank < n) t = time_kernel(call, batch, sub);
+        if (s == "send") t /= 2;
+        STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm));
+        const double moved = (s == "all_reduce" || s == "broadcast" || s == "send") ? double(count) * 4 : double(count / n * n) * 4;
+        xs.push_back(moved * (s == "send" ? 1.0 : comm::busbw_factor(s, n)));
+        ts.push_back(t);
+      }
+      const LineFit f = fit_line(xs, ts);
+      m.fits.push_back({"node", op, n, f.latency, f.bandwidth, f.residual});
+      if (std::string(op) == "send") m.fits.push_back({"node", "recv", n, f.latency, f.bandwidth, f.residual});
+      say(fmt::format("  {:<15} n {:>3}: {:8.2f} us + bytes / {:8.3f} GB/s (residual {:.1f}%)\n", op, n,
+                      f.latency * 1e6, f.bandwidth / 1e9, 100 * f.residual));
+    }
+    STRATA_CHECK_MPI(MPI_Comm_free(&sub));
+  }
+  // The node level's generic figures: the widest group's all-reduce.
+  m.node.bandwidth = m.memory_bandwidth;
+  for (const CommFit& f : m.fits)
+    if (f.op == "all_reduce") m.node.bandwidth = f.bandwidth, m.node.latency = f.latency / (2.0 * (f.group_size - 1));
+  m.overlap = 1;
+  if (world >= 2) {
+    // Overlap: a 4 MiB all-reduce beside products of about the same length.
+    const auto c = comm::make_communicator(backend, comm, "calibrate");
+    const std::int64_t count = std::int64_t(4) << 18;
+    const int d = 256;
+    float* A = buf.floats(d * d);
+    float* C = buf.floats(d * d);
+    const double t_mm = time_kernel([&] { kernels::matmul(false, false, d, d, d, 1.f, A, d, A, d, 0.f, C, d); }, batch, comm);
+    const double t_ar = time_kernel([&] { c->all_reduce(a, count, comm::DType::f32, comm::ReduceOp::sum); }, batch, comm);
+    const int reps = std::max(1, int(t_ar / t_mm));
+    auto compute = [&] {
+      for (int i = 0; i < reps; ++i) kernels::matmul(false, false, d, d, d, 1.f, A, d, A, d, 0.f, C, d);
+    };
+    const double t_c = time_kernel(compute, batch, comm);
+    const double t_both = time_kernel([&] {
+      auto r = c->iall_reduce(a, count, comm::DType::f32, comm::ReduceOp::sum);
+      compute();
+      r->wait();
+    }, batch, comm);
+    double v[3] = {t_c, t_ar, t_both};
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_MAX, comm));
+    // The simulator's rule: both take t_c + max(0, t_ar - overlap x t_c).
+    m.overlap = v[2] <= v[0] ? 1.0 : std::clamp((v[0] + v[1] - v[2]) / v[0], 0.0, 1.0);
+    say(fmt::format("  overlap: all-reduce {:.2f} ms beside {:.2f} ms of products took {:.2f} ms: {:.2f}\n",
+                    v[1] * 1e3, v[0] * 1e3, v[2] * 1e3, m.overlap));
+  }
+
+  // ---- memory sizes and storage ----
+  const double phys = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  m.host_memory = phys;
+  m.memory = m.gpu ? double(kernels::device_memory().total) : phys / on_node;
+  fs::path dir = fs::path(out).parent_path();
+  if (dir.empty()) dir = ".";
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    m.nvme_bandwidth = measure_storage(dir, std::size_t(o.quick ? 32 : 256) << 20);
+  }
+
+  if (rank == 0) {
+    char when[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::string t;
+    t += fmt::format("# Machine description measured by strata calibrate{} on {} at {}:\n# {}\n# {} rank(s), {} per node, {} thread(s) each. Every figure below was measured here;\n# docs/machines.md says what each means.\n",
+                     o.quick ? " --quick" : "", host, when, o.command_line, world, on_node, o.threads);
+    t += fmt::format("name = \"{}\"\ndescription = \"{} ({}, {} thread(s) per rank)\"\ndevices_per_node = {}\n\n", m.name,
+                     host, kernels::backend_name(), o.threads, m.devices_per_node);
+    t += "[device]\n";
+    t += fmt::format("kind = \"{}\"\n", m.gpu ? "gpu" : "cpu");
+    t += fmt::format("memory_gib = {:.3f}  # {}\n", m.memory / double(1ull << 30),
+                     m.gpu ? "the device's" : "host memory over the ranks of the node");
+    t += fmt::format("host_memory_gib = {:.3f}\n", m.host_memory / double(1ull << 30));
+    t += fmt::format("peak_tflops_fp32 = {:.6f}  # fitted: products of every shape measured, as peak x d / (d + half_dim)\n", m.peak_fp32 / 1e12);
+    t += fmt::format("peak_tflops_bf16 = {:.6f}\npeak_tflops_fp16 = {:.6f}\n", m.peak_bf16 / 1e12, m.peak_fp16 / 1e12);
+    t += fmt::format("matmul_efficiency = {:.3f}\nmatmul_half_dim = {:.1f}\n", m.matmul_efficiency, m.matmul_half_dim);
+    t += fmt::format("vector_tflops = {:.6f}  # gelu_forward in cache: 12 FLOP per element\n", m.vector_flops / 1e12);
+    t += fmt::format("memory_bandwidth_gbs = {:.3f}  # add_inplace streaming {} MiB\n", m.memory_bandwidth / 1e9, 12 * big >> 20);
+    t += fmt::format("launch_latency_us = {:.3f}  # add_inplace of 16 elements\n", m.launch_latency * 1e6);
+    t += fmt::format("host_link_gbs = {:.3f}\n", m.host_link_bandwidth / 1e9);
+    t += fmt::format("nvme_gbs = {:.3f}  # a file written (fsync) and read back in {}\n\n", m.nvme_bandwidth / 1e9, dir.string());
+    t += "[kernels]  # measured time over the model's time for the kernel's declared cost\n";
+    for (const auto& [k, v] : m.kernel_factors) t += fmt::format("{} = {:.4f}\n", k, v);
+    t += fmt::format("\n[network]\noverlap = {:.3f}  # share of a non-blocking all-reduce made while computing\n\n", m.overlap);
+    t += fmt::format("[network.node]  # the widest group's all-reduce\nbandwidth_gbs = {:.4f}\nlatency_us = {:.3f}\n",
+                     m.node.bandwidth / 1e9, m.node.latency * 1e6);
+    for (const CommFit& f : m.fits)
+      t += fmt::format("\n[[network.fit]]\nlevel = \"{}\"\nop = \"{}\"\ngroup_size = {}\nlatency_us = {:.3f}\nbandwidth_gbs = {:.4f}\nresidual = {:.4f}\n",
+                       f.level, f.op, f.group_size, f.latency * 1e6, f.bandwidth / 1e9, f.residual);
+    (void)parse_machine(out, t);  // what it writes, it can read
+    const std::string partial = out + ".partial";
+    {
+      std::ofstream f(partial, std::ios::binary);
+      f << t;
+      if (!f) core::runtime_error("{}: cannot write the machine description", partial);
+    }
+    fs::rename(partial, out);
+    fmt::print("machine description: {} (strata simulate DECK --machine {})\n", out, out);
+  }
+  return 0;
+}
+
+}  // namespace strata::sim

@@ -1,0 +1,193 @@
+#include "src/sim/machine.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include "kernels/foundation/error.hpp"
+
+namespace strata::sim {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Reads typed figures from the description's tables, each error naming
+// the file, the line and the dotted key.
+class Reader {
+ public:
+  Reader(const std::string& path, const toml::table& root) : path_(path), root_(root) {}
+
+  const toml::table* table(const std::string& dotted, bool required = true) const {
+    const toml::node* n = root_.at_path(dotted).node();
+    if (n == nullptr) {
+      if (required) core::input_error("{}: [{}] is missing", path_, dotted);
+      return nullptr;
+    }
+    if (!n->is_table()) fail(*n, dotted, "must be a table");
+    return n->as_table();
+  }
+
+  // A number >= 0 (or > 0 with positive); `unit` says what it is in errors.
+  double number(const std::string& dotted, const char* unit, bool positive = false, bool required = true,
+                double fallback = 0) const {
+    const toml::node* n = root_.at_path(dotted).node();
+    if (n == nullptr) {
+      if (!required) return fallback;
+      const std::string parent = dotted.find('.') == std::string::npos ? "" : dotted.substr(0, dotted.rfind('.'));
+      const toml::node* p = parent.empty() ? nullptr : root_.at_path(parent).node();
+      core::input_error("{}:{}: {} is missing: a number ({})", path_, p != nullptr ? p->source().begin.line : 1,
+                        dotted, unit);
+    }
+    std::optional<double> v = n->value<double>();
+    if (!v) fail(*n, dotted, fmt::format("must be a number ({})", unit));
+    if (*v < 0 || (positive && *v == 0))
+      fail(*n, dotted, fmt::format("must be {} 0 ({}), got {}", positive ? ">" : ">=", unit, *v));
+    return *v;
+  }
+
+  std::string string(const std::string& dotted, const std::vector<std::string>& allowed = {}) const {
+    const toml::node* n = root_.at_path(dotted).node();
+    if (n == nullptr) core::input_error("{}:1: {} is missing: a string", path_, dotted);
+    std::optional<std::string> v = n->value<std::string>();
+    if (!v) fail(*n, dotted, "must be a string");
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), *v) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + fmt::format("\"{}\"", a);
+      fail(*n, dotted, fmt::format("must be one of {}, got \"{}\"", list, *v));
+    }
+    return *v;
+  }
+
+  [[noreturn]] void fail(const toml::node& n, const std::string& dotted, const std::string& why) const {
+    core::input_error("{}:{}: {} {}", path_, n.source().begin.line, dotted, why);
+  }
+
+ private:
+  const std::string& path_;
+  const toml::table& root_;
+};
+
+std::vector<fs::path> search_dirs() {
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("STRATA_MACHINES")) dirs.emplace_back(env);
+  dirs.emplace_back("inputs/machines");
+#ifdef STRATA_SOURCE_DIR
+  dirs.emplace_back(fs::path(STRATA_SOURCE_DIR) / "inputs" / "machines");
+#endif
+  return dirs;
+}
+
+std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) core::input_error("{}: cannot read machine description: it is a directory", path);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) core::input_error("{}: cannot read machine description", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+Machine parse_machine(const std::string& path, const std::string& text) {
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    core::input_error("{}:{}:{}: TOML syntax error: {}", path, e.source().begin.line, e.source().begin.column,
+                      e.description());
+  }
+  const Reader r(path, root);
+  Machine m;
+  m.path = path;
+  m.name = r.string("name");
+  if (const toml::node* d = root.get("description"); d != nullptr && d->is_string()) m.description = *d->value<std::string>();
+  m.devices_per_node = int(r.number("devices_per_node", "devices in one node", true));
+  if (double(m.devices_per_node) != r.number("devices_per_node", "devices in one node", true))
+    r.fail(*root.get("devices_per_node"), "devices_per_node", "must be a whole number");
+
+  r.table("device");
+  m.gpu = r.string("device.kind", {"gpu", "cpu"}) == "gpu";
+  m.memory = r.number("device.memory_gib", "GiB per device", true) * double(1ull << 30);
+  m.host_memory = r.number("device.host_memory_gib", "GiB of host memory per node", true) * double(1ull << 30);
+  m.peak_fp32 = r.number("device.peak_tflops_fp32", "TFLOP/s", true) * 1e12;
+  m.peak_bf16 = r.number("device.peak_tflops_bf16", "TFLOP/s", true) * 1e12;
+  m.peak_fp16 = r.number("device.peak_tflops_fp16", "TFLOP/s", true) * 1e12;
+  m.matmul_efficiency = r.number("device.matmul_efficiency", "share of peak, at most 1", true);
+  if (m.matmul_efficiency > 1)
+    r.fail(*root.at_path("device.matmul_efficiency").node(), "device.matmul_efficiency", "must be at most 1");
+  m.matmul_half_dim = r.number("device.matmul_half_dim", "elements");
+  m.vector_flops = r.number("device.vector_tflops", "TFLOP/s", true) * 1e12;
+  m.memory_bandwidth = r.number("device.memory_bandwidth_gbs", "GB/s achieved", true) * 1e9;
+  m.launch_latency = r.number("device.launch_latency_us", "microseconds") * 1e-6;
+  m.host_link_bandwidth = r.number("device.host_link_gbs", "GB/s; 0 when device and host share memory") * 1e9;
+  m.nvme_bandwidth = r.number("device.nvme_gbs", "GB/s; 0 without NVMe", false, false) * 1e9;
+
+  r.table("network");
+  m.overlap = r.number("network.overlap", "share of a non-blocking transfer made while computing, 0 to 1");
+  if (m.overlap > 1) r.fail(*root.at_path("network.overlap").node(), "network.overlap", "must be at most 1");
+  r.table("network.node");
+  m.node.bandwidth = r.number("network.node.bandwidth_gbs", "GB/s of bus bandwidth inside a node", true) * 1e9;
+  m.node.latency = r.number("network.node.latency_us", "microseconds per ring step") * 1e-6;
+  if (r.table("network.cluster", false) != nullptr) {  // absent: one node only
+    m.cluster.bandwidth = r.number("network.cluster.bandwidth_gbs", "GB/s per node, every NIC together", true) * 1e9;
+    m.cluster.latency = r.number("network.cluster.latency_us", "microseconds per ring step") * 1e-6;
+  }
+
+  if (const toml::table* k = r.table("kernels", false)) {
+    for (const auto& [key, node] : *k) {
+      const std::string dotted = "kernels." + std::string(key.str());
+      m.kernel_factors[std::string(key.str())] = r.number(dotted, "measured time over the model's", true);
+    }
+  }
+  if (const toml::node* fits = root.at_path("network.fit").node()) {
+    const toml::array* a = fits->as_array();
+    if (a == nullptr) r.fail(*fits, "network.fit", "must be an array of tables ([[network.fit]])");
+    for (std::size_t i = 0; i < a->size(); ++i) {
+      const std::string at = fmt::format("network.fit[{}]", i);
+      CommFit f;
+      f.level = r.string(at + ".level", {"node", "cluster"});
+      f.op = r.string(at + ".op", {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all",
+                                   "all_to_allv", "send", "recv", "barrier"});
+      f.group_size = int(r.number(at + ".group_size", "ranks", true));
+      f.latency = r.number(at + ".latency_us", "microseconds") * 1e-6;
+      f.bandwidth = r.number(at + ".bandwidth_gbs", "GB/s of bus bandwidth", true) * 1e9;
+      f.residual = r.number(at + ".residual", "relative RMS error", false, false);
+      m.fits.push_back(f);
+    }
+  }
+  return m;
+}
+
+std::vector<std::string> known_machines() {
+  std::vector<std::string> names;
+  for (const fs::path& d : search_dirs()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d, ec))
+      if (e.path().extension() == ".toml") names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+Machine load_machine(const std::string& name_or_path) {
+  const bool is_path = name_or_path.find('/') != std::string::npos || fs::path(name_or_path).extension() == ".toml";
+  if (is_path) return parse_machine(name_or_path, read_file(name_or_path));
+  for (const fs::path& d : search_dirs()) {
+    const fs::path p = d / (name_or_path + ".toml");
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) return parse_machine(p.string(), read_file(p.string()));
+  }
+  std::string list;
+  for (const auto& n : known_machines()) list += (list.empty() ? "" : ", ") + n;
+  core::input_error("--machine {}: no such machine; known: {} (or give a path to a machine description)",
+                    name_or_path, list.empty() ? "none found" : list);
+}
+
+}  // namespace strata::sim

@@ -1,0 +1,62 @@
+// The step simulator: a discrete-event executor that replays each pipeline
+// stage's trace (kernels/foundation/trace.hpp: the step as the real code ran
+// it on the meta device, schedule and all) with durations from a machine
+// description. It is the unit-cost executor of pipeline_sim.hpp grown up:
+// the same loop over per-rank programs in which a receive waits for its
+// send, now with every kernel, collective and wait in it.
+//
+// Durations (docs/machines.md):
+//   kernel      launch latency + max(matrix FLOPs / (peak x efficiency by
+//               shape) + other FLOPs / vector rate, bytes / memory
+//               bandwidth), times the kernel's measured factor if calibrated;
+//   collective  by group size and network level (whether the group's ranks
+//               share a node): a calibrated fit for the op and size, else
+//               ring steps x latency + bytes x the bus factor / bandwidth,
+//               where across nodes a group gets the NIC share of its
+//               members on each node;
+//   non-blocking calls progress in the background at the machine's overlap
+//               share, serially per axis; a wait takes what is left.
+// Ranks with identical work are simulated once: one rank per pipeline stage
+// (the stage's first), whose collectives inside the stage need no partner;
+// collectives spanning stages (pp, emb, world) meet when every stage has
+// reached them, and a receive waits for its send's arrival.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/foundation/precision.hpp"
+#include "kernels/foundation/timeline.hpp"
+#include "kernels/foundation/trace.hpp"
+#include "src/comm/comm_log.hpp"
+#include "src/mesh/mesh.hpp"
+#include "src/sim/machine.hpp"
+
+namespace strata::sim {
+
+// One kernel's predicted duration.
+double kernel_time(const Machine& m, const prof::TraceEvent& kernel, core::Precision p);
+// One collective's predicted duration over the world ranks `group` (bytes as
+// the /comm table counts them).
+double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes);
+
+struct StageTiming {
+  int rank = 0;            // the world rank simulated: the stage's first
+  double end = 0;          // when its step's last event finished (s from the step's start)
+  double compute = 0;      // summed kernel time
+  double comm_wait = 0;    // time blocked in communication: the exposed part
+  std::vector<prof::Span> spans;        // step 0, times from the step's start
+  std::vector<comm::CommRecord> comms;  // step 0, simulated times
+};
+
+struct StepSimulation {
+  double step_time = 0;             // the last stage's end
+  std::vector<StageTiming> stages;  // by pipeline stage
+};
+
+// `traces[s]` is stage s's first rank's step. Throws a runtime error if the
+// programs cannot finish (a receive never sent: a broken trace).
+StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof::Trace*>& traces, const Machine& m,
+                             core::Precision p);
+
+}  // namespace strata::sim

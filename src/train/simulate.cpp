@@ -1,0 +1,198 @@
+#include "src/train/simulate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "kernels/kernels.hpp"
+#include "models/gpt.hpp"
+#include "src/report/h5file.hpp"
+#include "src/train/run.hpp"
+#include "src/train/run_report.hpp"
+#include "src/train/trainer.hpp"
+
+namespace strata::train {
+
+namespace {
+
+// Above this many ranks the report's /timeline and /comm hold the rows of
+// each pipeline stage's simulated rank only, not a copy for every rank.
+constexpr int kEveryRankRows = 64;
+
+std::string iso_now() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// The pipeline's idle share of a stage, as measure_bubble computes a run's:
+// pipeline time = step - optimizer span, busy = forward and backward spans.
+double stage_bubble(const sim::StageTiming& s, double step_time) {
+  double busy = 0, optimizer = 0;
+  for (const auto& sp : s.spans) (sp.phase == prof::Phase::optimizer ? optimizer : busy) += sp.end - sp.start;
+  const double pipe = step_time - optimizer;
+  return pipe > 0 ? std::max(0.0, pipe - busy) / pipe : 0.0;
+}
+
+}  // namespace
+
+Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
+  const mesh::Layout l = mesh::layout_of(cfg);
+  Prediction out;
+  out.estimate = estimate(cfg, true);
+  std::vector<const prof::Trace*> traces(std::size_t(l.pp), nullptr);
+  for (int s = 0; s < l.pp; ++s) {
+    const int r = mesh::rank_of(l, {s, 0, 0});
+    for (const RankClass& k : out.estimate.classes)
+      if (std::find(k.ranks.begin(), k.ranks.end(), r) != k.ranks.end()) traces[std::size_t(s)] = &k.trace;
+  }
+  out.step = sim::simulate_step(l, traces, machine, cfg.backend.precision);
+  const models::GptConfig gc = gpt_config(cfg);
+  const double t = out.step.step_time;
+  out.model_flops = models::gpt_model_flops(gc, cfg.data.global_batch);
+  out.hardware_flops = models::gpt_hardware_flops(gc, cfg.data.global_batch);
+  out.peak_flops = machine.peak(cfg.backend.precision) * l.world();
+  out.tokens_per_s = t > 0 ? double(cfg.data.global_batch) * cfg.model.seq_len / t : 0;
+  out.mfu = t > 0 && out.peak_flops > 0 ? out.model_flops / t / out.peak_flops : 0;
+  out.hfu = t > 0 && out.peak_flops > 0 ? out.hardware_flops / t / out.peak_flops : 0;
+  for (const auto& s : out.step.stages) out.bubble.push_back(l.pp > 1 ? stage_bubble(s, t) : 0.0);
+  return out;
+}
+
+namespace {
+
+void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::Machine& machine, const Prediction& pr,
+                  const std::string& path) {
+  const plan::Plan& cfg = deck.config;
+  const mesh::Layout l = mesh::layout_of(cfg);
+  const models::GptConfig gc = gpt_config(cfg);
+  report::H5File file(MPI_COMM_SELF, path);
+  Provenance prov;
+  prov.command_line = o.command_line;
+  prov.start_time = iso_now();
+  prov.hosts = std::string(1, '-');  // nothing ran
+  prov.world_size = l.world();
+  prov.deck_path = deck.path;
+  prov.deck_text = deck.text;
+  prov.resolved_config = deck.resolved_toml;
+  prov.backend = fmt::format("simulated: {}", machine.name);
+  prov.threads = 1;
+  prov.parameters = models::gpt_registry(gc).numel();
+  prov.peak_flops = pr.peak_flops;
+  prov.peak_source = fmt::format("machine {} ({}): {:.1f} TFLOP/s per device at {}", machine.name, machine.path,
+                                 machine.peak(cfg.backend.precision) / 1e12,
+                                 core::precision_name(cfg.backend.precision));
+  prov.layout = fmt::format("pp {} x dp {} x tp {}{}", l.pp, l.dp, l.tp, l.ep > 1 ? fmt::format(" (ep {})", l.ep) : "");
+  prov.precision = core::precision_name(cfg.backend.precision);
+  // As the state strategies name themselves (strategies/dp.hpp, zero.hpp).
+  prov.strategy = cfg.parallel.zero == 0 ? std::string("dp") : fmt::format("zero{}", cfg.parallel.zero);
+  write_provenance(file, prov);
+  file.set_attr("/", "simulated", std::int64_t(1));
+  file.set_attr("/", "device", std::string(plan::name_of(cfg.backend.device)));
+  file.set_attr("/", "machine", machine.name);
+  file.set_attr("/", "machine_path", machine.path);
+  const bool every = l.world() <= kEveryRankRows;
+  file.set_attr("/", "simulated_rows",
+                every ? std::string("every rank") : std::string("timeline and comm: the first rank of each pipeline stage"));
+
+  // Every rank's memory, step and summaries; the timeline and calls of each
+  // stage's simulated rank, copied to the stage's other ranks when few.
+  const double t = pr.step.step_time;
+  StepRecord step;
+  step.step = 0;
+  step.loss = std::numeric_limits<double>::quiet_NaN();
+  step.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  step.step_time = t;
+  step.tokens = double(cfg.data.global_batch) * cfg.model.seq_len;
+  step.tokens_per_s = pr.tokens_per_s;
+  step.model_flops = pr.model_flops;
+  step.flops_per_s = t > 0 ? pr.model_flops / t : 0;
+  step.mfu = pr.mfu;
+  step.hardware_flops = pr.hardware_flops;
+  step.hfu = pr.hfu;
+  const std::vector<StepRecord> steps = {step};
+  std::vector<MemoryRecord> memory, rank0;
+  for (const RankClass& k : pr.estimate.classes)
+    for (int r : k.ranks)
+      for (const auto& m : memory_records(r, 0, k.memory, cfg)) (r == 0 ? rank0 : memory).push_back(m);
+  memory.insert(memory.end(), rank0.begin(), rank0.end());
+  std::sort(memory.begin(), memory.end(), [](const MemoryRecord& a, const MemoryRecord& b) { return a.rank < b.rank; });
+
+  std::vector<prof::Timeline> timelines(pr.step.stages.size(), prof::Timeline(false));
+  std::vector<comm::CommLog> logs(pr.step.stages.size(), comm::CommLog(0.0));
+  for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
+    for (const auto& sp : pr.step.stages[s].spans) timelines[s].add(sp);
+    for (const auto& c : pr.step.stages[s].comms) logs[s].add(c);
+  }
+  std::vector<RankRows> rows;
+  std::vector<std::pair<int, std::vector<CommAggregate>>> comm_figures;
+  std::vector<std::pair<int, Bubble>> bubbles;
+  const int micro_batches = cfg.micro_batches();
+  const int chunks = l.pp > 1 ? cfg.parallel.virtual_stages : 1;
+  for (int r = 0; r < l.world(); ++r) {
+    const int s = mesh::coords_of(l, r).pp;
+    const bool simulated = r == pr.step.stages[std::size_t(s)].rank;
+    const bool spans = every || simulated;
+    rows.push_back({r, &steps, nullptr, spans ? &timelines[std::size_t(s)] : nullptr, spans ? &logs[std::size_t(s)] : nullptr});
+    comm_figures.push_back({r, aggregate_comm(logs[std::size_t(s)], 0)});
+    Bubble b{s, l.pp, micro_batches, chunks, cfg.parallel.schedule->name};
+    b.theory = l.pp > 1 ? cfg.parallel.schedule->bubble({l.pp, micro_batches, chunks}) : 0.0;
+    b.idle_over_step = pr.bubble[std::size_t(s)];
+    const double busy = (1 - b.idle_over_step);
+    b.idle_over_compute = busy > 0 ? b.idle_over_step / busy : 0;
+    bubbles.push_back({r, b});
+  }
+  write_tables(file, rows, memory);
+  write_comm_summary(file, comm_figures);
+  write_pipeline_summary(file, bubbles);
+  Summary summary = summarise(steps, rank0, pr.model_flops, pr.hardware_flops, pr.peak_flops);
+  write_summary(file, summary, prov);
+  file.set_attr("/", "status", "complete");
+  file.publish();
+}
+
+}  // namespace
+
+int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
+  const plan::Plan& cfg = deck.config;
+  const sim::Machine machine = sim::load_machine(o.machine);
+  const mesh::Layout l = mesh::layout_of(cfg);
+  const Prediction pr = predict(cfg, machine);
+  const std::string path = !o.output.empty() ? o.output : "results/" + cfg.run.name + "-sim.h5";
+  write_report(deck, o, machine, pr, path);
+  if (o.quiet) return 0;
+
+  fmt::print("strata simulate | {} | machine {} ({} device(s) per node) | {} rank(s): pp {} x dp {} x tp {}{} | {}\n",
+             deck.path, machine.name, machine.devices_per_node, l.world(), l.pp, l.dp, l.tp,
+             l.ep > 1 ? fmt::format(" (ep {})", l.ep) : "", core::precision_name(cfg.backend.precision));
+  fmt::print("predicted step {:.4f} s | {:.0f} tokens/s | MFU {:.1f}% | HFU {:.1f}% | {:.1f} TFLOP/s per device "
+             "(model), {:.1f} (hardware)\n",
+             pr.step.step_time, pr.tokens_per_s, 100 * pr.mfu, 100 * pr.hfu,
+             pr.step.step_time > 0 ? pr.model_flops / pr.step.step_time / l.world() / 1e12 : 0,
+             pr.step.step_time > 0 ? pr.hardware_flops / pr.step.step_time / l.world() / 1e12 : 0);
+  fmt::print("  {:>5} {:>6} {:>12} {:>12} {:>12} {:>8} {:>12}\n", "stage", "rank", "compute_s", "exposed_comm_s",
+             "end_s", "bubble", "device_peak");
+  for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
+    const auto& st = pr.step.stages[s];
+    std::uint64_t peak = 0;
+    for (const RankClass& k : pr.estimate.classes)
+      if (std::find(k.ranks.begin(), k.ranks.end(), st.rank) != k.ranks.end())
+        peak = k.memory[core::Pool::device].total_peak;
+    fmt::print("  {:>5} {:>6} {:>12.4f} {:>12.4f} {:>12.4f} {:>8.3f} {:>12}\n", s, st.rank, st.compute, st.comm_wait,
+               st.end, pr.bubble[s], core::format_bytes(double(peak)));
+  }
+  for (const RankClass& k : pr.estimate.classes) {
+    const double peak = double(k.memory[core::Pool::device].total_peak);
+    if (machine.memory > 0 && peak > machine.memory)
+      fmt::print("DOES NOT FIT: ranks {}: device peak {} exceeds the machine's {} per device\n", rank_ranges(k.ranks),
+                 core::format_bytes(peak), core::format_bytes(machine.memory));
+  }
+  fmt::print("report: {}\n", path);
+  return 0;
+}
+
+}  // namespace strata::train

@@ -1,0 +1,39 @@
+// `strata simulate`: a deck's step predicted on a machine description, in
+// one process, at any scale, with no MPI launch and without the hardware it
+// describes. The step's work comes from the meta device (train::estimate
+// with traces: the real trainer, schedules and strategies run with nothing
+// behind them); its time from src/sim/simulator.hpp. The report is the one a
+// run writes, marked simulated = 1, so the analysis tools read it unchanged.
+#pragma once
+
+#include <string>
+
+#include "src/deck/deck.hpp"
+#include "src/sim/machine.hpp"
+#include "src/sim/simulator.hpp"
+#include "src/train/estimate.hpp"
+
+namespace strata::train {
+
+struct SimulateOptions {
+  std::string machine;  // a name under inputs/machines/ or a path
+  std::string output;   // the report; empty: results/<run.name>-sim.h5
+  std::string command_line;
+  bool quiet = false;   // no table on stdout (plan)
+};
+
+// A deck's predicted step: the estimate behind it and the figures.
+struct Prediction {
+  Estimate estimate;
+  sim::StepSimulation step;
+  double tokens_per_s = 0, model_flops = 0, hardware_flops = 0, mfu = 0, hfu = 0;
+  double peak_flops = 0;  // the job's: every device's peak at the deck's precision
+  std::vector<double> bubble;  // per pipeline stage: idle / pipeline time
+};
+
+Prediction predict(const plan::Plan& cfg, const sim::Machine& machine);
+
+// Prints the prediction and writes its report; returns the exit status.
+int simulate_deck(const deck::Deck& deck, const SimulateOptions& options);
+
+}  // namespace strata::train

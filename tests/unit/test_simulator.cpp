@@ -1,0 +1,285 @@
+// The step simulator (src/sim/simulator.hpp) and machine descriptions
+// (src/sim/machine.hpp): the timing rules each against its formula; the
+// discrete-event executor against the unit-cost pipeline executor it grew
+// from, on every schedule; a dry run's trace against the meta device's own
+// counts; a whole deck's prediction holding the estimate's memory; and every
+// kind of bad machine description named with file, line and key.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "kernels/foundation/error.hpp"
+#include "src/deck/deck.hpp"
+#include "src/sim/machine.hpp"
+#include "src/sim/pipeline_sim.hpp"
+#include "src/sim/simulator.hpp"
+#include "src/train/estimate.hpp"
+#include "src/train/simulate.hpp"
+#include "strategies/pp/schedule.hpp"
+
+using namespace strata;
+
+namespace {
+
+const char* kMachine = R"(name = "unit"
+devices_per_node = 4
+[device]
+kind = "gpu"
+memory_gib = 16
+host_memory_gib = 64
+peak_tflops_fp32 = 10
+peak_tflops_bf16 = 100
+peak_tflops_fp16 = 100
+matmul_efficiency = 0.5
+matmul_half_dim = 64
+vector_tflops = 5
+memory_bandwidth_gbs = 1000
+launch_latency_us = 2
+host_link_gbs = 20
+[network]
+overlap = 1.0
+[network.node]
+bandwidth_gbs = 100
+latency_us = 3
+[network.cluster]
+bandwidth_gbs = 40
+latency_us = 7
+)";
+
+sim::Machine unit_machine() { return sim::parse_machine("unit.toml", kMachine); }
+
+std::string input_error_of(const std::string& text) {
+  try {
+    sim::parse_machine("m.toml", text);
+  } catch (const core::Error& e) {
+    EXPECT_EQ(e.kind(), core::ErrorKind::input);
+    EXPECT_EQ(e.exit_code(), 2);
+    return e.what();
+  }
+  return "";
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  const auto at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+TEST(Machine, ParsesEveryFigureInSIUnits) {
+  const sim::Machine m = unit_machine();
+  EXPECT_EQ(m.name, "unit");
+  EXPECT_EQ(m.devices_per_node, 4);
+  EXPECT_TRUE(m.gpu);
+  EXPECT_DOUBLE_EQ(m.memory, 16.0 * (1ull << 30));
+  EXPECT_DOUBLE_EQ(m.peak(core::Precision::bf16), 100e12);
+  EXPECT_DOUBLE_EQ(m.peak(core::Precision::fp32), 10e12);
+  EXPECT_DOUBLE_EQ(m.launch_latency, 2e-6);
+  EXPECT_DOUBLE_EQ(m.cluster.bandwidth, 40e9);
+}
+
+TEST(Machine, BadFiguresNameFileLineAndKey) {
+  EXPECT_NE(input_error_of(replace(kMachine, "memory_bandwidth_gbs = 1000\n", "")).find("device.memory_bandwidth_gbs is missing"),
+            std::string::npos);
+  const std::string neg = input_error_of(replace(kMachine, "launch_latency_us = 2", "launch_latency_us = -2"));
+  EXPECT_NE(neg.find("m.toml:14: device.launch_latency_us must be >= 0"), std::string::npos) << neg;
+  const std::string zero = input_error_of(replace(kMachine, "peak_tflops_bf16 = 100", "peak_tflops_bf16 = 0"));
+  EXPECT_NE(zero.find("m.toml:8: device.peak_tflops_bf16 must be > 0"), std::string::npos) << zero;
+  const std::string kind = input_error_of(replace(kMachine, "kind = \"gpu\"", "kind = \"tpu\""));
+  EXPECT_NE(kind.find("device.kind must be one of \"gpu\", \"cpu\""), std::string::npos) << kind;
+  EXPECT_NE(input_error_of(replace(kMachine, "[network.node]", "[network.nodes]")).find("[network.node] is missing"),
+            std::string::npos);
+  EXPECT_NE(input_error_of("name = \n").find("TOML syntax error"), std::string::npos);
+}
+
+TEST(Machine, UnknownNameListsTheKnownOnes) {
+  try {
+    sim::load_machine("no-such-machine");
+    FAIL() << "loaded a machine that does not exist";
+  } catch (const core::Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a100-80gb"), std::string::npos) << what;
+    EXPECT_NE(what.find("h100-80gb"), std::string::npos) << what;
+    EXPECT_NE(what.find("h200"), std::string::npos) << what;
+  }
+  for (const char* name : {"a100-80gb", "h100-80gb", "h200"}) EXPECT_EQ(sim::load_machine(name).name, name);
+}
+
+TEST(Simulator, KernelTimeIsTheRooflineWithShapeEfficiency) {
+  const sim::Machine m = unit_machine();
+  prof::TraceEvent gemm;
+  gemm.name = "matmul";
+  gemm.matmul_flops = 2.0 * 64 * 128 * 256;
+  gemm.m = 64, gemm.n = 128, gemm.k = 256, gemm.bytes = 1;
+  // d = 64 = half_dim: half of matmul_efficiency x peak.
+  EXPECT_DOUBLE_EQ(sim::kernel_time(m, gemm, core::Precision::bf16), 2e-6 + gemm.matmul_flops / (100e12 * 0.25));
+  prof::TraceEvent stream;
+  stream.name = "add_inplace";
+  stream.other_flops = 1e6, stream.bytes = 12e6;  // memory-bound: 12 us beside 0.2 us of arithmetic
+  EXPECT_DOUBLE_EQ(sim::kernel_time(m, stream, core::Precision::fp32), 2e-6 + 12e-6);
+  sim::Machine f = m;
+  f.kernel_factors["add_inplace"] = 1.5;
+  EXPECT_DOUBLE_EQ(sim::kernel_time(f, stream, core::Precision::fp32), 2e-6 + 18e-6);
+}
+
+TEST(Simulator, CollectivesByRingStepsBusFactorAndLevel) {
+  const sim::Machine m = unit_machine();
+  const double B = 8e6;
+  // Inside a node: 2(n-1) steps, 2(n-1)/n bytes per byte.
+  EXPECT_DOUBLE_EQ(sim::comm_time(m, "all_reduce", {0, 1, 2, 3}, B), 6 * 3e-6 + B * 1.5 / 100e9);
+  EXPECT_DOUBLE_EQ(sim::comm_time(m, "all_gather", {0, 1}, B), 1 * 3e-6 + B * 0.5 / 100e9);
+  // One rank per node (a dp group beside tp 4): a quarter of the node's NICs.
+  EXPECT_DOUBLE_EQ(sim::comm_time(m, "all_reduce", {0, 4}, B), 2 * 7e-6 + B * 1.0 / 10e9);
+  // Four per node: all of them, though never more than inside the node.
+  EXPECT_DOUBLE_EQ(sim::comm_time(m, "reduce_scatter", {0, 1, 2, 3, 4, 5, 6, 7}, B), 7 * 7e-6 + B * 7 / 8 / 40e9);
+  EXPECT_DOUBLE_EQ(sim::comm_time(m, "send", {3, 4}, B), 7e-6 + B / 10e9);
+  EXPECT_EQ(sim::comm_time(m, "all_reduce", {5}, B), 0.0);
+  // A calibrated fit for the op and size wins.
+  sim::Machine f = m;
+  f.fits.push_back({"node", "all_reduce", 2, 1e-6, 5e9, 0.01});
+  EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B), 1e-6 + B * 1.0 / 5e9);
+}
+
+namespace {
+
+// A pipeline schedule's action lists as traces: every compute action one
+// kernel of the given seconds (the machine's launch latency, nothing else),
+// sends and receives as the executor issues them.
+std::vector<prof::Trace> schedule_traces(const strategies::pp::Schedule& sched) {
+  using strategies::pp::Op;
+  std::vector<prof::Trace> out(sched.size());
+  for (std::size_t r = 0; r < sched.size(); ++r) {
+    for (const auto& a : sched[r]) {
+      prof::TraceEvent e;
+      if (a.op == Op::send_act || a.op == Op::send_grad || a.op == Op::recv_act || a.op == Op::recv_grad) {
+        const bool send = a.op == Op::send_act || a.op == Op::send_grad;
+        const int tag = (a.op == Op::send_grad || a.op == Op::recv_grad) ? 2 : 1;
+        out[r].comms.push_back({send ? "send" : "recv", "pp", int(sched.size()), int(r), 64, a.peer, tag, send});
+        e.kind = prof::TraceEvent::Kind::comm;
+        e.comm = int(out[r].comms.size()) - 1;
+        out[r].events.push_back(e);
+        continue;
+      }
+      if (a.op != Op::forward && a.op != Op::backward && a.op != Op::backward_input && a.op != Op::backward_weight)
+        continue;
+      e.kind = prof::TraceEvent::Kind::kernel;
+      e.name = "unit";
+      const int n = a.op == Op::backward ? 2 : 1;  // the unit costs: forward 1, backward 2, halves 1
+      for (int i = 0; i < n; ++i) out[r].events.push_back(e);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Simulator, ReplaysEverySchedulesListAsTheUnitCostExecutorDoes) {
+  sim::Machine m = unit_machine();
+  m.launch_latency = 1;  // a kernel of no work takes one unit
+  m.node.latency = 0, m.node.bandwidth = 1e30;
+  m.cluster = m.node;
+  for (const auto& row : strategies::pp::schedules()) {
+    for (int p : {2, 3, 4}) {
+      const int v = row.name == std::string("interleaved") ? 2 : 1;
+      const strategies::pp::Shape shape{p, 2 * p, v};
+      const auto sched = strategies::pp::make_schedule(row, shape);
+      const auto traces = schedule_traces(sched);
+      std::vector<const prof::Trace*> ptrs;
+      for (const auto& t : traces) ptrs.push_back(&t);
+      mesh::Layout l;
+      l.pp = p;
+      const sim::StepSimulation s = sim::simulate_step(l, ptrs, m, core::Precision::fp32);
+      const sim::PipelineRun unit = sim::simulate(sched);
+      EXPECT_DOUBLE_EQ(s.step_time, unit.makespan) << row.name << " p " << p;
+      for (int r = 0; r < p; ++r) EXPECT_DOUBLE_EQ(s.stages[r].end, unit.ranks[r].end) << row.name << " rank " << r;
+    }
+  }
+}
+
+TEST(Simulator, NonBlockingCallsOverlapByTheMachinesShare) {
+  // One stage: a non-blocking all-reduce of 2 units, then 3 units of kernels, then its wait.
+  prof::Trace t;
+  t.comms.push_back({"all_reduce", "dp", 2, 0, 0, -1, 0, true});
+  prof::TraceEvent c;
+  c.kind = prof::TraceEvent::Kind::comm, c.comm = 0;
+  t.events.push_back(c);
+  prof::TraceEvent k;
+  k.kind = prof::TraceEvent::Kind::kernel, k.name = "unit";
+  for (int i = 0; i < 3; ++i) t.events.push_back(k);
+  prof::TraceEvent w;
+  w.kind = prof::TraceEvent::Kind::wait, w.comm = 0;
+  t.events.push_back(w);
+  sim::Machine m = unit_machine();
+  m.launch_latency = 1;
+  m.node.latency = 1, m.node.bandwidth = 1e30;  // 2(n-1) = 2 steps: 2 units
+  mesh::Layout l;
+  l.dp = 2;
+  for (double share : {1.0, 0.5, 0.0}) {
+    m.overlap = share;
+    const auto s = sim::simulate_step(l, {&t}, m, core::Precision::fp32);
+    // 3 units of compute, plus what of the 2 units was not done meanwhile.
+    EXPECT_DOUBLE_EQ(s.step_time, 3 + std::max(0.0, 2 - share * 3)) << share;
+    EXPECT_DOUBLE_EQ(s.stages[0].comm_wait, std::max(0.0, 2 - share * 3)) << share;
+  }
+}
+
+namespace {
+
+plan::Plan tiny(const std::vector<std::string>& sets) {
+  const std::string text =
+      "[run]\nsteps = 3\nwarmup_steps = 0\nseed = 11\n"
+      "[model]\nlayers = 2\nd_model = 16\nheads = 2\nvocab = 32\nseq_len = 8\n"
+      "[data]\nglobal_batch = 8\nmicro_batch = 2\n"
+      "[optim]\nlr = 3e-3\n"
+      "[backend]\nthreads = 1\n";
+  return deck::parse_deck("tiny.toml", text, sets).config;
+}
+
+}  // namespace
+
+TEST(Simulator, TheTraceIsTheMetaDevicesOwnCount) {
+  for (const auto& sets : std::vector<std::vector<std::string>>{
+           {"parallel.dp=2", "parallel.zero=2"}, {"parallel.tp=2", "parallel.pp=2"}, {"model.recompute=\"full\""}}) {
+    const plan::Plan cfg = tiny(sets);
+    std::vector<train::CommVolume> comm;
+    std::vector<kernels::WorkCost> work;
+    prof::Trace trace;
+    train::estimate_rank(cfg, 0, &comm, &work, &trace);
+    double mm = 0, other = 0, bytes = 0, traced_mm = 0, traced_other = 0, traced_bytes = 0;
+    for (const auto& w : work) mm += w.matmul_flops, other += w.other_flops, bytes += w.bytes;
+    std::int64_t calls = 0;
+    for (const auto& c : comm) calls += c.calls;
+    int spans = 0;
+    for (const auto& e : trace.events) {
+      if (e.kind == prof::TraceEvent::Kind::kernel)
+        traced_mm += e.matmul_flops, traced_other += e.other_flops, traced_bytes += e.bytes;
+      spans += e.kind == prof::TraceEvent::Kind::span_begin ? 1 : e.kind == prof::TraceEvent::Kind::span_end ? -1 : 0;
+    }
+    EXPECT_DOUBLE_EQ(traced_mm, mm);
+    EXPECT_DOUBLE_EQ(traced_other, other);
+    EXPECT_DOUBLE_EQ(traced_bytes, bytes);
+    EXPECT_EQ(std::int64_t(trace.comms.size()), calls);
+    EXPECT_EQ(spans, 0);  // every span that begins ends
+  }
+}
+
+TEST(Simulator, APredictionHoldsTheEstimatesMemoryAndItsSchedulesBubble) {
+  const sim::Machine m = unit_machine();
+  const plan::Plan cfg = tiny({"parallel.pp=2", "parallel.dp=2", "parallel.zero=1"});
+  const train::Prediction pr = train::predict(cfg, m);
+  const train::Estimate e = train::estimate(cfg);
+  ASSERT_EQ(pr.estimate.classes.size(), e.classes.size());
+  for (std::size_t i = 0; i < e.classes.size(); ++i) {
+    EXPECT_EQ(pr.estimate.classes[i].ranks, e.classes[i].ranks);
+    EXPECT_TRUE(pr.estimate.classes[i].memory == e.classes[i].memory);
+  }
+  ASSERT_EQ(pr.step.stages.size(), 2u);
+  EXPECT_GT(pr.step.step_time, 0);
+  // A step is at least each stage's compute, and a pipeline idles somewhere.
+  for (const auto& s : pr.step.stages) EXPECT_GE(pr.step.step_time, s.compute);
+  EXPECT_GT(pr.bubble[0] + pr.bubble[1], 0.0);
+  EXPECT_NEAR(pr.tokens_per_s, 8.0 * 8 / pr.step.step_time, 1e-9 * pr.tokens_per_s);
+}
