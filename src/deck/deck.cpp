@@ -439,13 +439,7 @@ Deck parse_deck(const std::string& path, const std::string& text, const std::vec
   deck.text = text;
   deck.overrides = overrides;
 
-  toml::table root;
-  try {
-    root = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    core::input_error("{}:{}:{}: TOML syntax error: {}", path, e.source().begin.line, e.source().begin.column,
-                      e.description());
-  }
+  const toml::table root = parse_toml(path, text);
 
   Resolver r(path);
   r.apply_file(root);
@@ -481,6 +475,15 @@ std::vector<std::string> describe_keys() {
     out.push_back(fmt::format("{:<{}}  {:<{}}  {:<{}}  {:<{}}  {}", r.name, w[0], r.type, w[1], r.def, w[2],
                               r.allowed, w[3], r.doc));
   return out;
+}
+
+toml::table parse_toml(const std::string& path, const std::string& text) {
+  try {
+    return toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    core::input_error("{}:{}:{}: TOML syntax error: {}", path, e.source().begin.line, e.source().begin.column,
+                      e.description());
+  }
 }
 
 }  // namespace strata::deck

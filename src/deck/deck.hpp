@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <toml++/toml.h>
+
 #include "strategies/plan.hpp"
 
 namespace strata::deck {
@@ -26,6 +28,10 @@ struct Deck {
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
 // Same, from text already in memory (what other ranks do after a broadcast).
 Deck parse_deck(const std::string& path, const std::string& text, const std::vector<std::string>& overrides);
+
+// TOML text as a table; a syntax error is bad input naming path, line and
+// column (decks and machine descriptions alike).
+toml::table parse_toml(const std::string& path, const std::string& text);
 
 // The documented key table, one line per key: "section.key  type  default  allowed  doc".
 std::vector<std::string> describe_keys();

@@ -10,6 +10,7 @@
 #include <toml++/toml.h>
 
 #include "kernels/foundation/error.hpp"
+#include "src/deck/deck.hpp"
 
 namespace strata::sim {
 namespace fs = std::filesystem;
@@ -95,13 +96,7 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 Machine parse_machine(const std::string& path, const std::string& text) {
-  toml::table root;
-  try {
-    root = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    core::input_error("{}:{}:{}: TOML syntax error: {}", path, e.source().begin.line, e.source().begin.column,
-                      e.description());
-  }
+  const toml::table root = deck::parse_toml(path, text);
   const Reader r(path, root);
   Machine m;
   m.path = path;

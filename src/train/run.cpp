@@ -30,13 +30,6 @@ namespace strata::train {
 
 namespace {
 
-std::string iso_time_utc() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
 // Every rank's processor name, unique, in rank order.
 std::string gather_hosts(MPI_Comm comm) {
   int size = 1;
@@ -244,6 +237,13 @@ struct DeviceArena {
     tracker.use_arena(base, capacity, kernels::zero_bytes);
   }
 };
+
+std::string iso_time_utc() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
 
 std::string report_path(const deck::Deck& deck, const RunOptions& options) {
   if (!options.output.empty()) return options.output;

@@ -22,13 +22,6 @@ namespace {
 // each pipeline stage's simulated rank only, not a copy for every rank.
 constexpr int kEveryRankRows = 64;
 
-std::string iso_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
 // The pipeline's idle share of a stage, as measure_bubble computes a run's:
 // pipeline time = step - optimizer span, busy = forward and backward spans.
 double stage_bubble(const sim::StageTiming& s, double step_time) {
@@ -73,7 +66,7 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   report::H5File file(MPI_COMM_SELF, path);
   Provenance prov;
   prov.command_line = o.command_line;
-  prov.start_time = iso_now();
+  prov.start_time = iso_time_utc();
   prov.hosts = std::string(1, '-');  // nothing ran
   prov.world_size = l.world();
   prov.deck_path = deck.path;
