@@ -1,5 +1,6 @@
-"""A sweep's index (schema strata-sweep v1): its points ranked by
-throughput, and throughput against peak memory with the Pareto front."""
+"""A sweep's index (schema strata-sweep v1) or a plan (strata-plan v1, from
+`strata plan`: predicted, not run): its points ranked by throughput, and
+throughput against peak memory with the Pareto front."""
 import os
 
 import h5py
@@ -8,13 +9,13 @@ import numpy as np
 from .read import ReportError, text
 from .summary import fmt_bytes
 
-SCHEMA = "strata-sweep"
+SCHEMAS = ("strata-sweep", "strata-plan")
 
 
 def is_index(path):
     try:
         with h5py.File(path, "r") as f:
-            return text(f.attrs.get("schema", "")) == SCHEMA
+            return text(f.attrs.get("schema", "")) in SCHEMAS
     except OSError:
         return False
 
@@ -22,8 +23,10 @@ def is_index(path):
 class Index:
     def __init__(self, path):
         with h5py.File(path, "r") as f:
-            if text(f.attrs.get("schema", "")) != SCHEMA or int(f.attrs.get("schema_version", 0)) != 1:
-                raise ReportError(f"{path}: not a strata-sweep v1 index")
+            self.schema = text(f.attrs.get("schema", ""))
+            if self.schema not in SCHEMAS or int(f.attrs.get("schema_version", 0)) != 1:
+                raise ReportError(f"{path}: not a strata-sweep or strata-plan v1 index")
+            self.machine = text(f.attrs.get("machine", ""))
             self.name = text(f.attrs.get("sweep", ""))
             self.axes = text(f.attrs.get("axes", ""))
             self.where = text(f.attrs.get("where", ""))
@@ -50,7 +53,8 @@ def pareto(throughput, memory):
 def render(ix):
     st = ix.col("status")
     done = np.where(st == "complete")[0]
-    out = [f"sweep '{ix.name}' ({ix.path}): {len(st)} point(s): " +
+    kind = f"plan on machine {ix.machine} (predicted)" if ix.schema == "strata-plan" else "sweep"
+    out = [f"{kind} '{ix.name}' ({ix.path}): {len(st)} point(s): " +
            ", ".join(f"{(st == s).sum()} {s}" for s in ("complete", "failed", "not_run", "skipped") if (st == s).any()),
            f"axes: {ix.axes}" + (f" | where: {ix.where}" if ix.where else "")]
     if len(done):

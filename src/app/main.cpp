@@ -23,7 +23,9 @@
 #include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"
 #include "src/sim/calibrate.hpp"
+#include "src/train/plan.hpp"
 #include "src/train/simulate.hpp"
+#include "strategies/keys.hpp"
 
 namespace {
 
@@ -170,6 +172,19 @@ int main(int argc, char** argv) {
       ->required();
   simulate->add_option("--set", sets, "override a deck key: --set section.key=value (repeatable)");
   simulate->add_option("--output,-o", so.output, "report path (default: results/<run.name>-sim.h5)");
+  strata::train::PlanOptions po;
+  po.command_line = command_line;
+  std::string memory_limit;
+  CLI::App* plan = app.add_subcommand(
+      "plan", "rank the layouts of a deck's model for N devices of a machine by predicted throughput, dropping those "
+              "that do not fit");
+  plan->add_option("deck", deck_path, "TOML deck: the model, data and optimizer (its layout is replaced)")->required();
+  plan->add_option("--machine,-m", po.machine, "a machine under inputs/machines/ by name, or a path")->required();
+  plan->add_option("--world,-n", po.world, "devices to plan for")->required();
+  plan->add_option("--memory-limit", memory_limit, "bytes per device, e.g. 40GiB (default: the machine's memory)");
+  plan->add_option("--top", po.top, "rows to print (default 10)");
+  plan->add_option("--set", sets, "override a deck key for every candidate (repeatable)");
+  plan->add_option("--output,-o", po.output, "report path (default: results/<run.name>-plan.h5)");
   strata::sim::CalibrateOptions co;
   co.command_line = command_line;
   CLI::App* calibrate = app.add_subcommand(
@@ -206,6 +221,16 @@ int main(int argc, char** argv) {
   try {
     if (*run) status = run_command(deck_path, sets, ro);
     if (*calibrate) status = strata::sim::calibrate(co, MPI_COMM_WORLD);
+    if (*plan) {
+      if (world > 1) strata::core::input_error("strata plan runs in one process: start it without mpiexec or srun");
+      if (!memory_limit.empty()) {
+        const auto bytes = strata::plan::parse_bytes(memory_limit);
+        if (const auto* why = std::get_if<std::string>(&bytes))
+          strata::core::input_error("--memory-limit {}: {}", memory_limit, *why);
+        po.memory_limit = std::get<std::uint64_t>(bytes);
+      }
+      status = strata::train::plan_deck(deck_path, read_deck_on_root(deck_path, MPI_COMM_WORLD), sets, po);
+    }
     if (*simulate) {
       if (world > 1) strata::core::input_error("strata simulate runs in one process: start it without mpiexec or srun");
       const std::string text = read_deck_on_root(deck_path, MPI_COMM_WORLD);

@@ -187,6 +187,29 @@ if "$strata" simulate "$src/inputs/gpt-7b-4096.toml" --machine h200 --output out
 if mpiexec -n 2 "$strata" calibrate --quick --output out/here.toml > calib.log 2>&1 \
    && "$strata" simulate tiny.toml --machine out/here.toml --set parallel.dp=2 --output out/simhere.h5 > simhere.log 2>&1; then
   ok "calibrate --quick writes a machine description simulate reads"; else bad "calibrate"; cat calib.log simhere.log; fi
+if "$strata" plan tiny.toml --machine a100-80gb --world 4 --top 3 --output out/plan.h5 > plan.log 2>&1 \
+   && grep -q "rank     tokens/s" plan.log \
+   && "$py" - <<'PY' > plancheck.log 2>&1
+import h5py, numpy as np
+f = h5py.File("out/plan.h5")
+assert f.attrs["schema"] in (b"strata-plan", "strata-plan"), f.attrs["schema"]
+p = f["points"][:]
+st = np.array([s.decode() for s in p["status"]])
+limit = float(f.attrs["memory_limit"])
+assert (st == "complete").sum() > 0 and (st == "skipped").sum() > 0, st
+assert np.all(p["peak_bytes"][st == "complete"] <= limit)
+assert np.all(p["tokens_per_s"][st == "complete"] > 0)
+assert all(len(r) > 0 for r in p["reason"][st == "skipped"])
+for o in p["overrides"]:  # every candidate uses the 4 devices
+    kv = dict(x.split("=") for x in o.decode().split())
+    assert int(kv["parallel.dp"]) * int(kv["parallel.tp"]) * int(kv["parallel.pp"]) == 4, o
+PY
+then ok "plan: every layout of 4 devices, the fitting ones ranked"; else bad "plan"; cat plan.log plancheck.log; fi
+"$strata" plan tiny.toml --machine a100-80gb --world 2 --memory-limit 1KiB --output out/plannone.h5 > plannone.log 2>&1
+rc=$?
+if [[ $rc -eq 3 ]] && grep -q "no layout fits" plannone.log; then ok "plan: nothing fits, exit 3"; else bad "plan nothing fits (rc $rc)"; cat plannone.log; fi
+expect_input_error "plan without devices" "--world 0" "$strata" plan tiny.toml --machine a100-80gb --world 0 --output out_bad/x.h5
+expect_input_error "plan bad memory limit" "--memory-limit 12 apples" "$strata" plan tiny.toml --machine a100-80gb --world 2 --memory-limit "12 apples" --output out_bad/x.h5
 expect_input_error "unknown machine" "known: a100-80gb, h100-80gb, h200" "$strata" simulate tiny.toml --machine dgx-z9 --output out_bad/x.h5
 sed 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = -5/' "$src/inputs/machines/a100-80gb.toml" > negative.toml
 expect_input_error "negative machine figure" "negative.toml:21: device.memory_bandwidth_gbs must be > 0" \
