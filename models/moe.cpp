@@ -116,6 +116,14 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
     for (int e = 0; e < E; ++e) mass_[std::size_t(e)] += r[e];
     first_share_[std::size_t(top[0])] += 1.0 / N;
   }
+  if (kernels::is_meta()) {
+    // The meta device computes no logits (every token would tie, and go to
+    // the first experts): a dry run routes as a balanced router does, token
+    // t's j-th choice expert (t K + j) mod E, so the experts' work and the
+    // exchange's bytes are the expected ones (the buffers do not depend on it).
+    for (int t = 0; t < N; ++t)
+      for (int j = 0; j < K; ++j) topk_[std::size_t(t) * K + j] = (t * K + j) % E;
+  }
   // Slots: choice by choice, token by token, up to the capacity.
   count_.assign(std::size_t(E), 0);
   routed_.assign(std::size_t(E), 0);

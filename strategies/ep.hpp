@@ -12,11 +12,14 @@
 // batches x dp), both kinds end up with the global batch's mean gradient.
 #pragma once
 
+#include <algorithm>
+
 #include <memory>
 #include <vector>
 
 #include "models/expert_seam.hpp"
 #include "models/state.hpp"
+#include "kernels/kernels.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::strategies {
@@ -31,6 +34,11 @@ class ExpertParallelSeam final : public models::ExpertSeam {
   int rank() const override { return ep_.rank(); }
   void exchange_counts(const std::int32_t* send, std::int32_t* recv, std::int64_t per_peer) override {
     ep_.all_to_all(send, recv, per_peer, comm::DType::i32);
+    // The meta device moves nothing: a dry run's router is balanced
+    // (models/moe.cpp), so every peer sends this rank what it keeps itself.
+    if (kernels::is_meta())
+      for (int q = 0; q < size(); ++q)
+        std::copy(send + rank() * per_peer, send + (rank() + 1) * per_peer, recv + q * per_peer);
   }
   void exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs, float* recv,
                 const std::int64_t* recv_counts, const std::int64_t* recv_displs) override {

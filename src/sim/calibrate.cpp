@@ -39,7 +39,9 @@ double median(std::vector<double> v) {
 }
 
 // Seconds per call: the median over batches of the batch's mean, each batch
-// long enough to be read off the clock; every rank runs at once.
+// long enough to be read off the clock; every rank runs at once, and the
+// slowest rank's figure is every rank's (a synchronous step goes at the pace
+// of its slowest rank, and a node's devices are not always alike).
 double time_kernel(const std::function<void()>& f, double min_batch_s, MPI_Comm comm) {
   f();  // warm caches, pages and any lazy set-up
   kernels::synchronize();
@@ -59,7 +61,9 @@ double time_kernel(const std::function<void()>& f, double min_batch_s, MPI_Comm 
     kernels::synchronize();
     batches.push_back((prof::now_seconds() - t0) / reps);
   }
-  return median(batches);
+  double t = median(batches);
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm));
+  return t;
 }
 
 // Device buffers of floats, freed at the end of calibration.
@@ -304,8 +308,14 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     MPI_Comm sub = MPI_COMM_NULL;
     STRATA_CHECK_MPI(MPI_Comm_split(comm, rank < n ? 0 : 1, rank, &sub));
     const auto c = comm::make_communicator(backend, sub, "calibrate");
-    const std::vector<const char*> ops = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send"};
-    for (const char* op : ops) {
+    // The non-blocking forms the strategies issue (dp's buckets, ZeRO's
+    // gathers and reduce-scatters), issued and waited for at once: MPI's
+    // schedules for them are not its blocking algorithms.
+    const std::vector<const char*> ops = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
+                                          "send", "iall_reduce", "ireduce_scatter", "iall_gather"};
+    for (const char* op_name : ops) {
+      const bool nonblocking = op_name[0] == 'i';
+      const char* op = nonblocking ? op_name + 1 : op_name;
       if (std::string(op) == "send" && n != 2) continue;  // point to point: one pair
       std::vector<double> xs, ts;
       for (double bytes : bytes_list) {
@@ -315,6 +325,11 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
         if (s == "all_reduce") call = [&] { c->all_reduce(a, count, comm::DType::f32, comm::ReduceOp::sum); };
         if (s == "reduce_scatter") call = [&] { c->reduce_scatter(a, b, count / n, comm::DType::f32, comm::ReduceOp::sum); };
         if (s == "all_gather") call = [&] { c->all_gather(a, b, count / n, comm::DType::f32); };
+        if (nonblocking && s == "all_reduce")
+          call = [&] { c->iall_reduce(a, count, comm::DType::f32, comm::ReduceOp::sum)->wait(); };
+        if (nonblocking && s == "reduce_scatter")
+          call = [&] { c->ireduce_scatter(a, b, count / n, comm::DType::f32, comm::ReduceOp::sum)->wait(); };
+        if (nonblocking && s == "all_gather") call = [&] { c->iall_gather(a, b, count / n, comm::DType::f32)->wait(); };
         if (s == "all_to_all") call = [&] { c->all_to_all(a, b, count / n, comm::DType::f32); };
         if (s == "broadcast") call = [&] { c->broadcast(a, count, comm::DType::f32, 0); };
         if (s == "send")  // a ping-pong: half its round trip is one message
@@ -325,15 +340,15 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
         double t = 0;
         if (rank < n) t = time_kernel(call, batch, sub);
         if (s == "send") t /= 2;
-        STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm));
+        STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm));  // the group's time
         const double moved = (s == "all_reduce" || s == "broadcast" || s == "send") ? double(count) * 4 : double(count / n * n) * 4;
         xs.push_back(moved * (s == "send" ? 1.0 : comm::busbw_factor(s, n)));
         ts.push_back(t);
       }
       const LineFit f = fit_line(xs, ts);
-      m.fits.push_back({"node", op, n, f.latency, f.bandwidth, f.residual});
+      m.fits.push_back({"node", op, n, f.latency, f.bandwidth, f.residual, nonblocking});
       if (std::string(op) == "send") m.fits.push_back({"node", "recv", n, f.latency, f.bandwidth, f.residual});
-      say(fmt::format("  {:<15} n {:>3}: {:8.2f} us + bytes / {:8.3f} GB/s (residual {:.1f}%)\n", op, n,
+      say(fmt::format("  {:<16} n {:>3}: {:8.2f} us + bytes / {:8.3f} GB/s (residual {:.1f}%)\n", op_name, n,
                       f.latency * 1e6, f.bandwidth / 1e9, 100 * f.residual));
     }
     STRATA_CHECK_MPI(MPI_Comm_free(&sub));
@@ -341,7 +356,7 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   // The node level's generic figures: the widest group's all-reduce.
   m.node.bandwidth = m.memory_bandwidth;
   for (const CommFit& f : m.fits)
-    if (f.op == "all_reduce") m.node.bandwidth = f.bandwidth, m.node.latency = f.latency / (2.0 * (f.group_size - 1));
+    if (f.op == "all_reduce" && !f.nonblocking) m.node.bandwidth = f.bandwidth, m.node.latency = f.latency / (2.0 * (f.group_size - 1));
   m.overlap = 1;
   if (world >= 2) {
     // Overlap: a 4 MiB all-reduce beside products of about the same length.
@@ -351,7 +366,8 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     float* A = buf.floats(d * d);
     float* C = buf.floats(d * d);
     const double t_mm = time_kernel([&] { kernels::matmul(false, false, d, d, d, 1.f, A, d, A, d, 0.f, C, d); }, batch, comm);
-    const double t_ar = time_kernel([&] { c->all_reduce(a, count, comm::DType::f32, comm::ReduceOp::sum); }, batch, comm);
+    const double t_ar =
+        time_kernel([&] { c->iall_reduce(a, count, comm::DType::f32, comm::ReduceOp::sum)->wait(); }, batch, comm);
     const int reps = std::max(1, int(t_ar / t_mm));
     auto compute = [&] {
       for (int i = 0; i < reps; ++i) kernels::matmul(false, false, d, d, d, 1.f, A, d, A, d, 0.f, C, d);
@@ -410,8 +426,8 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     t += fmt::format("[network.node]  # the widest group's all-reduce\nbandwidth_gbs = {:.4f}\nlatency_us = {:.3f}\n",
                      m.node.bandwidth / 1e9, m.node.latency * 1e6);
     for (const CommFit& f : m.fits)
-      t += fmt::format("\n[[network.fit]]\nlevel = \"{}\"\nop = \"{}\"\ngroup_size = {}\nlatency_us = {:.3f}\nbandwidth_gbs = {:.4f}\nresidual = {:.4f}\n",
-                       f.level, f.op, f.group_size, f.latency * 1e6, f.bandwidth / 1e9, f.residual);
+      t += fmt::format("\n[[network.fit]]\nlevel = \"{}\"\nop = \"{}\"\nnonblocking = {}\ngroup_size = {}\nlatency_us = {:.3f}\nbandwidth_gbs = {:.4f}\nresidual = {:.4f}\n",
+                       f.level, f.op, f.nonblocking, f.group_size, f.latency * 1e6, f.bandwidth / 1e9, f.residual);
     (void)parse_machine(out, t);  // what it writes, it can read
     const std::string partial = out + ".partial";
     {

@@ -153,6 +153,10 @@ Machine parse_machine(const std::string& path, const std::string& text) {
       f.latency = r.number(at + ".latency_us", "microseconds") * 1e-6;
       f.bandwidth = r.number(at + ".bandwidth_gbs", "GB/s of bus bandwidth", true) * 1e9;
       f.residual = r.number(at + ".residual", "relative RMS error", false, false);
+      if (const toml::node* nb = root.at_path(at + ".nonblocking").node()) {
+        if (!nb->is_boolean()) r.fail(*nb, at + ".nonblocking", "must be true or false");
+        f.nonblocking = *nb->value<bool>();
+      }
       m.fits.push_back(f);
     }
   }

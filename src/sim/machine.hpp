@@ -22,6 +22,7 @@ struct CommFit {
   double latency = 0;    // s
   double bandwidth = 0;  // B/s of bus bandwidth (bytes x the nccl-tests factor / time)
   double residual = 0;   // the fit's relative RMS error over the sizes measured
+  bool nonblocking = false;  // the non-blocking form, issued and waited for at once
 };
 
 // One level of the network: inside a node (NVLink, shared memory), or

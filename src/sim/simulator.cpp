@@ -42,7 +42,8 @@ double ring_steps(const std::string& op, int n) {
 
 }  // namespace
 
-double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes) {
+double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes,
+                 bool nonblocking) {
   const int n = int(group.size());
   if (n <= 1) return 0;
   std::map<int, int> per_node;
@@ -54,8 +55,11 @@ double comm_time(const Machine& m, const std::string& op, const std::vector<int>
   // Point-to-point and collectives share the nccl-tests convention: bytes
   // times the op's bus factor over the bus bandwidth.
   const double factor = (op == "send" || op == "recv") ? 1.0 : comm::busbw_factor(op, n);
+  const CommFit* fit = nullptr;  // the form's own fit, else the other form's
   for (const CommFit& f : m.fits)
-    if (f.level == level && f.op == op && f.group_size == n) return f.latency + bytes * factor / f.bandwidth;
+    if (f.level == level && f.op == op && f.group_size == n && (fit == nullptr || f.nonblocking == nonblocking))
+      fit = &f;
+  if (fit != nullptr) return fit->latency + bytes * factor / fit->bandwidth;
   if (across && m.cluster.bandwidth <= 0)
     core::input_error("machine {} ({}) describes one node of {} device(s) and no [network.cluster]: a group of ranks "
                       "{}..{} spans nodes",
@@ -207,7 +211,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
               s.clock = mt.end;
             }
           } else {
-            const double t = comm_time(m, c.op, group(s, c.axis), double(c.bytes));
+            const double t = comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
             double& free = s.channel_free[c.axis];
             const double start = std::max(s.clock, free);
             free = start + t;

@@ -38,7 +38,9 @@ namespace strata::sim {
 double kernel_time(const Machine& m, const prof::TraceEvent& kernel, core::Precision p);
 // One collective's predicted duration over the world ranks `group` (bytes as
 // the /comm table counts them).
-double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes);
+// `nonblocking` picks a calibrated fit of the op's non-blocking form, where there is one.
+double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes,
+                 bool nonblocking = false);
 
 struct StageTiming {
   int rank = 0;            // the world rank simulated: the stage's first

@@ -141,6 +141,11 @@ TEST(Simulator, CollectivesByRingStepsBusFactorAndLevel) {
   sim::Machine f = m;
   f.fits.push_back({"node", "all_reduce", 2, 1e-6, 5e9, 0.01});
   EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B), 1e-6 + B * 1.0 / 5e9);
+  EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B, true), 1e-6 + B * 1.0 / 5e9);  // the only fit
+  // The non-blocking form's own fit, for non-blocking calls only.
+  f.fits.push_back({"node", "all_reduce", 2, 4e-6, 1e9, 0.02, true});
+  EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B, true), 4e-6 + B * 1.0 / 1e9);
+  EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B), 1e-6 + B * 1.0 / 5e9);
 }
 
 namespace {
