@@ -18,6 +18,8 @@ def figures(rep):
     exposed = sum(r[7] for r in comm_per_axis_op(rep))
     return [
         ("status", rep.status, None),
+        ("simulated on", text(rep.attrs.get("machine", "")) if int(rep.attrs.get("simulated", 0)) == 1 else "no (measured)",
+         None),
         ("layout", s.get("layout", "?"), None),
         ("strategy", s.get("strategy", "?"), None),
         ("precision", s.get("precision", "fp32"), None),

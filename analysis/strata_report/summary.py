@@ -111,7 +111,9 @@ def render(rep):
     p = out.append
     a = rep.attrs
     p(f"report  {rep.path}")
-    p(f"status  {rep.status}" + (f": {a['error']}" if rep.status != "complete" and "error" in a else ""))
+    p(f"status  {rep.status}" + (f": {a['error']}" if rep.status != "complete" and "error" in a else "")
+      + (f" | SIMULATED on machine {text(a.get('machine', '?'))}: predicted, not measured"
+         if int(a.get("simulated", 0)) == 1 else ""))
     s = rep.summary
     p(f"run     {a.get('deck_path', '?')} | {rep.world} rank(s): {s.get('layout', '?')} | strategy "
       f"{s.get('strategy', '?')} | {s.get('precision', 'fp32')} | {s.get('parameters', 0) / 1e6:.3f} M parameters | "
