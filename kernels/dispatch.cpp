@@ -96,6 +96,7 @@ void count_meta_cost(const char* name, double matmul_flops, double other_flops, 
     e.matmul_flops = matmul_flops, e.other_flops = other_flops, e.bytes = bytes;
     e.m = m, e.n = n, e.k = k;
     e.recompute = w.recompute;
+    e.host = w.host;
     e.layer = w.layer;
     e.phase = w.phase;
     t->events.push_back(e);

@@ -7,6 +7,7 @@
 #include "kernels/kernels.hpp"
 #include "models/nvme.hpp"
 #include "kernels/foundation/clock.hpp"
+#include "kernels/foundation/timeline.hpp"
 
 namespace strata::models {
 
@@ -86,6 +87,7 @@ void AdamW::stage(const void* params, const void* grads) {
   const std::size_t bytes = std::size_t(end_ - begin_) * std::size_t(core::element_bytes(precision_));
   void* hg = host_grads_.data();
   void* hp = mixed() ? nullptr : host_params_.data();
+  copy_in_trace_ = prof::trace_transfer("copy_to_host", "host", std::int64_t(bytes) * (hp != nullptr ? 2 : 1));
   copy_in_ = std::async(std::launch::async, [=] {
     const double t0 = prof::now_seconds();
     kernels::copy_bytes(hg, grads, bytes);
@@ -95,8 +97,10 @@ void AdamW::stage(const void* params, const void* grads) {
   if (OffloadStats* st = offload_.stats) st->bytes_to_host += double(bytes) * (mixed() ? 1.0 : 2.0);
 }
 
-double AdamW::wait_for(std::future<double>& copy) {
+double AdamW::wait_for(std::future<double>& copy, int& trace) {
   if (!copy.valid()) return 0;
+  prof::trace_wait(trace);
+  trace = -1;
   const double t0 = prof::now_seconds();
   const double took = copy.get();
   const double waited = prof::now_seconds() - t0;
@@ -107,7 +111,7 @@ double AdamW::wait_for(std::future<double>& copy) {
   return waited;
 }
 
-void AdamW::finish() { wait_for(copy_out_); }
+void AdamW::finish() { wait_for(copy_out_, copy_out_trace_); }
 
 void AdamW::update(void* params, void* grads, float grad_scale, float lr, int step) {
   const std::int64_t n = end_ - begin_;
@@ -123,7 +127,7 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
   // and the parameters' copy back, left in flight until finish().
   finish();  // a previous step's copy back, should it still run
   stage(params, grads);
-  wait_for(copy_in_);
+  wait_for(copy_in_, copy_in_trace_);
   const double t1 = prof::now_seconds();
   if (!mixed() && grad_scale != 1.0f && !kernels::is_meta()) {  // on the host copy: the device's stay as they are
     kernels::cpu::scale_inplace(reinterpret_cast<float*>(host_grads_.data()), grad_scale, n);
@@ -137,6 +141,7 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
   const double t2 = prof::now_seconds();
   const std::size_t bytes = std::size_t(n) * std::size_t(core::element_bytes(precision_));
   const void* hp = host_params_.data();
+  copy_out_trace_ = prof::trace_transfer("copy_to_device", "host", std::int64_t(bytes));
   copy_out_ = std::async(std::launch::async, [=] {
     const double t0 = prof::now_seconds();
     kernels::copy_bytes(params, hp, bytes);
@@ -155,29 +160,36 @@ void AdamW::stream_update(void* params, const void* grads, float grad_scale, flo
   NvmeFile& f = *offload_.nvme;
   const std::int64_t n = end_ - begin_, chunks = (n + chunk_ - 1) / chunk_, cb = chunk_bytes();
   std::future<double> reading, writing[2];
+  int reading_trace = -1, writing_trace[2] = {-1, -1};  // their places in a dry run's trace
   double io = 0, wait = 0;
-  auto complete = [&](std::future<double>& op) {
+  auto complete = [&](std::future<double>& op, int trace) {
     if (!op.valid()) return;
+    prof::trace_wait(trace);
     const double t = prof::now_seconds();
     io += op.get();
     wait += prof::now_seconds() - t;
   };
-  if (chunks > 0) reading = f.read_async(f.buffer(0), cb, region_);
+  if (chunks > 0) {
+    reading_trace = prof::trace_transfer("read", "nvme", cb);
+    reading = f.read_async(f.buffer(0), cb, region_);
+  }
   for (std::int64_t c = 0; c < chunks; ++c) {
     const int b = int(c % 2);
-    complete(reading);
+    complete(reading, reading_trace);
     if (c + 1 < chunks) {
-      complete(writing[1 - b]);
+      complete(writing[1 - b], writing_trace[1 - b]);
+      reading_trace = prof::trace_transfer("read", "nvme", cb);
       reading = f.read_async(f.buffer(1 - b), cb, region_ + (c + 1) * cb);
     }
     float* m = f.buffer(b);
     const std::int64_t lo = begin_ + c * chunk_;
     update_span(lo, std::min(end_, lo + chunk_), params, grads, m, m + chunk_, mixed() ? m + 2 * chunk_ : nullptr,
                 grad_scale, lr, step, true);
+    writing_trace[b] = prof::trace_transfer("write", "nvme", cb);
     writing[b] = f.write_async(f.buffer(b), cb, region_ + c * cb);
   }
-  complete(writing[0]);
-  complete(writing[1]);
+  complete(writing[0], writing_trace[0]);
+  complete(writing[1], writing_trace[1]);
   if (OffloadStats* st = offload_.stats) {
     st->nvme_bytes_read += double(chunks * cb);
     st->nvme_bytes_written += double(chunks * cb);
@@ -191,6 +203,7 @@ void AdamW::update_span(std::int64_t lo, std::int64_t hi, void* params, const vo
   // Offloaded, the update runs on the host's copies with the CPU backend,
   // whatever the device (on the meta device, nowhere: its host copies have
   // no memory either).
+  const prof::OnHost host_work(on_host);  // a dry run's trace times it on the host
   on_host = on_host && !kernels::is_meta();
   auto* mixed_update = on_host ? kernels::cpu::adamw_update_mixed : kernels::adamw_update_mixed;
   auto* update = on_host ? kernels::cpu::adamw_update : kernels::adamw_update;

@@ -100,7 +100,8 @@ class AdamW {
   // Offload staging for [begin, end), at the parameters' precision.
   core::Buffer<std::byte> host_params_, host_grads_;
   std::future<double> copy_in_, copy_out_;
-  double wait_for(std::future<double>& copy);  // blocks; books the copy's time and the wait
+  int copy_in_trace_ = -1, copy_out_trace_ = -1;  // their places in a dry run's trace
+  double wait_for(std::future<double>& copy, int& trace);  // blocks; books the copy's time and the wait
   // NVMe: this optimizer's region of the file, in chunks of chunk_ elements.
   std::int64_t region_ = 0, chunk_ = 0;
   bool nvme() const { return offload_.nvme != nullptr; }

@@ -72,6 +72,7 @@ struct Work {
   int layer = -1;
   Phase phase = Phase::optimizer;
   bool recompute = false;
+  bool host = false;  // offloaded work that the host's cores run, not the device
 };
 inline Work& current_work() {
   thread_local Work w;
@@ -86,6 +87,18 @@ class Recomputing {
   ~Recomputing() { current_work().recompute = saved_; }
   Recomputing(const Recomputing&) = delete;
   Recomputing& operator=(const Recomputing&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// Marks work the host runs for the scope (offload's optimizer update).
+class OnHost {
+ public:
+  explicit OnHost(bool host = true) : saved_(current_work().host) { current_work().host = host || saved_; }
+  ~OnHost() { current_work().host = saved_; }
+  OnHost(const OnHost&) = delete;
+  OnHost& operator=(const OnHost&) = delete;
 
  private:
   bool saved_;

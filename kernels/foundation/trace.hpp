@@ -39,6 +39,7 @@ struct TraceEvent {
   double matmul_flops = 0, other_flops = 0, bytes = 0;
   int m = 0, n = 0, k = 0;
   bool recompute = false;
+  bool host = false;  // run by the host's cores (offload), not the device
   // span_begin, span_end: as the timeline's spans.
   int micro_batch = 0, chunk = 0, layer = -1;
   Phase phase{};
@@ -81,6 +82,13 @@ inline int trace_comm(TraceComm c) {
   e.comm = int(t->comms.size()) - 1;
   t->events.push_back(e);
   return e.comm;
+}
+
+// A transfer the rank starts and later waits for that is not a collective:
+// offload's copies between device and host (axis "host") and its reads and
+// writes of the NVMe file (axis "nvme").
+inline int trace_transfer(const char* op, const char* axis, std::int64_t bytes) {
+  return trace_comm({op, axis, 1, 0, bytes, -1, 0, true});
 }
 
 inline void trace_wait(int comm) {

@@ -123,6 +123,15 @@ Machine parse_machine(const std::string& path, const std::string& text) {
   m.host_link_bandwidth = r.number("device.host_link_gbs", "GB/s; 0 when device and host share memory") * 1e9;
   m.nvme_bandwidth = r.number("device.nvme_gbs", "GB/s; 0 without NVMe", false, false) * 1e9;
 
+  if (m.gpu) {
+    r.table("host");
+    m.host_vector_flops = r.number("host.vector_tflops", "TFLOP/s of the host's cores per device", true) * 1e12;
+    m.host_memory_bandwidth = r.number("host.memory_bandwidth_gbs", "GB/s of host memory per device", true) * 1e9;
+  } else {
+    m.host_vector_flops = m.vector_flops;
+    m.host_memory_bandwidth = m.memory_bandwidth;
+  }
+
   r.table("network");
   m.overlap = r.number("network.overlap", "share of a non-blocking transfer made while computing, 0 to 1");
   if (m.overlap > 1) r.fail(*root.at_path("network.overlap").node(), "network.overlap", "must be at most 1");

@@ -47,6 +47,9 @@ struct Machine {
   double launch_latency = 0;     // s per kernel
   double host_link_bandwidth = 0;  // B/s between device and host (0: they share memory)
   double nvme_bandwidth = 0;       // B/s to local NVMe (0: none)
+  // The host's share per device of its cores, for offloaded work (the
+  // optimizer's update): the device's own figures on a CPU machine.
+  double host_vector_flops = 0, host_memory_bandwidth = 0;
   // Measured time over the model's, per kernel (calibrate); 1 where absent.
   std::map<std::string, double> kernel_factors;
   NetworkLevel node, cluster;

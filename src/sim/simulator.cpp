@@ -15,6 +15,12 @@ namespace strata::sim {
 using prof::TraceEvent;
 
 double kernel_time(const Machine& m, const TraceEvent& e, core::Precision p) {
+  if (e.host) {  // offloaded work on the host's cores: memory-bound arithmetic
+    const double vector = m.host_vector_flops > 0 ? (e.other_flops + e.matmul_flops) / m.host_vector_flops : 0;
+    const double memory = m.host_memory_bandwidth > 0 ? e.bytes / m.host_memory_bandwidth : 0;
+    const auto f = m.gpu ? m.kernel_factors.end() : m.kernel_factors.find(e.name);
+    return std::max(vector, memory) * (f != m.kernel_factors.end() ? f->second : 1.0);
+  }
   double products = 0;
   if (e.matmul_flops > 0) {
     double eff = m.matmul_efficiency;
@@ -70,6 +76,16 @@ double comm_time(const Machine& m, const std::string& op, const std::vector<int>
                            : m.node.bandwidth;
   const double latency = across ? m.cluster.latency : m.node.latency;
   return ring_steps(op, n) * latency + bytes * factor / bw;
+}
+
+double transfer_time(const Machine& m, const std::string& axis, double bytes) {
+  if (axis == "nvme") {
+    if (m.nvme_bandwidth <= 0)
+      core::input_error("machine {} ({}) has no NVMe (device.nvme_gbs = 0): it cannot time offload to NVMe", m.name,
+                        m.path);
+    return bytes / m.nvme_bandwidth;
+  }
+  return bytes / (m.host_link_bandwidth > 0 ? m.host_link_bandwidth : m.memory_bandwidth / 2);  // a copy reads and writes
 }
 
 namespace {
@@ -211,7 +227,9 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
               s.clock = mt.end;
             }
           } else {
-            const double t = comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
+            const bool offload = c.axis == "host" || c.axis == "nvme";
+            const double t = offload ? transfer_time(m, c.axis, double(c.bytes))
+                                     : comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
             double& free = s.channel_free[c.axis];
             const double start = std::max(s.clock, free);
             free = start + t;
@@ -235,7 +253,10 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
           } else {
             // What is left of the transfer once the rank stops to wait: it
             // progressed at the overlap share while the rank computed.
-            const double progressed = m.overlap * std::max(0.0, s.clock - w.start);
+            // Offload's copies and file I/O run on threads of their own.
+            const auto& axis = s.trace->comms[std::size_t(e.comm)].axis;
+            const double share = (axis == "host" || axis == "nvme") ? 1.0 : m.overlap;
+            const double progressed = share * std::max(0.0, s.clock - w.start);
             done = std::max(w.start + w.duration, s.clock + std::max(0.0, w.duration - progressed));
           }
           const double waited = std::max(0.0, done - s.clock);

@@ -38,6 +38,10 @@ namespace strata::sim {
 double kernel_time(const Machine& m, const prof::TraceEvent& kernel, core::Precision p);
 // One collective's predicted duration over the world ranks `group` (bytes as
 // the /comm table counts them).
+// An offload transfer's duration: axis "host" (device <-> host copies, at
+// the host link's bandwidth, or a memory copy where they share memory) or
+// "nvme" (the optimizer file).
+double transfer_time(const Machine& m, const std::string& axis, double bytes);
 // `nonblocking` picks a calibrated fit of the op's non-blocking form, where there is one.
 double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes,
                  bool nonblocking = false);

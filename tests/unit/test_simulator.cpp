@@ -45,6 +45,9 @@ latency_us = 3
 [network.cluster]
 bandwidth_gbs = 40
 latency_us = 7
+[host]
+vector_tflops = 0.5
+memory_bandwidth_gbs = 50
 )";
 
 sim::Machine unit_machine() { return sim::parse_machine("unit.toml", kMachine); }
@@ -287,4 +290,28 @@ TEST(Simulator, APredictionHoldsTheEstimatesMemoryAndItsSchedulesBubble) {
   for (const auto& s : pr.step.stages) EXPECT_GE(pr.step.step_time, s.compute);
   EXPECT_GT(pr.bubble[0] + pr.bubble[1], 0.0);
   EXPECT_NEAR(pr.tokens_per_s, 8.0 * 8 / pr.step.step_time, 1e-9 * pr.tokens_per_s);
+}
+
+TEST(Simulator, OffloadRunsOnTheHostAndItsLinks) {
+  const sim::Machine m = unit_machine();
+  prof::TraceEvent update;
+  update.name = "adamw_update";
+  update.other_flops = 14e6, update.bytes = 28e6;
+  // On the device: memory-bound at 1000 GB/s; offloaded: at the host's 50 GB/s, no launch.
+  EXPECT_DOUBLE_EQ(sim::kernel_time(m, update, core::Precision::fp32), 2e-6 + 28e6 / 1000e9);
+  update.host = true;
+  EXPECT_DOUBLE_EQ(sim::kernel_time(m, update, core::Precision::fp32), 28e6 / 50e9);
+  EXPECT_DOUBLE_EQ(sim::transfer_time(m, "host", 40e6), 40e6 / 20e9);
+  sim::Machine no_nvme = m;
+  no_nvme.nvme_bandwidth = 0;
+  EXPECT_THROW(sim::transfer_time(no_nvme, "nvme", 1), core::Error);
+  // A deck with host offload: its update is traced as host work, its copies as transfers.
+  const plan::Plan cfg = tiny({"parallel.offload=\"host\""});
+  prof::Trace trace;
+  train::estimate_rank(cfg, 0, nullptr, nullptr, &trace);
+  int host_kernels = 0, copies = 0;
+  for (const auto& e : trace.events) host_kernels += e.kind == prof::TraceEvent::Kind::kernel && e.host;
+  for (const auto& c : trace.comms) copies += c.axis == "host";
+  EXPECT_GT(host_kernels, 0);
+  EXPECT_EQ(copies, 2);  // gradients (and fp32 parameters) to the host, parameters back
 }
