@@ -35,7 +35,9 @@ class ProfiledRequest : public Request {
   }
 
   void wait() override {
-    if (done_) return;
+    // Seen complete by a test: the inner wait returns at once (on the meta
+    // device it is where a dry run's trace learns the code waits here).
+    if (done_) return inner_->wait();
     const double t0 = prof::now_seconds();
     inner_->wait();
     finish(t0, prof::now_seconds(), true);

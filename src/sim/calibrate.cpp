@@ -21,6 +21,7 @@
 #include "kernels/foundation/clock.hpp"
 #include "kernels/foundation/error.hpp"
 #include "kernels/foundation/trace.hpp"
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
 #include "src/comm/backend.hpp"
 #include "src/comm/mpi_check.hpp"
@@ -50,7 +51,10 @@ double time_kernel(const std::function<void()>& f, double min_batch_s, MPI_Comm 
     const double t0 = prof::now_seconds();
     for (int i = 0; i < reps; ++i) f();
     kernels::synchronize();
-    if (prof::now_seconds() - t0 >= min_batch_s || reps >= (1 << 20)) break;
+    // Every rank decides alike: `f` may be a collective, called as often on each.
+    double elapsed = prof::now_seconds() - t0;
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, comm));
+    if (elapsed >= min_batch_s || reps >= (1 << 20)) break;
     reps *= 2;
   }
   std::vector<double> batches;
@@ -165,9 +169,13 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
   MPI_Comm node = MPI_COMM_NULL;
   STRATA_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int on_node = 1;
+  int on_node = 1, local = 0;
   STRATA_CHECK_MPI(MPI_Comm_size(node, &on_node));
+  STRATA_CHECK_MPI(MPI_Comm_rank(node, &local));
   STRATA_CHECK_MPI(MPI_Comm_free(&node));
+  // A GPU build on a node with GPUs measures them, a rank per GPU (as a run
+  // places its ranks); otherwise the CPU, a rank per device.
+  if (kernels::cuda_built() && kernels::gpu_count() > 0) kernels::use_device(kernels::Device::cuda, local % kernels::gpu_count());
   if (o.threads < 1) core::input_error("--threads {}: at least 1 thread per rank", o.threads);
   kernels::set_num_threads(o.threads);
   const double batch = o.quick ? 0.01 : 0.05;
@@ -236,6 +244,21 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     m.vector_flops = 12.0 * double(small) / tg;
     m.launch_latency = time_kernel([&] { kernels::add_inplace(y, x, 16); }, batch, comm);
   }
+  if (m.gpu) {
+    // The host's share per GPU, for offloaded work, and the link to it.
+    std::vector<float> hx(std::size_t(big), 1.0f), hy(std::size_t(big), 1.0f);
+    const double th = time_kernel([&] { kernels::cpu::add_inplace(hy.data(), hx.data(), big); }, batch, comm);
+    m.host_memory_bandwidth = 3.0 * 4 * double(big) / th;
+    const std::int64_t small = 1 << 14;
+    const double tg = time_kernel([&] { kernels::cpu::gelu_forward(hy.data(), hx.data(), small); }, batch, comm);
+    m.host_vector_flops = 12.0 * double(small) / tg;
+    float* d = buf.floats(big);
+    const double tl = time_kernel([&] { kernels::copy_bytes(d, hx.data(), std::size_t(big) * 4); }, batch, comm);
+    m.host_link_bandwidth = 4.0 * double(big) / tl;
+  } else {
+    m.host_memory_bandwidth = m.memory_bandwidth;
+    m.host_vector_flops = m.vector_flops;
+  }
   say(fmt::format("  fitted product peak {:.2f} GFLOP/s, half at d = {:.0f}; memory {:.2f} GB/s; other arithmetic "
                   "{:.2f} GFLOP/s; launch {:.2f} us\n",
                   m.peak_fp32 / 1e9, m.matmul_half_dim, m.memory_bandwidth / 1e9, m.vector_flops / 1e9,
@@ -286,9 +309,10 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     Machine plain = m;  // factors of 1
     say("  kernels (measured / modelled):");
     for (const auto& [name, f] : ops) {
+      // The factor scales the model's time past the launch (simulator.hpp).
       const double t = time_kernel(f, batch, comm);
-      const double model = kernel_time(plain, declared_cost(f), core::Precision::fp32);
-      m.kernel_factors[name] = model > 0 ? t / model : 1.0;
+      const double model = kernel_time(plain, declared_cost(f), core::Precision::fp32) - plain.launch_latency;
+      m.kernel_factors[name] = model > 0 ? std::max(0.01, (t - plain.launch_latency) / model) : 1.0;
       say(fmt::format(" {} {:.2f}", name, m.kernel_factors[name]));
     }
     say("\n");
@@ -304,9 +328,20 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   const double max_bytes = bytes_list.back();
   float* a = buf.floats(std::int64_t(max_bytes / 4) * std::max(world, 2));
   float* b = buf.floats(std::int64_t(max_bytes / 4) * std::max(world, 2));
+  std::map<int, int> most_per_node;  // group size -> the most of its ranks on one node
   for (int n : sizes) {
     MPI_Comm sub = MPI_COMM_NULL;
     STRATA_CHECK_MPI(MPI_Comm_split(comm, rank < n ? 0 : 1, rank, &sub));
+    // The level: whether the group's ranks share a node.
+    MPI_Comm sub_node = MPI_COMM_NULL;
+    STRATA_CHECK_MPI(MPI_Comm_split_type(sub, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &sub_node));
+    int here = 1;
+    STRATA_CHECK_MPI(MPI_Comm_size(sub_node, &here));
+    STRATA_CHECK_MPI(MPI_Comm_free(&sub_node));
+    int most = rank < n ? here : 0;
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_INT, MPI_MAX, comm));
+    most_per_node[n] = most;
+    const std::string level = most < n ? "cluster" : "node";
     const auto c = comm::make_communicator(backend, sub, "calibrate");
     // The non-blocking forms the strategies issue (dp's buckets, ZeRO's
     // gathers and reduce-scatters), issued and waited for at once: MPI's
@@ -346,8 +381,8 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
         ts.push_back(t);
       }
       const LineFit f = fit_line(xs, ts);
-      m.fits.push_back({"node", op, n, f.latency, f.bandwidth, f.residual, nonblocking});
-      if (std::string(op) == "send") m.fits.push_back({"node", "recv", n, f.latency, f.bandwidth, f.residual});
+      m.fits.push_back({level, op, n, f.latency, f.bandwidth, f.residual, nonblocking});
+      if (std::string(op) == "send") m.fits.push_back({level, "recv", n, f.latency, f.bandwidth, f.residual});
       say(fmt::format("  {:<16} n {:>3}: {:8.2f} us + bytes / {:8.3f} GB/s (residual {:.1f}%)\n", op_name, n,
                       f.latency * 1e6, f.bandwidth / 1e9, 100 * f.residual));
     }
@@ -355,8 +390,16 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   }
   // The node level's generic figures: the widest group's all-reduce.
   m.node.bandwidth = m.memory_bandwidth;
-  for (const CommFit& f : m.fits)
-    if (f.op == "all_reduce" && !f.nonblocking) m.node.bandwidth = f.bandwidth, m.node.latency = f.latency / (2.0 * (f.group_size - 1));
+  // The levels' generic figures: the widest group's blocking all-reduce of
+  // each; across nodes, as a node's injection bandwidth (docs/machines.md:
+  // a group gets the share of its members on a node).
+  for (const CommFit& f : m.fits) {
+    if (f.op != "all_reduce" || f.nonblocking) continue;
+    const double per_step = f.latency / (2.0 * (f.group_size - 1));
+    if (f.level == "node") m.node.bandwidth = f.bandwidth, m.node.latency = per_step;
+    if (f.level == "cluster")
+      m.cluster.bandwidth = f.bandwidth * on_node / most_per_node[f.group_size], m.cluster.latency = per_step;
+  }
   m.overlap = 1;
   if (world >= 2) {
     // Overlap: a 4 MiB all-reduce beside products of about the same length.
@@ -420,11 +463,19 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     t += fmt::format("launch_latency_us = {:.3f}  # add_inplace of 16 elements\n", m.launch_latency * 1e6);
     t += fmt::format("host_link_gbs = {:.3f}\n", m.host_link_bandwidth / 1e9);
     t += fmt::format("nvme_gbs = {:.3f}  # a file written (fsync) and read back in {}\n\n", m.nvme_bandwidth / 1e9, dir.string());
-    t += "[kernels]  # measured time over the model's time for the kernel's declared cost\n";
+    if (m.gpu)
+      t += fmt::format("[host]  # this node's cores and memory, measured by every rank at once\nvector_tflops = {:.6f}\n"
+                       "memory_bandwidth_gbs = {:.3f}\n\n",
+                       m.host_vector_flops / 1e12, m.host_memory_bandwidth / 1e9);
+    t += "[kernels]  # measured time past the launch over the model's, for the kernel's declared cost\n";
     for (const auto& [k, v] : m.kernel_factors) t += fmt::format("{} = {:.4f}\n", k, v);
     t += fmt::format("\n[network]\noverlap = {:.3f}  # share of a non-blocking all-reduce made while computing\n\n", m.overlap);
     t += fmt::format("[network.node]  # the widest group's all-reduce\nbandwidth_gbs = {:.4f}\nlatency_us = {:.3f}\n",
                      m.node.bandwidth / 1e9, m.node.latency * 1e6);
+    if (m.cluster.bandwidth > 0)
+      t += fmt::format("\n[network.cluster]  # the widest group across nodes: its all-reduce\nbandwidth_gbs = {:.4f}\n"
+                       "latency_us = {:.3f}\n",
+                       m.cluster.bandwidth / 1e9, m.cluster.latency * 1e6);
     for (const CommFit& f : m.fits)
       t += fmt::format("\n[[network.fit]]\nlevel = \"{}\"\nop = \"{}\"\nnonblocking = {}\ngroup_size = {}\nlatency_us = {:.3f}\nbandwidth_gbs = {:.4f}\nresidual = {:.4f}\n",
                        f.level, f.op, f.nonblocking, f.group_size, f.latency * 1e6, f.bandwidth / 1e9, f.residual);

@@ -64,6 +64,29 @@ class Reader {
     return *v;
   }
 
+  // A positive whole number.
+  int count(const std::string& dotted, const char* unit) const {
+    const toml::node* n = root_.at_path(dotted).node();
+    if (n == nullptr) core::input_error("{}:1: {} is missing: a whole number ({})", path_, dotted, unit);
+    const std::optional<std::int64_t> v = n->value_exact<std::int64_t>();
+    if (!v || *v < 1 || *v > (1 << 24)) fail(*n, dotted, fmt::format("must be a whole number from 1 ({})", unit));
+    return int(*v);
+  }
+
+  // Every key of the table at `dotted` ("" for the root) is one of `known`.
+  void only(const std::string& dotted, const std::vector<std::string>& known) const {
+    const toml::node* n = dotted.empty() ? &root_ : root_.at_path(dotted).node();
+    if (n == nullptr || !n->is_table()) return;
+    for (const auto& [key, value] : *n->as_table()) {
+      const std::string k(key.str());
+      if (std::find(known.begin(), known.end(), k) != known.end()) continue;
+      std::string list;
+      for (const auto& a : known) list += (list.empty() ? "" : ", ") + a;
+      core::input_error("{}:{}: unknown key {}{}; known there: {}", path_, key.source().begin.line ? key.source().begin.line : value.source().begin.line,
+                        dotted.empty() ? "" : dotted + ".", k, list);
+    }
+  }
+
   [[noreturn]] void fail(const toml::node& n, const std::string& dotted, const std::string& why) const {
     core::input_error("{}:{}: {} {}", path_, n.source().begin.line, dotted, why);
   }
@@ -102,9 +125,15 @@ Machine parse_machine(const std::string& path, const std::string& text) {
   m.path = path;
   m.name = r.string("name");
   if (const toml::node* d = root.get("description"); d != nullptr && d->is_string()) m.description = *d->value<std::string>();
-  m.devices_per_node = int(r.number("devices_per_node", "devices in one node", true));
-  if (double(m.devices_per_node) != r.number("devices_per_node", "devices in one node", true))
-    r.fail(*root.get("devices_per_node"), "devices_per_node", "must be a whole number");
+  r.only("", {"name", "description", "devices_per_node", "device", "host", "network", "kernels"});
+  r.only("device", {"kind", "memory_gib", "host_memory_gib", "peak_tflops_fp32", "peak_tflops_bf16", "peak_tflops_fp16",
+                    "matmul_efficiency", "matmul_half_dim", "vector_tflops", "memory_bandwidth_gbs",
+                    "launch_latency_us", "host_link_gbs", "nvme_gbs"});
+  r.only("host", {"vector_tflops", "memory_bandwidth_gbs"});
+  r.only("network", {"overlap", "node", "cluster", "fit"});
+  r.only("network.node", {"bandwidth_gbs", "latency_us"});
+  r.only("network.cluster", {"bandwidth_gbs", "latency_us"});
+  m.devices_per_node = r.count("devices_per_node", "devices in one node");
 
   r.table("device");
   m.gpu = r.string("device.kind", {"gpu", "cpu"}) == "gpu";
@@ -154,11 +183,12 @@ Machine parse_machine(const std::string& path, const std::string& text) {
     if (a == nullptr) r.fail(*fits, "network.fit", "must be an array of tables ([[network.fit]])");
     for (std::size_t i = 0; i < a->size(); ++i) {
       const std::string at = fmt::format("network.fit[{}]", i);
+      r.only(at, {"level", "op", "nonblocking", "group_size", "latency_us", "bandwidth_gbs", "residual"});
       CommFit f;
       f.level = r.string(at + ".level", {"node", "cluster"});
       f.op = r.string(at + ".op", {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all",
                                    "all_to_allv", "send", "recv", "barrier"});
-      f.group_size = int(r.number(at + ".group_size", "ranks", true));
+      f.group_size = r.count(at + ".group_size", "ranks");
       f.latency = r.number(at + ".latency_us", "microseconds") * 1e-6;
       f.bandwidth = r.number(at + ".bandwidth_gbs", "GB/s of bus bandwidth", true) * 1e9;
       f.residual = r.number(at + ".residual", "relative RMS error", false, false);

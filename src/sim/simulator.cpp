@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -61,9 +62,12 @@ double comm_time(const Machine& m, const std::string& op, const std::vector<int>
   // Point-to-point and collectives share the nccl-tests convention: bytes
   // times the op's bus factor over the bus bandwidth.
   const double factor = (op == "send" || op == "recv") ? 1.0 : comm::busbw_factor(op, n);
-  const CommFit* fit = nullptr;  // the form's own fit, else the other form's
+  // The form's own fit, else the other form's; all_to_allv (MoE's exchange
+  // of routed rows) as all_to_all, its even-sized form.
+  const std::string fit_op = op == "all_to_allv" ? "all_to_all" : op;
+  const CommFit* fit = nullptr;
   for (const CommFit& f : m.fits)
-    if (f.level == level && f.op == op && f.group_size == n && (fit == nullptr || f.nonblocking == nonblocking))
+    if (f.level == level && f.op == fit_op && f.group_size == n && (fit == nullptr || f.nonblocking == nonblocking))
       fit = &f;
   if (fit != nullptr) return fit->latency + bytes * factor / fit->bandwidth;
   if (across && m.cluster.bandwidth <= 0)
@@ -92,10 +96,23 @@ namespace {
 
 bool spans_stages(const std::string& axis) { return axis == "pp" || axis == "emb" || axis == "world"; }
 
+// A non-blocking call in flight.
 struct Pending {
-  double start = 0, duration = 0;
+  double issue = 0;
+  double remaining = 0;    // seconds of transfer left at the full rate (channel calls)
+  double done = -1;        // when it completed, once known
   std::size_t record = 0;  // in the stage's comms
   bool recv = false;       // an irecv: completes when its message arrives
+  bool fixed = false;      // its completion is `done`, set at issue (sends, calls spanning stages)
+};
+
+// An axis's calls in flight, in order: the head progresses at `share` of
+// the full rate while the rank computes and at the full rate while it is
+// blocked (inside the communication library, which then drives it).
+struct Channel {
+  std::deque<int> queue;  // trace indices of its pending calls
+  double last = 0;        // progress is accounted up to here
+  double share = 1;
 };
 
 struct Stage {
@@ -103,11 +120,61 @@ struct Stage {
   std::size_t next = 0;
   double clock = 0;
   std::vector<std::pair<const TraceEvent*, double>> open;  // spans begun
-  std::map<std::string, double> channel_free;              // per axis: when its last transfer ends
+  std::map<std::string, Channel> channels;                 // per axis (and per pipeline peer)
   std::map<std::string, int> crossing_calls;               // per axis spanning stages: calls done
   std::map<int, Pending> pending;                          // non-blocking calls by trace index
   std::map<std::string, std::vector<int>> groups;          // per axis: world ranks
   StageTiming out;
+
+  // Moves the channel's calls on to `until` at `rate`; with `target`, stops
+  // once that call is done (until may be infinite then).
+  void progress(Channel& ch, double until, double rate, int target = -1) {
+    while (!ch.queue.empty()) {
+      Pending& h = pending[ch.queue.front()];
+      const double begin = std::max(ch.last, h.issue);
+      if (begin >= until) return;
+      const double can = (until - begin) * rate;
+      if (can < h.remaining) {
+        h.remaining -= can;
+        ch.last = until;
+        return;
+      }
+      h.done = begin + h.remaining / rate;
+      h.remaining = 0;
+      ch.last = h.done;
+      comm::CommRecord& r = out.comms[h.record];
+      r.end = std::max(r.start, h.done);
+      const int id = ch.queue.front();
+      ch.queue.pop_front();
+      if (id == target) return;
+    }
+    if (until > ch.last && until < std::numeric_limits<double>::infinity()) ch.last = until;
+  }
+  // The rank computes until `t`: its channels progress at their shares.
+  void compute_until(double t) {
+    for (auto& [axis, ch] : channels) progress(ch, t, ch.share);
+    clock = t;
+  }
+  // The rank is blocked until `t` (counted as exposed communication).
+  void block_until(double t) {
+    if (t <= clock) return;
+    for (auto& [axis, ch] : channels) progress(ch, t, 1.0);
+    out.comm_wait += t - clock;
+    clock = t;
+  }
+  // When the channel's calls up to `target` (all, with -1) are done if the
+  // rank blocks now.
+  double drain(Channel& ch, int target = -1) {
+    progress(ch, clock, ch.share);
+    double t = clock;
+    while (!ch.queue.empty()) {
+      const int id = ch.queue.front();
+      progress(ch, std::numeric_limits<double>::infinity(), 1.0, id);
+      t = std::max(t, pending[id].done);
+      if (id == target) break;
+    }
+    return t;
+  }
 };
 
 struct Meeting {
@@ -136,6 +203,16 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
     if (it == s.groups.end()) it = s.groups.emplace(axis, mesh::group_ranks(l, axis, s.out.rank)).first;
     return it->second;
   };
+  auto channel = [&](Stage& s, const std::string& axis) -> Channel& {
+    auto it = s.channels.find(axis);
+    if (it == s.channels.end()) {
+      it = s.channels.emplace(axis, Channel{}).first;
+      it->second.last = s.clock;
+      // Offload's copies and file I/O run on threads of their own.
+      it->second.share = (axis == "host" || axis == "nvme") ? 1.0 : m.overlap;
+    }
+    return it->second;
+  };
   // Which stages meet in a call spanning stages.
   auto members = [&](const std::string& axis) {
     std::vector<int> out;
@@ -150,11 +227,16 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
   std::map<std::pair<std::string, int>, Meeting> meetings;
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (from, to, tag)
 
-  auto record = [&](Stage& s, const prof::TraceComm& c, double start, double end, double wait, double peer_wait = 0) {
-    s.out.comms.push_back(comm::CommRecord{0, c.op, c.axis, c.group_size, c.bytes, c.nonblocking, start, end, wait,
-                                           peer_wait});
-    s.out.comm_wait += wait;
+  auto record = [&](Stage& s, const prof::TraceComm& c, double start, double end) {
+    s.out.comms.push_back(comm::CommRecord{0, c.op, c.axis, c.group_size, c.bytes, c.nonblocking, start, end, 0.0, 0.0});
     return s.out.comms.size() - 1;
+  };
+  // A blocking call's record: blocked from `from` to the rank's clock now.
+  auto blocked = [&](Stage& s, std::size_t i, double from, double peer_wait = 0) {
+    comm::CommRecord& r = s.out.comms[i];
+    r.end = std::max(r.end, s.clock);
+    r.wait += s.clock - from;
+    r.peer_wait += peer_wait;
   };
   // A receive of `c` on stage `me`: false while its message has not been sent.
   auto receive = [&](int me, const prof::TraceComm& c, double* arrival, double* sent) {
@@ -175,7 +257,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
         const TraceEvent& e = events[s.next];
         if (e.kind == TraceEvent::Kind::kernel) {
           const double t = kernel_time(m, e, precision);
-          s.clock += t;
+          s.compute_until(s.clock + t);
           s.out.compute += t;
         } else if (e.kind == TraceEvent::Kind::span_begin) {
           s.open.push_back({&e, s.clock});
@@ -185,29 +267,34 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
           s.open.pop_back();
         } else if (e.kind == TraceEvent::Kind::comm) {
           const prof::TraceComm& c = s.trace->comms[std::size_t(e.comm)];
+          const double now = s.clock;
           if (c.op == "send") {
-            // Leaves at once (the executor's isend); arrives after the transfer.
+            // Leaves when the link to the peer is free; arrives after its transfer.
             const std::vector<int> pair = {s.out.rank, mesh::rank_of(l, {c.peer, 0, 0})};
-            const double start = std::max(s.clock, s.channel_free[c.axis + ">" + std::to_string(c.peer)]);
+            Channel& link = channel(s, c.axis + ">" + std::to_string(c.peer));
+            const double start = std::max(now, link.last);
             const double t = comm_time(m, "send", pair, double(c.bytes));
-            s.channel_free[c.axis + ">" + std::to_string(c.peer)] = start + t;
+            link.last = start + t;
             mail[{si, c.peer, c.tag}].push_back({start, start + t});
+            const std::size_t i = record(s, c, now, start + t);
             if (c.nonblocking) {
-              s.pending[e.comm] = {start, t, record(s, c, s.clock, start + t, 0)};
+              Pending& w = s.pending[e.comm];
+              w.issue = now, w.done = start + t, w.record = i, w.fixed = true;
             } else {
-              record(s, c, s.clock, start + t, start + t - s.clock);
-              s.clock = start + t;
+              s.block_until(start + t);
+              blocked(s, i, now);
             }
           } else if (c.op == "recv") {
             if (c.nonblocking) {
-              s.pending[e.comm] = {s.clock, 0, record(s, c, s.clock, s.clock, 0), true};
+              Pending& w = s.pending[e.comm];
+              w.issue = now, w.record = record(s, c, now, now), w.recv = true;
               continue;
             }
             double arrival = 0, sent = 0;
             if (!receive(si, c, &arrival, &sent)) break;
-            const double end = std::max(s.clock, arrival);
-            record(s, c, s.clock, end, end - s.clock, std::max(0.0, std::min(end, sent) - s.clock));
-            s.clock = end;
+            const std::size_t i = record(s, c, now, now);
+            s.block_until(arrival);
+            blocked(s, i, now, std::max(0.0, std::min(s.clock, sent) - now));
           } else if (spans_stages(c.axis) && l.pp > 1) {
             const std::vector<int> who = members(c.axis);
             Meeting& mt = meetings[{c.axis, s.crossing_calls[c.axis]}];
@@ -217,53 +304,54 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             if (mt.end < 0) {
               double start = 0;
               for (int w : who) start = std::max(start, mt.arrive[w]);
-              mt.end = start + comm_time(m, c.op, group(s, c.axis), double(c.bytes));
+              mt.end = start + comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
             }
             ++s.crossing_calls[c.axis];
+            const std::size_t i = record(s, c, now, mt.end);
             if (c.nonblocking) {
-              s.pending[e.comm] = {mt.end, 0, record(s, c, s.clock, mt.end, 0)};
+              Pending& w = s.pending[e.comm];
+              w.issue = now, w.done = mt.end, w.record = i, w.fixed = true;
             } else {
-              record(s, c, s.clock, mt.end, mt.end - s.clock);
-              s.clock = mt.end;
+              s.block_until(mt.end);
+              blocked(s, i, now);
             }
           } else {
+            // Inside the stage: after the axis's calls in flight, in order.
             const bool offload = c.axis == "host" || c.axis == "nvme";
             const double t = offload ? transfer_time(m, c.axis, double(c.bytes))
                                      : comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
-            double& free = s.channel_free[c.axis];
-            const double start = std::max(s.clock, free);
-            free = start + t;
+            Channel& ch = channel(s, c.axis);
             if (c.nonblocking) {
-              s.pending[e.comm] = {start, t, record(s, c, s.clock, start + t, 0)};
+              Pending& w = s.pending[e.comm];
+              w.issue = now, w.remaining = t, w.record = record(s, c, now, now);
+              ch.queue.push_back(e.comm);
             } else {
-              record(s, c, s.clock, start + t, start + t - s.clock);
-              s.clock = start + t;
+              const std::size_t i = record(s, c, now, now);
+              s.block_until(s.drain(ch));
+              s.block_until(s.clock + t);
+              ch.last = std::max(ch.last, s.clock);
+              blocked(s, i, now);
             }
           }
         } else {  // wait
           auto it = s.pending.find(e.comm);
           STRATA_CHECK(it != s.pending.end(), "simulate_step: a wait for a call never issued");
           Pending& w = it->second;
-          comm::CommRecord& r = s.out.comms[w.record];
+          const double now = s.clock;
           double done = 0;
           if (w.recv) {
             double arrival = 0, sent = 0;
             if (!receive(si, s.trace->comms[std::size_t(e.comm)], &arrival, &sent)) break;
-            done = std::max(s.clock, arrival);
+            done = arrival;
+          } else if (w.fixed || w.done >= 0) {
+            done = w.done;
           } else {
-            // What is left of the transfer once the rank stops to wait: it
-            // progressed at the overlap share while the rank computed.
-            // Offload's copies and file I/O run on threads of their own.
-            const auto& axis = s.trace->comms[std::size_t(e.comm)].axis;
-            const double share = (axis == "host" || axis == "nvme") ? 1.0 : m.overlap;
-            const double progressed = share * std::max(0.0, s.clock - w.start);
-            done = std::max(w.start + w.duration, s.clock + std::max(0.0, w.duration - progressed));
+            done = s.drain(channel(s, s.trace->comms[std::size_t(e.comm)].axis), e.comm);
           }
-          const double waited = std::max(0.0, done - s.clock);
-          r.end = std::max(r.start, done);
-          r.wait += waited;
-          s.out.comm_wait += waited;
-          s.clock += waited;
+          s.block_until(std::max(now, done));
+          comm::CommRecord& r = s.out.comms[w.record];
+          r.end = std::max({r.end, r.start, done});
+          r.wait += s.clock - now;
           s.pending.erase(it);
         }
       }

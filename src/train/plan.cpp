@@ -114,11 +114,12 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
                         c.reason = fmt::format("does not fit: device peak {} > {}", core::format_bytes(peak),
                                                core::format_bytes(limit));
                     } catch (const core::Error& e) {
-                      if (e.kind() != core::ErrorKind::input) throw;
+                      // Invalid (the deck's checks), or not simulable: skipped with its reason,
+                      // whatever the recomputation.
                       c.status = "skipped";
-                      c.reason = e.what();
+                      c.reason = e.kind() == core::ErrorKind::input ? e.what() : fmt::format("cannot simulate: {}", e.what());
                       all.push_back(c);
-                      break;  // invalid whatever the recomputation
+                      break;
                     }
                     all.push_back(c);
                     if (fits) break;

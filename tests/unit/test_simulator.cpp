@@ -92,9 +92,14 @@ TEST(Machine, BadFiguresNameFileLineAndKey) {
   EXPECT_NE(zero.find("m.toml:8: device.peak_tflops_bf16 must be > 0"), std::string::npos) << zero;
   const std::string kind = input_error_of(replace(kMachine, "kind = \"gpu\"", "kind = \"tpu\""));
   EXPECT_NE(kind.find("device.kind must be one of \"gpu\", \"cpu\""), std::string::npos) << kind;
-  EXPECT_NE(input_error_of(replace(kMachine, "[network.node]", "[network.nodes]")).find("[network.node] is missing"),
+  EXPECT_NE(input_error_of(replace(kMachine, "[network.node]", "[network.nodes]")).find("unknown key network.nodes"),
             std::string::npos);
   EXPECT_NE(input_error_of("name = \n").find("TOML syntax error"), std::string::npos);
+  const std::string typo = input_error_of(replace(kMachine, "host_link_gbs = 20", "host_lnk_gbs = 20"));
+  EXPECT_NE(typo.find("m.toml:15: unknown key device.host_lnk_gbs; known there: kind, memory_gib"), std::string::npos)
+      << typo;
+  const std::string half = input_error_of(replace(kMachine, "devices_per_node = 4", "devices_per_node = 2.5"));
+  EXPECT_NE(half.find("m.toml:2: devices_per_node must be a whole number"), std::string::npos) << half;
 }
 
 TEST(Machine, UnknownNameListsTheKnownOnes) {
@@ -234,6 +239,36 @@ TEST(Simulator, NonBlockingCallsOverlapByTheMachinesShare) {
   }
 }
 
+TEST(Simulator, CallsOnOneAxisRunOneAfterAnother) {
+  // Two non-blocking all-reduces of 2 units each, 4 units of kernels, then both waits:
+  // at share 0.5 the first is done by 4, the second starts then and, waited at once, takes 2 more.
+  prof::Trace t;
+  for (int i = 0; i < 2; ++i) {
+    t.comms.push_back({"all_reduce", "dp", 2, 0, 0, -1, 0, true});
+    prof::TraceEvent c;
+    c.kind = prof::TraceEvent::Kind::comm, c.comm = i;
+    t.events.push_back(c);
+  }
+  prof::TraceEvent k;
+  k.kind = prof::TraceEvent::Kind::kernel, k.name = "unit";
+  for (int i = 0; i < 4; ++i) t.events.push_back(k);
+  for (int i = 0; i < 2; ++i) {
+    prof::TraceEvent w;
+    w.kind = prof::TraceEvent::Kind::wait, w.comm = i;
+    t.events.push_back(w);
+  }
+  sim::Machine m = unit_machine();
+  m.launch_latency = 1;
+  m.node.latency = 1, m.node.bandwidth = 1e30;
+  m.overlap = 0.5;
+  mesh::Layout l;
+  l.dp = 2;
+  const auto s = sim::simulate_step(l, {&t}, m, core::Precision::fp32);
+  EXPECT_DOUBLE_EQ(s.step_time, 6.0);
+  EXPECT_DOUBLE_EQ(s.stages[0].comms[0].end, 4.0);
+  EXPECT_DOUBLE_EQ(s.stages[0].comms[1].end, 6.0);
+}
+
 namespace {
 
 plan::Plan tiny(const std::vector<std::string>& sets) {
@@ -250,7 +285,7 @@ plan::Plan tiny(const std::vector<std::string>& sets) {
 
 TEST(Simulator, TheTraceIsTheMetaDevicesOwnCount) {
   for (const auto& sets : std::vector<std::vector<std::string>>{
-           {"parallel.dp=2", "parallel.zero=2"}, {"parallel.tp=2", "parallel.pp=2"}, {"model.recompute=\"full\""}}) {
+           {"parallel.dp=2"}, {"parallel.dp=2", "parallel.zero=2"}, {"parallel.dp=2", "parallel.zero=3"}, {"parallel.tp=2", "parallel.pp=2"}, {"model.recompute=\"full\""}}) {
     const plan::Plan cfg = tiny(sets);
     std::vector<train::CommVolume> comm;
     std::vector<kernels::WorkCost> work;
@@ -271,6 +306,13 @@ TEST(Simulator, TheTraceIsTheMetaDevicesOwnCount) {
     EXPECT_DOUBLE_EQ(traced_bytes, bytes);
     EXPECT_EQ(std::int64_t(trace.comms.size()), calls);
     EXPECT_EQ(spans, 0);  // every span that begins ends
+    // Every non-blocking collective is waited for (a test that finds it done does not end it).
+    std::vector<int> waited(trace.comms.size(), 0);
+    for (const auto& e : trace.events)
+      if (e.kind == prof::TraceEvent::Kind::wait) ++waited[std::size_t(e.comm)];
+    for (std::size_t i = 0; i < trace.comms.size(); ++i)
+      if (trace.comms[i].nonblocking && trace.comms[i].op != "send" && trace.comms[i].op != "recv")
+        EXPECT_EQ(waited[i], 1) << trace.comms[i].axis << " " << trace.comms[i].op;
   }
 }
 
