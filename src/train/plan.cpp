@@ -80,7 +80,9 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
                     fmt::format("data.micro_batch={}", mb), fmt::format("parallel.sequence_parallel={}", sp)};
                 if (moe) layout.push_back(fmt::format("parallel.ep={}", ep));
                 // The least recomputation and offload that fits.
+                bool invalid = false;  // the deck's checks refuse it: whatever the recomputation or offload
                 for (const char* offload : {"none", "host"}) {
+                  if (invalid) break;
                   bool fits = false;
                   for (const char* rec : {"none", "selective", "full"}) {
                     std::vector<std::string> over = layout;
@@ -119,6 +121,7 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
                       c.status = "skipped";
                       c.reason = e.kind() == core::ErrorKind::input ? e.what() : fmt::format("cannot simulate: {}", e.what());
                       all.push_back(c);
+                      invalid = true;
                       break;
                     }
                     all.push_back(c);

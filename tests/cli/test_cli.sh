@@ -205,6 +205,9 @@ for o in p["overrides"]:  # every candidate uses the 4 devices
     assert int(kv["parallel.dp"]) * int(kv["parallel.tp"]) * int(kv["parallel.pp"]) == 4, o
 PY
 then ok "plan: every layout of 4 devices, the fitting ones ranked"; else bad "plan"; cat plan.log plancheck.log; fi
+if "$py" "$src/analysis/strata-report" out/plan.h5 --plots out/planplots > planreport.log 2>&1 \
+   && grep -q "plan on machine a100-80gb" planreport.log && [[ -s out/planplots/sweep.png ]]; then
+  ok "strata-report ranks a plan and plots it against memory"; else bad "plan report"; cat planreport.log; fi
 "$strata" plan tiny.toml --machine a100-80gb --world 2 --memory-limit 1KiB --output out/plannone.h5 > plannone.log 2>&1
 rc=$?
 if [[ $rc -eq 3 ]] && grep -q "no layout fits" plannone.log; then ok "plan: nothing fits, exit 3"; else bad "plan nothing fits (rc $rc)"; cat plannone.log; fi
