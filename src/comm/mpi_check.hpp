@@ -44,4 +44,20 @@ inline std::string broadcast_string(const std::string& text, MPI_Comm comm) {
   return std::string(buf.begin(), buf.end());
 }
 
+// This rank's place among the ranks of `comm` that share its node
+// (collective): where GPUs are handed out and a node's ranks counted.
+struct NodePlace {
+  int local = 0;  // rank among them
+  int size = 1;   // how many
+};
+inline NodePlace node_place(MPI_Comm comm) {
+  MPI_Comm node = MPI_COMM_NULL;
+  STRATA_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  NodePlace p;
+  STRATA_CHECK_MPI(MPI_Comm_rank(node, &p.local));
+  STRATA_CHECK_MPI(MPI_Comm_size(node, &p.size));
+  STRATA_CHECK_MPI(MPI_Comm_free(&node));
+  return p;
+}
+
 }  // namespace strata::comm

@@ -167,12 +167,7 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   int rank = 0, world = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
-  MPI_Comm node = MPI_COMM_NULL;
-  STRATA_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int on_node = 1, local = 0;
-  STRATA_CHECK_MPI(MPI_Comm_size(node, &on_node));
-  STRATA_CHECK_MPI(MPI_Comm_rank(node, &local));
-  STRATA_CHECK_MPI(MPI_Comm_free(&node));
+  const auto [local, on_node] = comm::node_place(comm);
   // A GPU build on a node with GPUs measures them, a rank per GPU (as a run
   // places its ranks); otherwise the CPU, a rank per device.
   if (kernels::cuda_built() && kernels::gpu_count() > 0) kernels::use_device(kernels::Device::cuda, local % kernels::gpu_count());
@@ -333,11 +328,7 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     MPI_Comm sub = MPI_COMM_NULL;
     STRATA_CHECK_MPI(MPI_Comm_split(comm, rank < n ? 0 : 1, rank, &sub));
     // The level: whether the group's ranks share a node.
-    MPI_Comm sub_node = MPI_COMM_NULL;
-    STRATA_CHECK_MPI(MPI_Comm_split_type(sub, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &sub_node));
-    int here = 1;
-    STRATA_CHECK_MPI(MPI_Comm_size(sub_node, &here));
-    STRATA_CHECK_MPI(MPI_Comm_free(&sub_node));
+    const int here = comm::node_place(sub).size;  // collective over sub: every rank calls it
     int most = rank < n ? here : 0;
     STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &most, 1, MPI_INT, MPI_MAX, comm));
     most_per_node[n] = most;

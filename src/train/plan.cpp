@@ -108,7 +108,7 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
                       c.tokens_per_s = pr.tokens_per_s;
                       c.mfu = pr.mfu;
                       c.step_time = pr.step.step_time;
-                      for (double x : pr.bubble) c.bubble = std::max(c.bubble, x);
+                      for (const Bubble& b : pr.bubbles) c.bubble = std::max(c.bubble, b.idle_over_step);
                       for (const auto& s : pr.step.stages) c.exposed_comm = std::max(c.exposed_comm, s.comm_wait);
                       fits = peak <= limit;
                       c.status = fits ? "complete" : "skipped";

@@ -188,12 +188,7 @@ int select_device(const plan::Plan& cfg, MPI_Comm comm) {
   if (!kernels::cuda_built())
     core::input_error("backend.device = \"cuda\": this build has the CPU backend only; build with the CUDA backend "
                       "(cmake --preset cuda, or STRATA_WITH_CUDA=AUTO where nvcc is found)");
-  MPI_Comm node = MPI_COMM_NULL;
-  STRATA_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int local = 0, on_node = 1;
-  STRATA_CHECK_MPI(MPI_Comm_rank(node, &local));
-  STRATA_CHECK_MPI(MPI_Comm_size(node, &on_node));
-  STRATA_CHECK_MPI(MPI_Comm_free(&node));
+  const auto [local, on_node] = comm::node_place(comm);
   const int gpus = kernels::gpu_count();
   if (gpus == 0) core::runtime_error("backend.device = \"cuda\" but this node has no usable GPU");
   // NCCL refuses two ranks of one communicator on one GPU: say so before it does.

@@ -22,15 +22,6 @@ namespace {
 // each pipeline stage's simulated rank only, not a copy for every rank.
 constexpr int kEveryRankRows = 64;
 
-// The pipeline's idle share of a stage, as measure_bubble computes a run's:
-// pipeline time = step - optimizer span, busy = forward and backward spans.
-double stage_bubble(const sim::StageTiming& s, double step_time) {
-  double busy = 0, optimizer = 0;
-  for (const auto& sp : s.spans) (sp.phase == prof::Phase::optimizer ? optimizer : busy) += sp.end - sp.start;
-  const double pipe = step_time - optimizer;
-  return pipe > 0 ? std::max(0.0, pipe - busy) / pipe : 0.0;
-}
-
 }  // namespace
 
 Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
@@ -52,7 +43,24 @@ Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
   out.tokens_per_s = t > 0 ? double(cfg.data.global_batch) * cfg.model.seq_len / t : 0;
   out.mfu = t > 0 && out.peak_flops > 0 ? out.model_flops / t / out.peak_flops : 0;
   out.hfu = t > 0 && out.peak_flops > 0 ? out.hardware_flops / t / out.peak_flops : 0;
-  for (const auto& s : out.step.stages) out.bubble.push_back(l.pp > 1 ? stage_bubble(s, t) : 0.0);
+  StepRecord& step = out.step_record;
+  step.loss = std::numeric_limits<double>::quiet_NaN();
+  step.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  step.step_time = t;
+  step.tokens = double(cfg.data.global_batch) * cfg.model.seq_len;
+  step.tokens_per_s = out.tokens_per_s;
+  step.model_flops = out.model_flops;
+  step.flops_per_s = t > 0 ? out.model_flops / t : 0;
+  step.mfu = out.mfu;
+  step.hardware_flops = out.hardware_flops;
+  step.hfu = out.hfu;
+  const int chunks = l.pp > 1 ? cfg.parallel.virtual_stages : 1;
+  for (std::size_t s = 0; s < out.step.stages.size(); ++s) {
+    prof::Timeline& tl = out.timelines.emplace_back(false);
+    for (const auto& sp : out.step.stages[s].spans) tl.add(sp);
+    out.bubbles.push_back(
+        measure_bubble(tl, {step}, int(s), l.pp, cfg.micro_batches(), chunks, *cfg.parallel.schedule));
+  }
   return out;
 }
 
@@ -94,20 +102,7 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
 
   // Every rank's memory, step and summaries; the timeline and calls of each
   // stage's simulated rank, copied to the stage's other ranks when few.
-  const double t = pr.step.step_time;
-  StepRecord step;
-  step.step = 0;
-  step.loss = std::numeric_limits<double>::quiet_NaN();
-  step.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  step.step_time = t;
-  step.tokens = double(cfg.data.global_batch) * cfg.model.seq_len;
-  step.tokens_per_s = pr.tokens_per_s;
-  step.model_flops = pr.model_flops;
-  step.flops_per_s = t > 0 ? pr.model_flops / t : 0;
-  step.mfu = pr.mfu;
-  step.hardware_flops = pr.hardware_flops;
-  step.hfu = pr.hfu;
-  const std::vector<StepRecord> steps = {step};
+  const std::vector<StepRecord> steps = {pr.step_record};
   std::vector<MemoryRecord> memory, rank0;
   for (const RankClass& k : pr.estimate.classes)
     for (int r : k.ranks)
@@ -115,29 +110,21 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   memory.insert(memory.end(), rank0.begin(), rank0.end());
   std::sort(memory.begin(), memory.end(), [](const MemoryRecord& a, const MemoryRecord& b) { return a.rank < b.rank; });
 
-  std::vector<prof::Timeline> timelines(pr.step.stages.size(), prof::Timeline(false));
   std::vector<comm::CommLog> logs(pr.step.stages.size(), comm::CommLog(0.0));
+  std::vector<std::vector<CommAggregate>> aggregates;
   for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
-    for (const auto& sp : pr.step.stages[s].spans) timelines[s].add(sp);
     for (const auto& c : pr.step.stages[s].comms) logs[s].add(c);
+    aggregates.push_back(aggregate_comm(logs[s], 0));
   }
   std::vector<RankRows> rows;
   std::vector<std::pair<int, std::vector<CommAggregate>>> comm_figures;
   std::vector<std::pair<int, Bubble>> bubbles;
-  const int micro_batches = cfg.micro_batches();
-  const int chunks = l.pp > 1 ? cfg.parallel.virtual_stages : 1;
   for (int r = 0; r < l.world(); ++r) {
-    const int s = mesh::coords_of(l, r).pp;
-    const bool simulated = r == pr.step.stages[std::size_t(s)].rank;
-    const bool spans = every || simulated;
-    rows.push_back({r, &steps, nullptr, spans ? &timelines[std::size_t(s)] : nullptr, spans ? &logs[std::size_t(s)] : nullptr});
-    comm_figures.push_back({r, aggregate_comm(logs[std::size_t(s)], 0)});
-    Bubble b{s, l.pp, micro_batches, chunks, cfg.parallel.schedule->name};
-    b.theory = l.pp > 1 ? cfg.parallel.schedule->bubble({l.pp, micro_batches, chunks}) : 0.0;
-    b.idle_over_step = pr.bubble[std::size_t(s)];
-    const double busy = (1 - b.idle_over_step);
-    b.idle_over_compute = busy > 0 ? b.idle_over_step / busy : 0;
-    bubbles.push_back({r, b});
+    const std::size_t s = std::size_t(mesh::coords_of(l, r).pp);
+    const bool spans = every || r == pr.step.stages[s].rank;
+    rows.push_back({r, &steps, nullptr, spans ? &pr.timelines[s] : nullptr, spans ? &logs[s] : nullptr});
+    comm_figures.push_back({r, aggregates[s]});
+    bubbles.push_back({r, pr.bubbles[s]});
   }
   write_tables(file, rows, memory);
   write_comm_summary(file, comm_figures);
@@ -176,7 +163,7 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
       if (std::find(k.ranks.begin(), k.ranks.end(), st.rank) != k.ranks.end())
         peak = k.memory[core::Pool::device].total_peak;
     fmt::print("  {:>5} {:>6} {:>12.4f} {:>12.4f} {:>12.4f} {:>8.3f} {:>12}\n", s, st.rank, st.compute, st.comm_wait,
-               st.end, pr.bubble[s], core::format_bytes(double(peak)));
+               st.end, pr.bubbles[s].idle_over_step, core::format_bytes(double(peak)));
   }
   for (const RankClass& k : pr.estimate.classes) {
     const double peak = double(k.memory[core::Pool::device].total_peak);

@@ -12,6 +12,7 @@
 #include "src/sim/machine.hpp"
 #include "src/sim/simulator.hpp"
 #include "src/train/estimate.hpp"
+#include "src/train/run_report.hpp"
 
 namespace strata::train {
 
@@ -28,7 +29,9 @@ struct Prediction {
   sim::StepSimulation step;
   double tokens_per_s = 0, model_flops = 0, hardware_flops = 0, mfu = 0, hfu = 0;
   double peak_flops = 0;  // the job's: every device's peak at the deck's precision
-  std::vector<double> bubble;  // per pipeline stage: idle / pipeline time
+  StepRecord step_record;                // the predicted step, as a run's /steps row (loss NaN)
+  std::vector<prof::Timeline> timelines;  // per pipeline stage: its simulated rank's spans
+  std::vector<Bubble> bubbles;            // per pipeline stage, as measure_bubble finds a run's
 };
 
 Prediction predict(const plan::Plan& cfg, const sim::Machine& machine);

@@ -330,7 +330,7 @@ TEST(Simulator, APredictionHoldsTheEstimatesMemoryAndItsSchedulesBubble) {
   EXPECT_GT(pr.step.step_time, 0);
   // A step is at least each stage's compute, and a pipeline idles somewhere.
   for (const auto& s : pr.step.stages) EXPECT_GE(pr.step.step_time, s.compute);
-  EXPECT_GT(pr.bubble[0] + pr.bubble[1], 0.0);
+  EXPECT_GT(pr.bubbles[0].idle_over_step + pr.bubbles[1].idle_over_step, 0.0);
   EXPECT_NEAR(pr.tokens_per_s, 8.0 * 8 / pr.step.step_time, 1e-9 * pr.tokens_per_s);
 }
 
