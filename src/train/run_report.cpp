@@ -1,6 +1,7 @@
 #include "src/train/run_report.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include "strategies/pp/schedule.hpp"
 
@@ -215,14 +216,14 @@ Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepReco
   // The pipeline's part of a step is all but the optimizer span (gradient
   // synchronisation, norm, clipping, AdamW), which every schedule has alike
   // and the theory leaves out; its idle time is that part minus the compute.
-  std::vector<double> busy(steps.size(), 0.0), optimizer(steps.size(), 0.0);
+  // Keyed by the global step: a resumed run's records start past 0.
+  std::map<int, double> busy, optimizer;
   for (const auto& s : timeline.spans())
-    if (s.step >= 0 && std::size_t(s.step) < busy.size())
-      (s.phase == prof::Phase::optimizer ? optimizer : busy)[std::size_t(s.step)] += s.end - s.start;
+    if (s.step >= 0) (s.phase == prof::Phase::optimizer ? optimizer : busy)[s.step] += s.end - s.start;
   std::vector<double> over_step, over_compute;
   for (const auto& r : steps) {
     if (r.warmup) continue;
-    const double pipe = r.step_time - optimizer[std::size_t(r.step)], b_s = busy[std::size_t(r.step)];
+    const double pipe = r.step_time - optimizer[r.step], b_s = busy[r.step];
     if (pipe <= 0) continue;
     const double idle = std::max(0.0, pipe - b_s);
     over_step.push_back(idle / pipe);

@@ -10,6 +10,8 @@
 #include "src/deck/deck.hpp"
 #include "src/train/data.hpp"
 #include "src/train/lr_schedule.hpp"
+#include "src/train/run_report.hpp"
+#include "strategies/pp/schedule.hpp"
 #include "src/train/trainer.hpp"
 
 using namespace strata;
@@ -226,4 +228,31 @@ TEST(Trainer, MoeBlocksHoldNoDenseMlpActivations) {
   for (const auto& b : models::moe_buffer_plan(gc.moe_layer(), N))
     if (b.category == core::MemCategory::activations) moe_layer += 4ull * std::uint64_t(b.numel);
   EXPECT_EQ(acts(with("2")) + 2 * moe_layer, acts(with("1")) + 2 * 4ull * 2 * N * F);
+}
+
+// A resumed run's records start at its first global step, not at 0: the
+// bubble is measured per global step (it once indexed per-record vectors by
+// the global step and read past their end).
+TEST(RunReport, BubbleOfAResumedRunIsTheSameAsFromStepZero) {
+  const auto& schedule = strategies::pp::find_schedule("1f1b");
+  auto measure = [&](int first) {
+    prof::Timeline tl;
+    std::vector<train::StepRecord> steps;
+    for (int i = 0; i < 4; ++i) {
+      const int s = first + i;
+      const double t0 = 10.0 * i;
+      tl.add({s, 0, 0, 1, prof::Phase::forward, t0, t0 + 1.0 + i});
+      tl.add({s, 0, 0, 1, prof::Phase::backward, t0 + 3.0, t0 + 5.0});
+      tl.add({s, 0, 0, -1, prof::Phase::optimizer, t0 + 7.0, t0 + 8.0});
+      train::StepRecord r;
+      r.step = s, r.warmup = i == 0, r.step_time = 8.0;
+      steps.push_back(r);
+    }
+    return train::measure_bubble(tl, steps, 0, 2, 4, 1, schedule);
+  };
+  const train::Bubble a = measure(0), b = measure(1000);
+  // Steps 1..3: pipeline 7 s, busy 4, 5, 6 s: idle 3, 2, 1: the median 2/7.
+  EXPECT_DOUBLE_EQ(a.idle_over_step, 2.0 / 7.0);
+  EXPECT_DOUBLE_EQ(b.idle_over_step, a.idle_over_step);
+  EXPECT_DOUBLE_EQ(b.idle_over_compute, a.idle_over_compute);
 }
