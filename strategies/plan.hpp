@@ -24,6 +24,8 @@ enum class ModelKind { gpt, moe };
 enum class DataSource { synthetic, text };
 enum class Offload { none, host, nvme };
 enum class LrSchedule { constant, cosine };
+// run.on_divergence: what a non-finite loss or gradient norm does.
+enum class OnDivergence { stop, continue_ };
 // backend.comm: auto is NCCL on a GPU and MPI on the CPU.
 enum class CommChoice { auto_, mpi, nccl };
 
@@ -43,6 +45,7 @@ inline constexpr std::array<std::string_view, 2> kModelKinds{"gpt", "moe"};
 inline constexpr std::array<std::string_view, 2> kDataSources{"synthetic", "text"};
 inline constexpr std::array<std::string_view, 3> kOffloads{"none", "host", "nvme"};
 inline constexpr std::array<std::string_view, 2> kLrSchedules{"constant", "cosine"};
+inline constexpr std::array<std::string_view, 2> kOnDivergence{"stop", "continue"};
 inline constexpr std::array<std::string_view, 3> kCommChoices{"auto", "mpi", "nccl"};
 inline constexpr std::array<std::string_view, 3> kRecomputes{"none", "selective", "full"};
 inline constexpr std::array<std::string_view, 3> kPrecisions{"fp32", "bf16", "fp16"};
@@ -51,6 +54,7 @@ template <> struct Choice<ModelKind> : EnumChoice<ModelKind, kModelKinds> {};
 template <> struct Choice<DataSource> : EnumChoice<DataSource, kDataSources> {};
 template <> struct Choice<Offload> : EnumChoice<Offload, kOffloads> {};
 template <> struct Choice<LrSchedule> : EnumChoice<LrSchedule, kLrSchedules> {};
+template <> struct Choice<OnDivergence> : EnumChoice<OnDivergence, kOnDivergence> {};
 template <> struct Choice<CommChoice> : EnumChoice<CommChoice, kCommChoices> {};
 template <> struct Choice<models::Recompute> : EnumChoice<models::Recompute, kRecomputes> {};
 template <> struct Choice<core::Precision> : EnumChoice<core::Precision, kPrecisions> {};
@@ -88,6 +92,7 @@ struct RunSection {
   std::string output;           // report path; default results/<name>.h5
   bool profile = true;          // per-layer timeline spans
   int log_every = 1;            // print a table row every N steps (0: never)
+  OnDivergence on_divergence = OnDivergence::stop;
 };
 
 struct ModelSection {

@@ -2,6 +2,11 @@
 // used by every backend and by the profiling layer to count bytes.
 #include "kernels/foundation/communicator.hpp"
 
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <thread>
+
 #include "kernels/foundation/error.hpp"
 
 namespace strata::comm {
@@ -17,6 +22,26 @@ std::size_t dtype_size(DType t) {
   }
   STRATA_CHECK(false, "unknown DType {}", int(t));
   return 0;
+}
+
+void finish_in_destructor(Request& r, const char* what) {
+  try {
+    if (std::uncaught_exceptions() == 0) {
+      r.wait();
+      return;
+    }
+    using clock = std::chrono::steady_clock;
+    static const clock::time_point deadline = clock::now() + std::chrono::seconds(2);
+    while (!r.test()) {
+      if (clock::now() >= deadline) {
+        std::fprintf(stderr, "strata: abandoned an unfinished %s while this rank fails\n", what);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata: finishing an unfinished %s failed: %s\n", what, e.what());
+  }
 }
 
 }  // namespace strata::comm

@@ -35,6 +35,15 @@ class Request {
 };
 using RequestPtr = std::unique_ptr<Request>;
 
+// What an implementation's destructor does with an unfinished request: waits
+// for it (the contract), except while its rank unwinds from a failure. Then
+// the peers may never join the operation, and a wait would hang the job
+// instead of letting the failure be reported: the request is polled until a
+// deadline shared by all of them (2 s after the first) and then abandoned
+// (its buffers are the job's last concern: it is ending). A destructor cannot
+// throw: errors are said on stderr, naming `what`.
+void finish_in_destructor(Request& r, const char* what);
+
 // The operations are listed once, in comm_ops.inc; an implementation's class
 // declares them all by including it with
 //   #define STRATA_COMM_OP(ret, name, params) ret name params override;

@@ -14,12 +14,18 @@ enum class ErrorKind { input, runtime };
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  // `agreed`: every rank of the job threw this error at the same point (they
+  // agreed on it collectively), so none is left waiting for another and the
+  // job can end normally instead of by MPI_Abort.
+  Error(ErrorKind kind, const std::string& message, bool agreed = false)
+      : std::runtime_error(message), kind_(kind), agreed_(agreed) {}
   ErrorKind kind() const { return kind_; }
+  bool agreed() const { return agreed_; }
   int exit_code() const { return kind_ == ErrorKind::input ? 2 : 1; }
 
  private:
   ErrorKind kind_;
+  bool agreed_;
 };
 
 // Bad input from the user: exit status 2, nothing written.

@@ -20,6 +20,7 @@
 #include "src/comm/mpi_check.hpp"
 #include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
+#include "src/report/h5file.hpp"
 #include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"
 #include "src/sim/calibrate.hpp"
@@ -70,6 +71,13 @@ void ensure_mpi() {
 }
 
 int finish(int code) {
+  if (strata::report::H5File::files_left_open() > 0) {
+    // MPI_Finalize would make HDF5 close a report whose writing failed, which
+    // can hang (~H5File); every rank agreed on the error and ends here.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  }
   int initialised = 0;
   MPI_Initialized(&initialised);
   if (initialised) MPI_Finalize();
@@ -238,8 +246,8 @@ int main(int argc, char** argv) {
     }
     if (*sweep) status = sweep_command(deck_path, sets, sw, command_line);
   } catch (const Error& e) {
-    if (e.kind() == ErrorKind::input) {
-      if (rank == 0) fmt::print(stderr, "strata: error: {}\n", e.what());
+    if (e.kind() == ErrorKind::input || e.agreed()) {
+      if (rank == 0) fmt::print(stderr, "strata: {}: {}\n", e.kind() == ErrorKind::input ? "error" : "failed", e.what());
       return finish(e.exit_code());
     }
     if (world > 1) strata::comm::abort_job(MPI_COMM_WORLD, rank, e.what(), e.exit_code());

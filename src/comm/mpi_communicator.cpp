@@ -38,9 +38,7 @@ class MpiRequest : public Request {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
-    // A destructor cannot throw; say so loudly instead of dropping the error.
-    const int rc = MPI_Wait(&req_, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) std::fprintf(stderr, "strata: MPI_Wait in a request's destructor failed (code %d)\n", rc);
+    finish_in_destructor(*this, "MPI request");
   }
 
   void wait() override {

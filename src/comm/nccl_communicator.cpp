@@ -147,13 +147,7 @@ class NcclRequest : public Request {
 
   ~NcclRequest() override {
     if (finished_) return;
-    // Destroying an unfinished request waits (the contract); a destructor
-    // cannot throw, so a failure is said on stderr.
-    try {
-      wait();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "strata: waiting on an unfinished NCCL request failed: %s\n", e.what());
-    }
+    finish_in_destructor(*this, "NCCL request");
   }
 
   void wait() override {

@@ -53,13 +53,7 @@ class StagedRequest : public Request {
 
   ~StagedRequest() override {
     if (done_ || !inner) return;
-    // Destroying an unfinished request waits (the contract); a destructor
-    // cannot throw, so a failure is said on stderr.
-    try {
-      wait();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "strata: waiting on an unfinished staged request failed: %s\n", e.what());
-    }
+    finish_in_destructor(*this, "staged request");
   }
 
   void wait() override {

@@ -6,6 +6,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -194,6 +195,15 @@ H5File::~H5File() {
   // file_ < 0: published, or publish() closed the file and then failed to
   // rename it; that complete ".partial" file is kept for the user.
   if (file_ < 0) return;
+  if (broken_) {
+    // After an agreed error the file stays under its temporary name, as far
+    // as it was written, and open: HDF5's close after a failed write (a full
+    // disk) can diverge between ranks inside its own collective metadata
+    // flush and hang. The process must then end without MPI_Finalize, which
+    // would close it (files_left_open()).
+    ++left_open_;
+    return;
+  }
   H5Fclose(file_);
   file_ = -1;
   int finalized = 0;
@@ -223,195 +233,242 @@ Id open_object(hid_t file, const std::string& object, const std::string& attr, c
 
 }  // namespace
 
+// Each call's outcome is agreed before any rank goes on: an error on one rank
+// alone (a full disk seen by the rank that writes) would otherwise send it
+// ahead to another collective call while the others wait in this one, and
+// the job would hang. Every rank throws the first failing rank's message.
+// (Arguments are the same on every rank, the contract above, so an error of
+// one rank alone comes from the storage, inside a collective call that every
+// rank completes: ROMIO returns a write's error to its caller.)
+template <typename Body>
+void H5File::together(const char* what, Body&& body) {
+  std::string message;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  int first = message.empty() ? INT_MAX : rank_;
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm_));
+  if (first == INT_MAX) return;
+  broken_ = true;
+  int len = int(message.size());
+  STRATA_CHECK_MPI(MPI_Bcast(&len, 1, MPI_INT, first, comm_));
+  message.resize(std::size_t(len));
+  STRATA_CHECK_MPI(MPI_Bcast(message.data(), len, MPI_CHAR, first, comm_));
+  throw core::Error(core::ErrorKind::runtime,
+                    fmt::format("writing report '{}' ({} on rank {}): {}", temp_path_, what, first, message), true);
+}
+
 void H5File::set_attr(const std::string& object, const std::string& name, const std::string& value) {
-  require_open(file_, published_, final_path_);
-  Id obj = open_object(file_, object, name, final_path_);
-  put_attr(obj, name, value);
+  together("set_attr", [&] {
+    require_open(file_, published_, final_path_);
+    Id obj = open_object(file_, object, name, final_path_);
+    put_attr(obj, name, value);
+  });
 }
 
 void H5File::set_attr(const std::string& object, const std::string& name, std::int64_t value) {
-  require_open(file_, published_, final_path_);
-  Id obj = open_object(file_, object, name, final_path_);
-  put_attr(obj, name, value);
+  together("set_attr", [&] {
+    require_open(file_, published_, final_path_);
+    Id obj = open_object(file_, object, name, final_path_);
+    put_attr(obj, name, value);
+  });
 }
 
 void H5File::set_attr(const std::string& object, const std::string& name, double value) {
-  require_open(file_, published_, final_path_);
-  Id obj = open_object(file_, object, name, final_path_);
-  put_attr(obj, name, value);
+  together("set_attr", [&] {
+    require_open(file_, published_, final_path_);
+    Id obj = open_object(file_, object, name, final_path_);
+    put_attr(obj, name, value);
+  });
 }
 
 void H5File::create_group(const std::string& path) {
-  require_open(file_, published_, final_path_);
-  const std::string p = absolute(path);
-  if (p == "/") return;  // the root always exists
-  // H5Lexists fails (rather than answering no) when a parent is missing, so
-  // the path is probed one component at a time.
-  bool exists = true;
-  for (std::size_t pos = 1; exists && pos != std::string::npos;) {
-    pos = p.find('/', pos + 1);
-    const std::string prefix = p.substr(0, pos);
-    exists = STRATA_CHECK_H5(H5Lexists(file_, prefix.c_str(), H5P_DEFAULT)) > 0;
-  }
-  if (exists) {
-    // (H5Iget_type rather than H5Oget_info: the latter changed signature between 1.10 and 1.12.)
-    Id obj(STRATA_CHECK_H5(H5Oopen(file_, p.c_str(), H5P_DEFAULT)), H5Oclose);
-    STRATA_CHECK(H5Iget_type(obj) == H5I_GROUP, "report '{}': '{}' exists and is not a group", final_path_, p);
-    return;
-  }
-  Id lcpl = link_create_plist();
-  Id group(STRATA_CHECK_H5(H5Gcreate2(file_, p.c_str(), lcpl, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
+  together("create_group", [&] {
+    require_open(file_, published_, final_path_);
+    const std::string p = absolute(path);
+    if (p == "/") return;  // the root always exists
+    // H5Lexists fails (rather than answering no) when a parent is missing, so
+    // the path is probed one component at a time.
+    bool exists = true;
+    for (std::size_t pos = 1; exists && pos != std::string::npos;) {
+      pos = p.find('/', pos + 1);
+      const std::string prefix = p.substr(0, pos);
+      exists = STRATA_CHECK_H5(H5Lexists(file_, prefix.c_str(), H5P_DEFAULT)) > 0;
+    }
+    if (exists) {
+      // (H5Iget_type rather than H5Oget_info: the latter changed signature between 1.10 and 1.12.)
+      Id obj(STRATA_CHECK_H5(H5Oopen(file_, p.c_str(), H5P_DEFAULT)), H5Oclose);
+      STRATA_CHECK(H5Iget_type(obj) == H5I_GROUP, "report '{}': '{}' exists and is not a group", final_path_, p);
+      return;
+    }
+    Id lcpl = link_create_plist();
+    Id group(STRATA_CHECK_H5(H5Gcreate2(file_, p.c_str(), lcpl, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
+  });
 }
 
 void H5File::write_scalar(const std::string& group, const std::string& name, double value, const std::string& unit,
                           const std::string& doc) {
-  require_open(file_, published_, final_path_);
-  const std::string path = join_path(group, name);
-  Id space(STRATA_CHECK_H5(H5Screate(H5S_SCALAR)), H5Sclose);
-  Id lcpl = link_create_plist();
-  Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), H5T_IEEE_F64LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT)),
-          H5Dclose);
-  write_from_rank0(dset, H5T_NATIVE_DOUBLE, rank_, &value);
-  put_attr(dset, "unit", unit);
-  put_attr(dset, "doc", doc);
+  together("write_scalar", [&] {
+    require_open(file_, published_, final_path_);
+    const std::string path = join_path(group, name);
+    Id space(STRATA_CHECK_H5(H5Screate(H5S_SCALAR)), H5Sclose);
+    Id lcpl = link_create_plist();
+    Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), H5T_IEEE_F64LE, space, lcpl, H5P_DEFAULT, H5P_DEFAULT)),
+            H5Dclose);
+    write_from_rank0(dset, H5T_NATIVE_DOUBLE, rank_, &value);
+    put_attr(dset, "unit", unit);
+    put_attr(dset, "doc", doc);
+  });
 }
 
 void H5File::write_scalar(const std::string& group, const std::string& name, const std::string& value,
                           const std::string& doc) {
-  require_open(file_, published_, final_path_);
-  const std::string path = join_path(group, name);
-  Id type = string_type(value.size());
-  Id space(STRATA_CHECK_H5(H5Screate(H5S_SCALAR)), H5Sclose);
-  Id lcpl = link_create_plist();
-  Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), type, space, lcpl, H5P_DEFAULT, H5P_DEFAULT)), H5Dclose);
-  write_from_rank0(dset, type, rank_, value.c_str());
-  put_attr(dset, "doc", doc);
+  together("write_scalar", [&] {
+    require_open(file_, published_, final_path_);
+    const std::string path = join_path(group, name);
+    Id type = string_type(value.size());
+    Id space(STRATA_CHECK_H5(H5Screate(H5S_SCALAR)), H5Sclose);
+    Id lcpl = link_create_plist();
+    Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), type, space, lcpl, H5P_DEFAULT, H5P_DEFAULT)), H5Dclose);
+    write_from_rank0(dset, type, rank_, value.c_str());
+    put_attr(dset, "doc", doc);
+  });
 }
 
 void H5File::write_array(const std::string& group, const std::string& name, const float* data, std::int64_t n,
                          const std::vector<std::int64_t>& shape) {
-  require_open(file_, published_, final_path_);
-  const std::string path = join_path(group, name);
-  std::int64_t elements = 1;
-  for (auto d : shape) elements *= d;
-  STRATA_CHECK(!shape.empty() && n >= 0 && elements == n, "array '{}': shape holds {} elements, data has {}", path,
-               elements, n);
-  const hsize_t dims = static_cast<hsize_t>(n);
-  Id space(STRATA_CHECK_H5(H5Screate_simple(1, &dims, nullptr)), H5Sclose);
-  Id lcpl = link_create_plist();
-  Id dcpl = dataset_create_plist();
-  Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT)), H5Dclose);
-  // n is the same on every rank, so all skip the write of an empty array together.
-  if (n > 0) write_from_rank0(dset, H5T_NATIVE_FLOAT, rank_, data);
+  together("write_array", [&] {
+    require_open(file_, published_, final_path_);
+    const std::string path = join_path(group, name);
+    std::int64_t elements = 1;
+    for (auto d : shape) elements *= d;
+    STRATA_CHECK(!shape.empty() && n >= 0 && elements == n, "array '{}': shape holds {} elements, data has {}", path,
+                 elements, n);
+    const hsize_t dims = static_cast<hsize_t>(n);
+    Id space(STRATA_CHECK_H5(H5Screate_simple(1, &dims, nullptr)), H5Sclose);
+    Id lcpl = link_create_plist();
+    Id dcpl = dataset_create_plist();
+    Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT)), H5Dclose);
+    // n is the same on every rank, so all skip the write of an empty array together.
+    if (n > 0) write_from_rank0(dset, H5T_NATIVE_FLOAT, rank_, data);
 
-  const hsize_t rank_dims = shape.size();
-  Id shape_space(STRATA_CHECK_H5(H5Screate_simple(1, &rank_dims, nullptr)), H5Sclose);
-  put_attr(dset, "shape", H5T_STD_I64LE, H5T_NATIVE_INT64, shape_space, shape.data());
+    const hsize_t rank_dims = shape.size();
+    Id shape_space(STRATA_CHECK_H5(H5Screate_simple(1, &rank_dims, nullptr)), H5Sclose);
+    put_attr(dset, "shape", H5T_STD_I64LE, H5T_NATIVE_INT64, shape_space, shape.data());
+  });
 }
 
 void H5File::write_table(const Table& table) {
-  require_open(file_, published_, final_path_);
-  const auto& cols = table.columns();
-  STRATA_CHECK(!cols.empty(), "table '{}' has no columns", table.name());
+  together("write_table", [&] {
+    require_open(file_, published_, final_path_);
+    // Rank r's rows start after the rows of ranks 0..r-1. First, before
+    // anything that can fail on one rank alone (see together()).
+    const std::size_t rows = table.num_rows();
+    const std::int64_t count = static_cast<std::int64_t>(rows);
+    std::int64_t offset = 0, total = 0;
+    STRATA_CHECK_MPI(MPI_Exscan(&count, &offset, 1, MPI_INT64_T, MPI_SUM, comm_));
+    if (rank_ == 0) offset = 0;  // MPI leaves rank 0's Exscan result undefined
+    STRATA_CHECK_MPI(MPI_Allreduce(&count, &total, 1, MPI_INT64_T, MPI_SUM, comm_));
 
-  // Packed row layout, the same in memory and in the file; only the member
-  // types differ (native in memory, little-endian in the file), which is
-  // no conversion at all on x86 and ARM.
-  std::vector<std::size_t> offsets;
-  std::size_t row_size = 0;
-  for (const auto& c : cols) {
-    offsets.push_back(row_size);
-    row_size += c.type == ColumnType::str ? static_cast<std::size_t>(c.str_len) : 8;
-  }
-  Id file_type(STRATA_CHECK_H5(H5Tcreate(H5T_COMPOUND, row_size)), H5Tclose);
-  Id mem_type(STRATA_CHECK_H5(H5Tcreate(H5T_COMPOUND, row_size)), H5Tclose);
-  for (std::size_t i = 0; i < cols.size(); ++i) {
-    const char* name = cols[i].name.c_str();
-    switch (cols[i].type) {
-      case ColumnType::i64:
-        STRATA_CHECK_H5(H5Tinsert(file_type, name, offsets[i], H5T_STD_I64LE));
-        STRATA_CHECK_H5(H5Tinsert(mem_type, name, offsets[i], H5T_NATIVE_INT64));
-        break;
-      case ColumnType::f64:
-        STRATA_CHECK_H5(H5Tinsert(file_type, name, offsets[i], H5T_IEEE_F64LE));
-        STRATA_CHECK_H5(H5Tinsert(mem_type, name, offsets[i], H5T_NATIVE_DOUBLE));
-        break;
-      case ColumnType::str: {
-        // Null-padded, not null-terminated: a value may use every byte.
-        Id str(STRATA_CHECK_H5(H5Tcopy(H5T_C_S1)), H5Tclose);
-        STRATA_CHECK_H5(H5Tset_size(str, static_cast<std::size_t>(cols[i].str_len)));
-        STRATA_CHECK_H5(H5Tset_strpad(str, H5T_STR_NULLPAD));
-        STRATA_CHECK_H5(H5Tinsert(file_type, name, offsets[i], str));
-        STRATA_CHECK_H5(H5Tinsert(mem_type, name, offsets[i], str));
-        break;
-      }
+    const auto& cols = table.columns();
+    STRATA_CHECK(!cols.empty(), "table '{}' has no columns", table.name());
+
+    // Packed row layout, the same in memory and in the file; only the member
+    // types differ (native in memory, little-endian in the file), which is
+    // no conversion at all on x86 and ARM.
+    std::vector<std::size_t> offsets;
+    std::size_t row_size = 0;
+    for (const auto& c : cols) {
+      offsets.push_back(row_size);
+      row_size += c.type == ColumnType::str ? static_cast<std::size_t>(c.str_len) : 8;
     }
-  }
-
-  const std::size_t rows = table.num_rows();
-  std::vector<unsigned char> buf(rows * row_size, 0);
-  for (std::size_t i = 0; i < cols.size(); ++i) {
-    for (std::size_t r = 0; r < rows; ++r) {
-      unsigned char* cell = buf.data() + r * row_size + offsets[i];
+    Id file_type(STRATA_CHECK_H5(H5Tcreate(H5T_COMPOUND, row_size)), H5Tclose);
+    Id mem_type(STRATA_CHECK_H5(H5Tcreate(H5T_COMPOUND, row_size)), H5Tclose);
+    for (std::size_t i = 0; i < cols.size(); ++i) {
+      const char* name = cols[i].name.c_str();
       switch (cols[i].type) {
-        case ColumnType::i64: std::memcpy(cell, &table.i64(static_cast<int>(i))[r], 8); break;
-        case ColumnType::f64: std::memcpy(cell, &table.f64(static_cast<int>(i))[r], 8); break;
+        case ColumnType::i64:
+          STRATA_CHECK_H5(H5Tinsert(file_type, name, offsets[i], H5T_STD_I64LE));
+          STRATA_CHECK_H5(H5Tinsert(mem_type, name, offsets[i], H5T_NATIVE_INT64));
+          break;
+        case ColumnType::f64:
+          STRATA_CHECK_H5(H5Tinsert(file_type, name, offsets[i], H5T_IEEE_F64LE));
+          STRATA_CHECK_H5(H5Tinsert(mem_type, name, offsets[i], H5T_NATIVE_DOUBLE));
+          break;
         case ColumnType::str: {
-          const std::string& s = table.str(static_cast<int>(i))[r];
-          std::memcpy(cell, s.data(), std::min(s.size(), static_cast<std::size_t>(cols[i].str_len)));
+          // Null-padded, not null-terminated: a value may use every byte.
+          Id str(STRATA_CHECK_H5(H5Tcopy(H5T_C_S1)), H5Tclose);
+          STRATA_CHECK_H5(H5Tset_size(str, static_cast<std::size_t>(cols[i].str_len)));
+          STRATA_CHECK_H5(H5Tset_strpad(str, H5T_STR_NULLPAD));
+          STRATA_CHECK_H5(H5Tinsert(file_type, name, offsets[i], str));
+          STRATA_CHECK_H5(H5Tinsert(mem_type, name, offsets[i], str));
           break;
         }
       }
     }
-  }
 
-  // Rank r's rows start after the rows of ranks 0..r-1.
-  const std::int64_t count = static_cast<std::int64_t>(rows);
-  std::int64_t offset = 0, total = 0;
-  STRATA_CHECK_MPI(MPI_Exscan(&count, &offset, 1, MPI_INT64_T, MPI_SUM, comm_));
-  if (rank_ == 0) offset = 0;  // MPI leaves rank 0's Exscan result undefined
-  STRATA_CHECK_MPI(MPI_Allreduce(&count, &total, 1, MPI_INT64_T, MPI_SUM, comm_));
-
-  const std::string path = join_path("/", table.name());
-  const hsize_t dims = static_cast<hsize_t>(total);
-  Id file_space(STRATA_CHECK_H5(H5Screate_simple(1, &dims, nullptr)), H5Sclose);
-  Id lcpl = link_create_plist();
-  Id dcpl = dataset_create_plist();
-  Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), file_type, file_space, lcpl, dcpl, H5P_DEFAULT)),
-          H5Dclose);
-
-  // total is the same on every rank, so an empty table skips the write on all.
-  if (total > 0) {
-    const hsize_t start = static_cast<hsize_t>(offset), n = static_cast<hsize_t>(count);
-    const hsize_t mem_dims = std::max<hsize_t>(n, 1);  // a rank with no rows still needs a dataspace
-    Id mem_space(STRATA_CHECK_H5(H5Screate_simple(1, &mem_dims, nullptr)), H5Sclose);
-    if (n > 0) {
-      STRATA_CHECK_H5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &start, nullptr, &n, nullptr));
-    } else {
-      STRATA_CHECK_H5(H5Sselect_none(file_space));
-      STRATA_CHECK_H5(H5Sselect_none(mem_space));
+    std::vector<unsigned char> buf(rows * row_size, 0);
+    for (std::size_t i = 0; i < cols.size(); ++i) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        unsigned char* cell = buf.data() + r * row_size + offsets[i];
+        switch (cols[i].type) {
+          case ColumnType::i64: std::memcpy(cell, &table.i64(static_cast<int>(i))[r], 8); break;
+          case ColumnType::f64: std::memcpy(cell, &table.f64(static_cast<int>(i))[r], 8); break;
+          case ColumnType::str: {
+            const std::string& s = table.str(static_cast<int>(i))[r];
+            std::memcpy(cell, s.data(), std::min(s.size(), static_cast<std::size_t>(cols[i].str_len)));
+            break;
+          }
+        }
+      }
     }
-    Id dxpl = collective_transfer();
-    unsigned char none = 0;  // HDF5 wants a buffer even for an empty selection
-    STRATA_CHECK_H5(H5Dwrite(dset, mem_type, mem_space, file_space, dxpl, buf.empty() ? &none : buf.data()));
-  }
 
-  put_attr(dset, "doc", table.doc());
-  std::string names;
-  for (const auto& c : cols) {
-    put_attr(dset, "unit:" + c.name, c.unit);
-    put_attr(dset, "doc:" + c.name, c.doc);
-    if (!names.empty()) names += ',';
-    names += c.name;
-  }
-  put_attr(dset, "columns", names);
+
+    const std::string path = join_path("/", table.name());
+    const hsize_t dims = static_cast<hsize_t>(total);
+    Id file_space(STRATA_CHECK_H5(H5Screate_simple(1, &dims, nullptr)), H5Sclose);
+    Id lcpl = link_create_plist();
+    Id dcpl = dataset_create_plist();
+    Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), file_type, file_space, lcpl, dcpl, H5P_DEFAULT)),
+            H5Dclose);
+
+    // total is the same on every rank, so an empty table skips the write on all.
+    if (total > 0) {
+      const hsize_t start = static_cast<hsize_t>(offset), n = static_cast<hsize_t>(count);
+      const hsize_t mem_dims = std::max<hsize_t>(n, 1);  // a rank with no rows still needs a dataspace
+      Id mem_space(STRATA_CHECK_H5(H5Screate_simple(1, &mem_dims, nullptr)), H5Sclose);
+      if (n > 0) {
+        STRATA_CHECK_H5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &start, nullptr, &n, nullptr));
+      } else {
+        STRATA_CHECK_H5(H5Sselect_none(file_space));
+        STRATA_CHECK_H5(H5Sselect_none(mem_space));
+      }
+      Id dxpl = collective_transfer();
+      unsigned char none = 0;  // HDF5 wants a buffer even for an empty selection
+      STRATA_CHECK_H5(H5Dwrite(dset, mem_type, mem_space, file_space, dxpl, buf.empty() ? &none : buf.data()));
+    }
+
+    put_attr(dset, "doc", table.doc());
+    std::string names;
+    for (const auto& c : cols) {
+      put_attr(dset, "unit:" + c.name, c.unit);
+      put_attr(dset, "doc:" + c.name, c.doc);
+      if (!names.empty()) names += ',';
+      names += c.name;
+    }
+    put_attr(dset, "columns", names);
+  });
 }
 
 void H5File::publish() {
-  require_open(file_, published_, final_path_);
-  STRATA_CHECK_H5(H5Fflush(file_, H5F_SCOPE_GLOBAL));
-  STRATA_CHECK_H5(H5Fclose(file_));
-  file_ = -1;
+  together("publish", [&] {
+    require_open(file_, published_, final_path_);
+    STRATA_CHECK_H5(H5Fflush(file_, H5F_SCOPE_GLOBAL));
+    STRATA_CHECK_H5(H5Fclose(file_));
+    file_ = -1;
+  });
   // Every rank has closed (and so flushed) before the file changes its name.
   STRATA_CHECK_MPI(MPI_Barrier(comm_));
   int renamed = 1;

@@ -59,6 +59,10 @@ class H5File {
   void publish();
 
   const std::string& final_path() const { return final_path_; }
+
+  // Reports this process left open after an agreed write error (see
+  // ~H5File): the process must then end with std::_Exit, not MPI_Finalize.
+  static int files_left_open() { return left_open_; }
   const std::string& temp_path() const { return temp_path_; }
 
  private:
@@ -67,6 +71,11 @@ class H5File {
   std::string final_path_, temp_path_;
   std::int64_t file_ = -1;  // hid_t
   bool published_ = false;
+  bool broken_ = false;  // a call failed on some rank (all of them know it)
+  static inline int left_open_ = 0;
+
+  template <typename Body>
+  void together(const char* what, Body&& body);
 };
 
 }  // namespace strata::report
