@@ -7,6 +7,10 @@
 // could be left waiting).
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -31,6 +35,31 @@
 namespace {
 
 using strata::core::Error;
+
+// Standard output that a reader going away (`strata run ... | head`) cannot
+// end the run through: SIGPIPE is ignored, and stdout becomes a stream whose
+// writes to a closed pipe are dropped instead of failing (a failed write
+// would make the next print throw). The run goes on and publishes its report.
+ssize_t write_or_drop(void*, const char* buf, std::size_t n) {
+  static bool gone = false;
+  for (std::size_t done = 0; !gone && done < n;) {
+    const ssize_t w = ::write(STDOUT_FILENO, buf + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) gone = true;
+    else done += std::size_t(w);
+  }
+  return ssize_t(n);
+}
+
+void keep_running_without_a_reader() {
+  std::signal(SIGPIPE, SIG_IGN);
+  cookie_io_functions_t io = {nullptr, write_or_drop, nullptr, nullptr};
+  FILE* out = fopencookie(nullptr, "w", io);
+  if (out == nullptr) return;  // the plain stdout then
+  std::fflush(stdout);
+  setvbuf(out, nullptr, isatty(STDOUT_FILENO) ? _IOLBF : _IOFBF, BUFSIZ);
+  stdout = out;
+}
 using strata::core::ErrorKind;
 
 // Rank 0 reads the deck file; every rank receives its text (or the reason it
@@ -105,7 +134,10 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
     all.insert(all.end(), p.overrides.begin(), p.overrides.end());
     const std::string text = read_deck_on_root(deck_path, MPI_COMM_WORLD);
     const strata::deck::Deck deck = strata::deck::parse_deck(deck_path, text, all);
-    return strata::train::run_deck(deck, {p.report, false, command_line}, MPI_COMM_WORLD);
+    strata::train::RunOptions ro;
+    ro.output = p.report;
+    ro.command_line = command_line;
+    return strata::train::run_deck(deck, ro, MPI_COMM_WORLD);
   }
   if (a.valid_points) {
     // Machine-readable, for slurm/submit-sweep: "<point> <ranks>" per valid point.
@@ -135,6 +167,7 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_running_without_a_reader();
   // The sweep driver starts MPI jobs of its own: it must not be one.
   bool driver = argc > 1 && std::string(argv[1]) == "sweep";
   for (int i = 1; i < argc; ++i) driver = driver && std::string(argv[i]).rfind("--point", 0) != 0;

@@ -157,8 +157,8 @@ void write_from_rank0(hid_t dset, hid_t mem_type, int rank, const void* buf) {
 
 // ---- H5File ----
 
-H5File::H5File(MPI_Comm comm, const std::string& final_path)
-    : comm_(comm), final_path_(final_path), temp_path_(final_path + ".partial") {
+H5File::H5File(MPI_Comm comm, const std::string& final_path, const std::string& temp_suffix)
+    : comm_(comm), final_path_(final_path), temp_path_(final_path + temp_suffix) {
   STRATA_CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   h5_quiet_errors();
 

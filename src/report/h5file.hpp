@@ -20,9 +20,9 @@ namespace strata::report {
 class H5File {
  public:
   // Collective. Creates the parent directory if needed and the temporary
-  // file "<final_path>.partial". Throws a runtime error naming the path if
-  // the file cannot be created.
-  H5File(MPI_Comm comm, const std::string& final_path);
+  // file "<final_path><temp_suffix>". Throws a runtime error naming the path
+  // if the file cannot be created.
+  H5File(MPI_Comm comm, const std::string& final_path, const std::string& temp_suffix = ".partial");
   // Closes and removes the temporary file if never published. (If publish()
   // closed the file but could not rename it, the complete temporary file is
   // kept and publish() threw an error naming it.)

@@ -515,8 +515,8 @@ void write_index(const Sweep& s) {
       .col_str("overrides", 256, "", "the axes' section.key=value, space-separated")
       .col_i64("world", "1", "ranks the point needs (dp x tp x pp; 0 if it does not resolve)")
       .col_str("status", 16, "",
-               "complete, failed (its report says so or was left unfinished), not_run (valid, no report yet) or "
-               "skipped (invalid: see reason)")
+               "complete, failed (its report says so or was left unfinished), diverged or interrupted (its report "
+               "says where), not_run (valid, no report yet) or skipped (invalid: see reason)")
       .col_str("reason", 512, "", "why a point is skipped, or a failed run's error")
       .col_str("report", 256, "", "path of the point's report")
       .col_f64("tokens_per_s", "tokens/s", "median throughput over the measured steps")
@@ -533,6 +533,9 @@ void write_index(const Sweep& s) {
       if (r) h = *r;
       if (r && r->status == "complete") {
         status = "complete";
+      } else if (r && (r->status == "diverged" || r->status == "interrupted")) {
+        status = r->status;  // published, stopped early: its report says where
+        reason = "the run " + r->status + " (see its report)";
       } else if (r || fs::exists(p.report + ".partial", ec)) {
         status = "failed";
         reason = r && !r->error.empty() ? r->error : failure_in_log(p.report);

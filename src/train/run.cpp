@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <filesystem>
 #include <cstdlib>
 #include <ctime>
 #include <cstdio>
@@ -23,6 +25,7 @@
 #include "src/train/peak.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/estimate.hpp"
+#include "src/train/run_control.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
 
@@ -233,6 +236,24 @@ struct DeviceArena {
   }
 };
 
+namespace {
+
+// A duplicate of a communicator, freed at the end of its scope.
+struct DupComm {
+  MPI_Comm comm = MPI_COMM_NULL;
+  explicit DupComm(MPI_Comm of) { STRATA_CHECK_MPI(MPI_Comm_dup(of, &comm)); }
+  DupComm(const DupComm&) = delete;
+  DupComm& operator=(const DupComm&) = delete;
+  ~DupComm() { MPI_Comm_free(&comm); }
+};
+
+// How long a failing rank waits for the others to report a failure too
+// before it ends the job alone: long enough for ranks that fail at the same
+// point at different speeds, short enough that the job ends within seconds.
+constexpr double kAgreeSeconds = 5.0;
+
+}  // namespace
+
 std::string iso_time_utc() {
   std::time_t t = std::time(nullptr);
   char buf[32];
@@ -406,6 +427,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.peak_source = peak.source;
 
   report::H5File file(comm, report_path(deck, options));
+  // Two communicators of the run's own for ending it (run_control.hpp).
+  const DupComm control(comm), failures(comm);
+  install_stop_signals();
   write_provenance(file, prov);
   file.set_attr("/", "device", std::string(plan::name_of(cfg.backend.device)));
   file.set_attr("/", "comm_backend", comm::describe_backend(comm_backend));
@@ -433,24 +457,30 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   Summary summary;
   std::vector<CommAggregate> comm_figures;
   Bubble bubble;
-  auto finish = [&](const char* status) {
+  // The records so far, and the status, into a report: every rank's rows
+  // into the run's report, or one failing rank's alone into its own.
+  auto finish = [&](report::H5File& to, const char* status) {
     summary = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch),
                         models::gpt_hardware_flops(gc, cfg.data.global_batch), job_peak);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
                             chunks, *cfg.parallel.schedule);
-    write_tables(file, {{rank, &steps, &experts, cfg.run.profile ? &timeline : nullptr, &log}}, memory);
-    write_comm_summary(file, {{rank, comm_figures}});
-    write_pipeline_summary(file, {{rank, bubble}});
-    write_summary(file, summary, prov);
+    write_tables(to, {{rank, &steps, &experts, cfg.run.profile ? &timeline : nullptr, &log}}, memory);
+    write_comm_summary(to, {{rank, comm_figures}});
+    write_pipeline_summary(to, {{rank, bubble}});
+    write_summary(to, summary, prov);
     if (kernels::device() == kernels::Device::cuda) {
       // The driver's view beside the tracker's: the arena, the context,
       // cuBLAS and NCCL together.
       const kernels::DeviceMemory m = kernels::device_memory();
-      file.set_attr("/", "device_memory_used", std::int64_t(m.total - m.free));
+      to.set_attr("/", "device_memory_used", std::int64_t(m.total - m.free));
     }
-    file.set_attr("/", "status", status);
+    to.set_attr("/", "status", status);
   };
+  // How the loop ended, agreed by every rank; failure: this rank's error.
+  enum class Outcome { complete, diverged, interrupted } outcome = Outcome::complete;
+  int stopped_by = 0, diverged_at = -1;
+  std::string failure;
 
   try {
     Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(),
@@ -501,31 +531,84 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       experts.insert(experts.end(), trainer.expert_records().begin(), trainer.expert_records().end());
       for (const auto& m : memory_records(rank, s, rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file()), cfg))
         memory.push_back(m);
+      const StepRecord& r = steps.back();
       const int every = cfg.run.log_every;
-      if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(steps.back());
-      if (options.checkpoint_every > 0 && (s + 1) % options.checkpoint_every == 0) {
+      if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(r);
+      // The step boundary: signals and divergence, agreed. An fp16 overflow
+      // that the loss scale skipped is not divergence; its loss is finite.
+      const Boundary b =
+          agree_at_boundary(control.comm, !std::isfinite(r.loss) || (!std::isfinite(r.grad_norm) && !r.skipped));
+      if (b.diverged && diverged_at < 0) {
+        diverged_at = s;
+        if (rank == 0)
+          fmt::print("step {}: the loss or the gradient norm is not finite{}\n", s,
+                     cfg.run.on_divergence == plan::OnDivergence::stop ? "; stopping (run.on_divergence = \"stop\")"
+                                                                       : "; continuing (run.on_divergence = \"continue\")");
+      }
+      if (b.diverged && cfg.run.on_divergence == plan::OnDivergence::stop) {
+        outcome = Outcome::diverged;  // no checkpoint of diverged weights
+        break;
+      }
+      const bool stopping = b.signal != 0 && s + 1 < cfg.run.steps;
+      const bool due = options.checkpoint_every > 0 && (s + 1) % options.checkpoint_every == 0;
+      if (due || (stopping && options.checkpoint_every > 0)) {
         const std::string path =
             write_checkpoint(comm, checkpoint_dir, s + 1, ck_layout, trainer.strategy(), trainer.registry(),
                              mesh.coords().dp / layout.ep == 0, trainer.scaler());
         if (rank == 0) fmt::print("checkpoint: {}\n", path);
       }
+      if (stopping) {
+        outcome = Outcome::interrupted;
+        stopped_by = b.signal;
+        if (rank == 0)
+          fmt::print("{}: stopped after step {} of {}{}\n", signal_name(b.signal), s, cfg.run.steps,
+                     options.checkpoint_every > 0 ? "" : " (no checkpoint: --checkpoint-every is 0)");
+        break;
+      }
     }
   } catch (const std::exception& e) {
-    // Other ranks may be waiting in a collective, and closing the report is
-    // one: end the job here with this rank's message instead of hanging.
-    // The report stays a .partial file, never a complete-looking one.
-    if (world > 1) comm::abort_job(comm, rank, e.what(), 1);
-    // One rank: the report says what stopped the run and keeps what it had.
-    file.set_attr("/", "error", e.what());
-    finish("failed");
-    file.publish();
-    throw;
+    failure = e.what();
+    if (failure.empty()) failure = "an error without a message";
   }
-  finish("complete");
+
+  if (!failure.empty()) {
+    // Every rank failed alike (a memory limit they all exceed, a checkpoint
+    // they all refuse): they agree on the message and publish the report
+    // together. Otherwise the others wait in a collective for this rank:
+    // it publishes a report of its own records and ends the job.
+    if (!every_rank_failed(failures.comm, kAgreeSeconds)) {
+      try {
+        // The run's path gets this rank's records, marked as its alone; the
+        // shared temporary file goes (the job's end stops its writers).
+        report::H5File alone(MPI_COMM_SELF, file.final_path(), fmt::format(".rank{}.partial", rank));
+        write_provenance(alone, prov);
+        alone.set_attr("/", "error", fmt::format("rank {}: {}", rank, failure));
+        alone.set_attr("/", "failed_rank", std::int64_t(rank));
+        alone.set_attr("/", "rows_of_ranks", std::to_string(rank));
+        finish(alone, "failed");
+        alone.publish();
+        std::filesystem::remove(file.temp_path());
+        std::fprintf(stderr, "strata: rank %d wrote its own records to %s\n", rank, alone.final_path().c_str());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "strata: rank %d could not write its report: %s\n", rank, e.what());
+      }
+      comm::abort_job(comm, rank, failure, 1);
+    }
+    const std::string message = agreed_message(comm, failure);
+    file.set_attr("/", "error", message);
+    finish(file, "failed");
+    file.publish();
+    if (rank == 0) fmt::print(stderr, "strata: run failed: {}\nreport: {}\n", message, file.final_path());
+    return 1;
+  }
+  const char* status = outcome == Outcome::diverged ? "diverged" : outcome == Outcome::interrupted ? "interrupted" : "complete";
+  if (diverged_at >= 0) file.set_attr("/", "diverged_at_step", std::int64_t(diverged_at));
+  if (outcome == Outcome::interrupted) file.set_attr("/", "interrupted_by", std::string(signal_name(stopped_by)));
+  finish(file, status);
   file.publish();
 
   const Summary& s = summary;
-  print_memory_per_rank(comm, memory, cfg.run.steps - 1);
+  print_memory_per_rank(comm, memory, steps.empty() ? -1 : steps.back().step);
   if (layout.pp > 1 && cfg.run.profile) {
     const Bubble& b = bubble;
     double mine[3] = {double(b.pp_rank), b.idle_over_step, b.idle_over_compute};
@@ -554,6 +637,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     }
     fmt::print("report: {}\n", file.final_path());
   }
+  if (outcome == Outcome::diverged) return 3;
+  if (outcome == Outcome::interrupted) return interrupted_exit_code(stopped_by);
   return 0;
 }
 

@@ -1,0 +1,46 @@
+// How a run ends when it does not simply complete: a signal asking it to
+// stop, a loss that diverged, or a rank's failure. Each is agreed by every
+// rank before any acts on it, so that all stop at the same step boundary,
+// publish one report with the status and the reason, and none is left
+// waiting in a collective for a peer that went elsewhere.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+namespace strata::train {
+
+// SIGINT, SIGTERM and SIGUSR1 (what `sbatch --signal` sends ahead of a time
+// limit) ask the run to stop at the next step boundary: the first is kept;
+// a second restores the default action and re-raises, so a second Ctrl-C
+// ends the process at once.
+void install_stop_signals();
+int stop_signal();                    // the first signal received, 0 if none
+const char* signal_name(int signal);  // "SIGTERM"
+// 130 for SIGINT, 143 for SIGTERM and SIGUSR1 (128 + SIGTERM: a time limit).
+int interrupted_exit_code(int signal);
+
+// What every rank saw at a step boundary: the largest pending signal (0
+// none) and whether any rank's loss or gradient norm was not finite. One
+// small all-reduce on `control`, a communicator of its own (nothing else is
+// ever issued on it, so it cannot meet another collective).
+struct Boundary {
+  int signal = 0;
+  bool diverged = false;
+};
+Boundary agree_at_boundary(MPI_Comm control, bool diverged_here);
+
+// After this rank failed: whether every rank reports a failure too within
+// `seconds` (a non-blocking barrier on `failures`, a communicator used for
+// nothing else). True when the failure was everyone's (a memory limit every
+// rank exceeds, a corrupt checkpoint): then the ranks can still write one
+// report together. False when some rank is still running, waiting in a
+// collective for this one.
+bool every_rank_failed(MPI_Comm failures, double seconds);
+
+// Every rank's message, the same text on every rank: each distinct message
+// once, with the ranks that gave it ("rank 0-3: ..."). Collective on `comm`.
+std::string agreed_message(MPI_Comm comm, const std::string& mine);
+
+}  // namespace strata::train
