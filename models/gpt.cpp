@@ -101,6 +101,16 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, GptStag
   return r;
 }
 
+long double gpt_param_count(const GptConfig& c) {
+  using R = long double;
+  const R C = c.d_model, F = R(c.ffn_mult) * c.d_model, V = c.vocab, T = c.seq_len, E = c.moe.experts;
+  const R moe_layers = c.moe.experts > 0 ? R(c.layers / c.moe.every) : 0, dense_layers = R(c.layers) - moe_layers;
+  // As gpt_registry lays them out: norms 4C, attention 4C^2 + 4C, and the
+  // MLP (2FC + F + C), or the router EC and E experts' MLPs.
+  const R attention = 4 * C + 4 * C * C + 4 * C, mlp = 2 * F * C + F + C;
+  return V * C + T * C + dense_layers * (attention + mlp) + moe_layers * (attention + E * C + E * mlp) + 2 * C;
+}
+
 std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, bool sp, GptStage stage,
                                             bool split_backward) {
   stage = resolved(c, stage);

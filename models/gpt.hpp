@@ -91,6 +91,11 @@ GptStage gpt_stage(const GptConfig& c, int index, int count, int first = -1, int
 ParamRegistry gpt_registry(const GptConfig& c, int tp_size = 1, int tp_rank = 0, GptStage stage = {},
                            int ep_size = 1, int ep_rank = 0);
 
+// The whole model's parameter count in long double arithmetic, which no int
+// field can overflow: what a deck's sizes are checked against before
+// anything is built (gpt_registry(c).numel() where that fits; tested).
+long double gpt_param_count(const GptConfig& c);
+
 // split_backward: the buffers that keep each linear's output gradient from
 // the input-gradient half of the backward pass to the weight-gradient half.
 std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch, int tp_size = 1,

@@ -104,7 +104,7 @@ const std::vector<KeySpec>& global_keys() {
       key<&Plan::run, &RunSection::on_divergence>("run", "on_divergence", "a non-finite loss or gradient norm (not an fp16 overflow the loss scale skips): stop the run there with status diverged and exit 3, or continue"),
       // [model]
       key<&Plan::model, &ModelSection::kind>("model", "kind", "model family: gpt (dense) or moe (MLPs of moe_every-th blocks replaced by experts)"),
-      key<&Plan::model, &ModelSection::layers>("model", "layers", "transformer blocks").at_least(1),
+      key<&Plan::model, &ModelSection::layers>("model", "layers", "transformer blocks (at most 4096: the deepest published models have under 200, and a dry run describes every block of a stage)").between(1, 4096),
       key<&Plan::model, &ModelSection::d_model>("model", "d_model", "width of the residual stream (a multiple of heads)").at_least(1),
       key<&Plan::model, &ModelSection::heads>("model", "heads", "attention heads per block").at_least(1),
       key<&Plan::model, &ModelSection::ffn_mult>("model", "ffn_mult", "MLP hidden width as a multiple of d_model").at_least(1),

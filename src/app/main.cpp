@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -69,13 +68,10 @@ std::string read_deck_on_root(const std::string& path, MPI_Comm comm) {
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   std::string text, problem;
   if (rank == 0) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) {
-      problem = fmt::format("{}: cannot open deck file", path);
-    } else {
-      std::ostringstream ss;
-      ss << f.rdbuf();
-      text = ss.str();
+    try {
+      text = strata::deck::read_deck_text(path);
+    } catch (const Error& e) {
+      problem = e.what();
     }
   }
   const std::string payload = strata::comm::broadcast_string(problem.empty() ? "T" + text : "E" + problem, comm);

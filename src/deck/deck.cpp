@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -15,6 +16,8 @@
 #include <toml++/toml.h>
 
 #include "kernels/foundation/error.hpp"
+#include "kernels/foundation/memory.hpp"
+#include "models/gpt.hpp"
 #include "strategies/keys.hpp"
 #include "strategies/registry.hpp"
 
@@ -134,6 +137,7 @@ class Resolver : public strategies::PlanChecks {
   void apply_file(const toml::table& root);
   void apply_override(const std::string& text, int index);
   void check_cross_keys();
+  void check_sizes();
   void check_text_source();
   void throw_if_errors();
 
@@ -302,6 +306,48 @@ void Resolver::apply_override(const std::string& text, int index) {
   apply(*spec, *node, where, 0, kOverridePhase, index, 0);
 }
 
+// Sizes in long double before any is computed in integers: a deck whose
+// counts would overflow them (or that no machine could hold) is bad input
+// now, not a std::bad_alloc or a wrapped size later.
+void Resolver::check_sizes() {
+  const Plan& c = config;
+  using R = long double;
+  const R F = R(c.model.ffn_mult) * c.model.d_model;
+  if (F > R(std::numeric_limits<int>::max()))
+    error(fmt::format("{}: the MLP width {} x {} = {:.4g} exceeds {}", primary({"model.ffn_mult", "model.d_model"}),
+                      show("model.ffn_mult"), show("model.d_model"), double(F), std::numeric_limits<int>::max()));
+  models::GptConfig g;
+  g.layers = c.model.layers, g.d_model = c.model.d_model, g.ffn_mult = c.model.ffn_mult, g.vocab = c.model.vocab;
+  g.seq_len = c.model.seq_len, g.moe.experts = c.model.moe_experts, g.moe.every = c.model.moe_every;
+  const R params = models::gpt_param_count(g);
+  // 2^53: counted exactly in a double; a thousand times the largest models
+  // trained. Beyond it a deck is a typo, and int64 products of it overflow.
+  constexpr R kMaxParams = R(std::uint64_t(1) << 53);
+  if (params > kMaxParams)
+    error(fmt::format("{}: the model would have {:.3g} parameters ({}, {}, {}): more than 2^53, the most Strata "
+                      "counts",
+                      primary({"model.layers", "model.d_model"}), double(params), show("model.layers"),
+                      show("model.d_model"), show("model.ffn_mult")));
+  // The largest buffer of a micro-batch: the attention scores B x heads x T x T.
+  const R scores = R(c.data.micro_batch) * c.model.heads * c.model.seq_len * c.model.seq_len;
+  if (scores > kMaxParams)
+    error(fmt::format("{}: a micro-batch's attention scores would hold {:.3g} elements ({}, {}, {}): more than 2^53",
+                      primary({"model.seq_len", "data.micro_batch"}), double(scores), show("data.micro_batch"),
+                      show("model.heads"), show("model.seq_len")));
+  // With a memory limit: the fp32 parameters of one rank (their tensor and
+  // pipeline share, and the data-parallel share under ZeRO-3) already exceed
+  // it, whatever else the estimate would find. Offloaded parameters live on
+  // the host.
+  const auto& p = c.parallel;
+  const R share = R(p.tp) * p.pp * (p.zero >= 3 ? p.dp : 1);
+  if (c.backend.memory_limit > 0 && !c.offload.params && params > 0 && 4 * params / share > R(c.backend.memory_limit))
+    error(fmt::format("{}: does not fit: a rank's share of the fp32 parameters alone is {} ({:.3g} parameters over "
+                      "tp {} x pp {}{}), more than {}",
+                      primary({"backend.memory_limit", "model.layers"}), core::format_bytes(double(4 * params / share)),
+                      double(params), p.tp, p.pp, p.zero >= 3 ? fmt::format(" x dp {} (ZeRO-3)", p.dp) : "",
+                      show("backend.memory_limit")));
+}
+
 void Resolver::check_cross_keys() {
   const Plan& c = config;
   if (c.model.d_model % c.model.heads != 0)
@@ -334,6 +380,7 @@ void Resolver::check_cross_keys() {
                       "step must remain",
                       primary({"run.warmup_steps", "run.steps"}), show("run.warmup_steps"), show("run.steps")));
   if (c.data.source == DataSource::text) check_text_source();
+  check_sizes();
   // The strategies' own constraints, each from its registry row.
   strategies::check_plan(c, *this);
 }
@@ -378,6 +425,14 @@ void Resolver::check_text_source() {
     error(fmt::format("{}: {}: {} is a directory, not a text file", where, show("data.path"), found->string()));
     return;
   }
+  // The data is read at random offsets, and opening a FIFO would wait for a
+  // writer: only a regular file will do.
+  if (!fs::is_regular_file(*found, ec)) {
+    error(fmt::format("{}: {}: {} is not a regular file (a FIFO, socket or device); the text is read at random "
+                      "offsets, so it must be a file",
+                      where, show("data.path"), found->string()));
+    return;
+  }
   std::FILE* f = std::fopen(found->c_str(), "rb");
   if (!f) {
     error(fmt::format("{}: {}: cannot read {}: {}", where, show("data.path"), found->string(), std::strerror(errno)));
@@ -418,7 +473,7 @@ std::string resolved_toml(const Plan& c) {
 
 }  // namespace
 
-Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+std::string read_deck_text(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) core::input_error("{}: cannot read deck: it is a directory", path);
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -430,7 +485,11 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
   const bool failed = std::ferror(f);
   std::fclose(f);
   if (failed) core::input_error("{}: cannot read deck: read error", path);
-  return parse_deck(path, text, overrides);
+  return text;
+}
+
+Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_deck(path, read_deck_text(path), overrides);
 }
 
 Deck parse_deck(const std::string& path, const std::string& text, const std::vector<std::string>& overrides) {

@@ -24,6 +24,9 @@ struct Deck {
   std::string resolved_toml;            // every key with its final value, as TOML
 };
 
+// The bytes of a deck file; bad input (exit 2) if it is a directory or
+// cannot be read.
+std::string read_deck_text(const std::string& path);
 // Reads the file (input error if it cannot be read) and resolves it.
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
 // Same, from text already in memory (what other ranks do after a broadcast).

@@ -12,6 +12,8 @@
 #include <set>
 #include <vector>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "kernels/kernels.hpp"
@@ -25,6 +27,7 @@
 #include "src/train/peak.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/estimate.hpp"
+#include "src/train/paths.hpp"
 #include "src/train/run_control.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
@@ -183,6 +186,27 @@ void print_step(const StepRecord& r) {
 
 }  // namespace
 
+// On the CPU without backend.memory_limit, the ranks of a node share its
+// memory: when their fp32 parameters alone exceed it, the run is refused
+// before anything is allocated (instead of a std::bad_alloc or the kernel's
+// OOM killer later). Agreed: nodes may differ.
+void check_host_holds_parameters(const plan::Plan& cfg, const models::GptConfig& gc, MPI_Comm comm) {
+  double need = 0, have = 0;
+  const int on_node = comm::node_place(comm).size;  // collective: every rank calls it
+  if (cfg.backend.device == kernels::Device::cpu && cfg.backend.memory_limit == 0 && !cfg.offload.params) {
+    const auto& p = cfg.parallel;
+    const double share = double(p.tp) * p.pp * (p.zero >= 3 ? p.dp : 1);
+    need = 4.0 * double(models::gpt_param_count(gc)) / share * on_node;
+    have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  }
+  double worst[2] = {need > have ? need : 0.0, need > have ? have : 0.0};
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, worst, 2, MPI_DOUBLE, MPI_MAX, comm));
+  if (worst[0] > 0)
+    core::input_error("does not fit: the fp32 parameters of the ranks of a node alone need {}, and the node has {} "
+                      "of memory (use more ranks or nodes, a smaller model, or set backend.memory_limit to try anyway)",
+                      core::format_bytes(worst[0]), core::format_bytes(worst[1]));
+}
+
 // backend.device = "cuda": rank r of a node takes GPU r mod the node's GPU
 // count (ranks share a GPU only when there are more of them than GPUs).
 // Returns how many ranks share this rank's GPU (1 on the CPU).
@@ -324,6 +348,9 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   std::string message;
   if (rank == 0) {
     try {
+      if (!options.output.empty())
+        check_output_paths(MPI_COMM_SELF, options.output, "", false, deck.path,
+                           cfg.data.source == plan::DataSource::text ? cfg.data.path : "");
       if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
       const std::int64_t params = models::gpt_registry(gpt_config(cfg)).numel();  // the whole model
       const Estimate e = estimate(cfg);
@@ -367,6 +394,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
   const int sharing_gpu = select_device(cfg, comm);
   const models::GptConfig gc = gpt_config(cfg);
+  check_host_holds_parameters(cfg, gc, comm);
   const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
   const mesh::Layout layout = mesh::layout_of(cfg);
@@ -381,6 +409,14 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                                                                        : comm::Backend::nccl;
   mesh::Mesh mesh(comm, layout, log, comm_backend);
 
+  // The paths this run writes: checked and claimed before any work.
+  const std::string out_path = report_path(deck, options);
+  const std::string checkpoint_dir =
+      options.checkpoint_dir.empty() ? "checkpoints/" + cfg.run.name : options.checkpoint_dir;
+  const bool checkpoints = options.checkpoint_every > 0;
+  check_output_paths(comm, out_path, checkpoint_dir, checkpoints, deck.path,
+                     cfg.data.source == plan::DataSource::text ? cfg.data.path : "");
+
   const int chunks = layout.pp > 1 ? cfg.parallel.virtual_stages : 1;  // model chunks per pipeline rank
   CheckpointLayout ck_layout{world,  layout.pp, layout.dp,    layout.tp,          layout.ep,
                              cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml,
@@ -393,8 +429,10 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                         "(raise run.steps to train on)",
                         resume.dir, resume.step, cfg.run.steps);
   }
-  const std::string checkpoint_dir =
-      options.checkpoint_dir.empty() ? "checkpoints/" + cfg.run.name : options.checkpoint_dir;
+  // Claimed once the input is known good (a refused run writes nothing).
+  PathClaim report_claim(comm, out_path, "report");
+  std::optional<PathClaim> checkpoint_claim;
+  if (checkpoints) checkpoint_claim.emplace(comm, checkpoint_dir, "checkpoint directory");
 
   Provenance prov;
   prov.command_line = options.command_line;
@@ -426,7 +464,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.peak_flops = job_peak;
   prov.peak_source = peak.source;
 
-  report::H5File file(comm, report_path(deck, options));
+  report::H5File file(comm, out_path);
   // Two communicators of the run's own for ending it (run_control.hpp).
   const DupComm control(comm), failures(comm);
   install_stop_signals();
@@ -592,6 +630,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       } catch (const std::exception& e) {
         std::fprintf(stderr, "strata: rank %d could not write its report: %s\n", rank, e.what());
       }
+      report_claim.release();
+      if (checkpoint_claim) checkpoint_claim->release();
       comm::abort_job(comm, rank, failure, 1);
     }
     const std::string message = agreed_message(comm, failure);

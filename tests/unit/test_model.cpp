@@ -273,3 +273,17 @@ TEST(Model, StagesComposeToTheWholeModel) {
     EXPECT_THROW(stage[S - 1]->registry().find("wpe"), core::Error);
   }
 }
+
+// The closed-form count the deck checks sizes with is the registry's count,
+// for dense models and for MoE ones with every placement of the MoE blocks.
+TEST(Gpt, ParamCountIsTheRegistrysCount) {
+  for (int layers : {1, 2, 5})
+    for (int experts : {0, 3})
+      for (int every : {1, 2, 3}) {
+        models::GptConfig c;
+        c.layers = layers, c.d_model = 12, c.heads = 3, c.ffn_mult = 3, c.vocab = 37, c.seq_len = 9;
+        c.moe.experts = experts, c.moe.every = every;
+        EXPECT_EQ(models::gpt_param_count(c), (long double)models::gpt_registry(c).numel())
+            << "layers " << layers << " experts " << experts << " every " << every;
+      }
+}

@@ -1,0 +1,144 @@
+#include "src/train/paths.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "kernels/foundation/error.hpp"
+#include "src/comm/mpi_check.hpp"
+
+namespace fs = std::filesystem;
+
+namespace strata::train {
+
+namespace {
+
+// Rank 0's problem (empty: none) becomes every rank's input error.
+void agree_input(MPI_Comm comm, const std::string& problem_on_root) {
+  const std::string p = comm::broadcast_string(problem_on_root, comm);
+  if (!p.empty()) core::input_error("{}", p);
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code ec;
+  if (fs::equivalent(a, b, ec)) return true;
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+}
+
+// The nearest existing ancestor of a path that does not exist yet must be a
+// writable directory (so that the missing ones can be made).
+std::string writable_place(const fs::path& dir) {
+  std::error_code ec;
+  fs::path p = dir.empty() ? fs::path(".") : dir;
+  while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  if (!fs::exists(p, ec)) p = ".";
+  if (!fs::is_directory(p, ec)) return fmt::format("{} is not a directory", p.string());
+  if (::access(p.c_str(), W_OK | X_OK) != 0)
+    return fmt::format("the directory {} is not writable: {}", p.string(), std::strerror(errno));
+  return "";
+}
+
+std::string host_name() {
+  char h[256] = {};
+  ::gethostname(h, sizeof h - 1);
+  return h;
+}
+
+}  // namespace
+
+void check_output_paths(MPI_Comm comm, const std::string& report, const std::string& checkpoint_dir,
+                        bool checkpoints, const std::string& deck_path, const std::string& data_path) {
+  int rank = 0;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  std::string problem;
+  if (rank == 0) {
+    std::error_code ec;
+    const fs::path r(report);
+    if (fs::is_directory(r, ec))
+      problem = fmt::format("report path {}: is a directory; give the report's file name (--output DIR/NAME.h5)", report);
+    else if (same_file(report, deck_path))
+      problem = fmt::format("report path {}: is the deck itself; the report would overwrite it", report);
+    else if (same_file(report, data_path))
+      problem = fmt::format("report path {}: is data.path, the text the run reads", report);
+    else if (const std::string why = writable_place(r.parent_path()); !why.empty())
+      problem = fmt::format("report path {}: {}", report, why);
+    if (problem.empty() && checkpoints) {
+      const fs::path c(checkpoint_dir);
+      if (fs::exists(c, ec) && !fs::is_directory(c, ec))
+        problem = fmt::format("checkpoint directory {}: exists and is not a directory", checkpoint_dir);
+      else if (fs::is_directory(c, ec) && ::access(c.c_str(), W_OK | X_OK) != 0)
+        problem = fmt::format("checkpoint directory {}: not writable: {}", checkpoint_dir, std::strerror(errno));
+      else if (const std::string why = writable_place(c.parent_path()); !fs::exists(c, ec) && !why.empty())
+        problem = fmt::format("checkpoint directory {}: {}", checkpoint_dir, why);
+    }
+  }
+  agree_input(comm, problem);
+}
+
+PathClaim::PathClaim(MPI_Comm comm, const std::string& path, const char* what) : lock_(path + ".lock") {
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank_));
+  const int rank = rank_;
+  std::string problem, said;
+  if (rank == 0) {
+    content_ = fmt::format("{} {}\n", host_name(), ::getpid());
+    std::error_code ec;
+    if (const fs::path parent = fs::path(lock_).parent_path(); !parent.empty()) fs::create_directories(parent, ec);
+    for (int attempt = 0; attempt < 2 && !held_ && problem.empty(); ++attempt) {
+      const int fd = ::open(lock_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+      if (fd >= 0) {
+        const bool written = ::write(fd, content_.data(), content_.size()) == ssize_t(content_.size());
+        ::close(fd);
+        if (!written) {
+          ::unlink(lock_.c_str());
+          problem = fmt::format("{} {}: cannot write its claim {}", what, path, lock_);
+        }
+        held_ = written;
+        break;
+      }
+      if (errno != EEXIST) {
+        problem = fmt::format("{} {}: cannot create its claim {}: {}", what, path, lock_, std::strerror(errno));
+        break;
+      }
+      // Held: by a live process, or left by one that died (SIGKILL, a node lost).
+      std::ifstream in(lock_);
+      std::string host;
+      long pid = 0;
+      in >> host >> pid;
+      const bool here = host == host_name();
+      if (here && pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH && attempt == 0) {
+        said = fmt::format("{} {}: removed a stale claim of process {} (no longer running)\n", what, path, pid);
+        ::unlink(lock_.c_str());
+        continue;
+      }
+      problem = fmt::format("{} {} is claimed by another run: process {} on {} ({}){}", what, path, pid,
+                            host.empty() ? "an unknown host" : host, lock_,
+                            here ? "" : "; if that run is over, remove the claim file");
+    }
+  }
+  agree_input(comm, problem);
+  if (rank == 0 && !said.empty()) fmt::print("{}", said);
+  content_ = comm::broadcast_string(content_, comm);
+  held_ = true;
+}
+
+void PathClaim::release() {
+  if (!held_) return;
+  held_ = false;
+  // Only the claim this run wrote: after a stale takeover by another run,
+  // the file is theirs.
+  std::ifstream in(lock_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in && ss.str() == content_) ::unlink(lock_.c_str());
+}
+
+}  // namespace strata::train
