@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <time.h>
+
 #include <chrono>
 #include <csignal>
 #include <map>
@@ -16,15 +18,26 @@ namespace strata::train {
 namespace {
 
 volatile std::sig_atomic_t g_signal = 0;
+volatile std::sig_atomic_t g_first_at = 0;  // CLOCK_MONOTONIC seconds of the first
+
+std::sig_atomic_t monotonic_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return std::sig_atomic_t(t.tv_sec);
+}
 
 void on_stop_signal(int sig) {
-  if (g_signal != 0) {
-    // Asked twice: the default action now (async-signal-safe calls only).
-    ::signal(sig, SIG_DFL);
-    ::raise(sig);
+  if (g_signal == 0) {
+    g_signal = sig;
+    g_first_at = monotonic_seconds();
     return;
   }
-  g_signal = sig;
+  // One request often arrives twice (Ctrl-C reaches a rank from the terminal
+  // and again through mpiexec): a repeat within 2 s is the same request.
+  // Asked again later: the default action now.
+  if (monotonic_seconds() - g_first_at < 2) return;
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
 }
 
 }  // namespace

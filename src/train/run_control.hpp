@@ -13,8 +13,9 @@ namespace strata::train {
 
 // SIGINT, SIGTERM and SIGUSR1 (what `sbatch --signal` sends ahead of a time
 // limit) ask the run to stop at the next step boundary: the first is kept;
-// a second restores the default action and re-raises, so a second Ctrl-C
-// ends the process at once.
+// a repeat within 2 s is the same request arriving twice (from the terminal
+// and through mpiexec); one later restores the default action and re-raises,
+// so a second Ctrl-C ends the process at once.
 void install_stop_signals();
 int stop_signal();                    // the first signal received, 0 if none
 const char* signal_name(int signal);  // "SIGTERM"

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Fault injection: every way a run can end badly ends as a report and an exit
+# status (docs/failures.md), never a hang, a crash or a file that poses as
+# complete. Each case names the failure it provokes.
+#
+# usage: test_faults.sh STRATA SOURCE_DIR WORK_DIR PYTHON
+set -uo pipefail
+strata=$1 src=$2 work=$3 py=$4
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+pass=0 fail=0 skipped=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+skip() { echo "skip $1"; skipped=$((skipped + 1)); }
+
+cat > tiny.toml <<'DECK'
+[run]
+name = "tiny"
+steps = 6
+warmup_steps = 1
+seed = 3
+log_every = 0
+[model]
+layers = 2
+d_model = 16
+heads = 2
+vocab = 256
+seq_len = 16
+[data]
+source = "text"
+path = "/usr/share/common-licenses/GPL-3"
+global_batch = 4
+micro_batch = 2
+[backend]
+threads = 1
+peak_tflops = 0.05
+DECK
+
+# attr FILE NAME: a root attribute of a report, as text ("" when absent).
+attr() {
+  "$py" -c "
+import h5py, sys
+v = h5py.File(sys.argv[1]).attrs.get(sys.argv[2], '')
+print(v.decode() if isinstance(v, bytes) else v)" "$1" "$2" 2>/dev/null
+}
+# ranks FILE: the ranks whose /steps rows a report holds, e.g. "0 1".
+ranks() {
+  "$py" -c "
+import h5py, sys
+print(' '.join(str(r) for r in sorted(set(h5py.File(sys.argv[1])['steps']['rank'].tolist()))))" "$1" 2>/dev/null
+}
+# wait_for FILE SECONDS: until FILE exists (a run got going).
+wait_for() { for _ in $(seq 1 $(( $2 * 10 ))); do [[ -e $1 ]] && return 0; sleep 0.1; done; return 1; }
+
+# --- every rank fails alike: one report, every rank's rows, status failed ---
+timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set 'backend.memory_limit="64KiB"' \
+  --output out/oom.h5 > oom.log 2>&1
+rc=$?
+if [[ $rc -eq 1 && -f out/oom.h5 && ! -e out/oom.h5.partial && $(attr out/oom.h5 status) == failed \
+      && $(attr out/oom.h5 error) == "rank 0-1: out of memory"* ]] && grep -q "run failed: rank 0-1" oom.log; then
+  ok "a failure on every rank: exit 1, one failed report with the agreed message"
+else bad "failure on every rank (rc $rc)"; cat oom.log; fi
+
+# --- divergence: stopped at the step, status diverged, exit 3 ---
+"$strata" run tiny.toml --set optim.lr=1e6 --set optim.grad_clip=0 --output out/div.h5 > div.log 2>&1
+rc=$?
+at=$(attr out/div.h5 diverged_at_step)
+if [[ $rc -eq 3 && $(attr out/div.h5 status) == diverged && -n $at ]] && grep -q "step $at: the loss or the gradient norm is not finite" div.log \
+   && "$py" -c "import h5py,sys; s=h5py.File('out/div.h5')['steps']; sys.exit(0 if s['step'][-1] == $at else 1)"; then
+  ok "divergence stops the run at step $at with status diverged, exit 3"
+else bad "divergence (rc $rc)"; cat div.log; fi
+"$strata" run tiny.toml --set optim.lr=1e6 --set optim.grad_clip=0 --set run.on_divergence=continue \
+  --output out/div2.h5 > div2.log 2>&1
+rc=$?
+if [[ $rc -eq 0 && $(attr out/div2.h5 status) == complete && $(attr out/div2.h5 diverged_at_step) == "$at" ]]; then
+  ok "run.on_divergence = continue runs on and records the step"
+else bad "on_divergence continue (rc $rc)"; cat div2.log; fi
+
+# --- interruption: SIGTERM to the ranks (as SLURM sends it), SIGINT, SIGUSR1 ---
+long=(--set run.steps=100000 --set run.warmup_steps=0)
+timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 "${long[@]}" --output out/term.h5 \
+  --checkpoint-every 100000 --checkpoint-dir ckt > term.log 2>&1 &
+pid=$!
+wait_for out/term.h5.partial 60 && sleep 2
+pkill -TERM -f "^$strata run tiny.toml --set parallel.dp=2 --set run.steps=100000"  # the ranks, not mpiexec
+wait $pid
+rc=$?
+n=$(ls -d ckt/step-* 2>/dev/null | wc -l)
+if [[ $rc -eq 143 && $(attr out/term.h5 status) == interrupted && $(attr out/term.h5 interrupted_by) == SIGTERM \
+      && $n -eq 1 && ! -e out/term.h5.lock && ! -e ckt.lock ]] && grep -q "SIGTERM: stopped after step" term.log; then
+  ok "SIGTERM: both ranks stop at one step boundary, checkpoint $(basename ckt/step-*), report interrupted, exit 143"
+else bad "SIGTERM (rc $rc, $n checkpoints)"; cat term.log; fi
+if [[ $n -eq 1 ]]; then
+  step=$((10#$(basename ckt/step-* | cut -d- -f2)))
+  timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=$((step + 2)) \
+    --set run.warmup_steps=0 --resume ckt --output out/term-resumed.h5 > resume.log 2>&1 \
+    && [[ $(attr out/term-resumed.h5 status) == complete ]] && ok "the interrupted run resumes from its checkpoint" \
+    || { bad "resume after SIGTERM"; cat resume.log; }
+fi
+for sig in INT USR1; do
+  "$strata" run tiny.toml "${long[@]}" --output out/$sig.h5 > $sig.log 2>&1 &
+  pid=$!
+  wait_for out/$sig.h5.partial 60 && sleep 1
+  kill -$sig $pid
+  wait $pid
+  rc=$?
+  want=$([[ $sig == INT ]] && echo 130 || echo 143)
+  if [[ $rc -eq $want && $(attr out/$sig.h5 status) == interrupted && $(attr out/$sig.h5 interrupted_by) == SIG$sig ]]; then
+    ok "SIG$sig: report interrupted, exit $rc"
+  else bad "SIG$sig (rc $rc, want $want)"; cat $sig.log; fi
+done
+
+# --- a reader that goes away (| head) does not end the run ---
+"$strata" run tiny.toml --set run.log_every=1 --output out/pipe.h5 2>pipe.err | head -1 > /dev/null
+rc=${PIPESTATUS[0]}
+if [[ $rc -eq 0 && $(attr out/pipe.h5 status) == complete && ! -e out/pipe.h5.partial ]]; then
+  ok "stdout closed early: the run completes and publishes"
+else bad "SIGPIPE (rc $rc)"; cat pipe.err; fi
+
+# --- claims: a second run on a claimed report or checkpoint directory ---
+"$strata" run tiny.toml "${long[@]}" --output out/claimed.h5 --checkpoint-every 100000 --checkpoint-dir ckc > claim1.log 2>&1 &
+pid=$!
+wait_for out/claimed.h5.partial 60
+"$strata" run tiny.toml --output out/claimed.h5 > claim2.log 2>&1
+rc2=$?
+"$strata" run tiny.toml --output out/other.h5 --checkpoint-every 2 --checkpoint-dir ckc > claim3.log 2>&1
+rc3=$?
+kill -TERM $pid
+wait $pid
+if [[ $rc2 -eq 2 && $rc3 -eq 2 ]] && grep -q "report out/claimed.h5 is claimed by another run: process $pid" claim2.log \
+   && grep -q "checkpoint directory ckc is claimed by another run" claim3.log && [[ ! -e out/other.h5 ]]; then
+  ok "a claimed report path and checkpoint directory refuse a second run (exit 2, naming the holder)"
+else bad "claims (rc $rc2, $rc3)"; cat claim2.log claim3.log; fi
+echo "$(hostname) 999999999" > out/stale.h5.lock
+if "$strata" run tiny.toml --output out/stale.h5 > stale.log 2>&1 && grep -q "removed a stale claim" stale.log \
+   && [[ ! -e out/stale.h5.lock ]]; then
+  ok "a stale claim (its process gone) is taken over and released"
+else bad "stale claim"; cat stale.log; fi
+
+# --- paths and sizes refused before step 1, exit 2, nothing written ---
+mkdir -p adir && mkfifo fifo && touch afile
+expect_refusal() {  # NAME WANT ARGS...: exit 2 within 20 s, WANT on stderr, no report
+  local name=$1 want=$2
+  shift 2
+  rm -rf out_bad
+  timeout 20 "$@" > refuse.log 2>&1
+  local rc=$?
+  if [[ $rc -eq 2 ]] && grep -qF -- "$want" refuse.log && [[ ! -e out_bad ]]; then ok "refused: $name"
+  else bad "refused: $name (rc $rc, want '$want')"; cat refuse.log; fi
+}
+expect_refusal "deck path is a directory" "is a directory" "$strata" run adir
+expect_refusal "data.path is a FIFO" "not a regular file" "$strata" run tiny.toml --set 'data.path="fifo"'
+expect_refusal "--output is a directory" "is a directory; give the report's file name" "$strata" run tiny.toml --output adir
+expect_refusal "--output is the deck" "is the deck itself" "$strata" run tiny.toml --output tiny.toml
+expect_refusal "checkpoint directory is a file" "exists and is not a directory" "$strata" run tiny.toml \
+  --output out_bad/x.h5 --checkpoint-every 1 --checkpoint-dir afile
+expect_refusal "a billion layers, dry run" "must be in 1..4096" "$strata" run tiny.toml --set model.layers=1000000000 --dry-run
+expect_refusal "parameters beyond 2^53" "more than 2^53" "$strata" run tiny.toml --set model.layers=4096 \
+  --set model.d_model=2000000000 --set model.heads=1 --set model.ffn_mult=1 --output out_bad/x.h5
+expect_refusal "parameters beyond this node's memory" "does not fit: the fp32 parameters" "$strata" run tiny.toml \
+  --set model.layers=4000 --set model.d_model=8192 --set model.heads=64 --output out_bad/x.h5
+expect_refusal "parameters beyond backend.memory_limit" "a rank's share of the fp32 parameters alone" "$strata" run \
+  tiny.toml --set model.layers=100 --set model.d_model=1024 --set 'backend.memory_limit="64MiB"' --dry-run
+[[ $(cat tiny.toml | head -2 | tail -1) == 'name = "tiny"' ]] && ok "the deck is intact" || bad "the deck was overwritten"
+
+# --- a full disk while the report is published: exit 1 naming the file, no hang ---
+if [[ $(id -u) -ne 0 ]]; then
+  skip "full disk: mounting a small tmpfs needs root"
+elif ! { mkdir -p full && mount -t tmpfs -o size=64k tmpfs full; } 2>/dev/null; then
+  skip "full disk: this machine refuses a tmpfs mount"
+else
+  for n in 1 2; do
+    start=$(date +%s)
+    timeout 120 mpiexec -n $n "$strata" run tiny.toml --set parallel.dp=$n --set run.steps=40 --output full/r.h5 \
+      > full$n.log 2>&1
+    rc=$?
+    if [[ $rc -eq 1 ]] && grep -q "full/r.h5.partial" full$n.log && grep -q "No space left on device" full$n.log \
+       && [[ ! -e full/r.h5 ]]; then
+      ok "full disk on $n rank(s): exit 1 in $(( $(date +%s) - start )) s naming the file and the error"
+    else bad "full disk on $n rank(s) (rc $rc)"; cat full$n.log; fi
+    rm -f full/*
+  done
+  umount full
+fi
+
+echo "$pass passed, $fail failed, $skipped skipped"
+[[ $fail -eq 0 ]]
