@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
+#include <xxhash.h>
 
 #include "kernels/kernels.hpp"
 #include "src/comm/mpi_check.hpp"
@@ -26,20 +28,81 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'K'};
-constexpr std::uint32_t kVersion = 1;
+// Version 2: xxHash (XXH3, 64 bits) checksums, the global files' checksums
+// and the manifest's own. Version 1 (FNV-1a) is refused by name.
+constexpr std::uint32_t kVersion = 2;
 constexpr const char* kManifest = "manifest.toml";
 
 std::string step_name(int step) { return fmt::format("step-{:06d}", step); }
 std::string rank_file(int rank) { return fmt::format("rank-{:05d}.bin", rank); }
 
-// FNV-1a over the bytes written or read, in order.
-struct Checksum {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  void add(const void* p, std::size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+// XXH3 (64 bits) over the bytes written or read, in order: at memory speed,
+// so verifying a checkpoint costs its read and no more.
+class Checksum {
+ public:
+  Checksum() : s_(XXH3_createState()) {
+    STRATA_CHECK(s_ != nullptr, "XXH3_createState failed");
+    XXH3_64bits_reset(s_);
   }
+  ~Checksum() { XXH3_freeState(s_); }
+  Checksum(const Checksum&) = delete;
+  Checksum& operator=(const Checksum&) = delete;
+  void add(const void* p, std::size_t n) { XXH3_64bits_update(s_, p, n); }
+  std::uint64_t value() const { return XXH3_64bits_digest(s_); }
+
+ private:
+  XXH3_state_t* s_;
 };
+
+std::string hex(std::uint64_t h) { return fmt::format("{:016x}", h); }
+
+// The manifest ends with a line "# checksum <hex>" over every byte before it.
+constexpr const char* kManifestSum = "# checksum ";
+
+std::string seal_manifest(const std::string& body) {
+  return body + kManifestSum + hex(XXH3_64bits(body.data(), body.size())) + "\n";
+}
+
+// The manifest's text without its checksum line, or an error.
+std::string unseal_manifest(const std::string& text, std::string* body) {
+  const std::size_t at = text.rfind(kManifestSum);
+  if (at == std::string::npos || (at > 0 && text[at - 1] != '\n'))
+    return "its manifest has no checksum line (written by an older strata, or edited)";
+  *body = text.substr(0, at);
+  const std::string stored = text.substr(at + std::strlen(kManifestSum), 16);
+  if (stored != hex(XXH3_64bits(body->data(), body->size())))
+    return "its manifest fails its checksum (edited or corrupt)";
+  return "";
+}
+
+// A file of the checkpoint: its bytes but the last 8 hash to `want`, which
+// its last 8 bytes (the writer's trailer) also hold.
+std::string verify_file(const fs::path& path, const std::string& want) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return fmt::format("{}: {}", path.filename().string(), std::strerror(errno));
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  std::string why;
+  if (ec || size < 8) {
+    why = fmt::format("{}: truncated ({} bytes)", path.filename().string(), ec ? 0 : size);
+  } else {
+    Checksum sum;
+    std::vector<char> buf(std::size_t(1) << 20);
+    for (std::uintmax_t left = size - 8; left > 0 && why.empty();) {
+      const std::size_t n = std::size_t(std::min<std::uintmax_t>(left, buf.size()));
+      if (std::fread(buf.data(), 1, n, f) != n) why = fmt::format("{}: read error", path.filename().string());
+      sum.add(buf.data(), n);
+      left -= n;
+    }
+    std::uint64_t trailer = 0;
+    if (why.empty() && std::fread(&trailer, sizeof trailer, 1, f) != 1)
+      why = fmt::format("{}: read error", path.filename().string());
+    if (why.empty() && (hex(sum.value()) != want || trailer != sum.value()))
+      why = fmt::format("{}: checksum {} where the manifest says {}", path.filename().string(), hex(sum.value()), want);
+  }
+  std::fclose(f);
+  return why;
+}
 
 // Every rank learns whether any rank failed; all throw the message of the
 // lowest failing rank (so no rank is left waiting in the next collective).
@@ -90,7 +153,7 @@ class Writer {
   // Appends the checksum, flushes and fsyncs; returns an error or "".
   std::string close(std::uint64_t* checksum) {
     if (f_ == nullptr) return fmt::format("cannot create {}: {}", path_.string(), std::strerror(errno));
-    const std::uint64_t h = sum_.h;
+    const std::uint64_t h = sum_.value();
     ok_ = ok_ && std::fwrite(&h, sizeof h, 1, f_) == 1 && std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0;
     ok_ = std::fclose(f_) == 0 && ok_;
     f_ = nullptr;
@@ -137,7 +200,7 @@ class Reader {
   }
   // After the last field: the stored checksum matches, nothing follows.
   bool finish() {
-    const std::uint64_t want = sum_.h;
+    const std::uint64_t want = sum_.value();
     std::uint64_t stored = 0;
     return ok_ && std::fread(&stored, sizeof stored, 1, f_) == 1 && stored == want && std::fgetc(f_) == EOF;
   }
@@ -201,7 +264,7 @@ std::string read_rank_file(const fs::path& path, const std::vector<strategies::S
 // The layout-independent file: per parameter of `reg`, its name, local and
 // global shape and tp/ep slices, then its parameters, m and v.
 std::string write_global_file(const fs::path& path, const models::ParamRegistry& reg,
-                              const strategies::FullState& full) {
+                              const strategies::FullState& full, std::uint64_t* checksum) {
   Writer w(path);
   w.put(kGlobalMagic, sizeof kGlobalMagic);
   w.put(kVersion);
@@ -221,7 +284,7 @@ std::string write_global_file(const fs::path& path, const models::ParamRegistry&
     }
     for (const auto* v : {&full.params, &full.m, &full.v}) w.put(v->data() + s.offset, sizeof(float) * std::size_t(s.numel));
   }
-  return w.close(nullptr);
+  return w.close(checksum);
 }
 
 // Whole tensors by name, assembled from global files: values of params, m,
@@ -317,19 +380,19 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
   }
   agree(comm, err, core::ErrorKind::runtime);
 
-  std::uint64_t checksum = 0;
+  std::uint64_t checksum = 0, global_checksum = 0;
   strategy.hold_state_in_memory(true);  // NVMe offload: the state where state_tensors() points
   err = write_rank_file(partial / rank_file(rank), strategy.state_tensors(), &checksum);
   strategy.hold_state_in_memory(false);
-  if (err.empty() && global_writer) err = write_global_file(partial / global_file(rank), reg, full);
+  if (err.empty() && global_writer) err = write_global_file(partial / global_file(rank), reg, full, &global_checksum);
   // A job killed here, with some ranks' files written and no manifest,
   // must leave every earlier checkpoint loadable (the kill test).
   if (const char* v = std::getenv("STRATA_INJECT_CHECKPOINT_KILL"); v != nullptr && rank == 0 && std::atoi(v) == step)
     std::raise(SIGKILL);
   agree(comm, err, core::ErrorKind::runtime);
-  std::vector<unsigned long long> sums(static_cast<std::size_t>(size));
-  unsigned long long mine = checksum;
-  STRATA_CHECK_MPI(MPI_Gather(&mine, 1, MPI_UNSIGNED_LONG_LONG, sums.data(), 1, MPI_UNSIGNED_LONG_LONG, 0, comm));
+  std::vector<unsigned long long> sums(static_cast<std::size_t>(2 * size));
+  unsigned long long mine[2] = {checksum, global_checksum};
+  STRATA_CHECK_MPI(MPI_Gather(mine, 2, MPI_UNSIGNED_LONG_LONG, sums.data(), 2, MPI_UNSIGNED_LONG_LONG, 0, comm));
   std::vector<int> writers(static_cast<std::size_t>(size));
   const int writes = global_writer;
   STRATA_CHECK_MPI(MPI_Gather(&writes, 1, MPI_INT, writers.data(), 1, MPI_INT, 0, comm));
@@ -358,18 +421,24 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
     toml::array files, checksums;
     for (int r = 0; r < size; ++r) {
       files.push_back(rank_file(r));
-      checksums.push_back(fmt::format("{:016x}", sums[std::size_t(r)]));
+      checksums.push_back(hex(sums[std::size_t(2 * r)]));
     }
     m.insert("files", std::move(files));
     m.insert("checksums", std::move(checksums));
-    toml::array globals;
+    toml::array globals, global_sums;
     for (int r = 0; r < size; ++r)
-      if (writers[std::size_t(r)]) globals.push_back(global_file(r));
+      if (writers[std::size_t(r)]) {
+        globals.push_back(global_file(r));
+        global_sums.push_back(hex(sums[std::size_t(2 * r + 1)]));
+      }
     m.insert("global_files", std::move(globals));
+    m.insert("global_checksums", std::move(global_sums));
     m.insert("resolved_deck", layout.resolved_deck);
     {
-      std::ofstream out(partial / kManifest);
-      out << m << "\n";
+      std::ostringstream body;
+      body << m << "\n";
+      std::ofstream out(partial / kManifest, std::ios::binary);
+      out << seal_manifest(body.str());
       out.flush();
       if (!out) err = fmt::format("cannot write {}", (partial / kManifest).string());
     }
@@ -394,79 +463,167 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
   return final_dir.string();
 }
 
+namespace {
+
+// "step-000012" -> 12; -1 for any other name.
+int step_of_name(const std::string& name) {
+  int k = -1;
+  if (name.size() != 11 || !name.starts_with("step-") ||
+      name.find_first_not_of("0123456789", 5) != std::string::npos || std::sscanf(name.c_str() + 5, "%d", &k) != 1)
+    return -1;
+  return k;
+}
+
+// A checkpoint's manifest, read and checked on rank 0: its own checksum, its
+// schema and version, the step its directory's name says, and a checksum for
+// every file it lists. `files`: "name checksum" per line.
+std::string read_manifest(const fs::path& dir, toml::table* table, std::string* files) {
+  std::ifstream in(dir / kManifest, std::ios::binary);
+  if (!in) return fmt::format("no {} (not a complete checkpoint)", kManifest);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string body;
+  if (std::string why = unseal_manifest(ss.str(), &body); !why.empty()) return why;
+  try {
+    *table = toml::parse(body, (dir / kManifest).string());
+  } catch (const std::exception& e) {
+    return fmt::format("its manifest does not parse: {}", e.what());
+  }
+  const toml::table& m = *table;
+  if (m["schema"].value_or(std::string()) != "strata-checkpoint" || m["layout"].as_table() == nullptr)
+    return "its manifest is not a strata checkpoint's";
+  if (const auto v = m["schema_version"].value_or(int64_t(0)); v != kVersion)
+    return fmt::format("checkpoint format version {}, this strata reads version {}", v, kVersion);
+  const int named = step_of_name(dir.filename().string());
+  if (const auto step = m["step"].value_or(int64_t(-1)); named >= 0 && step != named)
+    return fmt::format("its manifest says step {}, its directory step {}", step, named);
+  files->clear();
+  for (const auto& [names, sums] : {std::pair{"files", "checksums"}, std::pair{"global_files", "global_checksums"}}) {
+    const toml::array* f = m[names].as_array();
+    const toml::array* c = m[sums].as_array();
+    if (f == nullptr || c == nullptr || f->size() != c->size())
+      return fmt::format("its manifest lists {} without a checksum each", names);
+    for (std::size_t k = 0; k < f->size(); ++k)
+      *files += (*f)[k].value_or(std::string("?")) + " " + (*c)[k].value_or(std::string("?")) + "\n";
+  }
+  return "";
+}
+
+// The lowest failing rank's message ("" when none failed), on every rank.
+std::string first_failure(MPI_Comm comm, const std::string& mine) {
+  try {
+    agree(comm, mine, core::ErrorKind::runtime);
+  } catch (const core::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
 CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointLayout& layout) {
-  int rank = 0;
+  int rank = 0, size = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
-  std::string err, dir, saved_text, globals_text;
-  int step = 0, reshard = 0, good = 0, skipped = 0, same_precision = 1;
-  double scale = 1;
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
+  // Rank 0 lists the candidates: the one named, or every step-NNNNNN of a
+  // directory of them, newest first.
+  std::string err;
+  std::vector<std::string> candidates;
+  int named = 0;
   if (rank == 0) {
     std::error_code ec;
-    fs::path p(path);
+    const fs::path p(path);
     if (!fs::is_directory(p, ec)) {
       err = fmt::format("--resume {}: no such directory", path);
-    } else if (!fs::exists(p / kManifest, ec)) {
-      // A directory of checkpoints: the complete one of the highest step.
-      int best = -1;
-      for (const auto& e : fs::directory_iterator(p, ec)) {
-        const std::string name = e.path().filename().string();
-        int k = -1;
-        if (name.size() == 11 && name.starts_with("step-") && std::sscanf(name.c_str() + 5, "%d", &k) == 1 &&
-            fs::exists(e.path() / kManifest, ec) && k > best)
-          best = k;
-      }
-      if (best < 0)
+    } else if (fs::exists(p / kManifest, ec) || step_of_name(p.filename().string()) >= 0) {
+      candidates.push_back(p.string());
+      named = 1;
+    } else {
+      std::vector<std::pair<int, std::string>> steps;
+      for (const auto& e : fs::directory_iterator(p, ec))
+        if (const int k = step_of_name(e.path().filename().string()); k >= 0 && e.is_directory(ec))
+          steps.emplace_back(k, e.path().string());
+      std::sort(steps.rbegin(), steps.rend());
+      for (const auto& [k, d] : steps) candidates.push_back(d);
+      if (candidates.empty())
         err = fmt::format("--resume {}: no complete checkpoint there (a step-NNNNNN directory with {})", path,
                           kManifest);
-      else
-        p /= step_name(best);
-    }
-    if (err.empty()) {
-      dir = p.string();
-      try {
-        const toml::table m = toml::parse_file((p / kManifest).string());
-        const toml::table* l = m["layout"].as_table();
-        if (m["schema"].value_or(std::string()) != "strata-checkpoint" || l == nullptr)
-          throw std::runtime_error("not a strata checkpoint manifest");
-        step = int(m["step"].value_or(int64_t(-1)));
-        CheckpointLayout saved;
-        auto get = [&](const char* k) { return int((*l)[k].value_or(int64_t(-1))); };
-        saved.world = get("world"), saved.pp = get("pp"), saved.dp = get("dp"), saved.tp = get("tp");
-        saved.ep = get("ep"), saved.zero = get("zero"), saved.virtual_stages = get("virtual_stages");
-        saved.precision = (*l)["precision"].value_or(std::string("fp32"));
-        scale = m["loss_scale"]["scale"].value_or(1.0);
-        good = int(m["loss_scale"]["good_steps"].value_or(int64_t(0)));
-        skipped = int(m["loss_scale"]["skipped_steps"].value_or(int64_t(0)));
-        same_precision = saved.precision == layout.precision;
-        const std::string deck = m["resolved_deck"].value_or(std::string());
-        reshard = !(saved == layout);
-        saved_text = saved.describe();
-        if (const toml::array* g = m["global_files"].as_array())
-          for (const auto& x : *g) globals_text += x.value_or(std::string()) + "\n";
-        if (reshard && globals_text.empty())
-          err = fmt::format("--resume {}: the checkpoint was written by {}; this run is {}, and the checkpoint has "
-                            "no global state files to re-shard from: resume with its layout",
-                            dir, saved.describe(), layout.describe());
-        else if (model_section(deck) != model_section(layout.resolved_deck))
-          err = fmt::format("--resume {}: the checkpoint's model differs from this deck's:\n{}\nversus\n{}", dir,
-                            model_section(deck), model_section(layout.resolved_deck));
-      } catch (const std::exception& e) {
-        err = fmt::format("--resume {}: cannot read {}: {}", dir, kManifest, e.what());
-      }
     }
   }
   agree(comm, err, core::ErrorKind::input);
+  int count = int(candidates.size());
+  STRATA_CHECK_MPI(MPI_Bcast(&count, 1, MPI_INT, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(&named, 1, MPI_INT, 0, comm));
+
+  // The newest that verifies: rank 0 checks its manifest, then the ranks
+  // share out its files (file k to rank k mod size) and check each one's
+  // checksum against the manifest's.
+  toml::table manifest;
+  std::string dir, skipped;
+  for (int i = 0; i < count && dir.empty(); ++i) {
+    std::string why, files;
+    const std::string candidate = broadcast_string(comm, rank == 0 ? candidates[std::size_t(i)] : "", 0);
+    if (rank == 0) why = read_manifest(candidate, &manifest, &files);
+    why = broadcast_string(comm, why, 0);
+    if (why.empty()) {
+      std::istringstream lines(broadcast_string(comm, files, 0));
+      std::string mine, name, sum;
+      for (int k = 0; lines >> name >> sum; ++k)
+        if (k % size == rank && mine.empty()) mine = verify_file(fs::path(candidate) / name, sum);
+      why = first_failure(comm, mine);
+    }
+    if (why.empty()) {
+      dir = candidate;
+      break;
+    }
+    if (named) core::input_error("--resume {}: the checkpoint fails verification: {}", path, why);
+    skipped += fmt::format("resume: skipped {}: {}\n", fs::path(candidate).filename().string(), why);
+  }
+  if (rank == 0) fmt::print("{}", skipped);
+  if (dir.empty())
+    core::input_error("--resume {}: no complete, verified checkpoint there:\n{}", path, skipped);
+
+  std::string saved_text, globals_text;
+  int step = 0, reshard = 0, good = 0, skipped_steps = 0, same_precision = 1;
+  double scale = 1;
+  if (rank == 0) {
+    const toml::table& m = manifest;
+    const toml::table* l = m["layout"].as_table();
+    step = int(m["step"].value_or(int64_t(-1)));
+    CheckpointLayout saved;
+    auto get = [&](const char* k) { return int((*l)[k].value_or(int64_t(-1))); };
+    saved.world = get("world"), saved.pp = get("pp"), saved.dp = get("dp"), saved.tp = get("tp");
+    saved.ep = get("ep"), saved.zero = get("zero"), saved.virtual_stages = get("virtual_stages");
+    saved.precision = (*l)["precision"].value_or(std::string("fp32"));
+    scale = m["loss_scale"]["scale"].value_or(1.0);
+    good = int(m["loss_scale"]["good_steps"].value_or(int64_t(0)));
+    skipped_steps = int(m["loss_scale"]["skipped_steps"].value_or(int64_t(0)));
+    same_precision = saved.precision == layout.precision;
+    const std::string deck = m["resolved_deck"].value_or(std::string());
+    reshard = !(saved == layout);
+    saved_text = saved.describe();
+    if (const toml::array* g = m["global_files"].as_array())
+      for (const auto& x : *g) globals_text += x.value_or(std::string()) + "\n";
+    if (reshard && globals_text.empty())
+      err = fmt::format("--resume {}: the checkpoint was written by {}; this run is {}, and the checkpoint has "
+                        "no global state files to re-shard from: resume with its layout",
+                        dir, saved.describe(), layout.describe());
+    else if (model_section(deck) != model_section(layout.resolved_deck))
+      err = fmt::format("--resume {}: the checkpoint's model differs from this deck's:\n{}\nversus\n{}", dir,
+                        model_section(deck), model_section(layout.resolved_deck));
+  }
+  agree(comm, err, core::ErrorKind::input);
   CheckpointRef ref;
-  ref.dir = broadcast_string(comm, dir, 0);
+  ref.dir = dir;
   STRATA_CHECK_MPI(MPI_Bcast(&step, 1, MPI_INT, 0, comm));
   STRATA_CHECK_MPI(MPI_Bcast(&reshard, 1, MPI_INT, 0, comm));
   STRATA_CHECK_MPI(MPI_Bcast(&good, 1, MPI_INT, 0, comm));
-  STRATA_CHECK_MPI(MPI_Bcast(&skipped, 1, MPI_INT, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(&skipped_steps, 1, MPI_INT, 0, comm));
   STRATA_CHECK_MPI(MPI_Bcast(&same_precision, 1, MPI_INT, 0, comm));
   STRATA_CHECK_MPI(MPI_Bcast(&scale, 1, MPI_DOUBLE, 0, comm));
   ref.step = step;
   ref.reshard = reshard != 0;
-  ref.scaler = {scale, good, skipped};
+  ref.scaler = {scale, good, skipped_steps};
   ref.same_precision = same_precision != 0;
   ref.saved_layout = broadcast_string(comm, saved_text, 0);
   std::istringstream lines(broadcast_string(comm, globals_text, 0));

@@ -162,6 +162,43 @@ expect_refusal "parameters beyond backend.memory_limit" "a rank's share of the f
   tiny.toml --set model.layers=100 --set model.d_model=1024 --set 'backend.memory_limit="64MiB"' --dry-run
 [[ $(cat tiny.toml | head -2 | tail -1) == 'name = "tiny"' ]] && ok "the deck is intact" || bad "the deck was overwritten"
 
+# --- checkpoints you can trust: verified on resume, the newest intact one taken ---
+ckrun() { timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 "$@"; }
+ckrun --checkpoint-every 2 --checkpoint-dir cks --output out/cks.h5 > cks.log 2>&1 \
+  && [[ -d cks/step-000002 && -d cks/step-000004 && -d cks/step-000006 ]] \
+  && ok "checkpoints written at steps 2, 4, 6" || { bad "checkpoints"; cat cks.log; }
+# resume_from NAME WANT_STEP GREP ARGS...: resume to step 8; the resumed step and a line of its output.
+resume_from() {
+  local name=$1 want=$2 line=$3
+  shift 3
+  rm -f out/res.h5
+  ckrun --set run.steps=8 --output out/res.h5 "$@" > res.log 2>&1
+  local rc=$?
+  if [[ $rc -eq 0 && $(attr out/res.h5 resumed_at_step) == "$want" ]] && grep -qF -- "$line" res.log; then
+    ok "$name: resumed at step $want"
+  else bad "$name (rc $rc)"; cat res.log; fi
+}
+cp -r cks ck_flip && printf '\x55' | dd of=ck_flip/step-000006/rank-00001.bin bs=1 seek=100 conv=notrunc 2>/dev/null
+resume_from "a flipped byte in the newest checkpoint" 4 "skipped step-000006: rank 1: rank-00001.bin: checksum" --resume ck_flip
+cp -r cks ck_junk && mkdir ck_junk/step-000099 && echo junk > ck_junk/step-000099/manifest.toml
+resume_from "a junk newer step directory" 6 "skipped step-000099: its manifest has no checksum line" --resume ck_junk
+cp -r cks ck_step && sed -i 's/^step = 6$/step = 5/' ck_step/step-000006/manifest.toml
+resume_from "an edited step in the manifest" 4 "skipped step-000006: its manifest fails its checksum" --resume ck_step
+cp -r cks ck_trunc && truncate -s 200 ck_trunc/step-000006/global-00000.bin
+resume_from "a truncated global file" 4 "skipped step-000006: global-00000.bin: checksum" --resume ck_trunc
+ckrun --set run.steps=8 --output out_bad/x.h5 --resume ck_flip/step-000006 > named.log 2>&1
+rc=$?
+if [[ $rc -eq 2 ]] && grep -q "ck_flip/step-000006: the checkpoint fails verification: rank 1: rank-00001.bin: checksum" named.log \
+   && [[ ! -e out_bad ]]; then
+  ok "a named checkpoint that fails verification: exit 2, nothing written"
+else bad "named corrupt checkpoint (rc $rc)"; cat named.log; fi
+rm -rf ck_all && mkdir ck_all && cp -r ck_flip/step-000006 ck_all/ && cp -r ck_step/step-000006 ck_all/step-000004
+ckrun --set run.steps=8 --output out_bad/x.h5 --resume ck_all > none.log 2>&1
+rc=$?
+if [[ $rc -eq 2 ]] && grep -q "no complete, verified checkpoint there" none.log && grep -q "skipped step-000004" none.log; then
+  ok "no checkpoint verifies: exit 2 listing each and why"
+else bad "nothing verifies (rc $rc)"; cat none.log; fi
+
 # --- a full disk while the report is published: exit 1 naming the file, no hang ---
 if [[ $(id -u) -ne 0 ]]; then
   skip "full disk: mounting a small tmpfs needs root"
