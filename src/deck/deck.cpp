@@ -334,18 +334,6 @@ void Resolver::check_sizes() {
     error(fmt::format("{}: a micro-batch's attention scores would hold {:.3g} elements ({}, {}, {}): more than 2^53",
                       primary({"model.seq_len", "data.micro_batch"}), double(scores), show("data.micro_batch"),
                       show("model.heads"), show("model.seq_len")));
-  // With a memory limit: the fp32 parameters of one rank (their tensor and
-  // pipeline share, and the data-parallel share under ZeRO-3) already exceed
-  // it, whatever else the estimate would find. Offloaded parameters live on
-  // the host.
-  const auto& p = c.parallel;
-  const R share = R(p.tp) * p.pp * (p.zero >= 3 ? p.dp : 1);
-  if (c.backend.memory_limit > 0 && !c.offload.params && params > 0 && 4 * params / share > R(c.backend.memory_limit))
-    error(fmt::format("{}: does not fit: a rank's share of the fp32 parameters alone is {} ({:.3g} parameters over "
-                      "tp {} x pp {}{}), more than {}",
-                      primary({"backend.memory_limit", "model.layers"}), core::format_bytes(double(4 * params / share)),
-                      double(params), p.tp, p.pp, p.zero >= 3 ? fmt::format(" x dp {} (ZeRO-3)", p.dp) : "",
-                      show("backend.memory_limit")));
 }
 
 void Resolver::check_cross_keys() {

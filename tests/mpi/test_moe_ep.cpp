@@ -115,19 +115,21 @@ void check(const Layout& l) {
   }
   // Before full_params below, whose gathers are logged under the last step.
   estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
-  // Parameters norm-wise per tensor within 5e-5 (losses and gradient norms:
+  // Parameters norm-wise per tensor within 5e-4 (losses and gradient norms:
   // 1e-5). An expert's MLP runs over the rows of several micro-batches at
   // once here, one at a time on one rank: the weight gradients sum in
   // another order, and Adam turns the rounding of near-zero gradient
-  // elements of an expert that took few tokens into updates of either sign
-  // (measured: up to 2.2e-5 on one expert fc weight with ep 2 x dp 4,
-  // 1e-6..5e-6 elsewhere; dp alone 5e-6). A token's row lost or counted
-  // twice moves that expert's tensors by 1e-2 or more.
+  // elements of an expert that took few tokens into updates of either sign.
+  // That rounding floor depends on the build's order of operations: up to
+  // 4.8e-5 at -O2 and 6.4e-5 at -O0 (the sanitizer build), on an expert fc or
+  // proj weight; dp alone 5e-6. A token's row lost or counted twice moves
+  // that expert's tensors by 1e-2 or more. The bound sits a decade above the
+  // floor of either build and 20x below that defect.
   double key_abs = 0;
   std::string worst;
   EXPECT_LE(parity::params_error(t.registry(), t.strategy().full_params(), ref.registry(),
                                  ref.strategy().full_params(), &key_abs, &worst),
-            5e-5)
+            5e-4)
       << worst;
   EXPECT_LE(key_abs, 1e-4);
   // The experts' all-to-alls ran on the ep axis (and nothing else did).

@@ -21,6 +21,15 @@ import torch.nn.functional as F
 
 torch.set_num_threads(1)
 TOL = 1e-4  # relative error bound for fp32 strata against the float64 reference
+# The final weights, after several AdamW steps: Adam divides each gradient
+# element by its own running scale, so the fp32 rounding of small gradient
+# elements becomes updates of a size set by the learning rate. How large that
+# floor is depends on the build's order of operations: measured up to 2.7e-5
+# at -O2 and 1.05e-4 at -O0 (the sanitizer build's sequential sums), on MoE
+# blocks. A defect (a wrong gradient term, a token lost or counted twice)
+# moves a tensor by 1e-2 or more; the bound sits a decade above the floor of
+# either build and a decade below that.
+FINAL_TOL = 1e-3
 
 
 def load(h5, group):
@@ -237,10 +246,10 @@ def run_case(tool, out, sets, failures):
             key_noise = float(g[C:2 * C].abs().max() / g.abs().max())
             check(f"step 0 {name} key slice / max (~0)", key_noise, 1e-6)
             check(f"final {name} query+value", rel(torch.cat([got[:C], got[2 * C:]]),
-                                                   torch.cat([ref[:C], ref[2 * C:]])))
+                                                   torch.cat([ref[:C], ref[2 * C:]])), FINAL_TOL)
             check(f"final {name} key, absolute", float((got[C:2 * C] - ref[C:2 * C]).abs().max()), 1e-5)
         else:
-            check(f"final {name}", rel(got, ref))
+            check(f"final {name}", rel(got, ref), FINAL_TOL)
 
 
 if __name__ == "__main__":

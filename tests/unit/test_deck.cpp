@@ -290,7 +290,7 @@ TEST_F(DeckTest, WrongTypeNamesExpectedAndGot) {
 }
 
 TEST_F(DeckTest, OutOfRangeNamesTheRange) {
-  load_error("[model]\nlayers = 0\n", {"deck.toml:2: key 'model.layers' must be >= 1, got 0"});
+  load_error("[model]\nlayers = 0\n", {"deck.toml:2: key 'model.layers' must be in 1..4096, got 0"});
   load_error("[model]\nvocab = 1\n", {"deck.toml:2: key 'model.vocab' must be >= 2, got 1"});
   load_error("[parallel]\nzero = 4\n", {"deck.toml:2: key 'parallel.zero' must be in 0..3, got 4"});
   load_error("[optim]\nlr = 0\n", {"deck.toml:2: key 'optim.lr' must be > 0, got 0.0"});
@@ -534,7 +534,7 @@ TEST_F(DeckTest, OverrideErrorsNameTheSetText) {
   load_error("", {"--set model.layers=four: key 'model.layers' expects an integer, got string \"four\""},
              {"model.layers=four"});
   load_error("", {"--set model.layers=2.5: key 'model.layers' expects an integer, got float 2.5"}, {"model.layers=2.5"});
-  load_error("", {"--set model.layers=0: key 'model.layers' must be >= 1, got 0"}, {"model.layers=0"});
+  load_error("", {"--set model.layers=0: key 'model.layers' must be in 1..4096, got 0"}, {"model.layers=0"});
   load_error("", {"--set run.profile=yes: key 'run.profile' expects a boolean"}, {"run.profile=yes"});
   load_error("", {"--set data.source=texts: key 'data.source' must be one of"}, {"data.source=texts"});
   load_error("", {"--set backend.memory_limit=2GB2: key 'backend.memory_limit'", "unknown unit"},
