@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <cstdlib>
 #include <ctime>
@@ -645,6 +646,11 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   if (diverged_at >= 0) file.set_attr("/", "diverged_at_step", std::int64_t(diverged_at));
   if (outcome == Outcome::interrupted) file.set_attr("/", "interrupted_by", std::string(signal_name(stopped_by)));
   finish(file, status);
+  // STRATA_INJECT_REPORT_KILL=RANK: that rank is killed with everything
+  // written but not published (the fault tests: nothing poses as complete,
+  // and the next run on the path takes over the stale claim).
+  if (const char* v = std::getenv("STRATA_INJECT_REPORT_KILL"); v != nullptr && std::atoi(v) == rank)
+    std::raise(SIGKILL);
   file.publish();
 
   const Summary& s = summary;

@@ -136,6 +136,18 @@ if "$strata" run tiny.toml --output out/stale.h5 > stale.log 2>&1 && grep -q "re
   ok "a stale claim (its process gone) is taken over and released"
 else bad "stale claim"; cat stale.log; fi
 
+# --- SIGKILL of a rank with the report written but not published ---
+STRATA_INJECT_REPORT_KILL=1 timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 \
+  --output out/killed.h5 > killed.log 2>&1
+rc=$?
+if [[ $rc -ne 0 && ! -e out/killed.h5 && -e out/killed.h5.partial ]]; then
+  ok "killed before publishing (rc $rc): no file poses as the report, the .partial says so"
+else bad "killed before publishing (rc $rc)"; ls out; cat killed.log; fi
+if timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --output out/killed.h5 > killed2.log 2>&1 \
+   && grep -q "removed a stale claim" killed2.log && [[ $(attr out/killed.h5 status) == complete && ! -e out/killed.h5.partial ]]; then
+  ok "the next run on the path takes over the killed run's claim and publishes"
+else bad "after a killed run"; cat killed2.log; fi
+
 # --- paths and sizes refused before step 1, exit 2, nothing written ---
 mkdir -p adir && mkfifo fifo && touch afile
 expect_refusal() {  # NAME WANT ARGS...: exit 2 within 20 s, WANT on stderr, no report
