@@ -105,7 +105,9 @@ std::string verify_file(const fs::path& path, const std::string& want) {
 }
 
 // Every rank learns whether any rank failed; all throw the message of the
-// lowest failing rank (so no rank is left waiting in the next collective).
+// lowest failing rank, the same text on every rank and marked agreed (so no
+// rank is left waiting in the next collective, and the run reports it as one
+// error).
 void agree(MPI_Comm comm, const std::string& mine, core::ErrorKind kind) {
   int rank = 0, size = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
@@ -117,7 +119,7 @@ void agree(MPI_Comm comm, const std::string& mine, core::ErrorKind kind) {
   STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_LONG_LONG, first, comm));
   std::string msg = rank == first ? mine : std::string(std::size_t(n), '\0');
   STRATA_CHECK_MPI(MPI_Bcast(msg.data(), static_cast<int>(n), MPI_CHAR, first, comm));
-  throw core::Error(kind, first == rank ? msg : fmt::format("rank {}: {}", first, msg));
+  throw core::Error(kind, size > 1 ? fmt::format("rank {}: {}", first, msg) : msg, true);
 }
 
 std::string broadcast_string(MPI_Comm comm, std::string s, int root) {

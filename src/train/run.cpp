@@ -520,6 +520,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   enum class Outcome { complete, diverged, interrupted } outcome = Outcome::complete;
   int stopped_by = 0, diverged_at = -1;
   std::string failure;
+  bool agreed = false;  // every rank threw the same error at the same point
 
   try {
     Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(),
@@ -605,6 +606,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
         break;
       }
     }
+  } catch (const core::Error& e) {
+    failure = e.what();
+    agreed = e.agreed();
   } catch (const std::exception& e) {
     failure = e.what();
     if (failure.empty()) failure = "an error without a message";
@@ -615,7 +619,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     // they all refuse): they agree on the message and publish the report
     // together. Otherwise the others wait in a collective for this rank:
     // it publishes a report of its own records and ends the job.
-    if (!every_rank_failed(failures.comm, kAgreeSeconds)) {
+    if (!agreed && !every_rank_failed(failures.comm, kAgreeSeconds)) {
       try {
         // The run's path gets this rank's records, marked as its alone; the
         // shared temporary file goes (the job's end stops its writers).
@@ -635,7 +639,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       if (checkpoint_claim) checkpoint_claim->release();
       comm::abort_job(comm, rank, failure, 1);
     }
-    const std::string message = agreed_message(comm, failure);
+    // An error the ranks already agreed on (a checkpoint's) is one message.
+    const std::string message = agreed ? failure : agreed_message(comm, failure);
     file.set_attr("/", "error", message);
     finish(file, "failed");
     file.publish();

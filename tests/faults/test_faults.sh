@@ -136,6 +136,20 @@ if "$strata" run tiny.toml --output out/stale.h5 > stale.log 2>&1 && grep -q "re
   ok "a stale claim (its process gone) is taken over and released"
 else bad "stale claim"; cat stale.log; fi
 
+# --- a rank killed mid-run: the job ends within seconds, never a hang ---
+timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 "${long[@]}" --output out/dead.h5 > dead.log 2>&1 &
+pid=$!
+wait_for out/dead.h5.partial 60 && sleep 1
+victim=$(pgrep -f "^$strata run tiny.toml --set parallel.dp=2 --set run.steps=100000" | tail -1)
+start=$(date +%s%N)
+kill -KILL "$victim"
+wait $pid
+rc=$?
+took_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+if [[ $rc -ne 0 && $rc -ne 124 && $took_ms -lt 10000 ]]; then
+  ok "a rank killed mid-run ends the job in $took_ms ms (rc $rc)"
+else bad "rank killed mid-run (rc $rc, $took_ms ms)"; cat dead.log; fi
+
 # --- SIGKILL of a rank with the report written but not published ---
 STRATA_INJECT_REPORT_KILL=1 timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 \
   --output out/killed.h5 > killed.log 2>&1
@@ -195,7 +209,7 @@ resume_from "a junk newer step directory" 6 "skipped step-000099: its manifest h
 cp -r cks ck_step && sed -i 's/^step = 6$/step = 5/' ck_step/step-000006/manifest.toml
 resume_from "an edited step in the manifest" 4 "skipped step-000006: its manifest fails its checksum" --resume ck_step
 cp -r cks ck_trunc && truncate -s 200 ck_trunc/step-000006/global-00000.bin
-resume_from "a truncated global file" 4 "skipped step-000006: global-00000.bin: checksum" --resume ck_trunc
+resume_from "a truncated global file" 4 "skipped step-000006: rank 0: global-00000.bin: checksum" --resume ck_trunc
 ckrun --set run.steps=8 --output out_bad/x.h5 --resume ck_flip/step-000006 > named.log 2>&1
 rc=$?
 if [[ $rc -eq 2 ]] && grep -q "ck_flip/step-000006: the checkpoint fails verification: rank 1: rank-00001.bin: checksum" named.log \
@@ -226,6 +240,19 @@ else
     else bad "full disk on $n rank(s) (rc $rc)"; cat full$n.log; fi
     rm -f full/*
   done
+  umount full
+  # Room for one checkpoint (~315 KB) and not two: the second fails on every
+  # rank together, the report (elsewhere) says so, the first stays whole.
+  mount -t tmpfs -o size=512k tmpfs full
+  timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 --checkpoint-every 2 \
+    --checkpoint-dir full/ck --output out/ckfull.h5 > ckfull.log 2>&1
+  rc=$?
+  if [[ $rc -eq 1 && $(attr out/ckfull.h5 status) == failed && $(attr out/ckfull.h5 error) == *"No space left on device"* \
+        && -f full/ck/step-000002/manifest.toml && ! -e full/ck/step-000004 ]] \
+     && timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 --resume full/ck \
+          --output out/ckfull-resumed.h5 > ckfull2.log 2>&1; then
+    ok "a full disk at the second checkpoint: exit 1, a failed report naming it, the first checkpoint resumes"
+  else bad "checkpoint on a full disk (rc $rc)"; cat ckfull.log ckfull2.log; ls -R full; fi
   umount full
 fi
 

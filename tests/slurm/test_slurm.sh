@@ -2,7 +2,7 @@
 # Strata under a real SLURM (slurm/start-local's single-node cluster, or any
 # cluster SLURM_CONF points at): the quickstart with sbatch --wait, a sweep as
 # job arrays with slurm/submit-sweep --wait, the reports' SLURM provenance,
-# and the guard against srun without a PMI plugin.
+# SIGTERM to a running job, and the guard against srun without a PMI plugin.
 # usage: test_slurm.sh STRATA_BIN SOURCE_DIR WORK_DIR PYTHON
 set -uo pipefail
 strata=$1 src=$2 work=$3 py=$4
@@ -79,6 +79,18 @@ if "$src/analysis/strata-report" results/quickstart.h5 --plots plots --trace qui
    && grep -q "8 point(s): 6 complete, 2 skipped" sweepreport.log && [[ -s plots/sweep.png ]]; then
   ok "strata-report on the batch job's report and the sweep's index"
 else bad "strata-report on SLURM results"; cat report.log sweepreport.log; fi
+
+# --- SIGTERM to a running job's tasks (what SLURM sends at a time limit) ---
+jid=$(sbatch --parsable -n 2 -o term.out "$src/slurm/strata.sbatch" "$src/inputs/quickstart.toml" \
+  --set run.steps=100000 --set run.log_every=0 --output results/term.h5 --checkpoint-every 100000 --checkpoint-dir ckterm)
+for _ in $(seq 1 600); do [[ -e results/term.h5.partial ]] && break; sleep 0.2; done
+sleep 2
+scancel --signal=TERM "$jid"
+for _ in $(seq 1 600); do squeue -h -j "$jid" 2>/dev/null | grep -q . || break; sleep 0.2; done
+status=$("$py" -c "import h5py; a=h5py.File('results/term.h5').attrs; print(a['status'].decode(), a['interrupted_by'].decode())" 2>/dev/null)
+if [[ $status == "interrupted SIGTERM" ]] && ls -d ckterm/step-* > /dev/null 2>&1 && grep -q "SIGTERM: stopped after step" term.out; then
+  ok "SIGTERM under srun: the tasks stop at one step, checkpoint, and publish the report as interrupted"
+else bad "SIGTERM under srun ($status)"; cat term.out; fi
 
 # --- srun without a PMI plugin starts unconnected copies: refused ---
 timeout 120 srun --mpi=none -n 2 "$strata" run "$src/inputs/quickstart.toml" --set run.steps=3 --set run.warmup_steps=1 \
