@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <vector>
 
@@ -195,12 +196,14 @@ H5File::~H5File() {
   // file_ < 0: published, or publish() closed the file and then failed to
   // rename it; that complete ".partial" file is kept for the user.
   if (file_ < 0) return;
-  if (broken_) {
+  if (broken_ || std::uncaught_exceptions() > 0) {
     // After an agreed error the file stays under its temporary name, as far
     // as it was written, and open: HDF5's close after a failed write (a full
     // disk) can diverge between ranks inside its own collective metadata
-    // flush and hang. The process must then end without MPI_Finalize, which
-    // would close it (files_left_open()).
+    // flush and hang. So does any close while this rank unwinds from an
+    // error of its own, which the others may not share (they would wait for
+    // it in the close's collectives). The process must then end without
+    // MPI_Finalize, which would close it (files_left_open()).
     ++left_open_;
     return;
   }

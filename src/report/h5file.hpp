@@ -25,7 +25,9 @@ class H5File {
   H5File(MPI_Comm comm, const std::string& final_path, const std::string& temp_suffix = ".partial");
   // Closes and removes the temporary file if never published. (If publish()
   // closed the file but could not rename it, the complete temporary file is
-  // kept and publish() threw an error naming it.)
+  // kept and publish() threw an error naming it.) After a failed write, or
+  // while the rank unwinds from an error, it closes nothing: the file stays
+  // open under its temporary name (files_left_open()).
   ~H5File();
   H5File(const H5File&) = delete;
   H5File& operator=(const H5File&) = delete;

@@ -481,12 +481,6 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                             layout.ep > 1 ? fmt::format(" (ep {})", layout.ep) : "");
   DeviceArena arena;  // declared before the tracker: freed after it
   core::MemoryTracker tracker(cfg.backend.memory_limit);
-  if (kernels::device() == kernels::Device::cuda) {
-    timeline.set_fence(kernels::synchronize);
-    arena.open(cfg.backend.memory_limit, tracker, sharing_gpu, comm);
-    file.set_attr("/", "device_arena_bytes", std::int64_t(arena.capacity));
-    file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
-  }
   std::vector<StepRecord> steps;
   std::vector<ExpertRecord> experts;  // MoE routing, copied after every step
   std::vector<MemoryRecord> memory;
@@ -523,6 +517,13 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   bool agreed = false;  // every rank threw the same error at the same point
 
   try {
+    if (kernels::device() == kernels::Device::cuda) {
+      // Inside: a GPU without room on one rank is a failure like any other.
+      timeline.set_fence(kernels::synchronize);
+      arena.open(cfg.backend.memory_limit, tracker, sharing_gpu, comm);
+      file.set_attr("/", "device_arena_bytes", std::int64_t(arena.capacity));
+      file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
+    }
     Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(),
                     &mesh.ep(), &mesh.edp());
     // Room for every record up front: a growing log would pay page faults
