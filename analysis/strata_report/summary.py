@@ -47,22 +47,25 @@ def memory_per_rank(rep, pool="device"):
 
 def comm_per_axis_op(rep):
     """[(axis, op, group, ranks, mean calls, mean bytes, mean time, mean wait, mean peer wait, mean busbw,
-    mean hidden)] over the ranks that issued the op (from /summary/comm)."""
+    mean hidden)] over the ranks that issued the op (from /summary/comm). Where the report has message-size
+    classes, each is its own row and its op reads "all_reduce <=4.00 MiB"."""
     c = rep.table("summary/comm")
     rows = []
     if len(c) == 0:
         return rows
     axes = np.array([text(a) for a in c["axis"]])
     ops = np.array([text(o) for o in c["op"]])
+    sizes = c["size_class"] if "size_class" in c.dtype.names else np.full(len(c), -1)
     seen = []
-    for a, o, g in zip(axes, ops, c["group_size"]):
-        if (a, o, g) in seen:
+    for a, o, g, k in zip(axes, ops, c["group_size"], sizes):
+        if (a, o, g, k) in seen:
             continue
-        seen.append((a, o, g))
-        sel = (axes == a) & (ops == o) & (c["group_size"] == g)
+        seen.append((a, o, g, k))
+        sel = (axes == a) & (ops == o) & (c["group_size"] == g) & (sizes == k)
         t = c[sel]
         peer = t["peer_wait"].mean() if "peer_wait" in t.dtype.names else 0.0
-        rows.append((a, o, int(g), int(sel.sum()), t["count"].mean(), t["bytes"].mean(), t["time"].mean(),
+        label = o if k < 0 else f"{o} <={fmt_bytes(float(k))}"
+        rows.append((a, label, int(g), int(sel.sum()), t["count"].mean(), t["bytes"].mean(), t["time"].mean(),
                      t["wait"].mean(), peer, t["busbw"].mean(), t["hidden_fraction"].mean()))
     return rows
 
@@ -194,9 +197,9 @@ def render(rep):
     if comm:
         p("")
         p("communication per axis and op (mean over the ranks that issue it, measured steps)")
-        p(f"  {'axis':<5} {'op':<15} {'n':>3} {'ranks':>5} {'calls':>7} {'bytes':>12} {'time_ms':>9} {'wait_ms':>9} "
+        p(f"  {'axis':<5} {'op':<28} {'n':>3} {'ranks':>5} {'calls':>7} {'bytes':>12} {'time_ms':>9} {'wait_ms':>9} "
           f"{'peer_ms':>8} {'busbw_GB/s':>10} {'hidden':>7}")
         for ax, op, g, nr, calls, b, t, w, pw, bw, h in comm:
-            p(f"  {ax:<5} {op:<15} {g:>3} {nr:>5} {calls:>7.0f} {fmt_bytes(b):>12} {1e3 * t:>9.2f} {1e3 * w:>9.2f} "
+            p(f"  {ax:<5} {op:<28} {g:>3} {nr:>5} {calls:>7.0f} {fmt_bytes(b):>12} {1e3 * t:>9.2f} {1e3 * w:>9.2f} "
               f"{1e3 * pw:>8.2f} {bw / 1e9:>10.3f} {100 * h:>6.0f}%")
     return "\n".join(out)

@@ -680,12 +680,12 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                s.hardware_flops_per_step > s.model_flops_per_step ? fmt::format(" | HFU {:.1f}%", 100 * s.hfu) : "");
     if (!comm_figures.empty()) {
       fmt::print("communication on rank 0 over {} measured steps:\n", s.measured_steps);
-      fmt::print("  {:<6} {:<15} {:>3} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n", "calls",
-                 "bytes", "time_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
+      fmt::print("  {:<6} {:<15} {:>3} {:>11} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n",
+                 "size <=", "calls", "bytes", "time_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
       for (const auto& a : comm_figures)
-        fmt::print("  {:<6} {:<15} {:>3} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis, a.op,
-                   a.group_size, a.count, a.bytes, a.time * 1e3, a.algbw() / 1e9, a.busbw() / 1e9,
-                   a.time > 0 ? 100.0 * (1.0 - a.wait / a.time) : 0.0);
+        fmt::print("  {:<6} {:<15} {:>3} {:>11} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis,
+                   a.op, a.group_size, core::format_bytes(double(a.size_class)), a.count, a.bytes, a.time * 1e3,
+                   a.algbw() / 1e9, a.busbw() / 1e9, a.time > 0 ? 100.0 * (1.0 - a.wait / a.time) : 0.0);
     }
     fmt::print("report: {}\n", file.final_path());
   }

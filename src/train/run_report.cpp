@@ -257,15 +257,22 @@ void write_pipeline_summary(report::H5File& f, const std::vector<std::pair<int, 
 
 double CommAggregate::busbw() const { return algbw() * comm::busbw_factor(op, group_size); }
 
+std::int64_t size_class(std::int64_t bytes) {
+  std::int64_t c = bytes > 0 ? 1 : 0;
+  while (c > 0 && c < bytes) c *= 2;
+  return c;
+}
+
 std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step) {
   std::vector<CommAggregate> out;
   for (const auto& r : log.records()) {
     if (r.step < first_step) continue;
+    const std::int64_t sc = size_class(r.bytes);
     auto it = std::find_if(out.begin(), out.end(), [&](const CommAggregate& a) {
-      return a.axis == r.axis && a.op == r.op && a.group_size == r.group_size;
+      return a.axis == r.axis && a.op == r.op && a.group_size == r.group_size && a.size_class == sc;
     });
     if (it == out.end()) {
-      out.push_back({std::string(r.axis), std::string(r.op), r.group_size});
+      out.push_back({std::string(r.axis), std::string(r.op), r.group_size, sc});
       it = out.end() - 1;
     }
     it->count += 1;
@@ -278,11 +285,15 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
 }
 
 void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank) {
-  report::Table t("summary/comm", "per rank, axis and op over the measured steps (warm-up excluded)");
+  report::Table t("summary/comm",
+                  "per rank, axis, op and message-size class over the measured steps (warm-up excluded)");
   t.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_str("axis", 8, "", "mesh axis")
       .col_str("op", 16, "", "operation")
       .col_i64("group_size", "1", "ranks in the group (n of the bus-bandwidth factor)")
+      .col_i64("size_class", "B",
+               "the row's calls moved (size_class / 2, size_class] bytes each (a power of two; 0: empty calls), so "
+               "scalars and gradient buckets never share a row")
       .col_i64("count", "1", "calls")
       .col_f64("bytes", "B", "bytes summed over calls (per-call convention of /comm)")
       .col_f64("time", "s", "summed call durations, end - start")
@@ -293,8 +304,8 @@ void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std:
       .col_f64("busbw", "B/s", "algbw x nccl-tests factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n");
   for (const auto& [rank, aggs] : per_rank)
   for (const auto& a : aggs)
-    t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.count, a.bytes, a.time, a.wait,
-               a.peer_wait, a.time > 0 ? 1.0 - a.wait / a.time : 0.0, a.algbw(), a.busbw()});
+    t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.size_class, a.count, a.bytes, a.time,
+               a.wait, a.peer_wait, a.time > 0 ? 1.0 - a.wait / a.time : 0.0, a.algbw(), a.busbw()});
   f.write_table(t);
 }
 

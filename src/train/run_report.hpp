@@ -94,10 +94,13 @@ struct RankRows {
 // rows (every rank calls it, collectively); a simulation every rank's.
 void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const std::vector<MemoryRecord>& memory);
 
-// Per axis and op over this rank's records: what /summary/comm holds.
+// Per axis, op, group size and message-size class over this rank's records:
+// what /summary/comm holds. The class keeps an 8-byte scalar all-reduce out
+// of the row of the 4 MiB gradient buckets, whose bandwidth it would drown.
 struct CommAggregate {
   std::string axis, op;
   int group_size = 0;
+  std::int64_t size_class = 0;  // bytes per call in (size_class / 2, size_class]; 0 for empty calls
   std::int64_t count = 0;
   double bytes = 0;
   double time = 0;       // summed end - start
@@ -106,6 +109,8 @@ struct CommAggregate {
   double algbw() const { return time > 0 ? bytes / time : 0; }
   double busbw() const;  // algbw x the nccl-tests factor of the op
 };
+// The power of two a call of `bytes` falls under (0 for 0).
+std::int64_t size_class(std::int64_t bytes);
 std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step);
 void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank);
 

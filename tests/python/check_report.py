@@ -20,8 +20,8 @@ TABLES = {
     "experts": ["rank", "step", "layer", "expert", "tokens_routed", "tokens_dropped", "prob_mass"],
     "timeline": ["rank", "step", "micro_batch", "chunk", "layer", "phase", "start", "end"],
     "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait"],
-    "summary/comm": ["rank", "axis", "op", "group_size", "count", "bytes", "time", "wait", "peer_wait", "algbw",
-                     "busbw"],
+    "summary/comm": ["rank", "axis", "op", "group_size", "size_class", "count", "bytes", "time", "wait", "peer_wait",
+                     "algbw", "busbw"],
     "summary/pipeline": ["rank", "pp_rank", "stages", "micro_batches", "virtual_stages", "schedule", "bubble",
                          "bubble_over_compute", "theory"],
 }

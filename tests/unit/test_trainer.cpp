@@ -256,3 +256,26 @@ TEST(RunReport, BubbleOfAResumedRunIsTheSameAsFromStepZero) {
   EXPECT_DOUBLE_EQ(b.idle_over_step, a.idle_over_step);
   EXPECT_DOUBLE_EQ(b.idle_over_compute, a.idle_over_compute);
 }
+
+// /summary/comm keeps message sizes apart: scalars and buckets of one axis
+// and op are different rows, each with its own bandwidth.
+TEST(RunReport, CommSummaryKeepsScalarsApartFromBuckets) {
+  EXPECT_EQ(train::size_class(0), 0);
+  EXPECT_EQ(train::size_class(1), 1);
+  EXPECT_EQ(train::size_class(8), 8);
+  EXPECT_EQ(train::size_class(9), 16);
+  EXPECT_EQ(train::size_class(std::int64_t(4) << 20), std::int64_t(4) << 20);
+  EXPECT_EQ(train::size_class((std::int64_t(4) << 20) + 1), std::int64_t(8) << 20);
+  comm::CommLog log(0.0);
+  log.set_step(1);
+  const std::int64_t bucket = std::int64_t(4) << 20;
+  for (int i = 0; i < 3; ++i) log.add({1, "all_reduce", "dp", 2, bucket, false, 0.0, 0.002, 0.002, 0.0});
+  for (int i = 0; i < 5; ++i) log.add({1, "all_reduce", "dp", 2, 8, false, 0.0, 0.001, 0.001, 0.0});
+  const auto rows = train::aggregate_comm(log, 0);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].size_class, bucket);
+  EXPECT_EQ(rows[0].count, 3);
+  EXPECT_DOUBLE_EQ(rows[0].algbw(), 3.0 * double(bucket) / 0.006);  // the scalars' milliseconds are not in it
+  EXPECT_EQ(rows[1].size_class, 8);
+  EXPECT_EQ(rows[1].count, 5);
+}
