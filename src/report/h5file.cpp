@@ -195,8 +195,11 @@ H5File::H5File(MPI_Comm comm, const std::string& final_path, const std::string& 
 H5File::~H5File() {
   // file_ < 0: published, or publish() closed the file and then failed to
   // rename it; that complete ".partial" file is kept for the user.
-  if (file_ < 0) return;
-  if (broken_ || std::uncaught_exceptions() > 0) {
+  // A failed publish may have closed the file on some ranks and not others:
+  // every rank ends alike, as one that left it open.
+  if (broken_ && !published_) ++left_open_;
+  if (file_ < 0 || broken_) return;
+  if (std::uncaught_exceptions() > 0) {
     // After an agreed error the file stays under its temporary name, as far
     // as it was written, and open: HDF5's close after a failed write (a full
     // disk) can diverge between ranks inside its own collective metadata

@@ -61,6 +61,8 @@ class H5File {
   void publish();
 
   const std::string& final_path() const { return final_path_; }
+  // A call failed (on some rank; every rank knows): write nothing more.
+  bool broken() const { return broken_; }
 
   // Reports this process left open after an agreed write error (see
   // ~H5File): the process must then end with std::_Exit, not MPI_Finalize.

@@ -7,6 +7,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -404,6 +405,7 @@ int run_child(const std::vector<std::string>& argv, const std::string& log) {
       dup2(fd, STDERR_FILENO);
       close(fd);
     }
+    std::signal(SIGPIPE, SIG_DFL);  // the driver ignores it; the launcher should not
     for (const char* v : {"PMI_FD", "PMI_RANK", "PMI_SIZE", "PMI_PORT", "PMI_ID", "MPI_LOCALRANKID",
                           "MPI_LOCALNRANKS", "PMIX_RANK", "PMIX_NAMESPACE"})
       unsetenv(v);

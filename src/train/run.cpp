@@ -196,7 +196,8 @@ void check_host_holds_parameters(const plan::Plan& cfg, const models::GptConfig&
   const int on_node = comm::node_place(comm).size;  // collective: every rank calls it
   if (cfg.backend.device == kernels::Device::cpu && cfg.backend.memory_limit == 0 && !cfg.offload.params) {
     const auto& p = cfg.parallel;
-    const double share = double(p.tp) * p.pp * (p.zero >= 3 ? p.dp : 1);
+    // A lower bound: the experts' share is smaller still (1/ep).
+    const double share = double(p.tp) * p.pp * (p.zero >= 3 ? p.dp : 1) * (cfg.model.moe_experts > 0 ? p.ep : 1);
     need = 4.0 * double(models::gpt_param_count(gc)) / share * on_node;
     have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   }
@@ -430,6 +431,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                         "(raise run.steps to train on)",
                         resume.dir, resume.step, cfg.run.steps);
   }
+  // From here a stop signal is kept for the first step boundary (a claim
+  // must not be left behind by a signal's default action).
+  install_stop_signals();
   // Claimed once the input is known good (a refused run writes nothing).
   PathClaim report_claim(comm, out_path, "report");
   std::optional<PathClaim> checkpoint_claim;
@@ -468,7 +472,6 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   report::H5File file(comm, out_path);
   // Two communicators of the run's own for ending it (run_control.hpp).
   const DupComm control(comm), failures(comm);
-  install_stop_signals();
   write_provenance(file, prov);
   file.set_attr("/", "device", std::string(plan::name_of(cfg.backend.device)));
   file.set_attr("/", "comm_backend", comm::describe_backend(comm_backend));
@@ -640,13 +643,19 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       if (checkpoint_claim) checkpoint_claim->release();
       comm::abort_job(comm, rank, failure, 1);
     }
+    // The report itself failed (agreed): nothing more can be written to it.
+    if (file.broken()) throw core::Error(core::ErrorKind::runtime, failure, true);
     // An error the ranks already agreed on (a checkpoint's) is one message.
     const std::string message = agreed ? failure : agreed_message(comm, failure);
     file.set_attr("/", "error", message);
+    if (diverged_at >= 0) file.set_attr("/", "diverged_at_step", std::int64_t(diverged_at));
     finish(file, "failed");
     file.publish();
-    if (rank == 0) fmt::print(stderr, "strata: run failed: {}\nreport: {}\n", message, file.final_path());
-    return 1;
+    // Thrown, agreed, rather than returned: the communicators and the GPU
+    // arena are then destroyed while unwinding, which aborts NCCL's
+    // communicators instead of waiting for operations a failed step left.
+    throw core::Error(core::ErrorKind::runtime,
+                      fmt::format("{}\nreport: {} (status failed)", message, file.final_path()), true);
   }
   const char* status = outcome == Outcome::diverged ? "diverged" : outcome == Outcome::interrupted ? "interrupted" : "complete";
   if (diverged_at >= 0) file.set_attr("/", "diverged_at_step", std::int64_t(diverged_at));

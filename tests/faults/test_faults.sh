@@ -56,7 +56,7 @@ timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set 'back
   --output out/oom.h5 > oom.log 2>&1
 rc=$?
 if [[ $rc -eq 1 && -f out/oom.h5 && ! -e out/oom.h5.partial && $(attr out/oom.h5 status) == failed \
-      && $(attr out/oom.h5 error) == "rank 0-1: out of memory"* ]] && grep -q "run failed: rank 0-1" oom.log; then
+      && $(attr out/oom.h5 error) == "rank 0-1: out of memory"* ]] && grep -q "strata: failed: rank 0-1: out of memory" oom.log; then
   ok "a failure on every rank: exit 1, one failed report with the agreed message"
 else bad "failure on every rank (rc $rc)"; cat oom.log; fi
 
