@@ -33,15 +33,33 @@ namespace strata::comm {
 
 namespace strata::comm {
 
-// Rank 0's `text` on every rank of `comm` (collective; other ranks' `text`
-// is ignored): a deck read on rank 0, a verdict's message.
-inline std::string broadcast_string(const std::string& text, MPI_Comm comm) {
+// Rank `root`'s `text` on every rank of `comm` (collective; other ranks'
+// `text` is ignored): a deck read on rank 0, a verdict's message.
+inline std::string broadcast_string(const std::string& text, MPI_Comm comm, int root = 0) {
   long long n = static_cast<long long>(text.size());
-  STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_LONG_LONG, root, comm));
   std::vector<char> buf(text.begin(), text.end());
   buf.resize(static_cast<std::size_t>(n));
-  STRATA_CHECK_MPI(MPI_Bcast(buf.data(), static_cast<int>(n), MPI_CHAR, 0, comm));
+  STRATA_CHECK_MPI(MPI_Bcast(buf.data(), static_cast<int>(n), MPI_CHAR, root, comm));
   return std::string(buf.begin(), buf.end());
+}
+
+// Each rank's error (`mine`, empty for none) agreed on (collective): the
+// lowest failing rank and its message on every rank, rank -1 when none
+// failed. What lets ranks that found an error at one point fail together
+// instead of one going ahead to a collective the others never reach.
+struct Failure {
+  int rank = -1;
+  std::string message;
+};
+inline Failure first_failure(const std::string& mine, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
+  int first = mine.empty() ? size : rank;
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == size) return {};
+  return {first, broadcast_string(mine, comm, first)};
 }
 
 // This rank's place among the ranks of `comm` that share its node

@@ -6,7 +6,6 @@
 #include <hdf5.h>
 
 #include <algorithm>
-#include <climits>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -254,16 +253,11 @@ void H5File::together(const char* what, Body&& body) {
   } catch (const std::exception& e) {
     message = e.what();
   }
-  int first = message.empty() ? INT_MAX : rank_;
-  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm_));
-  if (first == INT_MAX) return;
+  const comm::Failure f = comm::first_failure(message, comm_);
+  if (f.rank < 0) return;
   broken_ = true;
-  int len = int(message.size());
-  STRATA_CHECK_MPI(MPI_Bcast(&len, 1, MPI_INT, first, comm_));
-  message.resize(std::size_t(len));
-  STRATA_CHECK_MPI(MPI_Bcast(message.data(), len, MPI_CHAR, first, comm_));
   throw core::Error(core::ErrorKind::runtime,
-                    fmt::format("writing report '{}' ({} on rank {}): {}", temp_path_, what, first, message), true);
+                    fmt::format("writing report '{}' ({} on rank {}): {}", temp_path_, what, f.rank, f.message), true);
 }
 
 void H5File::set_attr(const std::string& object, const std::string& name, const std::string& value) {

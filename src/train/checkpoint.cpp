@@ -108,26 +108,17 @@ std::string verify_file(const fs::path& path, const std::string& want) {
 // lowest failing rank, the same text on every rank and marked agreed (so no
 // rank is left waiting in the next collective, and the run reports it as one
 // error).
-void agree(MPI_Comm comm, const std::string& mine, core::ErrorKind kind) {
-  int rank = 0, size = 1;
-  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+// The text every rank reports for an agreed failure ("" for none).
+std::string failure_text(MPI_Comm comm, const std::string& mine) {
+  int size = 1;
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
-  int first = mine.empty() ? size : rank;
-  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == size) return;
-  long long n = rank == first ? static_cast<long long>(mine.size()) : 0;
-  STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_LONG_LONG, first, comm));
-  std::string msg = rank == first ? mine : std::string(std::size_t(n), '\0');
-  STRATA_CHECK_MPI(MPI_Bcast(msg.data(), static_cast<int>(n), MPI_CHAR, first, comm));
-  throw core::Error(kind, size > 1 ? fmt::format("rank {}: {}", first, msg) : msg, true);
+  const comm::Failure f = comm::first_failure(mine, comm);
+  if (f.rank < 0) return "";
+  return size > 1 ? fmt::format("rank {}: {}", f.rank, f.message) : f.message;
 }
 
-std::string broadcast_string(MPI_Comm comm, std::string s, int root) {
-  long long n = static_cast<long long>(s.size());
-  STRATA_CHECK_MPI(MPI_Bcast(&n, 1, MPI_LONG_LONG, root, comm));
-  s.resize(std::size_t(n));
-  STRATA_CHECK_MPI(MPI_Bcast(s.data(), static_cast<int>(n), MPI_CHAR, root, comm));
-  return s;
+void agree(MPI_Comm comm, const std::string& mine, core::ErrorKind kind) {
+  if (std::string text = failure_text(comm, mine); !text.empty()) throw core::Error(kind, text, true);
 }
 
 void fsync_path(const fs::path& p) {
@@ -511,16 +502,6 @@ std::string read_manifest(const fs::path& dir, toml::table* table, std::string* 
   return "";
 }
 
-// The lowest failing rank's message ("" when none failed), on every rank.
-std::string first_failure(MPI_Comm comm, const std::string& mine) {
-  try {
-    agree(comm, mine, core::ErrorKind::runtime);
-  } catch (const core::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointLayout& layout) {
@@ -564,15 +545,15 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
   std::string dir, skipped;
   for (int i = 0; i < count && dir.empty(); ++i) {
     std::string why, files;
-    const std::string candidate = broadcast_string(comm, rank == 0 ? candidates[std::size_t(i)] : "", 0);
+    const std::string candidate = comm::broadcast_string(rank == 0 ? candidates[std::size_t(i)] : "", comm);
     if (rank == 0) why = read_manifest(candidate, &manifest, &files);
-    why = broadcast_string(comm, why, 0);
+    why = comm::broadcast_string(why, comm);
     if (why.empty()) {
-      std::istringstream lines(broadcast_string(comm, files, 0));
+      std::istringstream lines(comm::broadcast_string(files, comm));
       std::string mine, name, sum;
       for (int k = 0; lines >> name >> sum; ++k)
         if (k % size == rank && mine.empty()) mine = verify_file(fs::path(candidate) / name, sum);
-      why = first_failure(comm, mine);
+      why = failure_text(comm, mine);
     }
     if (why.empty()) {
       dir = candidate;
@@ -627,8 +608,8 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
   ref.reshard = reshard != 0;
   ref.scaler = {scale, good, skipped_steps};
   ref.same_precision = same_precision != 0;
-  ref.saved_layout = broadcast_string(comm, saved_text, 0);
-  std::istringstream lines(broadcast_string(comm, globals_text, 0));
+  ref.saved_layout = comm::broadcast_string(saved_text, comm);
+  std::istringstream lines(comm::broadcast_string(globals_text, comm));
   for (std::string f; std::getline(lines, f);) ref.global_files.push_back(f);
   return ref;
 }
