@@ -43,7 +43,7 @@ def measure(rep):
     steps = rep.measured_steps()
     measured = np.unique(steps["step"])
     n = len(measured)
-    c = rep.table("comm")
+    c = rep.array("comm")
     ops = np.array([text(o) for o in c["op"]])
     axes = np.array([text(a) for a in c["axis"]])
     sel = np.isin(c["step"], measured) & (axes == "ep") & np.char.startswith(ops.astype(str), "all_to_all")
@@ -68,7 +68,7 @@ def expert_params(rep):
 
 
 def load_table(rep, experts, ep):
-    e = rep.table("experts")
+    e = rep.array("experts")
     measured = np.unique(rep.measured_steps()["step"])
     e = e[np.isin(e["step"], measured)]
     lines = []

@@ -141,7 +141,8 @@ const std::vector<KeySpec>& global_keys() {
       key<&Plan::backend, &BackendSection::threads>("backend", "threads", "compute threads per rank; 0: OMP_NUM_THREADS or all cores").at_least(0),
       key<&Plan::backend, &BackendSection::memory_limit>("backend", "memory_limit", "memory budget per rank in bytes (or \"512MiB\", \"2GB\"); 0: no limit").as_bytes(),
       key<&Plan::backend, &BackendSection::host_memory_limit>("backend", "host_memory_limit", "host arena budget per rank for parallel.offload = \"host\" (bytes, or \"8GiB\"); 0: no limit").as_bytes(),
-      key<&Plan::backend, &BackendSection::peak_tflops>("backend", "peak_tflops", "peak TFLOP/s per rank for utilisation figures; 0: measure an sgemm at start-up").at_least(0),
+      key<&Plan::backend, &BackendSection::peak_tflops>("backend", "peak_tflops", "peak TFLOP/s per rank for utilisation figures; 0: backend.machine's, else measured once per host and cached").at_least(0),
+      key<&Plan::backend, &BackendSection::machine>("backend", "machine", "a machine description (name or path) whose device peak at the run's precision MFU is measured against; \"\": none"),
   };
   return table;
 }

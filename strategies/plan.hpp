@@ -157,7 +157,8 @@ struct BackendSection {
   int threads = 0;                    // 0: OMP_NUM_THREADS or all cores
   std::uint64_t memory_limit = 0;     // bytes; 0: no limit
   std::uint64_t host_memory_limit = 0;  // bytes of the host arena (offload); 0: no limit
-  double peak_tflops = 0.0;           // 0: measure an sgemm at start-up
+  double peak_tflops = 0.0;           // 0: the machine's, else measured once per host (src/train/peak.hpp)
+  std::string machine;                // a machine description whose device peak MFU uses; "": none
 };
 
 // NVMe offload (parallel.offload = "nvme"): where each rank's optimizer file

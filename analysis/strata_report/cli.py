@@ -7,18 +7,22 @@ from .read import Report, ReportError
 
 USAGE = """strata-report RUN.h5 [--plots DIR] [--trace OUT.json]
        strata-report SWEEP/index.h5 [--plots DIR]
-       strata-report compare A.h5 B.h5"""
+       strata-report compare A.h5 B.h5 [C.h5 ...] [--format text|json|csv]"""
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] == "compare":
-            ap = argparse.ArgumentParser(prog="strata-report compare", description="two runs side by side")
-            ap.add_argument("a")
-            ap.add_argument("b")
+            ap = argparse.ArgumentParser(prog="strata-report compare",
+                                         description="runs side by side: configuration differences and headline figures")
+            ap.add_argument("reports", nargs="+", metavar="REPORT.h5")
+            ap.add_argument("--format", choices=("text", "json", "csv"), default="text",
+                            help="text (a table, ratios to the first), json or csv (for CI)")
             args = ap.parse_args(argv[1:])
-            print(compare.render(Report(args.a), Report(args.b)))
+            if len(args.reports) < 2:
+                ap.error("compare needs at least two reports")
+            print(compare.render([Report(p) for p in args.reports], args.format))
             return 0
         ap = argparse.ArgumentParser(prog="strata-report", usage=USAGE,
                                      description="summary, plots and trace of a Strata report")

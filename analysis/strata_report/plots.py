@@ -24,7 +24,7 @@ def shown_step(rep):
 def timeline(rep, path, step=None):
     """Ranks down, time across, one step: a compute lane per rank (spans
     coloured by kind, gaps are bubbles) and a communication lane beneath it."""
-    tl, cm = rep.table("timeline"), rep.table("comm")
+    tl, cm = rep.array("timeline"), rep.array("comm")
     step = shown_step(rep) if step is None else step
     ranks = list(range(rep.world))
     fig, ax = plt.subplots(figsize=(12, 1.8 + 0.6 * len(ranks)))

@@ -25,7 +25,7 @@ def step_times(rep):
 def memory_per_rank(rep, pool="device"):
     """{rank: (held at the end of the last step, peak over the run)} per category, in one pool: the
     device, or the host arena optimizer offload uses (reports before the pool column are all device)."""
-    m = rep.table("memory")
+    m = rep.array("memory")
     out = {}
     if len(m) == 0:
         return out
@@ -49,7 +49,7 @@ def comm_per_axis_op(rep):
     """[(axis, op, group, ranks, mean calls, mean bytes, mean time, mean wait, mean peer wait, mean busbw,
     mean hidden)] over the ranks that issued the op (from /summary/comm). Where the report has message-size
     classes, each is its own row and its op reads "all_reduce <=4.00 MiB"."""
-    c = rep.table("summary/comm")
+    c = rep.array("summary/comm")
     rows = []
     if len(c) == 0:
         return rows
@@ -74,7 +74,7 @@ def moe_per_step(rep):
     """[(step, auxiliary loss, load imbalance, drop rate)] per measured step:
     the mean over ranks of /steps' MoE columns (empty for a dense model)."""
     s = rep.measured_steps()
-    if len(s) == 0 or "drop_rate" not in s.dtype.names or len(rep.table("experts")) == 0:
+    if len(s) == 0 or "drop_rate" not in s.dtype.names or len(rep.array("experts")) == 0:
         return []
     return [(int(k), float(s["moe_aux_loss"][s["step"] == k].mean()), float(s["load_imbalance"][s["step"] == k].mean()),
              float(s["drop_rate"][s["step"] == k].mean())) for k in np.unique(s["step"])]
@@ -84,7 +84,7 @@ def expert_load(rep):
     """{layer: [(expert, share of the block's assignments, share of its own
     assignments dropped)]} over the measured steps and every rank. Shares,
     so that tensor-parallel ranks recording the same routing count alike."""
-    e = rep.table("experts")
+    e = rep.array("experts")
     if len(e) == 0:
         return {}
     s = rep.measured_steps()
@@ -136,7 +136,7 @@ def render(rep):
         p(f"  step time over {len(times)} measured steps: min {1e3 * times.min():.2f} ms, median {1e3 * med:.2f} ms, "
           f"max {1e3 * times.max():.2f} ms, spread (max-min)/median {100 * (times.max() - times.min()) / med:.1f}%")
         p(f"  loss {s.get('initial_loss', float('nan')):.4f} -> {s.get('final_loss', float('nan')):.4f}")
-        all_steps = rep.table("steps")
+        all_steps = rep.array("steps")
         if len(all_steps) and "loss_scale" in all_steps.dtype.names and s.get("precision") == "fp16":
             r0 = all_steps[all_steps["rank"] == all_steps["rank"].min()]
             p(f"  fp16 loss scale {r0['loss_scale'][0]:g} -> {r0['loss_scale'][-1]:g}, "
@@ -173,7 +173,7 @@ def render(rep):
               f"{fmt_bytes(s_['nvme_bytes_written'].sum() / n / rep.world)} written, "
               f"I/O {1e3 * io / n / rep.world:.2f} ms at {s_['nvme_bytes_read'].sum() * 2 / max(io, 1e-12) / 2**30:.2f} GiB/s, "
               f"waited {1e3 * wait / n / rep.world:.2f} ms ({100 * hidden(io, wait):.0f}% hidden)")
-    pipe = rep.table("summary/pipeline")
+    pipe = rep.array("summary/pipeline")
     if len(pipe) and pipe["stages"].max() > 1:
         p("")
         sched = text(pipe["schedule"][0])

@@ -94,7 +94,7 @@ def plot(ix, directory):
         a1.plot(mem[front], tp[front], "-o", color="#c44e52", label="Pareto front")
     for k, i in enumerate(done):
         a1.annotate(str(ix.col("point")[i]), (mem[k], tp[k]), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    a1.set_xlabel("peak memory of rank 0 (MiB, sum of category peaks)")
+    a1.set_xlabel("peak memory of the largest rank (MiB, sum of category peaks)")
     a1.set_ylabel("tokens/s")
     a1.set_title("throughput against memory (higher and further left is better)", fontsize=10)
     a1.legend(fontsize=8)

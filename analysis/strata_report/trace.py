@@ -38,7 +38,7 @@ def build(rep):
     for r in range(rep.world):
         ev.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
         ev.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
-    tl = rep.table("timeline")
+    tl = rep.array("timeline")
     for s in tl:
         ph = text(s["phase"])
         track = "optimizer" if ph == "optimizer" else "compute"
@@ -48,7 +48,7 @@ def build(rep):
                    "ts": 1e6 * float(s["start"]), "dur": 1e6 * float(s["end"] - s["start"]),
                    "args": {"step": int(s["step"]), "micro_batch": int(s["micro_batch"]), "chunk": int(s["chunk"])
                             if "chunk" in s.dtype.names else 0, "layer": layer}})
-    cm = rep.table("comm")
+    cm = rep.array("comm")
     by_track = {}
     for c in cm:
         by_track.setdefault((int(c["rank"]), text(c["axis"])), []).append(

@@ -3,11 +3,23 @@
 // writes the records as the /comm table and aggregates them per axis and op.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string_view>
 #include <string>
 #include <vector>
 
 namespace strata::comm {
+
+// The axes a rank's communicators are named by (src/mesh): the /comm
+// table's axis, and the per-axis columns of /steps.
+inline constexpr std::array<std::string_view, 7> kAxes{"world", "emb", "dp", "tp", "pp", "ep", "edp"};
+// The index of `axis` in kAxes; kAxes.size() for a name not there.
+inline std::size_t axis_index(std::string_view axis) {
+  std::size_t i = 0;
+  while (i < kAxes.size() && kAxes[i] != axis) ++i;
+  return i;
+}
 
 struct CommRecord {
   std::int32_t step;
@@ -22,6 +34,16 @@ struct CommRecord {
   double end;            // when it was known complete (blocking: returned; non-blocking: wait/test saw it done)
   double wait;           // s spent blocked: the whole call if blocking, else the time inside wait()/test()
   double peer_wait = 0;  // recv: the part of wait before the peer's message arrived (the rest is the transfer)
+  // The transfer itself, within [start, end], as far as the backend can
+  // tell: on a GPU the operation's own span on its stream; a blocking call
+  // on the host, the call (a receive from when its message had arrived); a
+  // non-blocking MPI call, the time this rank spent inside MPI for it (the
+  // issuing call and every wait/test), ending when it was seen complete:
+  // MPI without a progress thread moves data only inside its calls, so the
+  // rest of the span was compute that the transfer did not overlap.
+  double transfer_start = 0, transfer_end = 0;
+  double span() const { return end - start; }
+  double transfer() const { return transfer_end - transfer_start; }
 };
 
 // The nccl-tests bus-bandwidth factor: the bytes each rank's busiest link

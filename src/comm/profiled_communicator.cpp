@@ -3,6 +3,7 @@
 // record (end, time spent inside wait/test) when it first sees the operation done.
 #include "src/comm/profiled_communicator.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
@@ -17,8 +18,8 @@ std::int64_t bytes_of(std::int64_t count, DType t) { return count * std::int64_t
 // Refers to its record by index: the log's vector may reallocate meanwhile.
 class ProfiledRequest : public Request {
  public:
-  ProfiledRequest(RequestPtr inner, CommLog& log, std::size_t index)
-      : inner_(std::move(inner)), log_(log), index_(index) {}
+  ProfiledRequest(RequestPtr inner, CommLog& log, std::size_t index, double issue_seconds)
+      : inner_(std::move(inner)), log_(log), index_(index), issue_seconds_(issue_seconds) {}
   ProfiledRequest(const ProfiledRequest&) = delete;
   ProfiledRequest& operator=(const ProfiledRequest&) = delete;
 
@@ -51,9 +52,15 @@ class ProfiledRequest : public Request {
     r.wait += t1 - t0;
     if (complete) {
       r.end = t1 - log_.origin();
-      // On a GPU the operation's own start and end, from its stream's events.
+      // On a GPU the operation's own start and end, from its stream's
+      // events; on the host the time spent in MPI for it (comm_log.hpp).
       double s = 0, e = 0;
-      if (inner_->device_span(&s, &e)) r.start = s - log_.origin(), r.end = e - log_.origin();
+      if (inner_->device_span(&s, &e)) {
+        r.transfer_start = s - log_.origin(), r.transfer_end = e - log_.origin();
+      } else {
+        r.transfer_end = r.end;
+        r.transfer_start = std::max(r.start, r.end - (issue_seconds_ + r.wait));
+      }
       done_ = true;
     }
   }
@@ -61,6 +68,7 @@ class ProfiledRequest : public Request {
   RequestPtr inner_;
   CommLog& log_;
   std::size_t index_;
+  double issue_seconds_;  // the issuing call's own duration
   bool done_ = false;
 };
 
@@ -77,17 +85,19 @@ void ProfiledCommunicator::blocking(const char* op, std::int64_t bytes, F&& call
   const double o = log_.origin();
   double s = t0, e = t1;
   inner_->last_device_span(&s, &e);  // on a GPU, the operation's own span; the host waited t1 - t0
-  log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, false, s - o, e - o, t1 - t0});
+  log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, false, t0 - o, t1 - o, t1 - t0, 0.0, s - o, e - o});
 }
 
 template <typename F>
 RequestPtr ProfiledCommunicator::nonblocking(const char* op, std::int64_t bytes, F&& call) {
   const double t0 = prof::now_seconds();
   RequestPtr inner = call();
+  const double t1 = prof::now_seconds();
   const double start = t0 - log_.origin();
   // end = start until the request is seen complete, so end >= start always holds.
-  const std::size_t i = log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0});
-  return std::make_unique<ProfiledRequest>(std::move(inner), log_, i);
+  const std::size_t i =
+      log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0, 0.0, start, start});
+  return std::make_unique<ProfiledRequest>(std::move(inner), log_, i, t1 - t0);
 }
 
 void ProfiledCommunicator::all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) {
@@ -137,7 +147,7 @@ void ProfiledCommunicator::recv(void* buf, std::int64_t count, DType t, int peer
   const double t2 = prof::now_seconds();
   const double o = log_.origin();
   log_.add(CommRecord{log_.step(), "recv", inner_->axis(), size_, bytes_of(count, t), false, t0 - o, t2 - o, t2 - t0,
-                      t1 - t0});
+                      t1 - t0, t1 - o, t2 - o});
 }
 
 void ProfiledCommunicator::probe(int peer, int tag) { inner_->probe(peer, tag); }

@@ -4,6 +4,7 @@
 #include "src/report/h5file.hpp"
 
 #include <hdf5.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,10 +12,12 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <limits>
 #include <vector>
 
 #include "src/comm/mpi_check.hpp"
 #include "kernels/foundation/error.hpp"
+#include "kernels/foundation/memory.hpp"
 #include "src/report/h5check.hpp"
 
 namespace strata::report {
@@ -260,6 +263,19 @@ void H5File::together(const char* what, Body&& body) {
                     fmt::format("writing report '{}' ({} on rank {}): {}", temp_path_, what, f.rank, f.message), true);
 }
 
+void H5File::require_room(double bytes) {
+  double room = std::numeric_limits<double>::infinity();  // unknown: not refused
+  struct statvfs st{};
+  const std::string dir = std::filesystem::path(temp_path_).parent_path().string();
+  if (rank_ == 0 && statvfs(dir.empty() ? "." : dir.c_str(), &st) == 0) room = double(st.f_bavail) * double(st.f_frsize);
+  STRATA_CHECK_MPI(MPI_Bcast(&room, 1, MPI_DOUBLE, 0, comm_));
+  if (room < bytes + kRoomMargin)
+    core::runtime_error("No space left on device: {} free where the report is written, {} needed ({} of rows and {} "
+                        "kept for HDF5's metadata)",
+                        core::format_bytes(room), core::format_bytes(bytes + kRoomMargin), core::format_bytes(bytes),
+                        core::format_bytes(kRoomMargin));
+}
+
 void H5File::set_attr(const std::string& object, const std::string& name, const std::string& value) {
   together("set_attr", [&] {
     require_open(file_, published_, final_path_);
@@ -374,6 +390,10 @@ void H5File::write_table(const Table& table) {
 
     const auto& cols = table.columns();
     STRATA_CHECK(!cols.empty(), "table '{}' has no columns", table.name());
+    double bytes = 0;  // the rows of every rank, and the columns' attributes
+    for (const auto& c : cols)
+      bytes += double(total) * (c.type == ColumnType::str ? c.str_len : 8) + double(c.doc.size() + c.unit.size() + 64);
+    require_room(bytes);
 
     // Packed row layout, the same in memory and in the file; only the member
     // types differ (native in memory, little-endian in the file), which is
@@ -465,6 +485,7 @@ void H5File::write_table(const Table& table) {
 void H5File::publish() {
   together("publish", [&] {
     require_open(file_, published_, final_path_);
+    require_room(0);
     STRATA_CHECK_H5(H5Fflush(file_, H5F_SCOPE_GLOBAL));
     STRATA_CHECK_H5(H5Fclose(file_));
     file_ = -1;

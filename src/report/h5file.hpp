@@ -80,6 +80,16 @@ class H5File {
 
   template <typename Body>
   void together(const char* what, Body&& body);
+  // Collective, before any collective HDF5 call of a write: refuses, on
+  // every rank alike, a write of `bytes` that the file system (as rank 0
+  // sees it) has no room for with kRoomMargin to spare. A disk that fills
+  // inside HDF5's collective writes can fail on one rank while the others
+  // wait in the same MPI-IO call: a hang no agreement afterwards can undo.
+  void require_room(double bytes);
 };
+
+// Kept free beyond a table's rows for the metadata HDF5 writes with it and
+// when it flushes.
+inline constexpr double kRoomMargin = 1 << 20;
 
 }  // namespace strata::report

@@ -227,8 +227,13 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
   std::map<std::pair<std::string, int>, Meeting> meetings;
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (from, to, tag)
 
-  auto record = [&](Stage& s, const prof::TraceComm& c, double start, double end) {
-    s.out.comms.push_back(comm::CommRecord{0, c.op, c.axis, c.group_size, c.bytes, c.nonblocking, start, end, 0.0, 0.0});
+  // `transfer`: the call's modelled transfer time at the full rate, or -1
+  // for its span less the wait for its peer (receives). Kept in
+  // transfer_end until the step is done, when the transfer is placed to end
+  // with the call, as a run estimates a non-blocking MPI call's.
+  auto record = [&](Stage& s, const prof::TraceComm& c, double start, double end, double transfer) {
+    s.out.comms.push_back(
+        comm::CommRecord{0, c.op, c.axis, c.group_size, c.bytes, c.nonblocking, start, end, 0.0, 0.0, 0.0, transfer});
     return s.out.comms.size() - 1;
   };
   // A blocking call's record: blocked from `from` to the rank's clock now.
@@ -276,7 +281,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             const double t = comm_time(m, "send", pair, double(c.bytes));
             link.last = start + t;
             mail[{si, c.peer, c.tag}].push_back({start, start + t});
-            const std::size_t i = record(s, c, now, start + t);
+            const std::size_t i = record(s, c, now, start + t, t);
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];
               w.issue = now, w.done = start + t, w.record = i, w.fixed = true;
@@ -287,12 +292,12 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
           } else if (c.op == "recv") {
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];
-              w.issue = now, w.record = record(s, c, now, now), w.recv = true;
+              w.issue = now, w.record = record(s, c, now, now, -1), w.recv = true;
               continue;
             }
             double arrival = 0, sent = 0;
             if (!receive(si, c, &arrival, &sent)) break;
-            const std::size_t i = record(s, c, now, now);
+            const std::size_t i = record(s, c, now, now, -1);
             s.block_until(arrival);
             blocked(s, i, now, std::max(0.0, std::min(s.clock, sent) - now));
           } else if (spans_stages(c.axis) && l.pp > 1) {
@@ -307,7 +312,8 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
               mt.end = start + comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
             }
             ++s.crossing_calls[c.axis];
-            const std::size_t i = record(s, c, now, mt.end);
+            const std::size_t i =
+                record(s, c, now, mt.end, comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking));
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];
               w.issue = now, w.done = mt.end, w.record = i, w.fixed = true;
@@ -323,10 +329,10 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             Channel& ch = channel(s, c.axis);
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];
-              w.issue = now, w.remaining = t, w.record = record(s, c, now, now);
+              w.issue = now, w.remaining = t, w.record = record(s, c, now, now, t);
               ch.queue.push_back(e.comm);
             } else {
-              const std::size_t i = record(s, c, now, now);
+              const std::size_t i = record(s, c, now, now, t);
               s.block_until(s.drain(ch));
               s.block_until(s.clock + t);
               ch.last = std::max(ch.last, s.clock);
@@ -370,7 +376,14 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
     sim.step_time = std::max(sim.step_time, s.clock);
   }
   if (!stuck.empty()) core::runtime_error("the simulated step cannot finish: {}", stuck);
-  for (Stage& s : st) sim.stages.push_back(std::move(s.out));
+  for (Stage& s : st) {
+    for (comm::CommRecord& r : s.out.comms) {
+      const double d = r.transfer_end >= 0 ? r.transfer_end : r.end - r.start - r.peer_wait;
+      r.transfer_end = r.end;
+      r.transfer_start = std::max(r.start, r.end - d);
+    }
+    sim.stages.push_back(std::move(s.out));
+  }
   return sim;
 }
 

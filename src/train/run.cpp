@@ -460,13 +460,12 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.threads = kernels::num_threads();
   prov.parameters = params;
 
-  const Peak peak = resolve_peak(cfg.backend.peak_tflops,
-                                 cfg.backend.precision);
-  // MFU compares the job's model FLOP/s with the summed peak of its ranks
-  // (each measured at once, so ranks sharing a node share its cores).
+  const Peak peak = resolve_peak(cfg, comm);
+  // MFU compares the job's model FLOP/s with the summed peak of its ranks.
   double job_peak = peak.flops_per_s;
   STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &job_peak, 1, MPI_DOUBLE, MPI_SUM, comm));
   prov.peak_flops = job_peak;
+  prov.peak_flops_per_device = peak.flops_per_s;
   prov.peak_source = peak.source;
 
   report::H5File file(comm, out_path);
@@ -495,9 +494,10 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   Bubble bubble;
   // The records so far, and the status, into a report: every rank's rows
   // into the run's report, or one failing rank's alone into its own.
-  auto finish = [&](report::H5File& to, const char* status) {
+  auto finish = [&](report::H5File& to, const char* status, MPI_Comm together) {
     summary = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch),
                         models::gpt_hardware_flops(gc, cfg.data.global_batch), job_peak);
+    take_largest_rank_memory(summary, together);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
                             chunks, *cfg.parallel.schedule);
@@ -571,17 +571,24 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
         core::runtime_error("failure injected by STRATA_INJECT_FAILURE at step {}", s);
       log.set_step(s);
       tracker.reset_peaks();
+      const std::size_t first_record = log.records().size();
       steps.push_back(trainer.step(s));
       experts.insert(experts.end(), trainer.expert_records().begin(), trainer.expert_records().end());
       for (const auto& m : memory_records(rank, s, rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file()), cfg))
         memory.push_back(m);
-      const StepRecord& r = steps.back();
+      StepRecord& r = steps.back();
+      for (std::size_t i = first_record; i < log.records().size(); ++i) {
+        const comm::CommRecord& c = log.records()[i];
+        if (const std::size_t a = comm::axis_index(c.axis); a < r.exposed_comm.size()) r.exposed_comm[a] += c.wait;
+      }
+      // The step boundary: signals, divergence and the step's time, agreed.
+      // An fp16 overflow that the loss scale skipped is not divergence; its
+      // loss is finite.
+      const Boundary b = agree_at_boundary(
+          control.comm, !std::isfinite(r.loss) || (!std::isfinite(r.grad_norm) && !r.skipped), r.rank_step_time);
+      r.set_time(b.slowest_step_time, job_peak);
       const int every = cfg.run.log_every;
       if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(r);
-      // The step boundary: signals and divergence, agreed. An fp16 overflow
-      // that the loss scale skipped is not divergence; its loss is finite.
-      const Boundary b =
-          agree_at_boundary(control.comm, !std::isfinite(r.loss) || (!std::isfinite(r.grad_norm) && !r.skipped));
       if (b.diverged && diverged_at < 0) {
         diverged_at = s;
         if (rank == 0)
@@ -632,7 +639,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
         alone.set_attr("/", "error", fmt::format("rank {}: {}", rank, failure));
         alone.set_attr("/", "failed_rank", std::int64_t(rank));
         alone.set_attr("/", "rows_of_ranks", std::to_string(rank));
-        finish(alone, "failed");
+        finish(alone, "failed", MPI_COMM_SELF);
         alone.publish();
         std::filesystem::remove(file.temp_path());
         std::fprintf(stderr, "strata: rank %d wrote its own records to %s\n", rank, alone.final_path().c_str());
@@ -649,7 +656,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     const std::string message = agreed ? failure : agreed_message(comm, failure);
     file.set_attr("/", "error", message);
     if (diverged_at >= 0) file.set_attr("/", "diverged_at_step", std::int64_t(diverged_at));
-    finish(file, "failed");
+    finish(file, "failed", comm);
     file.publish();
     // Thrown, agreed, rather than returned: the communicators and the GPU
     // arena are then destroyed while unwinding, which aborts NCCL's
@@ -660,7 +667,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   const char* status = outcome == Outcome::diverged ? "diverged" : outcome == Outcome::interrupted ? "interrupted" : "complete";
   if (diverged_at >= 0) file.set_attr("/", "diverged_at_step", std::int64_t(diverged_at));
   if (outcome == Outcome::interrupted) file.set_attr("/", "interrupted_by", std::string(signal_name(stopped_by)));
-  finish(file, status);
+  finish(file, status, comm);
   // STRATA_INJECT_REPORT_KILL=RANK: that rank is killed with everything
   // written but not published (the fault tests: nothing poses as complete,
   // and the next run on the path takes over the stale claim).
@@ -690,11 +697,11 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     if (!comm_figures.empty()) {
       fmt::print("communication on rank 0 over {} measured steps:\n", s.measured_steps);
       fmt::print("  {:<6} {:<15} {:>3} {:>11} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n",
-                 "size <=", "calls", "bytes", "time_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
+                 "size <=", "calls", "bytes", "xfer_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
       for (const auto& a : comm_figures)
         fmt::print("  {:<6} {:<15} {:>3} {:>11} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis,
                    a.op, a.group_size, core::format_bytes(double(a.size_class)), a.count, a.bytes, a.time * 1e3,
-                   a.algbw() / 1e9, a.busbw() / 1e9, a.time > 0 ? 100.0 * (1.0 - a.wait / a.time) : 0.0);
+                   a.algbw() / 1e9, a.busbw() / 1e9, 100.0 * a.hidden_fraction());
     }
     fmt::print("report: {}\n", file.final_path());
   }

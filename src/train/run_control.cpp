@@ -63,10 +63,11 @@ const char* signal_name(int signal) {
 
 int interrupted_exit_code(int signal) { return signal == SIGINT ? 128 + SIGINT : 128 + SIGTERM; }
 
-Boundary agree_at_boundary(MPI_Comm control, bool diverged_here) {
-  int v[2] = {int(g_signal), diverged_here ? 1 : 0};
-  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MAX, control));
-  return {v[0], v[1] != 0};
+Boundary agree_at_boundary(MPI_Comm control, bool diverged_here, double step_time) {
+  // Small integers are exact in a double: one all-reduce for all three.
+  double v[3] = {double(g_signal), diverged_here ? 1.0 : 0.0, step_time};
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_MAX, control));
+  return {int(v[0]), v[1] != 0, v[2]};
 }
 
 bool every_rank_failed(MPI_Comm failures, double seconds) {

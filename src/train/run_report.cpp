@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <map>
 
+#include <fmt/format.h>
+
+#include "src/comm/mpi_check.hpp"
 #include "strategies/pp/schedule.hpp"
 
 namespace strata::train {
@@ -43,6 +46,21 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
   }
   for (auto b : s.peak_bytes) s.peak_total += b;
   return s;
+}
+
+void take_largest_rank_memory(Summary& s, MPI_Comm comm) {
+  int rank = 0;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  struct {
+    double total;
+    int rank;
+  } mine{double(s.peak_total), rank}, largest{};
+  STRATA_CHECK_MPI(MPI_Allreduce(&mine, &largest, 1, MPI_DOUBLE_INT, MPI_MAXLOC, comm));
+  static_assert(sizeof(s.peak_bytes[0]) == sizeof(std::uint64_t));
+  STRATA_CHECK_MPI(MPI_Bcast(s.peak_bytes, core::kNumMemCategories, MPI_UINT64_T, largest.rank, comm));
+  s.peak_total = 0;
+  for (auto b : s.peak_bytes) s.peak_total += b;
+  s.peak_rank = largest.rank;
 }
 
 bool uses_pool(const plan::Plan& p, core::Pool pool) {
@@ -116,7 +134,10 @@ void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const s
       .col_f64("lr", "1", "learning rate used by this step")
       .col_f64("grad_norm", "1", "global L2 norm of the gradient before clipping")
       .col_i64("clipped", "1", "1 if the gradient was scaled down by optim.grad_clip")
-      .col_f64("step_time", "s", "wall time of the step: data, forward, backward, optimizer")
+      .col_f64("step_time", "s",
+               "the step's time: the slowest rank's wall time for data, forward, backward and optimizer (the same "
+               "on every rank; the rates below come from it)")
+      .col_f64("rank_step_time", "s", "this rank's own wall time for the step")
       .col_f64("tokens", "tokens", "tokens in the global batch (global_batch x seq_len)")
       .col_f64("tokens_per_s", "tokens/s", "tokens / step_time")
       .col_f64("model_flops", "FLOP", "model FLOPs of the step (forward + backward, no recomputation)")
@@ -139,14 +160,22 @@ void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const s
                "MoE: this rank's auxiliary losses, summed over its MoE blocks, mean over micro-batches (in loss)")
       .col_f64("load_imbalance", "1", "MoE: max over this rank's MoE blocks of max / mean assignments per expert")
       .col_f64("drop_rate", "1", "MoE: share of this rank's assignments dropped past an expert's capacity");
+  for (const std::string_view axis : comm::kAxes)
+    st.col_f64(fmt::format("exposed_comm_{}", axis), "s",
+               fmt::format("time this rank was blocked in {} communication during the step (not hidden by compute)",
+                           axis));
   for (const RankRows& rr : ranks)
-    for (const auto& r : *rr.steps)
-    st.add_row({std::int64_t(rr.rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
-                std::int64_t(r.clipped), r.step_time, r.tokens, r.tokens_per_s, r.model_flops, r.flops_per_s,
-                r.mfu, r.hardware_flops, r.hfu, r.offload.bytes_to_host, r.offload.bytes_to_device,
-                r.offload.copy_time, r.offload.copy_wait_time, r.offload.update_time, r.offload.nvme_bytes_read, r.offload.nvme_bytes_written,
-                r.offload.nvme_io_time, r.offload.nvme_wait_time, r.loss_scale, std::int64_t(r.skipped), r.moe_aux,
-                r.load_imbalance, r.drop_rate});
+    for (const auto& r : *rr.steps) {
+      std::vector<report::Cell> row{
+          std::int64_t(rr.rank), std::int64_t(r.step), std::int64_t(r.warmup), r.loss, r.lr, r.grad_norm,
+          std::int64_t(r.clipped), r.step_time, r.rank_step_time, r.tokens, r.tokens_per_s, r.model_flops,
+          r.flops_per_s, r.mfu, r.hardware_flops, r.hfu, r.offload.bytes_to_host, r.offload.bytes_to_device,
+          r.offload.copy_time, r.offload.copy_wait_time, r.offload.update_time, r.offload.nvme_bytes_read,
+          r.offload.nvme_bytes_written, r.offload.nvme_io_time, r.offload.nvme_wait_time, r.loss_scale,
+          std::int64_t(r.skipped), r.moe_aux, r.load_imbalance, r.drop_rate};
+      row.insert(row.end(), r.exposed_comm.begin(), r.exposed_comm.end());
+      st.add_row(row);
+    }
   f.write_table(st);
 
   report::Table ex("experts", "MoE routing per step, rank, block and expert (empty for a dense model)");
@@ -199,13 +228,17 @@ void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const s
       .col_f64("end", "s", "when the call was known complete, seconds since the run's clock origin")
       .col_f64("wait", "s", "time this rank was blocked by the call: all of it if blocking, else inside wait/test")
       .col_f64("peer_wait", "s",
-               "recv: the part of wait before the peer's message arrived (the rest is the transfer); else 0");
+               "recv: the part of wait before the peer's message arrived (the rest is the transfer); else 0")
+      .col_f64("transfer_start", "s",
+               "the transfer's start: a GPU operation's own (stream events); a host call's issue (a recv's message "
+               "arrival); a non-blocking MPI call's end - its time inside MPI (estimated: see docs/report-schema.md)")
+      .col_f64("transfer_end", "s", "the transfer's end: a GPU operation's own; on the host, end");
   for (const RankRows& rr : ranks)
     if (rr.comm != nullptr)
     for (const auto& r : rr.comm->records())
       cm.add_row({std::int64_t(rr.rank), std::int64_t(r.step), std::string(r.op), std::string(r.axis),
                   std::int64_t(r.group_size), r.bytes, std::int64_t(r.nonblocking), r.start, r.end, r.wait,
-                  r.peer_wait});
+                  r.peer_wait, r.transfer_start, r.transfer_end});
   f.write_table(cm);
 }
 
@@ -277,7 +310,8 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
     }
     it->count += 1;
     it->bytes += double(r.bytes);
-    it->time += r.end - r.start;
+    it->time += r.transfer();
+    it->span += r.span();
     it->wait += r.wait;
     it->peer_wait += r.peer_wait;
   }
@@ -296,16 +330,17 @@ void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std:
                "scalars and gradient buckets never share a row")
       .col_i64("count", "1", "calls")
       .col_f64("bytes", "B", "bytes summed over calls (per-call convention of /comm)")
-      .col_f64("time", "s", "summed call durations, end - start")
+      .col_f64("time", "s", "summed transfer time, transfer_end - transfer_start of /comm")
+      .col_f64("span", "s", "summed end - start: from issue to seen complete (a non-blocking call's spans its overlap)")
       .col_f64("wait", "s", "summed time blocked (exposed communication)")
       .col_f64("peer_wait", "s", "recv: summed time waiting for the peer's message (the rest of wait is transfer)")
-      .col_f64("hidden_fraction", "1", "1 - wait / time: share of the communication time overlapped with compute")
-      .col_f64("algbw", "B/s", "bytes / time")
+      .col_f64("hidden_fraction", "1", "1 - wait / span: share of the calls' spans this rank was not blocked in")
+      .col_f64("algbw", "B/s", "bytes / time (the transfer time, never the span)")
       .col_f64("busbw", "B/s", "algbw x nccl-tests factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n");
   for (const auto& [rank, aggs] : per_rank)
   for (const auto& a : aggs)
     t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.size_class, a.count, a.bytes, a.time,
-               a.wait, a.peer_wait, a.time > 0 ? 1.0 - a.wait / a.time : 0.0, a.algbw(), a.busbw()});
+               a.span, a.wait, a.peer_wait, a.hidden_fraction(), a.algbw(), a.busbw()});
   f.write_table(t);
 }
 
@@ -314,12 +349,19 @@ void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
   f.create_group(g);
   f.write_scalar(g, "measured_steps", double(s.measured_steps), "1", "steps after warm-up that the figures use");
   f.write_scalar(g, "tokens_per_s", s.tokens_per_s, "tokens/s", "median tokens/s over measured steps");
-  f.write_scalar(g, "step_time", s.step_time, "s", "median step time over measured steps");
+  f.write_scalar(g, "tokens_per_s_per_device", s.tokens_per_s / std::max(1, p.world_size), "tokens/s",
+                 "tokens_per_s / world_size: throughput per device (a rank)");
+  f.write_scalar(g, "step_time", s.step_time, "s",
+                 "median over measured steps of the step's time (the slowest rank's: /steps step_time)");
   f.write_scalar(g, "model_flops_per_step", s.model_flops_per_step, "FLOP",
                  "model FLOPs per step, counted from the layers (Megatron's formula for a dense GPT)");
   f.write_scalar(g, "flops_per_s", s.flops_per_s, "FLOP/s", "model_flops_per_step / step_time");
   f.write_scalar(g, "peak_flops", p.peak_flops, "FLOP/s", "peak that MFU is measured against: the sum of every rank's peak (peak_source)");
-  f.write_scalar(g, "peak_source", p.peak_source, "where the per-rank peak comes from: the deck, or an sgemm measured on every rank at once");
+  f.write_scalar(g, "peak_flops_per_device", p.peak_flops_per_device, "FLOP/s",
+                 "one device's (rank's) peak: rank 0's, from peak_source");
+  f.write_scalar(g, "peak_source", p.peak_source,
+                 "where the per-device peak comes from: backend.peak_tflops, backend.machine's description, or a "
+                 "GEMM measured once per host and cached (cached: PATH, or measured: ... (cached to PATH))");
   f.write_scalar(g, "mfu", s.mfu, "1", "model FLOPs utilisation: flops_per_s / peak_flops");
   f.write_scalar(g, "hardware_flops_per_step", s.hardware_flops_per_step, "FLOP",
                  "FLOPs executed per step: the model's plus the forward work activation recomputation repeats");
@@ -337,9 +379,12 @@ void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
   for (int c = 0; c < core::kNumMemCategories; ++c) {
     const auto cat = core::category_name(core::MemCategory(c));
     f.write_scalar(g, std::string("peak_bytes_") + cat, double(s.peak_bytes[c]), "B",
-                   std::string("largest ") + cat + " bytes held on any step (rank 0)");
+                   std::string("largest ") + cat + " bytes held on any step (on peak_bytes_rank)");
   }
-  f.write_scalar(g, "peak_bytes_total", double(s.peak_total), "B", "sum of the per-category peaks (rank 0)");
+  f.write_scalar(g, "peak_bytes_total", double(s.peak_total), "B",
+                 "sum of the per-category peaks of peak_bytes_rank: the largest over ranks");
+  f.write_scalar(g, "peak_bytes_rank", double(s.peak_rank), "1",
+                 "the rank whose peak_bytes_total is the largest (the lowest of equals); peak_bytes_* are its");
 }
 
 }  // namespace strata::train

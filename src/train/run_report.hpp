@@ -4,6 +4,7 @@
 // docs/report-schema.md documents every name written here.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,7 +36,8 @@ struct Provenance {
   int threads = 1;
   std::string data;
   std::int64_t parameters = 0;
-  double peak_flops = 0;
+  double peak_flops = 0;       // the job's: every rank's summed
+  double peak_flops_per_device = 0;
   std::string peak_source;
   std::string layout;          // "pp 1 x dp 2 x tp 1"
   std::string strategy;        // "dp", "zero1", ...
@@ -74,12 +76,19 @@ struct Summary {
   double hfu = 0;
   double initial_loss = 0, final_loss = 0;
   int skipped_steps = 0;  // fp16 overflows
+  // Device memory of the rank with the largest total (set_largest_rank):
+  // what must fit on every device.
   std::uint64_t peak_bytes[core::kNumMemCategories] = {};
   std::uint64_t peak_total = 0;
+  int peak_rank = 0;
 };
 
 Summary summarise(const std::vector<StepRecord>& steps, const std::vector<MemoryRecord>& memory,
                   double model_flops_per_step, double hardware_flops_per_step, double peak_flops);
+
+// Collective over `comm`: the memory figures of the rank whose total is the
+// largest (the lowest such rank), on every rank.
+void take_largest_rank_memory(Summary& s, MPI_Comm comm);
 
 void write_provenance(report::H5File& f, const Provenance& p);
 // One rank's rows of the per-rank tables.
@@ -103,10 +112,12 @@ struct CommAggregate {
   std::int64_t size_class = 0;  // bytes per call in (size_class / 2, size_class]; 0 for empty calls
   std::int64_t count = 0;
   double bytes = 0;
-  double time = 0;       // summed end - start
+  double time = 0;       // summed transfer time (comm::CommRecord::transfer)
+  double span = 0;       // summed end - start: issued to seen complete
   double wait = 0;       // summed time blocked
   double peer_wait = 0;  // recv: summed time before the peer's message arrived
   double algbw() const { return time > 0 ? bytes / time : 0; }
+  double hidden_fraction() const { return span > 0 ? std::max(0.0, 1.0 - wait / span) : 0; }
   double busbw() const;  // algbw x the nccl-tests factor of the op
 };
 // The power of two a call of `bytes` falls under (0 for 0).

@@ -84,6 +84,7 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   prov.threads = 1;
   prov.parameters = models::gpt_registry(gc).numel();
   prov.peak_flops = pr.peak_flops;
+  prov.peak_flops_per_device = machine.peak(cfg.backend.precision);
   prov.peak_source = fmt::format("machine {} ({}): {:.1f} TFLOP/s per device at {}", machine.name, machine.path,
                                  machine.peak(cfg.backend.precision) / 1e12,
                                  core::precision_name(cfg.backend.precision));
@@ -130,6 +131,18 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   write_comm_summary(file, comm_figures);
   write_pipeline_summary(file, bubbles);
   Summary summary = summarise(steps, rank0, pr.model_flops, pr.hardware_flops, pr.peak_flops);
+  // The memory figures of the largest rank, as a run's summary has them.
+  // `memory` is sorted by rank: one run of rows per rank.
+  for (auto first = memory.begin(); first != memory.end();) {
+    const auto last = std::find_if(first, memory.end(), [&](const MemoryRecord& m) { return m.rank != first->rank; });
+    const Summary other = summarise({}, {first, last}, 0, 0, 0);
+    if (other.peak_total > summary.peak_total) {
+      std::copy(std::begin(other.peak_bytes), std::end(other.peak_bytes), std::begin(summary.peak_bytes));
+      summary.peak_total = other.peak_total;
+      summary.peak_rank = first->rank;
+    }
+    first = last;
+  }
   write_summary(file, summary, prov);
   file.set_attr("/", "status", "complete");
   file.publish();

@@ -164,16 +164,21 @@ StepRecord Trainer::step(int step) {
 
   finish_routing(r);
   kernels::synchronize();  // a GPU's step ends when its last kernel does
-  r.step_time = prof::now_seconds() - t0;
   r.tokens = double(cfg_.data.global_batch) * T;
-  r.tokens_per_s = r.tokens / r.step_time;
   r.model_flops = model_flops_per_step_;
-  r.flops_per_s = r.model_flops / r.step_time;
-  r.mfu = peak_flops_ > 0 ? r.flops_per_s / peak_flops_ : 0.0;
   r.hardware_flops = hardware_flops_per_step_;
   r.offload = offload_;
-  r.hfu = peak_flops_ > 0 ? r.hardware_flops / r.step_time / peak_flops_ : 0.0;
+  r.rank_step_time = prof::now_seconds() - t0;
+  r.set_time(r.rank_step_time, peak_flops_);
   return r;
+}
+
+void StepRecord::set_time(double seconds, double peak_flops) {
+  step_time = seconds;
+  tokens_per_s = tokens / seconds;
+  flops_per_s = model_flops / seconds;
+  mfu = peak_flops > 0 ? flops_per_s / peak_flops : 0.0;
+  hfu = peak_flops > 0 ? hardware_flops / seconds / peak_flops : 0.0;
 }
 
 double Trainer::run_micro_batches(int step, float loss_scale) {

@@ -4,6 +4,7 @@
 // allocated up front so that step 0's memory is the run's memory.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "kernels/foundation/memory.hpp"
 #include "strategies/plan.hpp"
 #include "kernels/foundation/timeline.hpp"
+#include "src/comm/comm_log.hpp"
 #include "src/train/data.hpp"
 #include "strategies/pp/executor.hpp"
 #include "strategies/state_strategy.hpp"
@@ -28,7 +30,8 @@ struct StepRecord {
   double lr = 0;
   double grad_norm = 0;       // before clipping
   bool clipped = false;
-  double step_time = 0;       // s
+  double step_time = 0;       // s: the slowest rank's once the run has agreed on it (set_time), else this rank's
+  double rank_step_time = 0;  // s: this rank's own
   double tokens = 0;          // global batch x sequence length
   double tokens_per_s = 0;
   double model_flops = 0;     // forward + backward, no recomputation
@@ -49,6 +52,12 @@ struct StepRecord {
   double moe_aux = 0;
   double load_imbalance = 0;
   double drop_rate = 0;
+  // Time this rank was blocked in communication over the step, per axis
+  // (comm::kAxes): the communication its compute did not hide.
+  std::array<double, comm::kAxes.size()> exposed_comm{};
+
+  // The step's time and the rates that follow from it.
+  void set_time(double seconds, double peak_flops);
 };
 
 // The routing of one expert of one MoE block over a step, on this rank.

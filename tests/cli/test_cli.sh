@@ -42,6 +42,21 @@ if "$py" "$src/tests/python/check_report.py" out/tiny.h5 --steps 4 --layers 2 > 
 if "$strata" run tiny.toml --set run.steps=2 --set run.name=single > single.log 2>&1 && [[ -f results/single.h5 ]]; then
   ok "singleton run with --set and default output"; else bad "singleton run"; cat single.log; fi
 
+# --- one peak per machine: measured once into the cache, then read back; or a machine description's ---
+peak_of() { "$py" -c "import sys,h5py; s=h5py.File(sys.argv[1])['summary']; print(repr(s['peak_flops_per_device'][()]), s['peak_source'][()].decode())" "$1"; }
+nopeak=(--set backend.peak_tflops=0 --set run.steps=2)
+if STRATA_PEAK_CACHE=$work/peaks mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 "${nopeak[@]}" --output out/peak1.h5 > peak1.log 2>&1 \
+   && STRATA_PEAK_CACHE=$work/peaks mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 "${nopeak[@]}" --output out/peak2.h5 > peak2.log 2>&1 \
+   && [[ $(ls peaks | wc -l) == 1 ]] \
+   && peak_of out/peak1.h5 | grep -q "measured: sgemm 1024^3, best of 5, 1 thread(s), measured .* (cached to $work/peaks/" \
+   && peak_of out/peak2.h5 | grep -q "cached: $work/peaks/" \
+   && [[ $(peak_of out/peak1.h5 | cut -d' ' -f1) == $(peak_of out/peak2.h5 | cut -d' ' -f1) ]]
+then ok "peak measured once per host, cached, the same figure on the next run"
+else bad "peak cache"; cat peak1.log peak2.log; ls -l peaks; peak_of out/peak1.h5; peak_of out/peak2.h5; fi
+if "$strata" run tiny.toml "${nopeak[@]}" --set backend.machine=\"a100-80gb\" --output out/peak3.h5 > peak3.log 2>&1 \
+   && peak_of out/peak3.h5 | grep -q "^19500000000000.0 machine a100-80gb (.*a100-80gb.toml): device.peak_tflops_fp32$"
+then ok "backend.machine gives MFU's peak"; else bad "backend.machine peak"; cat peak3.log; peak_of out/peak3.h5; fi
+
 # --- two ranks, data parallel with ZeRO stage 2: every rank writes its own rows ---
 if mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=2 --output out/dp2.h5 > dp2.log 2>&1 \
    && grep -q "reduce_scatter" dp2.log && grep -q "memory per rank" dp2.log; then ok "2-rank ZeRO-2 run prints memory per rank and comm"

@@ -52,7 +52,7 @@ print(' '.join(str(r) for r in sorted(set(h5py.File(sys.argv[1])['steps']['rank'
 wait_for() { for _ in $(seq 1 $(( $2 * 10 ))); do [[ -e $1 ]] && return 0; sleep 0.1; done; return 1; }
 
 # --- every rank fails alike: one report, every rank's rows, status failed ---
-timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set 'backend.memory_limit="64KiB"' \
+timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set 'backend.memory_limit="64KiB"' \
   --output out/oom.h5 > oom.log 2>&1
 rc=$?
 if [[ $rc -eq 1 && -f out/oom.h5 && ! -e out/oom.h5.partial && $(attr out/oom.h5 status) == failed \
@@ -77,7 +77,7 @@ else bad "on_divergence continue (rc $rc)"; cat div2.log; fi
 
 # --- interruption: SIGTERM to the ranks (as SLURM sends it), SIGINT, SIGUSR1 ---
 long=(--set run.steps=100000 --set run.warmup_steps=0)
-timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 "${long[@]}" --output out/term.h5 \
+timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 "${long[@]}" --output out/term.h5 \
   --checkpoint-every 100000 --checkpoint-dir ckt > term.log 2>&1 &
 pid=$!
 wait_for out/term.h5.partial 60 && sleep 2
@@ -91,7 +91,7 @@ if [[ $rc -eq 143 && $(attr out/term.h5 status) == interrupted && $(attr out/ter
 else bad "SIGTERM (rc $rc, $n checkpoints)"; cat term.log; fi
 if [[ $n -eq 1 ]]; then
   step=$((10#$(basename ckt/step-* | cut -d- -f2)))
-  timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=$((step + 2)) \
+  timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=$((step + 2)) \
     --set run.warmup_steps=0 --resume ckt --output out/term-resumed.h5 > resume.log 2>&1 \
     && [[ $(attr out/term-resumed.h5 status) == complete ]] && ok "the interrupted run resumes from its checkpoint" \
     || { bad "resume after SIGTERM"; cat resume.log; }
@@ -137,7 +137,7 @@ if "$strata" run tiny.toml --output out/stale.h5 > stale.log 2>&1 && grep -q "re
 else bad "stale claim"; cat stale.log; fi
 
 # --- a rank killed mid-run: the job ends within seconds, never a hang ---
-timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 "${long[@]}" --output out/dead.h5 > dead.log 2>&1 &
+timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 "${long[@]}" --output out/dead.h5 > dead.log 2>&1 &
 pid=$!
 wait_for out/dead.h5.partial 60 && sleep 1
 victim=$(pgrep -f "^$strata run tiny.toml --set parallel.dp=2 --set run.steps=100000" | tail -1)
@@ -151,13 +151,13 @@ if [[ $rc -ne 0 && $rc -ne 124 && $took_ms -lt 10000 ]]; then
 else bad "rank killed mid-run (rc $rc, $took_ms ms)"; cat dead.log; fi
 
 # --- SIGKILL of a rank with the report written but not published ---
-STRATA_INJECT_REPORT_KILL=1 timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 \
+STRATA_INJECT_REPORT_KILL=1 timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 \
   --output out/killed.h5 > killed.log 2>&1
 rc=$?
 if [[ $rc -ne 0 && ! -e out/killed.h5 && -e out/killed.h5.partial ]]; then
   ok "killed before publishing (rc $rc): no file poses as the report, the .partial says so"
 else bad "killed before publishing (rc $rc)"; ls out; cat killed.log; fi
-if timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --output out/killed.h5 > killed2.log 2>&1 \
+if timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --output out/killed.h5 > killed2.log 2>&1 \
    && grep -q "removed a stale claim" killed2.log && [[ $(attr out/killed.h5 status) == complete && ! -e out/killed.h5.partial ]]; then
   ok "the next run on the path takes over the killed run's claim and publishes"
 else bad "after a killed run"; cat killed2.log; fi
@@ -168,7 +168,7 @@ expect_refusal() {  # NAME WANT ARGS...: exit 2 within 20 s, WANT on stderr, no 
   local name=$1 want=$2
   shift 2
   rm -rf out_bad
-  timeout 20 "$@" > refuse.log 2>&1
+  timeout -k 10 20 "$@" > refuse.log 2>&1
   local rc=$?
   if [[ $rc -eq 2 ]] && grep -qF -- "$want" refuse.log && [[ ! -e out_bad ]]; then ok "refused: $name"
   else bad "refused: $name (rc $rc, want '$want')"; cat refuse.log; fi
@@ -187,7 +187,7 @@ expect_refusal "parameters beyond this node's memory" "does not fit: the fp32 pa
 [[ $(cat tiny.toml | head -2 | tail -1) == 'name = "tiny"' ]] && ok "the deck is intact" || bad "the deck was overwritten"
 
 # --- checkpoints you can trust: verified on resume, the newest intact one taken ---
-ckrun() { timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 "$@"; }
+ckrun() { timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 "$@"; }
 ckrun --checkpoint-every 2 --checkpoint-dir cks --output out/cks.h5 > cks.log 2>&1 \
   && [[ -d cks/step-000002 && -d cks/step-000004 && -d cks/step-000006 ]] \
   && ok "checkpoints written at steps 2, 4, 6" || { bad "checkpoints"; cat cks.log; }
@@ -231,7 +231,7 @@ elif ! { mkdir -p full && mount -t tmpfs -o size=64k tmpfs full; } 2>/dev/null; 
 else
   for n in 1 2; do
     start=$(date +%s)
-    timeout 120 mpiexec -n $n "$strata" run tiny.toml --set parallel.dp=$n --set run.steps=40 --output full/r.h5 \
+    timeout -k 10 120 mpiexec -n $n "$strata" run tiny.toml --set parallel.dp=$n --set run.steps=40 --output full/r.h5 \
       > full$n.log 2>&1
     rc=$?
     if [[ $rc -eq 1 ]] && grep -q "full/r.h5.partial" full$n.log && grep -q "No space left on device" full$n.log \
@@ -244,12 +244,12 @@ else
   # Room for one checkpoint (~315 KB) and not two: the second fails on every
   # rank together, the report (elsewhere) says so, the first stays whole.
   mount -t tmpfs -o size=512k tmpfs full
-  timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 --checkpoint-every 2 \
+  timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 --checkpoint-every 2 \
     --checkpoint-dir full/ck --output out/ckfull.h5 > ckfull.log 2>&1
   rc=$?
   if [[ $rc -eq 1 && $(attr out/ckfull.h5 status) == failed && $(attr out/ckfull.h5 error) == *"No space left on device"* \
         && -f full/ck/step-000002/manifest.toml && ! -e full/ck/step-000004 ]] \
-     && timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 --resume full/ck \
+     && timeout -k 10 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=1 --resume full/ck \
           --output out/ckfull-resumed.h5 > ckfull2.log 2>&1; then
     ok "a full disk at the second checkpoint: exit 1, a failed report naming it, the first checkpoint resumes"
   else bad "checkpoint on a full disk (rc $rc)"; cat ckfull.log ckfull2.log; ls -R full; fi

@@ -523,6 +523,15 @@ TEST(Profiling, OneRecordPerCallWithBytes) {
     if (!rec.nonblocking) {
       EXPECT_NEAR(rec.wait, rec.end - rec.start, 1e-9);
     }
+    // The transfer lies within the call; a blocking call's on the host is
+    // the call, a receive's from its message's arrival.
+    EXPECT_GE(rec.transfer_start, rec.start);
+    EXPECT_LE(rec.transfer_end, rec.end);
+    EXPECT_GE(rec.transfer(), 0.0);
+    if (!rec.nonblocking) {
+      EXPECT_EQ(rec.transfer_end, rec.end);
+      EXPECT_NEAR(rec.transfer_start, rec.start + rec.peer_wait, 1e-9);
+    }
     if (i > 0) {
       EXPECT_GE(rec.start, recs[i - 1].start);
     }
@@ -544,6 +553,11 @@ TEST(Profiling, NonblockingRecordCompletesOnWaitOrTest) {
   EXPECT_GE(after_wait.end, after_wait.start);
   EXPECT_GE(after_wait.wait, 0.0);
   EXPECT_LE(after_wait.wait, after_wait.end - after_wait.start + 1e-9);
+  // MPI moves the data inside its calls: the transfer is the time in them
+  // (the issue and the wait), ending when the wait saw it complete.
+  EXPECT_EQ(after_wait.transfer_end, after_wait.end);
+  EXPECT_GE(after_wait.transfer(), after_wait.wait - 1e-12);
+  EXPECT_LE(after_wait.transfer(), after_wait.span() + 1e-12);
   r1->wait();  // a second wait changes nothing
   r1->test();
   EXPECT_EQ(log.records()[0].end, after_wait.end);

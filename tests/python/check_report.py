@@ -14,18 +14,21 @@ import numpy as np
 ROOT_ATTRS = ["schema", "schema_version", "strata_version", "git_commit", "command_line", "start_time", "hosts",
               "world_size", "deck", "resolved_config", "status"]
 TABLES = {
-    "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "tokens_per_s", "model_flops", "mfu",
-              "moe_aux_loss", "load_imbalance", "drop_rate"],
+    "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "rank_step_time", "tokens_per_s", "model_flops",
+              "mfu", "moe_aux_loss", "load_imbalance", "drop_rate", "exposed_comm_dp", "exposed_comm_tp",
+              "exposed_comm_pp"],
     "memory": ["rank", "step", "category", "pool", "current_bytes", "peak_bytes", "pool_peak_bytes"],
     "experts": ["rank", "step", "layer", "expert", "tokens_routed", "tokens_dropped", "prob_mass"],
     "timeline": ["rank", "step", "micro_batch", "chunk", "layer", "phase", "start", "end"],
-    "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait"],
-    "summary/comm": ["rank", "axis", "op", "group_size", "size_class", "count", "bytes", "time", "wait", "peer_wait",
-                     "algbw", "busbw"],
+    "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait",
+             "transfer_start", "transfer_end"],
+    "summary/comm": ["rank", "axis", "op", "group_size", "size_class", "count", "bytes", "time", "span", "wait",
+                     "peer_wait", "algbw", "busbw"],
     "summary/pipeline": ["rank", "pp_rank", "stages", "micro_batches", "virtual_stages", "schedule", "bubble",
                          "bubble_over_compute", "theory"],
 }
-SUMMARY = ["tokens_per_s", "step_time", "model_flops_per_step", "mfu", "peak_flops", "final_loss"]
+SUMMARY = ["tokens_per_s", "tokens_per_s_per_device", "step_time", "model_flops_per_step", "mfu", "peak_flops",
+           "peak_flops_per_device", "peak_bytes_rank", "final_loss"]
 
 
 def text(x):
@@ -71,6 +74,18 @@ def main():
                 errors.append("/comm lacks rows of some rank")
             if not np.all(comm["end"] >= comm["start"]) or not np.all(comm["wait"] >= 0):
                 errors.append("/comm has spans that end before they start")
+            if not np.all(comm["transfer_end"] >= comm["transfer_start"]):
+                errors.append("/comm has transfers that end before they start")
+            if not simulated and text(f.attrs.get("device", "cpu")) != "cuda":
+                # On the host the transfer lies within the call's span.
+                if not np.all((comm["transfer_start"] >= comm["start"] - 1e-9) & (comm["transfer_end"] <= comm["end"] + 1e-9)):
+                    errors.append("/comm has transfers outside their calls' spans")
+            # One step time per step: the slowest rank's, on every rank.
+            for s in range(a.steps):
+                t = steps["step_time"][steps["step"] == s]
+                r = steps["rank_step_time"][steps["step"] == s]
+                if not simulated and (t.max() != t.min() or abs(t[0] - r.max()) > 1e-12):
+                    errors.append(f"step {s}: step_time is not the slowest rank's on every rank")
             # The loss is the same number on every rank of the group.
             pipe = f["summary/pipeline"][...]
             if not np.all((pipe["bubble"] >= 0) & (pipe["bubble"] <= 1)):
@@ -120,6 +135,14 @@ def main():
                         errors.append(f"NVMe bytes per step {sorted(set(st['nvme_bytes_read']))} below the state's {want}")
                 elif not np.all(on_host == want):
                     errors.append(f"host optimizer bytes {sorted(set(on_host))} differ from {want}")
+        # The summary's memory is the largest rank's: per rank, the sum over
+        # categories of the largest peak over steps.
+        totals = {r: sum(int(mem[(mem["rank"] == r) & (np.array([text(c) for c in mem["category"]]) == c)]["peak_bytes"].max())
+                         for c in cats) for r in sorted(set(mem["rank"]))}
+        worst = max(totals, key=lambda r: (totals[r], -r))
+        if int(f["summary/peak_bytes_total"][()]) != totals[worst] or int(f["summary/peak_bytes_rank"][()]) != worst:
+            errors.append(f"/summary/peak_bytes_total {f['summary/peak_bytes_total'][()]} on rank "
+                          f"{f['summary/peak_bytes_rank'][()]}: the largest rank's is {totals[worst]} on rank {worst}")
         tl = f["timeline"][...]
         phases = {text(x) for x in tl["phase"]}
         whole = {"forward", "backward", "optimizer"}

@@ -6,6 +6,8 @@ Run by CTest (python.strata_report) as
   /usr/bin/python3 -m pytest tests/python/test_strata_report.py
 with STRATA_BIN naming the strata binary.
 """
+import csv
+import io
 import json
 import os
 import subprocess
@@ -154,8 +156,8 @@ def test_trace_has_a_process_per_rank_and_nested_tracks(reports, tmp_path):
     assert {"compute", "optimizer", "comm pp"} <= set(names.values())
     complete = [e for e in ev if e["ph"] == "X"]
     rep = Report(str(reports / "pp.h5"))
-    assert sum(1 for e in complete if not e["cat"].startswith("comm")) == len(rep.table("timeline"))
-    assert sum(1 for e in complete if e["cat"].startswith("comm")) == len(rep.table("comm"))
+    assert sum(1 for e in complete if not e["cat"].startswith("comm")) == len(rep.array("timeline"))
+    assert sum(1 for e in complete if e["cat"].startswith("comm")) == len(rep.array("comm"))
     assert {"forward", "backward_input", "backward_weight", "optimizer"} <= {e["cat"] for e in complete}
     tracks = {}
     for e in complete:
@@ -180,6 +182,61 @@ def test_compare_puts_two_runs_side_by_side(reports):
     lines = {l.split("  ")[0].strip(): l for l in out.splitlines()}
     assert "zb-h1" in lines["schedule"] and "pp 2 x dp 1 x tp 1" in lines["layout"]
     assert "tokens/s" in out and "B / A" in out
+
+
+def test_compare_takes_any_number_of_runs_as_json_and_csv(reports):
+    paths = [str(reports / n) for n in ("one.h5", "pp.h5", "moe.h5")]
+    j = json.loads(tool("compare", *paths, "--format", "json").stdout)
+    assert j["reports"] == paths
+    diffs = j["config_differences"]
+    assert diffs["parallel.pp"] == [1, 2, 1] and diffs["model.kind"] == ["gpt", "gpt", "moe"]
+    assert "run.steps" not in diffs  # the same in all three
+    # The headline figures are the reports' own /summary, not recomputed.
+    reps = [Report(p) for p in paths]
+    assert j["figures"]["tokens/s"] == [r.summary["tokens_per_s"] for r in reps]
+    assert j["figures"]["median step ms (slowest rank)"] == [1e3 * r.summary["step_time"] for r in reps]
+    assert j["figures"]["largest rank peak (sum of category peaks)"] == [r.summary["peak_bytes_total"] for r in reps]
+    rows = list(csv.reader(io.StringIO(tool("compare", *paths, "--format", "csv").stdout)))
+    assert rows[0] == ["field"] + paths
+    assert ["config:parallel.pp", "1", "2", "1"] in rows
+    text_out = tool("compare", *paths).stdout
+    assert "C / A" in text_out and "parallel.pp" in text_out
+    assert "needs at least two" in tool("compare", paths[0], expect=2).stderr
+
+
+def test_report_api_gives_dataframes_summary_and_config(reports):
+    import strata_report
+    import pandas as pd
+
+    r = strata_report.Report(reports / "pp.h5")
+    steps = r.table("steps")
+    assert isinstance(steps, pd.DataFrame) and len(steps) == 4 * 2
+    assert list(steps.columns) == list(r.array("steps").dtype.names)
+    phases = r.table("timeline")["phase"]
+    assert all(isinstance(x, str) for x in phases) and "forward" in set(phases)
+    assert r.config["parallel"]["pp"] == 2 and r.config["parallel"]["schedule"] == "zb-h1"
+    assert r.summary["layout"].startswith("pp 2") and r.summary["tokens_per_s"] > 0
+    # One step time per step (the slowest rank's), and the summary's median of it.
+    per_step = steps[steps["warmup"] == 0].groupby("step")
+    assert (per_step["step_time"].nunique() == 1).all()
+    assert (per_step["step_time"].first() == per_step["rank_step_time"].max()).all()
+    assert r.summary["step_time"] == pytest.approx(float(np.median(per_step["step_time"].first())), rel=1e-12)
+    with pytest.raises(strata_report.ReportError, match="no table 'stepz'"):
+        r.table("stepz")
+
+
+def test_sweep_table_memory_is_the_largest_ranks(reports):
+    ix = h5py.File(reports / "sweeps" / "t" / "index.h5")["points"][...]
+    done = ix[ix["status"] == b"complete"]
+    assert len(done) == 2
+    for row in done:
+        rep = Report(reports / "sweeps" / "t" / os.path.basename(row["report"].decode()))
+        totals = {}
+        m = rep.table("memory")
+        m = m[m["pool"] == "device"]
+        for (rank, cat), g in m.groupby(["rank", "category"]):
+            totals[rank] = totals.get(rank, 0) + int(g["peak_bytes"].max())
+        assert row["peak_bytes"] == max(totals.values()) == rep.summary["peak_bytes_total"]
 
 
 @pytest.mark.parametrize("name,why", [("other.h5", "schema is 'something-else'"), ("missing.h5", "cannot open")])

@@ -86,7 +86,7 @@ const std::vector<std::string> kAllKeys = {
     "parallel.last_stage_layers", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
     "optim.beta2", "optim.eps", "optim.grad_clip",
-    "backend.device", "backend.comm", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops", "offload.path", "offload.chunk_mb", "offload.params",
+    "backend.device", "backend.comm", "backend.precision", "backend.loss_scale", "backend.loss_scale_window", "backend.threads", "backend.memory_limit", "backend.host_memory_limit", "backend.peak_tflops", "backend.machine", "offload.path", "offload.chunk_mb", "offload.params",
 };
 
 class DeckTest : public ::testing::Test {

@@ -269,8 +269,8 @@ TEST(RunReport, CommSummaryKeepsScalarsApartFromBuckets) {
   comm::CommLog log(0.0);
   log.set_step(1);
   const std::int64_t bucket = std::int64_t(4) << 20;
-  for (int i = 0; i < 3; ++i) log.add({1, "all_reduce", "dp", 2, bucket, false, 0.0, 0.002, 0.002, 0.0});
-  for (int i = 0; i < 5; ++i) log.add({1, "all_reduce", "dp", 2, 8, false, 0.0, 0.001, 0.001, 0.0});
+  for (int i = 0; i < 3; ++i) log.add({1, "all_reduce", "dp", 2, bucket, false, 0.0, 0.002, 0.002, 0.0, 0.0, 0.002});
+  for (int i = 0; i < 5; ++i) log.add({1, "all_reduce", "dp", 2, 8, false, 0.0, 0.001, 0.001, 0.0, 0.0, 0.001});
   const auto rows = train::aggregate_comm(log, 0);
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[0].size_class, bucket);
@@ -278,4 +278,20 @@ TEST(RunReport, CommSummaryKeepsScalarsApartFromBuckets) {
   EXPECT_DOUBLE_EQ(rows[0].algbw(), 3.0 * double(bucket) / 0.006);  // the scalars' milliseconds are not in it
   EXPECT_EQ(rows[1].size_class, 8);
   EXPECT_EQ(rows[1].count, 5);
+}
+
+// A non-blocking bucket issued at 0 and seen complete at 10 ms, of which 2 ms
+// were its transfer (the rest was backward compute it overlapped): the
+// bandwidth is the transfer's, the span only says how long it was in flight.
+TEST(RunReport, CommBandwidthComesFromTheTransferNotTheSpan) {
+  comm::CommLog log(0.0);
+  const std::int64_t bucket = std::int64_t(4) << 20;
+  log.add({0, "all_reduce", "dp", 2, bucket, true, 0.0, 0.010, 0.001, 0.0, 0.008, 0.010});
+  const auto rows = train::aggregate_comm(log, 0);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_DOUBLE_EQ(rows[0].time, 0.002);
+  EXPECT_DOUBLE_EQ(rows[0].span, 0.010);
+  EXPECT_DOUBLE_EQ(rows[0].algbw(), double(bucket) / 0.002);
+  EXPECT_DOUBLE_EQ(rows[0].busbw(), double(bucket) / 0.002);  // 2(n-1)/n = 1 for n = 2
+  EXPECT_DOUBLE_EQ(rows[0].hidden_fraction(), 0.9);
 }
