@@ -18,8 +18,8 @@ std::int64_t bytes_of(std::int64_t count, DType t) { return count * std::int64_t
 // Refers to its record by index: the log's vector may reallocate meanwhile.
 class ProfiledRequest : public Request {
  public:
-  ProfiledRequest(RequestPtr inner, CommLog& log, std::size_t index, double issue_seconds)
-      : inner_(std::move(inner)), log_(log), index_(index), issue_seconds_(issue_seconds) {}
+  ProfiledRequest(RequestPtr inner, CommLog& log, std::size_t index, std::shared_ptr<HostProgress> progress)
+      : inner_(std::move(inner)), log_(log), index_(index), progress_(std::move(progress)) {}
   ProfiledRequest(const ProfiledRequest&) = delete;
   ProfiledRequest& operator=(const ProfiledRequest&) = delete;
 
@@ -50,16 +50,20 @@ class ProfiledRequest : public Request {
   void finish(double t0, double t1, bool complete) {
     CommRecord& r = log_.at(index_);
     r.wait += t1 - t0;
+    progress_->spent(t1 - t0);
     if (complete) {
       r.end = t1 - log_.origin();
       // On a GPU the operation's own start and end, from its stream's
       // events; on the host the time spent in MPI for it (comm_log.hpp).
       double s = 0, e = 0;
-      if (inner_->device_span(&s, &e)) {
+      const bool done_device = inner_->device_span(&s, &e);
+      if (done_device) {
         r.transfer_start = s - log_.origin(), r.transfer_end = e - log_.origin();
-      } else {
+      }
+      const double busy = progress_->complete(index_);
+      if (!done_device) {
         r.transfer_end = r.end;
-        r.transfer_start = std::max(r.start, r.end - (issue_seconds_ + r.wait));
+        r.transfer_start = std::max(r.start, r.end - busy);
       }
       done_ = true;
     }
@@ -68,11 +72,21 @@ class ProfiledRequest : public Request {
   RequestPtr inner_;
   CommLog& log_;
   std::size_t index_;
-  double issue_seconds_;  // the issuing call's own duration
+  std::shared_ptr<HostProgress> progress_;
   bool done_ = false;
 };
 
 }  // namespace
+
+double HostProgress::complete(std::size_t record) {
+  const auto it = std::find(in_flight.begin(), in_flight.end(), record);
+  if (it != in_flight.end()) in_flight.erase(it);
+  const auto b = busy.find(record);
+  if (b == busy.end()) return 0;
+  const double s = b->second;
+  busy.erase(b);
+  return s;
+}
 
 ProfiledCommunicator::ProfiledCommunicator(std::unique_ptr<Communicator> inner, CommLog& log)
     : inner_(std::move(inner)), log_(log), rank_(inner_->rank()), size_(inner_->size()) {}
@@ -97,7 +111,9 @@ RequestPtr ProfiledCommunicator::nonblocking(const char* op, std::int64_t bytes,
   // end = start until the request is seen complete, so end >= start always holds.
   const std::size_t i =
       log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0, 0.0, start, start});
-  return std::make_unique<ProfiledRequest>(std::move(inner), log_, i, t1 - t0);
+  progress_->in_flight.push_back(i);
+  progress_->spent(t1 - t0);  // the issuing call moves the oldest call's data (or its own first part)
+  return std::make_unique<ProfiledRequest>(std::move(inner), log_, i, progress_);
 }
 
 void ProfiledCommunicator::all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) {

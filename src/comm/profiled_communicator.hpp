@@ -3,6 +3,8 @@
 // is two clock reads and one vector push, so profiling can stay on.
 #pragma once
 
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -10,6 +12,23 @@
 #include "kernels/foundation/communicator.hpp"
 
 namespace strata::comm {
+
+// How a non-blocking MPI call's transfer is estimated (comm_log.hpp): MPI
+// without a progress thread moves the data of every call in flight on a
+// communicator whenever the rank is inside MPI for any of them (issuing one,
+// testing or waiting for one). Each such interval is given to the oldest
+// call not yet seen complete, so the summed transfer of a step's calls is
+// the rank's time inside MPI while they were in flight, each interval
+// counted once.
+struct HostProgress {
+  std::deque<std::size_t> in_flight;   // records, oldest first
+  std::map<std::size_t, double> busy;  // record -> seconds given to it
+  void spent(double seconds) {
+    if (!in_flight.empty()) busy[in_flight.front()] += seconds;
+  }
+  // The seconds given to `record`, which leaves the queue.
+  double complete(std::size_t record);
+};
 
 class ProfiledCommunicator : public Communicator {
  public:
@@ -37,6 +56,7 @@ class ProfiledCommunicator : public Communicator {
   std::unique_ptr<Communicator> inner_;
   CommLog& log_;
   int rank_, size_;
+  std::shared_ptr<HostProgress> progress_ = std::make_shared<HostProgress>();
 };
 
 }  // namespace strata::comm

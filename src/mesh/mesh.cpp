@@ -252,4 +252,15 @@ std::string layout_table(const Layout& layout, const std::vector<std::string>& h
   return out;
 }
 
+MPI_Comm Mesh::mpi_comm(std::string_view axis) const {
+  if (axis == "world") return world_comm_;
+  if (axis == "emb") return emb_comm_;
+  if (axis == "dp") return dp_comm_;
+  if (axis == "tp") return tp_comm_;
+  if (axis == "pp") return pp_comm_;
+  if (axis == "ep") return ep_comm_;
+  if (axis == "edp") return edp_comm_;
+  return MPI_COMM_NULL;
+}
+
 }  // namespace strata::mesh

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/comm/backend.hpp"
@@ -93,6 +94,9 @@ class Mesh {
   // coordinates and the world ranks of each group it belongs to. Every rank
   // gets the same text.
   std::string table() const;
+  // The MPI communicator of an axis named as in comm::kAxes (MPI_COMM_NULL
+  // where this rank has none, or on the meta device).
+  MPI_Comm mpi_comm(std::string_view axis) const;
 
  private:
   void release();

@@ -499,6 +499,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                         models::gpt_hardware_flops(gc, cfg.data.global_batch), job_peak);
     take_largest_rank_memory(summary, together);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
+    if (std::string_view(status) != "failed")
+      take_group_transfer_times(comm_figures, [&](std::string_view axis) { return mesh.mpi_comm(axis); });
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
                             chunks, *cfg.parallel.schedule);
     write_tables(to, {{rank, &steps, &experts, cfg.run.profile ? &timeline : nullptr, &log}}, memory);
@@ -700,7 +702,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                  "size <=", "calls", "bytes", "xfer_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
       for (const auto& a : comm_figures)
         fmt::print("  {:<6} {:<15} {:>3} {:>11} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis,
-                   a.op, a.group_size, core::format_bytes(double(a.size_class)), a.count, a.bytes, a.time * 1e3,
+                   a.op, a.group_size, core::format_bytes(double(a.size_class)), a.count, a.bytes, a.group_time * 1e3,
                    a.algbw() / 1e9, a.busbw() / 1e9, 100.0 * a.hidden_fraction());
     }
     fmt::print("report: {}\n", file.final_path());

@@ -311,11 +311,32 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
     it->count += 1;
     it->bytes += double(r.bytes);
     it->time += r.transfer();
+    it->group_time = it->time;
     it->span += r.span();
     it->wait += r.wait;
     it->peer_wait += r.peer_wait;
   }
   return out;
+}
+
+void take_group_transfer_times(std::vector<CommAggregate>& rows,
+                               const std::function<MPI_Comm(std::string_view)>& comm_of) {
+  for (const std::string_view axis : comm::kAxes) {
+    const MPI_Comm c = comm_of(axis);
+    if (c == MPI_COMM_NULL) continue;
+    std::vector<CommAggregate*> mine;
+    for (CommAggregate& a : rows)
+      if (a.axis == axis && a.op != "send" && a.op != "recv") mine.push_back(&a);
+    // The members issued the same collectives, so the same rows in the same
+    // order; counted first, so that a mismatch cannot become a wrong pairing.
+    int n[2] = {int(mine.size()), -int(mine.size())};
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, n, 2, MPI_INT, MPI_MAX, c));
+    if (n[0] != -n[1] || n[0] == 0) continue;
+    std::vector<double> t;
+    for (const CommAggregate* a : mine) t.push_back(a->time);
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, t.data(), n[0], MPI_DOUBLE, MPI_MAX, c));
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i]->group_time = t[i];
+  }
 }
 
 void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank) {
@@ -331,16 +352,19 @@ void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std:
       .col_i64("count", "1", "calls")
       .col_f64("bytes", "B", "bytes summed over calls (per-call convention of /comm)")
       .col_f64("time", "s", "summed transfer time, transfer_end - transfer_start of /comm")
+      .col_f64("group_time", "s",
+               "collectives: the largest time of the group's members (its transfer is done when its slowest "
+               "member's part is); send and recv: time")
       .col_f64("span", "s", "summed end - start: from issue to seen complete (a non-blocking call's spans its overlap)")
       .col_f64("wait", "s", "summed time blocked (exposed communication)")
       .col_f64("peer_wait", "s", "recv: summed time waiting for the peer's message (the rest of wait is transfer)")
       .col_f64("hidden_fraction", "1", "1 - wait / span: share of the calls' spans this rank was not blocked in")
-      .col_f64("algbw", "B/s", "bytes / time (the transfer time, never the span)")
+      .col_f64("algbw", "B/s", "bytes / group_time (the transfer time, never the span)")
       .col_f64("busbw", "B/s", "algbw x nccl-tests factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n");
   for (const auto& [rank, aggs] : per_rank)
   for (const auto& a : aggs)
     t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.size_class, a.count, a.bytes, a.time,
-               a.span, a.wait, a.peer_wait, a.hidden_fraction(), a.algbw(), a.busbw()});
+               a.group_time, a.span, a.wait, a.peer_wait, a.hidden_fraction(), a.algbw(), a.busbw()});
   f.write_table(t);
 }
 

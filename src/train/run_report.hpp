@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/comm/comm_log.hpp"
@@ -113,16 +115,24 @@ struct CommAggregate {
   std::int64_t count = 0;
   double bytes = 0;
   double time = 0;       // summed transfer time (comm::CommRecord::transfer)
+  double group_time = 0; // collectives: the largest `time` of the group's members (take_group_transfer_times); else time
   double span = 0;       // summed end - start: issued to seen complete
   double wait = 0;       // summed time blocked
   double peer_wait = 0;  // recv: summed time before the peer's message arrived
-  double algbw() const { return time > 0 ? bytes / time : 0; }
+  double algbw() const { return group_time > 0 ? bytes / group_time : 0; }
   double hidden_fraction() const { return span > 0 ? std::max(0.0, 1.0 - wait / span) : 0; }
   double busbw() const;  // algbw x the nccl-tests factor of the op
 };
 // The power of two a call of `bytes` falls under (0 for 0).
 std::int64_t size_class(std::int64_t bytes);
 std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step);
+// A collective's transfer is done only when every member has done its part
+// (on the host a member's share progresses only while it is inside MPI,
+// and a peer may do part of it meanwhile), so the group's transfer time for
+// a row of collectives is the largest of its members'. Collective over each
+// axis's communicator, `comm_of(axis)`: only after a run whose collectives
+// all completed (a failed run keeps each rank's own).
+void take_group_transfer_times(std::vector<CommAggregate>& rows, const std::function<MPI_Comm(std::string_view)>& comm_of);
 void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank);
 
 // The pipeline bubble of this rank over the measured steps: pipeline time =

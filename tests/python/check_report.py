@@ -22,7 +22,7 @@ TABLES = {
     "timeline": ["rank", "step", "micro_batch", "chunk", "layer", "phase", "start", "end"],
     "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait",
              "transfer_start", "transfer_end"],
-    "summary/comm": ["rank", "axis", "op", "group_size", "size_class", "count", "bytes", "time", "span", "wait",
+    "summary/comm": ["rank", "axis", "op", "group_size", "size_class", "count", "bytes", "time", "group_time", "span", "wait",
                      "peer_wait", "algbw", "busbw"],
     "summary/pipeline": ["rank", "pp_rank", "stages", "micro_batches", "virtual_stages", "schedule", "bubble",
                          "bubble_over_compute", "theory"],
@@ -80,6 +80,11 @@ def main():
                 # On the host the transfer lies within the call's span.
                 if not np.all((comm["transfer_start"] >= comm["start"] - 1e-9) & (comm["transfer_end"] <= comm["end"] + 1e-9)):
                     errors.append("/comm has transfers outside their calls' spans")
+            # A collective row's group time is the largest of its members' times.
+            sc = f["summary/comm"][...]
+            coll = sc[(sc["op"] != b"send") & (sc["op"] != b"recv")]
+            if not simulated and not np.all(coll["group_time"] >= coll["time"]):
+                errors.append("/summary/comm has a group time below a member's time")
             # One step time per step: the slowest rank's, on every rank.
             for s in range(a.steps):
                 t = steps["step_time"][steps["step"] == s]
