@@ -169,6 +169,15 @@ int gpu_count() {
 #endif
 }
 
+std::string cpu_blas_version();  // kernels/cpu/runtime.cpp
+
+std::string library_versions() {
+#if STRATA_HAVE_CUDA
+  if (on_gpu()) return cuda::describe_versions();
+#endif
+  return cpu_blas_version();
+}
+
 const char* backend_name() { return on_gpu() ? "cuda/cublas" : on_meta() ? "meta" : "cpu/openblas-openmp"; }
 
 void* device_alloc(std::size_t bytes) {

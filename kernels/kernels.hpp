@@ -52,6 +52,10 @@ bool is_meta();
 int gpu_count();
 // Name of the backend and its libraries, for the report ("cpu/openblas-openmp").
 const char* backend_name();
+// The libraries' versions and the device, for the report's provenance:
+// OpenBLAS's configuration on the CPU; on a GPU the CUDA runtime and driver,
+// cuBLAS, and the GPU's name and compute capability.
+std::string library_versions();
 
 // ---- memory on the selected device (host memory for the CPU) ----
 // One large region for the tracked arena; the driver is not called per buffer.

@@ -3,6 +3,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <string>
+
 #include "kernels/kernels.hpp"
 
 namespace strata::kernels {
@@ -16,6 +18,8 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+std::string cpu_blas_version() { return openblas_get_config(); }
 
 
 }  // namespace strata::kernels

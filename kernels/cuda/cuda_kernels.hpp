@@ -24,6 +24,8 @@ int device_count();
 // Why device_count() is 0 ("no CUDA driver", the runtime's message), or the
 // first device's name and compute capability.
 std::string describe_devices();
+// "CUDA runtime 13.0, driver 13.0, cuBLAS 13.0.0; NVIDIA H200 (sm_90)" for the process's GPU.
+std::string describe_versions();
 // Makes GPU `ordinal` current for this process's kernels, cuBLAS and memory.
 void use_device(int ordinal);
 void synchronize();

@@ -1,5 +1,7 @@
 #include <string>
 
+#include <cublas_v2.h>
+
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/launch.cuh"
@@ -31,6 +33,25 @@ std::string describe_devices() {
 
 namespace {
 int g_ordinal = 0;  // the process's GPU
+}  // namespace
+
+std::string describe_versions() {
+  int rt = 0, drv = 0, blas = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  cublasGetProperty(MAJOR_VERSION, &blas);
+  int minor = 0, patch = 0;
+  cublasGetProperty(MINOR_VERSION, &minor);
+  cublasGetProperty(PATCH_LEVEL, &patch);
+  cudaDeviceProp p{};
+  STRATA_CHECK_CUDA(cudaGetDeviceProperties(&p, g_ordinal));
+  auto v = [](int x) { return std::to_string(x / 1000) + "." + std::to_string(x % 1000 / 10); };
+  return "CUDA runtime " + v(rt) + ", driver " + v(drv) + ", cuBLAS " + std::to_string(blas) + "." +
+         std::to_string(minor) + "." + std::to_string(patch) + "; " + p.name + " (sm_" + std::to_string(p.major) +
+         std::to_string(p.minor) + ")";
+}
+
+namespace {
 
 // The current device is per host thread: copies made on other threads (the
 // optimizer's offload copies, NVMe I/O) select the process's GPU first.

@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "git_state.hpp"
 #include "src/comm/abort.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "kernels/foundation/error.hpp"

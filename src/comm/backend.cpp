@@ -1,5 +1,7 @@
 #include "src/comm/backend.hpp"
 
+#include <algorithm>
+
 #include "src/comm/mpi_communicator.hpp"
 #include "kernels/foundation/error.hpp"
 
@@ -19,6 +21,19 @@ std::string describe_backend(Backend b) {
   }
   STRATA_CHECK(false, "unknown Backend {}", int(b));
   return "";
+}
+
+std::string library_versions(Backend b) {
+  char v[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  MPI_Get_library_version(v, &len);
+  std::string out(v, std::size_t(std::max(len, 0)));
+  if (const auto nl = out.find('\n'); nl != std::string::npos) out.resize(nl);
+  std::replace(out.begin(), out.end(), '\t', ' ');
+#if STRATA_HAVE_CUDA
+  if (b == Backend::nccl) out += "; " + nccl_version();
+#endif
+  return out;
 }
 
 bool backend_built(Backend b) { return b == Backend::mpi || b == Backend::meta || STRATA_HAVE_CUDA; }

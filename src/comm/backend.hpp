@@ -20,6 +20,9 @@ enum class Backend { mpi, mpi_staged, nccl, meta };
 
 // For the report: "mpi", "mpi (device buffers staged through host memory)", "nccl".
 std::string describe_backend(Backend b);
+// The communication libraries' versions, for the report's provenance: the
+// MPI library's first line, and NCCL's with the nccl backend.
+std::string library_versions(Backend b);
 
 // Whether this build has `b`.
 bool backend_built(Backend b);

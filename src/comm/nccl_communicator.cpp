@@ -208,6 +208,12 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "NCCL (version unknown)";
+  return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, std::string axis) : mpi_(comm, std::move(axis)) {
   try {
     // The local set-up first, agreed over the axis: a rank without a usable

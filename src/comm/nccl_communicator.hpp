@@ -63,6 +63,9 @@ struct NcclPending;
 struct NcclOrigin;
 }  // namespace detail
 
+// "NCCL 2.27.3" (the library's, as loaded).
+std::string nccl_version();
+
 class NcclCommunicator : public Communicator {
  public:
   // Collective over `comm`, which stays owned by the caller and must outlive

@@ -78,13 +78,18 @@ class ProfiledRequest : public Request {
 
 }  // namespace
 
+void HostProgress::spent(double seconds) {
+  double total = 0;
+  for (const InFlight& f : in_flight) total += f.bytes;
+  for (InFlight& f : in_flight) f.busy += seconds * f.bytes / total;
+}
+
 double HostProgress::complete(std::size_t record) {
-  const auto it = std::find(in_flight.begin(), in_flight.end(), record);
-  if (it != in_flight.end()) in_flight.erase(it);
-  const auto b = busy.find(record);
-  if (b == busy.end()) return 0;
-  const double s = b->second;
-  busy.erase(b);
+  const auto it =
+      std::find_if(in_flight.begin(), in_flight.end(), [&](const InFlight& f) { return f.record == record; });
+  if (it == in_flight.end()) return 0;
+  const double s = it->busy;
+  in_flight.erase(it);
   return s;
 }
 
@@ -111,8 +116,8 @@ RequestPtr ProfiledCommunicator::nonblocking(const char* op, std::int64_t bytes,
   // end = start until the request is seen complete, so end >= start always holds.
   const std::size_t i =
       log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0, 0.0, start, start});
-  progress_->in_flight.push_back(i);
-  progress_->spent(t1 - t0);  // the issuing call moves the oldest call's data (or its own first part)
+  progress_->in_flight.push_back({i, double(std::max<std::int64_t>(bytes, 1)), 0.0});
+  progress_->spent(t1 - t0);  // the issuing call moves the data of the calls in flight, its own among them
   return std::make_unique<ProfiledRequest>(std::move(inner), log_, i, progress_);
 }
 

@@ -3,10 +3,9 @@
 // is two clock reads and one vector push, so profiling can stay on.
 #pragma once
 
-#include <deque>
-#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "src/comm/comm_log.hpp"
 #include "kernels/foundation/communicator.hpp"
@@ -16,17 +15,19 @@ namespace strata::comm {
 // How a non-blocking MPI call's transfer is estimated (comm_log.hpp): MPI
 // without a progress thread moves the data of every call in flight on a
 // communicator whenever the rank is inside MPI for any of them (issuing one,
-// testing or waiting for one). Each such interval is given to the oldest
-// call not yet seen complete, so the summed transfer of a step's calls is
-// the rank's time inside MPI while they were in flight, each interval
-// counted once.
+// testing or waiting for one). Each such interval is shared by the calls in
+// flight then, in proportion to their bytes, so the summed transfer of a
+// step's calls is the rank's time inside MPI while they were in flight, each
+// interval counted once, and calls of different sizes keep their shares.
 struct HostProgress {
-  std::deque<std::size_t> in_flight;   // records, oldest first
-  std::map<std::size_t, double> busy;  // record -> seconds given to it
-  void spent(double seconds) {
-    if (!in_flight.empty()) busy[in_flight.front()] += seconds;
-  }
-  // The seconds given to `record`, which leaves the queue.
+  struct InFlight {
+    std::size_t record;
+    double bytes;  // at least 1: an empty call still takes its share
+    double busy;   // seconds given to it so far
+  };
+  std::vector<InFlight> in_flight;
+  void spent(double seconds);
+  // The seconds given to `record`, which leaves the set.
   double complete(std::size_t record);
 };
 

@@ -263,6 +263,12 @@ void H5File::together(const char* what, Body&& body) {
                     fmt::format("writing report '{}' ({} on rank {}): {}", temp_path_, what, f.rank, f.message), true);
 }
 
+std::string hdf5_version() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return fmt::format("HDF5 {}.{}.{}", major, minor, release);
+}
+
 void H5File::require_room(double bytes) {
   double room = std::numeric_limits<double>::infinity();  // unknown: not refused
   struct statvfs st{};

@@ -17,6 +17,9 @@
 
 namespace strata::report {
 
+// "HDF5 1.10.8" (the library's, as loaded).
+std::string hdf5_version();
+
 class H5File {
  public:
   // Collective. Creates the parent directory if needed and the temporary

@@ -20,6 +20,7 @@
 #include "kernels/kernels.hpp"
 #include "models/gpt.hpp"
 #include "src/comm/abort.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "src/comm/backend.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "kernels/foundation/error.hpp"
@@ -27,6 +28,7 @@
 #include "src/mesh/mesh.hpp"
 #include "src/train/peak.hpp"
 #include "src/train/checkpoint.hpp"
+#include "src/train/console.hpp"
 #include "src/train/estimate.hpp"
 #include "src/train/paths.hpp"
 #include "src/train/run_control.hpp"
@@ -135,34 +137,6 @@ void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t para
   }
 }
 
-// Every rank's bytes per category at the end of the last step, and peaks,
-// printed by rank 0: the per-rank memory that ZeRO is about.
-void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memory, int last_step) {
-  int rank = 0, size = 1;
-  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
-  STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
-  constexpr int K = core::kNumMemCategories;
-  std::vector<double> mine(2 * K, 0.0), all(std::size_t(2 * K) * size);
-  for (const auto& m : memory) {
-    if (m.pool != core::Pool::device) continue;  // the device's
-    const int c = int(m.category);
-    if (m.step == last_step) mine[c] = double(m.current);
-    mine[K + c] = std::max(mine[K + c], double(m.peak));
-  }
-  STRATA_CHECK_MPI(MPI_Gather(mine.data(), 2 * K, MPI_DOUBLE, all.data(), 2 * K, MPI_DOUBLE, 0, comm));
-  if (rank != 0) return;
-  fmt::print("memory per rank (held at the end / peak during a step):\n  {:>4}", "rank");
-  for (int c = 0; c < K; ++c) fmt::print(" {:>23}", core::category_name(core::MemCategory(c)));
-  fmt::print("\n");
-  for (int r = 0; r < size; ++r) {
-    fmt::print("  {:>4}", r);
-    for (int c = 0; c < K; ++c)
-      fmt::print(" {:>23}", fmt::format("{} / {}", core::format_bytes(all[std::size_t(r) * 2 * K + c]),
-                                         core::format_bytes(all[std::size_t(r) * 2 * K + K + c])));
-    fmt::print("\n");
-  }
-}
-
 // STRATA_INJECT_FAILURE="RANK:STEP" makes that rank fail at the start of that
 // step: how the tests (and a user checking a cluster's launcher) see that one
 // failing rank ends the whole job with its message instead of a hang.
@@ -176,13 +150,6 @@ InjectedFailure injected_failure() {
       core::input_error("STRATA_INJECT_FAILURE={}: expected RANK:STEP, e.g. 1:3", v);
   }
   return f;
-}
-
-void print_step(const StepRecord& r) {
-  fmt::print("{:>6} {:>10.5f} {:>10.3e} {:>10.4f} {:>10.2f} {:>12.0f} {:>8.2f}{}{}\n", r.step, r.loss, r.lr,
-             r.grad_norm, r.step_time * 1e3, r.tokens_per_s, 100.0 * r.mfu, r.warmup ? "  (warm-up)" : "",
-             r.skipped ? fmt::format("  (skipped: fp16 overflow at loss scale {:g})", r.loss_scale) : "");
-  std::fflush(stdout);
 }
 
 }  // namespace
@@ -442,6 +409,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   Provenance prov;
   prov.command_line = options.command_line;
   prov.start_time = iso_time_utc();
+  const double started = prof::now_seconds();
   prov.hosts = gather_hosts(comm);
   prov.world_size = world;
   auto env = [](const char* name) -> std::string {
@@ -459,6 +427,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.backend = kernels::backend_name();
   prov.threads = kernels::num_threads();
   prov.parameters = params;
+  describe_software(prov, comm::library_versions(comm_backend), kernels::library_versions());
 
   const Peak peak = resolve_peak(cfg, comm);
   // MFU compares the job's model FLOP/s with the summed peak of its ranks.
@@ -513,8 +482,14 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       const kernels::DeviceMemory m = kernels::device_memory();
       to.set_attr("/", "device_memory_used", std::int64_t(m.total - m.free));
     }
+    to.set_attr("/", "end_time", iso_time_utc());
+    to.set_attr("/", "duration", prof::now_seconds() - started);
     to.set_attr("/", "status", status);
   };
+  StepConsole console{cfg.run.steps, world, cfg.backend.precision == core::Precision::fp16,
+                      cfg.model.moe_experts > 0};
+  const std::string warning = cores_shared_warning(comm, kernels::num_threads());
+  if (!warning.empty()) file.set_attr("/", "warnings", warning);
   // How the loop ended, agreed by every rank; failure: this rank's error.
   enum class Outcome { complete, diverged, interrupted } outcome = Outcome::complete;
   int stopped_by = 0, diverged_at = -1;
@@ -553,8 +528,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       fmt::print("peak {:.1f} GFLOP/s per rank ({}) | global batch {} = dp {} x {} x micro-batch {} | seq {}\n",
                  job_peak / world / 1e9, peak.source, cfg.data.global_batch, cfg.parallel.dp, trainer.micro_batches(),
                  cfg.data.micro_batch, cfg.model.seq_len);
-      fmt::print("{:>6} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}\n", "step", "loss", "lr", "grad_norm", "time_ms",
-                 "tokens/s", "MFU%");
+      if (!warning.empty()) fmt::print("warning: {}\n", warning);
+      console.header();
     }
     if (!resume.dir.empty()) {
       load_checkpoint(comm, resume, trainer.strategy(), trainer.registry());
@@ -567,6 +542,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
         fmt::print("resumed from {} (after step {}{})\n", resume.dir, resume.step,
                    resume.reshard ? ", re-sharded from " + resume.saved_layout : "");
     }
+    console.first_step = resume.step;
+    console.started = prof::now_seconds();
     const InjectedFailure inject = injected_failure();
     for (int s = resume.step; s < cfg.run.steps; ++s) {
       if (rank == inject.rank && s == inject.step)
@@ -590,7 +567,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
           control.comm, !std::isfinite(r.loss) || (!std::isfinite(r.grad_norm) && !r.skipped), r.rank_step_time);
       r.set_time(b.slowest_step_time, job_peak);
       const int every = cfg.run.log_every;
-      if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) print_step(r);
+      if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) console.line(r);
       if (b.diverged && diverged_at < 0) {
         diverged_at = s;
         if (rank == 0)
@@ -679,19 +656,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   const Summary& s = summary;
   print_memory_per_rank(comm, memory, steps.empty() ? -1 : steps.back().step);
-  if (layout.pp > 1 && cfg.run.profile) {
-    const Bubble& b = bubble;
-    double mine[3] = {double(b.pp_rank), b.idle_over_step, b.idle_over_compute};
-    std::vector<double> all(std::size_t(3 * world));
-    STRATA_CHECK_MPI(MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, comm));
-    if (rank == 0) {
-      fmt::print("pipeline bubble ({}, p {}, m {}, v {}; theory {} = {:.3f}):\n", cfg.parallel.schedule->name,
-                 layout.pp, micro_batches, b.virtual_stages, cfg.parallel.schedule->formula, b.theory);
-      for (int r = 0; r < world; ++r)
-        fmt::print("  rank {:>3} stage {:>2}: bubble {:.3f} (idle / pipeline time)   idle/compute {:.3f}\n", r, int(all[3 * r]),
-                   all[3 * r + 1], all[3 * r + 2]);
-    }
-  }
+  if (layout.pp > 1 && cfg.run.profile) print_bubbles(comm, bubble, cfg.parallel.schedule->formula);
   if (rank == 0) {
     fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%{}\n",
                s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu,

@@ -1,10 +1,12 @@
 #include "src/train/run_report.hpp"
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 
 #include <fmt/format.h>
 
+#include "git_state.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "strategies/pp/schedule.hpp"
 
@@ -100,11 +102,38 @@ void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memo
   f.write_table(mem);
 }
 
+void describe_software(Provenance& p, const std::string& comm_libraries, const std::string& kernel_libraries) {
+  p.mpi_library = comm_libraries;
+  p.hdf5_library = report::hdf5_version();
+  p.kernel_libraries = kernel_libraries;
+#if defined(__clang__)
+  p.compiler = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  p.compiler = std::string("g++ ") + __VERSION__;
+#else
+  p.compiler = "unknown";
+#endif
+  p.cpu_model = "unknown";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) p.cpu_model = line.substr(line.find_first_not_of(' ', colon + 1));
+      break;
+    }
+}
+
 void write_provenance(report::H5File& f, const Provenance& p) {
   f.set_attr("/", "schema", kSchemaName);
   f.set_attr("/", "schema_version", kSchemaVersion);
   f.set_attr("/", "strata_version", STRATA_VERSION);
   f.set_attr("/", "git_commit", STRATA_GIT_COMMIT);
+  f.set_attr("/", "git_dirty", std::int64_t(STRATA_GIT_DIRTY));
+  f.set_attr("/", "mpi_library", p.mpi_library);
+  f.set_attr("/", "hdf5_library", p.hdf5_library);
+  f.set_attr("/", "kernel_libraries", p.kernel_libraries);
+  f.set_attr("/", "compiler", p.compiler);
+  f.set_attr("/", "cpu_model", p.cpu_model);
   f.set_attr("/", "command_line", p.command_line);
   f.set_attr("/", "start_time", p.start_time);
   f.set_attr("/", "hosts", p.hosts);

@@ -45,6 +45,8 @@ struct Provenance {
   std::string strategy;        // "dp", "zero1", ...
   std::string precision = "fp32";  // backend.precision
   std::string offload_io;          // NVMe offload: "O_DIRECT" or "buffered (why)"; empty otherwise
+  // The software and hardware the figures came from.
+  std::string mpi_library, hdf5_library, kernel_libraries, compiler, cpu_model;
   std::int64_t padding_elements = 0;
 };
 
@@ -92,6 +94,9 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
 // largest (the lowest such rank), on every rank.
 void take_largest_rank_memory(Summary& s, MPI_Comm comm);
 
+// The compiler, HDF5 and the CPU's model into p, with the given MPI (and
+// NCCL) and kernel libraries.
+void describe_software(Provenance& p, const std::string& comm_libraries, const std::string& kernel_libraries);
 void write_provenance(report::H5File& f, const Provenance& p);
 // One rank's rows of the per-rank tables.
 struct RankRows {

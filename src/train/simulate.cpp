@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "kernels/kernels.hpp"
+#include "src/comm/backend.hpp"
 #include "models/gpt.hpp"
 #include "src/report/h5file.hpp"
 #include "src/train/run.hpp"
@@ -83,6 +84,7 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   prov.backend = fmt::format("simulated: {}", machine.name);
   prov.threads = 1;
   prov.parameters = models::gpt_registry(gc).numel();
+  describe_software(prov, comm::library_versions(comm::Backend::meta), "simulated: none run");
   prov.peak_flops = pr.peak_flops;
   prov.peak_flops_per_device = machine.peak(cfg.backend.precision);
   prov.peak_source = fmt::format("machine {} ({}): {:.1f} TFLOP/s per device at {}", machine.name, machine.path,

@@ -1,0 +1,165 @@
+#include "src/train/console.hpp"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "kernels/foundation/clock.hpp"
+#include "src/comm/mpi_check.hpp"
+
+namespace strata::train {
+
+std::string format_duration(double s) {
+  if (!(s >= 0) || !std::isfinite(s)) return "?";
+  if (s < 1) return fmt::format("{:.0f} ms", s * 1e3);
+  if (s < 60) return fmt::format("{:.1f} s", s);
+  const long t = std::lround(s);
+  if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}h{:02}m", t / 3600, t % 3600 / 60);
+}
+
+void StepConsole::header() const {
+  fmt::print("{:>11} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>8} {:>8}", "step", "loss", "lr", "grad_norm",
+             "time_ms", "tokens/s", "tok/s/dev", "MFU%", "elapsed", "ETA");
+  if (fp16) fmt::print(" {:>9}", "scale");
+  if (moe) fmt::print(" {:>8} {:>6} {:>6}", "aux", "imbal", "drop%");
+  fmt::print("\n");
+}
+
+void StepConsole::line(const StepRecord& r) const {
+  const double elapsed = prof::now_seconds() - started;
+  const int done = r.step - first_step + 1, left = total_steps - 1 - r.step;
+  fmt::print("{:>11} {:>9.5f} {:>9.2e} {:>9.4f} {:>9.2f} {:>10.0f} {:>9.0f} {:>6.2f} {:>8} {:>8}",
+             fmt::format("{}/{}", r.step, total_steps), r.loss, r.lr, r.grad_norm, r.step_time * 1e3, r.tokens_per_s,
+             r.tokens_per_s / world, 100.0 * r.mfu, format_duration(elapsed),
+             format_duration(done > 0 ? elapsed / done * left : 0));
+  if (fp16) fmt::print(" {:>9g}", r.loss_scale);
+  if (moe) fmt::print(" {:>8.5f} {:>6.2f} {:>6.2f}", r.moe_aux, r.load_imbalance, 100.0 * r.drop_rate);
+  if (r.warmup) fmt::print("  (warm-up)");
+  if (r.skipped) fmt::print("  (skipped: fp16 overflow at loss scale {:g})", r.loss_scale);
+  if (!std::isfinite(r.loss)) fmt::print("  (loss not finite)");
+  fmt::print("\n");
+  std::fflush(stdout);
+}
+
+std::string cores_shared_warning(MPI_Comm comm, int threads) {
+  const comm::NodePlace here = comm::node_place(comm);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : int(sysconf(_SC_NPROCESSORS_ONLN));
+  // The most oversubscribed node decides: threads per core there.
+  struct {
+    double ratio;
+    int rank;
+  } in{double(here.size) * threads / std::max(cores, 1), 0}, out{};
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &in.rank));
+  STRATA_CHECK_MPI(MPI_Allreduce(&in, &out, 1, MPI_DOUBLE_INT, MPI_MAXLOC, comm));
+  double ranks_threads_cores[3] = {double(here.size), double(threads), double(cores)};
+  STRATA_CHECK_MPI(MPI_Bcast(ranks_threads_cores, 3, MPI_DOUBLE, out.rank, comm));
+  if (out.ratio <= 1.0) return "";
+  return fmt::format(
+      "{:.0f} rank(s) x {:.0f} thread(s) share {:.0f} core(s) on one node: step times, the pipeline bubble and "
+      "bandwidths measure this machine's time-sharing, not the hardware",
+      ranks_threads_cores[0], ranks_threads_cores[1], ranks_threads_cores[2]);
+}
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memory, int last_step) {
+  int rank = 0, size = 1;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
+  constexpr int K = core::kNumMemCategories;
+  std::vector<double> mine(2 * K, 0.0), all(std::size_t(2 * K) * size);
+  for (const auto& m : memory) {
+    if (m.pool != core::Pool::device) continue;  // the device's
+    const int c = int(m.category);
+    if (m.step == last_step) mine[c] = double(m.current);
+    mine[K + c] = std::max(mine[K + c], double(m.peak));
+  }
+  STRATA_CHECK_MPI(MPI_Gather(mine.data(), 2 * K, MPI_DOUBLE, all.data(), 2 * K, MPI_DOUBLE, 0, comm));
+  if (rank != 0) return;
+  auto at = [&](int r, int i) { return all[std::size_t(r) * 2 * K + std::size_t(i)]; };
+  auto cells = [&](auto held, auto peak) {
+    for (int c = 0; c < K; ++c)
+      fmt::print(" {:>23}", fmt::format("{} / {}", core::format_bytes(held(c)), core::format_bytes(peak(c))));
+    fmt::print("\n");
+  };
+  const char* what = "memory per rank (held at the end / peak during a step)";
+  if (size <= 8) {
+    fmt::print("{}:\n  {:>6}", what, "rank");
+    for (int c = 0; c < K; ++c) fmt::print(" {:>23}", core::category_name(core::MemCategory(c)));
+    fmt::print("\n");
+    for (int r = 0; r < size; ++r) {
+      fmt::print("  {:>6}", r);
+      cells([&](int c) { return at(r, c); }, [&](int c) { return at(r, K + c); });
+    }
+    return;
+  }
+  // Above 8 ranks: the spread over ranks, and the rank with the largest
+  // summed peak (what must fit) in full.
+  std::vector<double> total(std::size_t(size), 0.0);
+  for (int r = 0; r < size; ++r)
+    for (int c = 0; c < K; ++c) total[std::size_t(r)] += at(r, K + c);
+  const int worst = int(std::max_element(total.begin(), total.end()) - total.begin());
+  fmt::print("{}, over {} ranks: min / median / max per category, and the rank with the largest total peak:\n  {:>10}",
+             what, size, "");
+  for (int c = 0; c < K; ++c) fmt::print(" {:>23}", core::category_name(core::MemCategory(c)));
+  fmt::print("\n");
+  auto stat = [&](int i, auto f) {
+    std::vector<double> v;
+    for (int r = 0; r < size; ++r) v.push_back(at(r, i));
+    return f(v);
+  };
+  const auto lo = [](std::vector<double> v) { return *std::min_element(v.begin(), v.end()); };
+  const auto hi = [](std::vector<double> v) { return *std::max_element(v.begin(), v.end()); };
+  fmt::print("  {:>10}", "min");
+  cells([&](int c) { return stat(c, lo); }, [&](int c) { return stat(K + c, lo); });
+  fmt::print("  {:>10}", "median");
+  cells([&](int c) { return stat(c, median_of); }, [&](int c) { return stat(K + c, median_of); });
+  fmt::print("  {:>10}", "max");
+  cells([&](int c) { return stat(c, hi); }, [&](int c) { return stat(K + c, hi); });
+  fmt::print("  {:>10}", fmt::format("rank {}", worst));
+  cells([&](int c) { return at(worst, c); }, [&](int c) { return at(worst, K + c); });
+}
+
+void print_bubbles(MPI_Comm comm, const Bubble& b, const std::string& formula) {
+  int rank = 0, size = 1;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
+  double mine[3] = {double(b.pp_rank), b.idle_over_step, b.idle_over_compute};
+  std::vector<double> all(std::size_t(3 * size));
+  STRATA_CHECK_MPI(MPI_Gather(mine, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, 0, comm));
+  if (rank != 0) return;
+  fmt::print("pipeline bubble ({}, p {}, m {}, v {}; theory {} = {:.3f}):\n", b.schedule, b.stages, b.micro_batches,
+             b.virtual_stages, formula, b.theory);
+  if (size <= 8) {
+    for (int r = 0; r < size; ++r)
+      fmt::print("  rank {:>3} stage {:>2}: bubble {:.3f} (idle / pipeline time)   idle/compute {:.3f}\n", r,
+                 int(all[std::size_t(3 * r)]), all[std::size_t(3 * r + 1)], all[std::size_t(3 * r + 2)]);
+    return;
+  }
+  std::vector<double> bub, over;
+  for (int r = 0; r < size; ++r) bub.push_back(all[std::size_t(3 * r + 1)]), over.push_back(all[std::size_t(3 * r + 2)]);
+  const int worst = int(std::max_element(bub.begin(), bub.end()) - bub.begin());
+  fmt::print("  over {} ranks, bubble (idle / pipeline time): min {:.3f}, median {:.3f}, max {:.3f} (rank {}, stage {}); "
+             "idle/compute median {:.3f}\n",
+             size, *std::min_element(bub.begin(), bub.end()), median_of(bub), bub[std::size_t(worst)], worst,
+             int(all[std::size_t(3 * worst)]), median_of(over));
+}
+
+}  // namespace strata::train

@@ -1,0 +1,42 @@
+// What a run prints as it goes (rank 0): the per-step line, warnings where a
+// figure is not what it seems, and the per-rank tables at the end, which
+// above 8 ranks become min / median / max with the worst rank named.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "src/train/run_report.hpp"
+#include "src/train/trainer.hpp"
+
+namespace strata::train {
+
+// "850 ms", "42.1 s", "3m07s", "2h05m".
+std::string format_duration(double seconds);
+
+// One line per logged step: step/total, loss, lr, grad norm, step time,
+// tokens/s and per device, MFU, elapsed and ETA; the loss scale under fp16;
+// the auxiliary loss, load imbalance and drop rate for MoE.
+struct StepConsole {
+  int total_steps = 1, world = 1;
+  bool fp16 = false, moe = false;
+  double started = 0;  // prof::now_seconds() when the first step of this run began
+  int first_step = 0;  // of this run (a resumed run starts past 0)
+  void header() const;
+  void line(const StepRecord& r) const;
+};
+
+// Collective: a warning when on some node more threads than cores run
+// (ranks x threads per rank); "" when none. Time-sharing makes step times,
+// bubbles and bandwidths the machine's scheduling, not the hardware's.
+std::string cores_shared_warning(MPI_Comm comm, int threads);
+
+// Collective; rank 0 prints every rank's bytes per category at the end of
+// the last step and peak during a step (above 8 ranks: min / median / max).
+void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memory, int last_step);
+// Collective; rank 0 prints every rank's measured bubble beside the theory.
+void print_bubbles(MPI_Comm comm, const Bubble& b, const std::string& formula);
+
+}  // namespace strata::train
