@@ -5,7 +5,7 @@ import sys
 from . import compare, plots, summary, sweep, trace
 from .read import Report, ReportError
 
-USAGE = """strata-report RUN.h5 [--plots DIR] [--trace OUT.json]
+USAGE = """strata-report RUN.h5 [--plots DIR] [--trace OUT.json] [--trace-per-rank DIR]
        strata-report SWEEP/index.h5 [--plots DIR]
        strata-report compare A.h5 B.h5 [C.h5 ...] [--format text|json|csv]"""
 
@@ -29,6 +29,8 @@ def main(argv=None):
         ap.add_argument("report")
         ap.add_argument("--plots", metavar="DIR", help="write timeline.png, memory.png and comm.png into DIR")
         ap.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace of the timeline and comm")
+        ap.add_argument("--trace-per-rank", metavar="DIR",
+                        help="write one trace per rank (rank-R.json, with distributedInfo) for Holistic Trace Analysis")
         args = ap.parse_args(argv)
         if sweep.is_index(args.report):
             ix = sweep.Index(args.report)
@@ -36,7 +38,7 @@ def main(argv=None):
             if args.plots:
                 for p in sweep.plot(ix, args.plots):
                     print(f"wrote {p}")
-            if args.trace:
+            if args.trace or args.trace_per_rank:
                 raise ReportError(f"{args.report}: a sweep index has no timeline; trace a point's report instead")
             return 0
         rep = Report(args.report)
@@ -47,6 +49,9 @@ def main(argv=None):
         if args.trace:
             trace.write(rep, args.trace)
             print(f"wrote {args.trace} (open in https://ui.perfetto.dev)")
+        if args.trace_per_rank:
+            paths = trace.write_per_rank(rep, args.trace_per_rank)
+            print(f"wrote {len(paths)} trace(s) into {args.trace_per_rank} (one per rank, with distributedInfo)")
         return 0
     except ReportError as e:
         print(f"strata-report: error: {e}", file=sys.stderr)

@@ -9,6 +9,7 @@ import numpy as np  # noqa: E402
 
 from .read import text  # noqa: E402
 from .summary import CATEGORIES, comm_per_axis_op, memory_per_rank  # noqa: E402
+from .summary import expert_load as expert_load_of  # noqa: E402
 
 PHASE_COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "backward_input": "#dd8452",
                  "backward_weight": "#55a868", "optimizer": "#8172b3"}
@@ -118,10 +119,39 @@ def communication(rep, path):
     plt.close(fig)
 
 
+def expert_load(rep, path):
+    """MoE: per block, each expert's share of the block's assignments over the
+    measured steps (bars) against a perfect balance (the line), and the share
+    of its assignments dropped past its capacity (hatched)."""
+    load = expert_load_of(rep)
+    blocks = sorted(load)
+    fig, axes = plt.subplots(1, len(blocks), figsize=(3 + 2.5 * len(blocks), 3.5), squeeze=False)
+    for ax, b in zip(axes[0], blocks):
+        rows = load[b]
+        xs = [x for x, _, _ in rows]
+        share = np.array([s for _, s, _ in rows])
+        dropped = np.array([d for _, _, d in rows])
+        ax.bar(xs, 100 * share, color="#4c72b0", label="assignments")
+        ax.bar(xs, 100 * share * dropped, color="#c44e52", hatch="//", label="dropped")
+        ax.axhline(100 / len(rows), color="k", lw=0.8, ls="--", label="balanced")
+        ax.set_title(f"block {b}", fontsize=10)
+        ax.set_xlabel("expert")
+        ax.set_xticks(xs)
+    axes[0][0].set_ylabel("% of the block's assignments")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle("expert load over the measured steps (every rank)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_all(rep, directory):
     os.makedirs(directory, exist_ok=True)
     paths = []
-    for name, fn in (("timeline", timeline), ("memory", memory), ("comm", communication)):
+    pictures = [("timeline", timeline), ("memory", memory), ("comm", communication)]
+    if expert_load_of(rep):
+        pictures.append(("experts", expert_load))
+    for name, fn in pictures:
         p = os.path.join(directory, f"{name}.png")
         fn(rep, p)
         paths.append(p)

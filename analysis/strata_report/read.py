@@ -14,7 +14,7 @@ import numpy as np
 
 SCHEMA = "strata-report"
 VERSION = 1
-TABLES = ("steps", "memory", "timeline", "comm", "experts", "summary/comm", "summary/pipeline")
+TABLES = ("ranks", "steps", "memory", "timeline", "comm", "experts", "summary/comm", "summary/pipeline")
 
 
 class ReportError(Exception):

@@ -103,6 +103,34 @@ def expert_load(rep):
     return out
 
 
+def layer_times(rep):
+    """[(layer, {phase: seconds})]: per layer of /timeline, per phase, the
+    median over measured steps of the step's summed spans (over micro-batches
+    and chunks), averaged over the ranks that ran the layer."""
+    tl = rep.array("timeline")
+    if len(tl) == 0:
+        return []
+    s = rep.measured_steps()
+    steps = np.unique(s["step"]) if len(s) else np.unique(tl["step"])
+    tl = tl[np.isin(tl["step"], steps) & (tl["layer"] >= 0)]
+    phases = np.array([text(p) for p in tl["phase"]])
+    dur = tl["end"] - tl["start"]
+    out = []
+    for layer in np.unique(tl["layer"]):
+        row = {}
+        for ph in ("forward", "backward", "backward_input", "backward_weight"):
+            sel = (tl["layer"] == layer) & (phases == ph)
+            if not sel.any():
+                continue
+            per_rank = []
+            for r in np.unique(tl["rank"][sel]):
+                per_step = [dur[sel & (tl["rank"] == r) & (tl["step"] == k)].sum() for k in steps]
+                per_rank.append(float(np.median(per_step)))
+            row[ph] = float(np.mean(per_rank))
+        out.append((int(layer), row))
+    return out
+
+
 def hidden(busy, waited):
     """Share of a background transfer's time the step did not wait for (0 when
     the wait, which includes starting the transfer's thread, is the longer)."""
@@ -142,6 +170,18 @@ def render(rep):
             p(f"  fp16 loss scale {r0['loss_scale'][0]:g} -> {r0['loss_scale'][-1]:g}, "
               f"{int(r0['skipped'].sum())} step(s) skipped on overflow"
               + (f" (steps {', '.join(str(int(x)) for x in r0['step'][r0['skipped'] == 1][:10])})" if r0['skipped'].any() else ""))
+    layers = layer_times(rep)
+    if layers:
+        last = max(l for l, _ in layers)
+        phases = [ph for ph in ("forward", "backward", "backward_input", "backward_weight")
+                  if any(ph in row for _, row in layers)]
+        p("")
+        p("time per layer (median over measured steps of the step's spans, summed over micro-batches; "
+          "mean over the ranks that run it)")
+        p("  layer          " + "".join(f"{ph + '_ms':>20}" for ph in phases))
+        for layer, row in layers:
+            name = "embedding" if layer == 0 else "head + loss" if layer == last else f"block {layer}"
+            p(f"  {layer:>5} {name:<10}" + "".join(f"{1e3 * row.get(ph, 0.0):>20.3f}" for ph in phases))
     mem = memory_per_rank(rep)
     if mem:
         p("")

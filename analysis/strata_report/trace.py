@@ -1,8 +1,16 @@
-"""Chrome/Perfetto trace JSON: one process per rank, one track per kind of
-work (compute; the optimizer; communication per axis, split into lanes so
-overlapping non-blocking calls never share one), complete ("X") events in
-microseconds, properly nested on every track."""
+"""Chrome/Perfetto trace JSON: one process per rank, named by its mesh
+coordinates and host; one track per kind of work (compute; the optimizer;
+communication per axis, split into lanes so overlapping non-blocking calls
+never share one), complete ("X") events in microseconds, properly nested on
+every track; a marker where each step begins; memory per category as
+counters; and a flow arrow from each pipeline send to its receive.
+
+`write_per_rank` writes one file per rank with a `distributedInfo` record,
+as Holistic Trace Analysis reads a job's traces."""
 import json
+import os
+
+import numpy as np
 
 from .read import text
 
@@ -24,9 +32,52 @@ def lanes(events):
     return out
 
 
-def build(rep):
+def rank_names(rep):
+    """{rank: "rank 3 (pp 1, dp 0, tp 1) on node07"} from /ranks (older
+    reports: "rank 3")."""
+    rk = rep.array("ranks")
+    names = {r: f"rank {r}" for r in range(rep.world)}
+    for row in rk:
+        r = int(row["rank"])
+        names[r] = f"rank {r} (pp {int(row['pp'])}, dp {int(row['dp'])}, tp {int(row['tp'])}) on {text(row['host'])}"
+    return names
+
+
+def pipeline_flows(cm, ranks):
+    """[(send row, recv row)]: the k-th pp send from stage a to stage b with a
+    tag, with the k-th pp receive at b from a with that tag (MPI's order),
+    for ranks of the same dp and tp."""
+    if len(cm) == 0 or "peer" not in cm.dtype.names or len(ranks) == 0:
+        return []
+    coords = {int(r["rank"]): (int(r["pp"]), int(r["dp"]), int(r["tp"])) for r in ranks}
+    world = {v: k for k, v in coords.items()}
+    sends, recvs = {}, {}
+    for c in cm:
+        if text(c["axis"]) != "pp" or int(c["peer"]) < 0:
+            continue
+        me = int(c["rank"])
+        pp, dp, tp = coords[me]
+        other = world.get((int(c["peer"]), dp, tp))
+        if other is None:
+            continue
+        op, tag = text(c["op"]), int(c["tag"]) if "tag" in c.dtype.names else -1
+        if op == "send":
+            sends.setdefault((me, other, tag), []).append(c)
+        elif op == "recv":
+            recvs.setdefault((other, me, tag), []).append(c)
+    out = []
+    for key, ss in sends.items():
+        rs = recvs.get(key, [])
+        ss = sorted(ss, key=lambda c: float(c["start"]))
+        rs = sorted(rs, key=lambda c: float(c["start"]))
+        out += list(zip(ss, rs))
+    return out
+
+
+def build(rep, only_rank=None):
     ev = []
     tracks = {}
+    keep = (lambda r: True) if only_rank is None else (lambda r: r == only_rank)
 
     def tid(rank, name):
         key = (rank, name)
@@ -35,33 +86,76 @@ def build(rep):
             ev.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tracks[key], "args": {"name": name}})
         return tracks[key]
 
+    names = rank_names(rep)
     for r in range(rep.world):
-        ev.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": f"rank {r}"}})
-        ev.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
+        if keep(r):
+            ev.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": names[r]}})
+            ev.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
     tl = rep.array("timeline")
+    step_start, step_end = {}, {}
     for s in tl:
+        r = int(s["rank"])
+        if not keep(r):
+            continue
         ph = text(s["phase"])
         track = "optimizer" if ph == "optimizer" else "compute"
         layer = int(s["layer"])
         name = ph if layer < 0 else f"{ph} L{layer}"
-        ev.append({"ph": "X", "name": name, "cat": ph, "pid": int(s["rank"]), "tid": tid(int(s["rank"]), track),
+        key = (r, int(s["step"]))
+        step_start[key] = min(step_start.get(key, np.inf), float(s["start"]))
+        step_end[key] = max(step_end.get(key, -np.inf), float(s["end"]))
+        ev.append({"ph": "X", "name": name, "cat": ph, "pid": r, "tid": tid(r, track),
                    "ts": 1e6 * float(s["start"]), "dur": 1e6 * float(s["end"] - s["start"]),
                    "args": {"step": int(s["step"]), "micro_batch": int(s["micro_batch"]), "chunk": int(s["chunk"])
                             if "chunk" in s.dtype.names else 0, "layer": layer}})
+    # A marker at each step's first span, on every rank's compute track.
+    for (r, step), t in sorted(step_start.items()):
+        ev.append({"ph": "i", "s": "p", "name": f"step {step}", "cat": "step", "pid": r, "tid": tid(r, "compute"),
+                   "ts": 1e6 * t})
+    # Memory held per category at the end of each step, as counters.
+    mem = rep.array("memory")
+    if len(mem):
+        pools = np.array([text(p) for p in mem["pool"]]) if "pool" in mem.dtype.names else np.full(len(mem), "device")
+        cats = np.array([text(c) for c in mem["category"]])
+        for r in np.unique(mem["rank"]):
+            r = int(r)
+            if not keep(r):
+                continue
+            for step in np.unique(mem["step"][mem["rank"] == r]):
+                t = step_end.get((r, int(step)))
+                if t is None:
+                    continue
+                sel = (mem["rank"] == r) & (mem["step"] == step) & (pools == "device")
+                args = {c: int(b) / 2**20 for c, b in zip(cats[sel], mem["current_bytes"][sel])}
+                ev.append({"ph": "C", "name": "device memory (MiB)", "pid": r, "ts": 1e6 * t, "args": args})
     cm = rep.array("comm")
     by_track = {}
     for c in cm:
-        by_track.setdefault((int(c["rank"]), text(c["axis"])), []).append(
-            (float(c["start"]), float(c["end"]), c))
+        if keep(int(c["rank"])):
+            by_track.setdefault((int(c["rank"]), text(c["axis"])), []).append((float(c["start"]), float(c["end"]), c))
+    lane_of = {}
     for (r, axis), events in sorted(by_track.items()):
         for lane, start, end, c in lanes(events):
             name = f"comm {axis}" + (f" #{lane + 1}" if lane else "")
+            lane_of[(r, start, text(c["op"]))] = tid(r, name)
             args = {"step": int(c["step"]), "bytes": int(c["bytes"]), "group_size": int(c["group_size"]),
                     "nonblocking": bool(c["nonblocking"]), "wait_us": 1e6 * float(c["wait"])}
             if "peer_wait" in c.dtype.names:
                 args["peer_wait_us"] = 1e6 * float(c["peer_wait"])
+            if "transfer_start" in c.dtype.names:
+                args["transfer_us"] = 1e6 * float(c["transfer_end"] - c["transfer_start"])
+            if "peer" in c.dtype.names and int(c["peer"]) >= 0:
+                args["peer"] = int(c["peer"])
             ev.append({"ph": "X", "name": text(c["op"]), "cat": f"comm {axis}", "pid": r, "tid": tid(r, name),
                        "ts": 1e6 * start, "dur": 1e6 * (end - start), "args": args})
+    # Each pipeline send to its receive, as a flow arrow.
+    if only_rank is None:
+        for i, (s, rcv) in enumerate(pipeline_flows(cm, rep.array("ranks"))):
+            a, b = int(s["rank"]), int(rcv["rank"])
+            ev.append({"ph": "s", "id": i, "name": "pp send", "cat": "pp flow", "pid": a,
+                       "tid": lane_of[(a, float(s["start"]), "send")], "ts": 1e6 * float(s["start"])})
+            ev.append({"ph": "f", "bp": "e", "id": i, "name": "pp send", "cat": "pp flow", "pid": b,
+                       "tid": lane_of[(b, float(rcv["start"]), "recv")], "ts": 1e6 * float(rcv["end"])})
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "otherData": {"report": rep.path, "status": rep.status, "layout": rep.summary.get("layout", "")}}
 
@@ -69,3 +163,20 @@ def build(rep):
 def write(rep, path):
     with open(path, "w") as f:
         json.dump(build(rep), f)
+
+
+def write_per_rank(rep, directory):
+    """One trace per rank, rank-R.json, each with the distributedInfo record
+    Holistic Trace Analysis groups a job's traces by."""
+    os.makedirs(directory, exist_ok=True)
+    backend = text(rep.attrs.get("comm_backend", "mpi")).split(" ")[0]
+    paths = []
+    for r in range(rep.world):
+        t = build(rep, only_rank=r)
+        t["distributedInfo"] = {"backend": backend, "rank": r, "world_size": rep.world,
+                                "layout": rep.summary.get("layout", "")}
+        p = os.path.join(directory, f"rank-{r}.json")
+        with open(p, "w") as f:
+            json.dump(t, f)
+        paths.append(p)
+    return paths

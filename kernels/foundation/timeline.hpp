@@ -29,7 +29,7 @@ struct Span {
 
 class Timeline {
  public:
-  explicit Timeline(bool enabled = true) : enabled_(enabled), origin_(now_seconds()) {}
+  explicit Timeline(bool enabled = true, double origin = now_seconds()) : enabled_(enabled), origin_(origin) {}
   bool enabled() const { return enabled_; }
   void set_position(int step, int micro_batch, int chunk = 0) {
     step_ = step;

@@ -42,6 +42,8 @@ struct CommRecord {
   // MPI without a progress thread moves data only inside its calls, so the
   // rest of the span was compute that the transfer did not overlap.
   double transfer_start = 0, transfer_end = 0;
+  int peer = -1;  // send, recv: the other rank, in the communicator's group; -1 for collectives
+  int tag = -1;   // send, recv: the message tag (with the peer, what pairs a send with its receive)
   double span() const { return end - start; }
   double transfer() const { return transfer_end - transfer_start; }
 };

@@ -97,25 +97,26 @@ ProfiledCommunicator::ProfiledCommunicator(std::unique_ptr<Communicator> inner, 
     : inner_(std::move(inner)), log_(log), rank_(inner_->rank()), size_(inner_->size()) {}
 
 template <typename F>
-void ProfiledCommunicator::blocking(const char* op, std::int64_t bytes, F&& call) {
+void ProfiledCommunicator::blocking(const char* op, std::int64_t bytes, F&& call, int peer, int tag) {
   const double t0 = prof::now_seconds();
   call();
   const double t1 = prof::now_seconds();
   const double o = log_.origin();
   double s = t0, e = t1;
   inner_->last_device_span(&s, &e);  // on a GPU, the operation's own span; the host waited t1 - t0
-  log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, false, t0 - o, t1 - o, t1 - t0, 0.0, s - o, e - o});
+  log_.add(
+      CommRecord{log_.step(), op, inner_->axis(), size_, bytes, false, t0 - o, t1 - o, t1 - t0, 0.0, s - o, e - o, peer, tag});
 }
 
 template <typename F>
-RequestPtr ProfiledCommunicator::nonblocking(const char* op, std::int64_t bytes, F&& call) {
+RequestPtr ProfiledCommunicator::nonblocking(const char* op, std::int64_t bytes, F&& call, int peer, int tag) {
   const double t0 = prof::now_seconds();
   RequestPtr inner = call();
   const double t1 = prof::now_seconds();
   const double start = t0 - log_.origin();
   // end = start until the request is seen complete, so end >= start always holds.
   const std::size_t i =
-      log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0, 0.0, start, start});
+      log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0, 0.0, start, start, peer, tag});
   progress_->in_flight.push_back({i, double(std::max<std::int64_t>(bytes, 1)), 0.0});
   progress_->spent(t1 - t0);  // the issuing call moves the data of the calls in flight, its own among them
   return std::make_unique<ProfiledRequest>(std::move(inner), log_, i, progress_);
@@ -154,7 +155,7 @@ void ProfiledCommunicator::all_to_allv(const void* send, const std::int64_t* sen
 }
 
 void ProfiledCommunicator::send(const void* buf, std::int64_t count, DType t, int peer, int tag) {
-  blocking("send", bytes_of(count, t), [&] { inner_->send(buf, count, t, peer, tag); });
+  blocking("send", bytes_of(count, t), [&] { inner_->send(buf, count, t, peer, tag); }, peer, tag);
 }
 
 // A receive is recorded in two parts: `peer_wait`, until the message has
@@ -168,7 +169,7 @@ void ProfiledCommunicator::recv(void* buf, std::int64_t count, DType t, int peer
   const double t2 = prof::now_seconds();
   const double o = log_.origin();
   log_.add(CommRecord{log_.step(), "recv", inner_->axis(), size_, bytes_of(count, t), false, t0 - o, t2 - o, t2 - t0,
-                      t1 - t0, t1 - o, t2 - o});
+                      t1 - t0, t1 - o, t2 - o, peer, tag});
 }
 
 void ProfiledCommunicator::probe(int peer, int tag) { inner_->probe(peer, tag); }
@@ -197,11 +198,11 @@ RequestPtr ProfiledCommunicator::ibroadcast(void* buf, std::int64_t count, DType
 }
 
 RequestPtr ProfiledCommunicator::isend(const void* buf, std::int64_t count, DType t, int peer, int tag) {
-  return nonblocking("send", bytes_of(count, t), [&] { return inner_->isend(buf, count, t, peer, tag); });
+  return nonblocking("send", bytes_of(count, t), [&] { return inner_->isend(buf, count, t, peer, tag); }, peer, tag);
 }
 
 RequestPtr ProfiledCommunicator::irecv(void* buf, std::int64_t count, DType t, int peer, int tag) {
-  return nonblocking("recv", bytes_of(count, t), [&] { return inner_->irecv(buf, count, t, peer, tag); });
+  return nonblocking("recv", bytes_of(count, t), [&] { return inner_->irecv(buf, count, t, peer, tag); }, peer, tag);
 }
 
 }  // namespace strata::comm

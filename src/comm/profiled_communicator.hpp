@@ -49,10 +49,10 @@ class ProfiledCommunicator : public Communicator {
  private:
   // Runs a blocking call and records it; the whole call counts as waiting.
   template <typename F>
-  void blocking(const char* op, std::int64_t bytes, F&& call);
+  void blocking(const char* op, std::int64_t bytes, F&& call, int peer = -1, int tag = -1);
   // Issues a non-blocking call; its record is completed by the returned request.
   template <typename F>
-  RequestPtr nonblocking(const char* op, std::int64_t bytes, F&& call);
+  RequestPtr nonblocking(const char* op, std::int64_t bytes, F&& call, int peer = -1, int tag = -1);
 
   std::unique_ptr<Communicator> inner_;
   CommLog& log_;

@@ -233,7 +233,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
   // with the call, as a run estimates a non-blocking MPI call's.
   auto record = [&](Stage& s, const prof::TraceComm& c, double start, double end, double transfer) {
     s.out.comms.push_back(
-        comm::CommRecord{0, c.op, c.axis, c.group_size, c.bytes, c.nonblocking, start, end, 0.0, 0.0, 0.0, transfer});
+        comm::CommRecord{0, c.op, c.axis, c.group_size, c.bytes, c.nonblocking, start, end, 0.0, 0.0, 0.0, transfer, c.peer, c.tag});
     return s.out.comms.size() - 1;
   };
   // A blocking call's record: blocked from `from` to the rank's clock now.

@@ -367,7 +367,18 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
   const mesh::Layout layout = mesh::layout_of(cfg);
-  prof::Timeline timeline(cfg.run.profile);
+  // One time base for every rank's records, so that a send and its receive
+  // compare: on one node the clock is shared and rank 0's origin is every
+  // rank's; across nodes each takes its own as it leaves a barrier.
+  const double origin = [&] {
+    STRATA_CHECK_MPI(MPI_Barrier(comm));
+    double t = prof::now_seconds();
+    int one_node = comm::node_place(comm).size == world ? 1 : 0;
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm));
+    if (one_node) STRATA_CHECK_MPI(MPI_Bcast(&t, 1, MPI_DOUBLE, 0, comm));
+    return t;
+  }();
+  prof::Timeline timeline(cfg.run.profile, origin);
   comm::CommLog log(timeline.origin());
   // backend.comm: NCCL on the GPU unless told otherwise; MPI with device
   // buffers stages them through host memory (Debian's MPICH is not
@@ -411,6 +422,12 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   prov.start_time = iso_time_utc();
   const double started = prof::now_seconds();
   prov.hosts = gather_hosts(comm);
+  const std::string host_name = [] {
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    return std::string(name);
+  }();
   prov.world_size = world;
   auto env = [](const char* name) -> std::string {
     const char* v = std::getenv(name);
@@ -472,7 +489,10 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       take_group_transfer_times(comm_figures, [&](std::string_view axis) { return mesh.mpi_comm(axis); });
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
                             chunks, *cfg.parallel.schedule);
-    write_tables(to, {{rank, &steps, &experts, cfg.run.profile ? &timeline : nullptr, &log}}, memory);
+    write_tables(to,
+                 {{rank, &steps, &experts, cfg.run.profile ? &timeline : nullptr, &log, host_name, mesh.coords().pp,
+                   mesh.coords().dp, mesh.coords().tp}},
+                 memory);
     write_comm_summary(to, {{rank, comm_figures}});
     write_pipeline_summary(to, {{rank, bubble}});
     write_summary(to, summary, prov);

@@ -155,6 +155,16 @@ void write_provenance(report::H5File& f, const Provenance& p) {
 }
 
 void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const std::vector<MemoryRecord>& memory) {
+  report::Table rk("ranks", "one row per rank: where it ran and its place in the process mesh");
+  rk.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_str("host", 64, "", "the processor name of the rank's node (MPI_Get_processor_name; \"simulated\" in a simulation)")
+      .col_i64("pp", "1", "pipeline stage")
+      .col_i64("dp", "1", "data-parallel index")
+      .col_i64("tp", "1", "tensor-parallel index");
+  for (const RankRows& rr : ranks)
+    rk.add_row({std::int64_t(rr.rank), rr.host.substr(0, 64), std::int64_t(rr.pp), std::int64_t(rr.dp), std::int64_t(rr.tp)});
+  f.write_table(rk);
+
   report::Table st("steps", "one row per optimizer step and rank");
   st.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
@@ -261,13 +271,15 @@ void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const s
       .col_f64("transfer_start", "s",
                "the transfer's start: a GPU operation's own (stream events); a host call's issue (a recv's message "
                "arrival); a non-blocking MPI call's end - its time inside MPI (estimated: see docs/report-schema.md)")
-      .col_f64("transfer_end", "s", "the transfer's end: a GPU operation's own; on the host, end");
+      .col_f64("transfer_end", "s", "the transfer's end: a GPU operation's own; on the host, end")
+      .col_i64("peer", "1", "send and recv: the other rank, as its rank in the axis's group; -1 for collectives")
+      .col_i64("tag", "1", "send and recv: the message tag (a send and its receive share peer pair and tag); -1 else");
   for (const RankRows& rr : ranks)
     if (rr.comm != nullptr)
     for (const auto& r : rr.comm->records())
       cm.add_row({std::int64_t(rr.rank), std::int64_t(r.step), std::string(r.op), std::string(r.axis),
                   std::int64_t(r.group_size), r.bytes, std::int64_t(r.nonblocking), r.start, r.end, r.wait,
-                  r.peer_wait, r.transfer_start, r.transfer_end});
+                  r.peer_wait, r.transfer_start, r.transfer_end, std::int64_t(r.peer), std::int64_t(r.tag)});
   f.write_table(cm);
 }
 

@@ -105,8 +105,10 @@ struct RankRows {
   const std::vector<ExpertRecord>* experts = nullptr;  // null: none
   const prof::Timeline* timeline = nullptr;            // null: none
   const comm::CommLog* comm = nullptr;                 // null: none
+  std::string host;                                    // where the rank ran (/ranks)
+  int pp = 0, dp = 0, tp = 0;                          // its mesh coordinates
 };
-// /steps, /experts, /memory, /timeline and /comm. A run passes its own rank's
+// /ranks, /steps, /experts, /memory, /timeline and /comm. A run passes its own rank's
 // rows (every rank calls it, collectively); a simulation every rank's.
 void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const std::vector<MemoryRecord>& memory);
 

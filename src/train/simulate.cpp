@@ -125,7 +125,9 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   for (int r = 0; r < l.world(); ++r) {
     const std::size_t s = std::size_t(mesh::coords_of(l, r).pp);
     const bool spans = every || r == pr.step.stages[s].rank;
-    rows.push_back({r, &steps, nullptr, spans ? &pr.timelines[s] : nullptr, spans ? &logs[s] : nullptr});
+    const mesh::Coords c = mesh::coords_of(l, r);
+    rows.push_back({r, &steps, nullptr, spans ? &pr.timelines[s] : nullptr, spans ? &logs[s] : nullptr, "simulated",
+                    c.pp, c.dp, c.tp});
     comm_figures.push_back({r, aggregates[s]});
     bubbles.push_back({r, pr.bubbles[s]});
   }

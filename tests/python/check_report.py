@@ -14,6 +14,7 @@ import numpy as np
 ROOT_ATTRS = ["schema", "schema_version", "strata_version", "git_commit", "command_line", "start_time", "hosts",
               "world_size", "deck", "resolved_config", "status"]
 TABLES = {
+    "ranks": ["rank", "host", "pp", "dp", "tp"],
     "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "rank_step_time", "tokens_per_s", "model_flops",
               "mfu", "moe_aux_loss", "load_imbalance", "drop_rate", "exposed_comm_dp", "exposed_comm_tp",
               "exposed_comm_pp"],
@@ -21,7 +22,7 @@ TABLES = {
     "experts": ["rank", "step", "layer", "expert", "tokens_routed", "tokens_dropped", "prob_mass"],
     "timeline": ["rank", "step", "micro_batch", "chunk", "layer", "phase", "start", "end"],
     "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait",
-             "transfer_start", "transfer_end"],
+             "transfer_start", "transfer_end", "peer", "tag"],
     "summary/comm": ["rank", "axis", "op", "group_size", "size_class", "count", "bytes", "time", "group_time", "span", "wait",
                      "peer_wait", "algbw", "busbw"],
     "summary/pipeline": ["rank", "pp_rank", "stages", "micro_batches", "virtual_stages", "schedule", "bubble",

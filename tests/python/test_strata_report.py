@@ -120,6 +120,28 @@ def test_summary_shows_expert_load_and_all_to_all(reports):
     assert not any(l.split()[:1] == ["edp"] for l in lines if l.strip())
 
 
+def test_summary_has_a_time_per_layer_table(reports):
+    out = tool(str(reports / "pp.h5")).stdout
+    lines = out.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("time per layer")) + 2
+    rows = [l.split() for l in lines[start:start + 6]]
+    # 4 blocks between the embedding (0) and the head (5); zb-h1 splits the backward.
+    assert [r[0] for r in rows] == ["0", "1", "2", "3", "4", "5"]
+    assert rows[0][1] == "embedding" and rows[5][1:3] == ["head", "+"] and rows[2][1:3] == ["block", "2"]
+    assert "backward_input_ms" in lines[start - 1] and "backward_weight_ms" in lines[start - 1]
+    # Layer 2's forward: the median over measured steps of its summed spans (one rank holds it).
+    rep = Report(str(reports / "pp.h5"))
+    tl = rep.table("timeline")
+    tl = tl[(tl["layer"] == 2) & (tl["phase"] == "forward") & tl["step"].isin(rep.table("steps").query("warmup == 0")["step"])]
+    want = 1e3 * float(np.median((tl["end"] - tl["start"]).groupby(tl["step"]).sum()))
+    assert abs(float(rows[2][3]) - want) < 1e-3
+
+
+def test_moe_plots_include_expert_load(reports, tmp_path):
+    out = tool(str(reports / "moe.h5"), "--plots", str(tmp_path)).stdout
+    assert (tmp_path / "experts.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "experts.png" in out
+
+
 def test_plots_are_pictures(reports, tmp_path):
     tool(str(reports / "pp.h5"), "--plots", str(tmp_path))
     import matplotlib.image as mpimg
@@ -164,6 +186,37 @@ def test_trace_has_a_process_per_rank_and_nested_tracks(reports, tmp_path):
         tracks.setdefault((e["pid"], e["tid"]), []).append(e)
     for key, events in tracks.items():
         assert nested(events), names[key]
+
+
+def test_trace_names_ranks_marks_steps_counts_memory_and_links_sends(reports, tmp_path):
+    out = tmp_path / "trace.json"
+    tool(str(reports / "pp.h5"), "--trace", str(out))
+    ev = json.loads(out.read_text())["traceEvents"]
+    rep = Report(str(reports / "pp.h5"))
+    host = rep.table("ranks")["host"][0]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert procs == {0: f"rank 0 (pp 0, dp 0, tp 0) on {host}", 1: f"rank 1 (pp 1, dp 0, tp 0) on {host}"}
+    marks = [e for e in ev if e["ph"] == "i"]
+    assert sorted((e["pid"], e["name"]) for e in marks) == sorted((r, f"step {s}") for r in (0, 1) for s in range(4))
+    counters = [e for e in ev if e["ph"] == "C"]
+    assert len(counters) == 2 * 4 and all(set(e["args"]) == {"params", "grads", "optimizer", "activations",
+                                                               "workspace", "comm"} for e in counters)
+    # A flow from every pp send (stage 0 -> 1 activations, 1 -> 0 gradients) to its receive.
+    comm = rep.table("comm")
+    sends = comm[(comm["axis"] == "pp") & (comm["op"] == "send")]
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert len(sends) > 0 and len(starts) == len(ends) == len(sends)
+    for i, s in starts.items():
+        assert ends[i]["pid"] != s["pid"] and ends[i]["ts"] >= s["ts"]
+
+
+def test_trace_per_rank_carries_distributed_info(reports, tmp_path):
+    tool(str(reports / "pp.h5"), "--trace-per-rank", str(tmp_path / "ranks"))
+    for r in (0, 1):
+        doc = json.loads((tmp_path / "ranks" / f"rank-{r}.json").read_text())
+        assert doc["distributedInfo"]["rank"] == r and doc["distributedInfo"]["world_size"] == 2
+        assert {e["pid"] for e in doc["traceEvents"]} == {r}
 
 
 def test_lanes_keep_overlapping_calls_apart():
