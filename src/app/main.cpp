@@ -278,6 +278,9 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::input || e.agreed()) {
       if (rank == 0) fmt::print(stderr, "strata: {}: {}\n", e.kind() == ErrorKind::input ? "error" : "failed", e.what());
+      // Every rank is here: none leaves before rank 0 has said why (mpiexec
+      // ends the job's other processes once one exits with an error).
+      if (e.agreed() && world > 1) MPI_Barrier(MPI_COMM_WORLD);
       return finish(e.exit_code());
     }
     if (world > 1) strata::comm::abort_job(MPI_COMM_WORLD, rank, e.what(), e.exit_code());

@@ -129,10 +129,17 @@ void put_attr(hid_t obj, const std::string& name, hid_t file_type, hid_t mem_typ
   STRATA_CHECK_H5(H5Awrite(attr, mem_type, buf));
 }
 
+// Attributes (provenance, units, docs) are variable-length UTF-8 strings:
+// h5py reads them as str. (Datasets' strings cannot be: parallel HDF5 does
+// not write variable-length data, so table columns and scalar strings stay
+// fixed-length, read as bytes.)
 void put_attr(hid_t obj, const std::string& name, const std::string& value) {
-  Id type = string_type(value.size());
+  Id type(STRATA_CHECK_H5(H5Tcopy(H5T_C_S1)), H5Tclose);
+  STRATA_CHECK_H5(H5Tset_size(type, H5T_VARIABLE));
+  STRATA_CHECK_H5(H5Tset_cset(type, H5T_CSET_UTF8));
   Id space(STRATA_CHECK_H5(H5Screate(H5S_SCALAR)), H5Sclose);
-  put_attr(obj, name, type, type, space, value.c_str());
+  const char* text = value.c_str();
+  put_attr(obj, name, type, type, space, &text);
 }
 
 void put_attr(hid_t obj, const std::string& name, std::int64_t value) {

@@ -14,7 +14,11 @@ std::string read_string_attr(hid_t file, const char* name) {
   if (a < 0) return "";
   const hid_t t = H5Aget_type(a);
   std::string out;
-  if (H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) <= 0) {
+  if (H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0) {
+    char* text = nullptr;
+    if (H5Aread(a, t, &text) >= 0 && text != nullptr) out = text;
+    H5free_memory(text);
+  } else if (H5Tget_class(t) == H5T_STRING) {
     std::vector<char> buf(H5Tget_size(t) + 1, '\0');
     if (H5Aread(a, t, buf.data()) >= 0) out = buf.data();
   }

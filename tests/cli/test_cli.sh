@@ -319,7 +319,7 @@ if [[ $rc -eq 1 ]] && grep -q "point   0 .*: complete" sweeprun.log && grep -q "
    && "$py" - out/sweeps/clisweep/index.h5 > sweepidx.log 2>&1 <<'PY'
 import sys, h5py
 f = h5py.File(sys.argv[1])
-assert f.attrs["schema"] == b"strata-sweep", f.attrs["schema"]
+assert f.attrs["schema"] == "strata-sweep", f.attrs["schema"]
 st = {int(r["point"]): r["status"].decode() for r in f["points"][...]}
 assert st == {0: "complete", 1: "failed", 2: "skipped", 3: "skipped", 4: "complete", 5: "skipped", 6: "skipped",
               7: "skipped"}, st

@@ -89,9 +89,10 @@ Rows read_rows(const fs::path& path, std::string* columns) {
 
   hid_t attr = H5Aopen(dset, "columns", H5P_DEFAULT);
   hid_t atype = H5Aget_type(attr);
-  std::string names(H5Tget_size(atype) + 1, '\0');
-  H5Aread(attr, atype, names.data());
-  *columns = names.substr(0, names.find('\0'));
+  char* names = nullptr;  // a variable-length UTF-8 string
+  H5Aread(attr, atype, &names);
+  *columns = names != nullptr ? names : "";
+  H5free_memory(names);
   H5Tclose(atype);
   H5Aclose(attr);
   H5Tclose(mem);

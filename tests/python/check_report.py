@@ -49,6 +49,8 @@ def main():
         for k in ROOT_ATTRS:
             if k not in f.attrs:
                 errors.append(f"root attribute {k} missing")
+        if not isinstance(f.attrs.get("status"), str):
+            errors.append("string attributes are not read as str (variable-length UTF-8)")
         if text(f.attrs.get("schema", "")) != "strata-report" or int(f.attrs.get("schema_version", 0)) != 1:
             errors.append("schema is not strata-report v1")
         if text(f.attrs.get("status", "")) != "complete":

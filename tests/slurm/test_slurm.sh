@@ -24,9 +24,9 @@ if timeout 600 sbatch --wait -n 2 -o qs.out "$src/slurm/strata.sbatch" "$src/inp
    && "$py" - results/quickstart.h5 <<'PY'
 import sys, h5py
 f = h5py.File(sys.argv[1])
-assert f.attrs["slurm_job_id"] != b"", "no job id"
-assert f.attrs["slurm_tasks_per_node"] == b"2", f.attrs["slurm_tasks_per_node"]
-assert f.attrs["slurm_nodelist"] != b""
+assert f.attrs["slurm_job_id"] != "", "no job id"
+assert f.attrs["slurm_tasks_per_node"] == "2", f.attrs["slurm_tasks_per_node"]
+assert f.attrs["slurm_nodelist"] != ""
 PY
 then ok "sbatch --wait quickstart: complete report with the job's provenance"
 else bad "sbatch quickstart"; cat sbatch.log qs.out check.log 2>/dev/null; fi
@@ -66,7 +66,7 @@ assert status == {0: "complete", 1: "skipped", 2: "complete", 3: "skipped", 4: "
 for p in pts:
     if p["status"] == b"complete":
         r = h5py.File(p["report"].decode())
-        assert r.attrs["slurm_array_task_id"] == str(int(p["point"])).encode(), (p["point"], r.attrs["slurm_array_task_id"])
+        assert r.attrs["slurm_array_task_id"] == str(int(p["point"])), (p["point"], r.attrs["slurm_array_task_id"])
         assert int(r.attrs["world_size"]) == int(p["world"])
 PY
 then ok "submit-sweep --wait: every valid point ran as an array task; the index lists them"
@@ -87,7 +87,7 @@ for _ in $(seq 1 600); do [[ -e results/term.h5.partial ]] && break; sleep 0.2; 
 sleep 2
 scancel --signal=TERM "$jid"
 for _ in $(seq 1 600); do squeue -h -j "$jid" 2>/dev/null | grep -q . || break; sleep 0.2; done
-status=$("$py" -c "import h5py; a=h5py.File('results/term.h5').attrs; print(a['status'].decode(), a['interrupted_by'].decode())" 2>/dev/null)
+status=$("$py" -c "import h5py; a=h5py.File('results/term.h5').attrs; print(a['status'], a['interrupted_by'])" 2>/dev/null)
 if [[ $status == "interrupted SIGTERM" ]] && ls -d ckterm/step-* > /dev/null 2>&1 && grep -q "SIGTERM: stopped after step" term.out; then
   ok "SIGTERM under srun: the tasks stop at one step, checkpoint, and publish the report as interrupted"
 else bad "SIGTERM under srun ($status)"; cat term.out; fi

@@ -30,11 +30,20 @@ std::string read_str_attr(hid_t obj, const std::string& name) {
   hid_t attr = H5Aopen(obj, name.c_str(), H5P_DEFAULT);
   if (attr < 0) return "<missing " + name + ">";
   hid_t type = H5Aget_type(attr);
-  std::string value(H5Tget_size(type) + 1, '\0');
-  H5Aread(attr, type, value.data());
+  std::string value;
+  if (H5Tis_variable_str(type) > 0) {  // as the writer stores them
+    char* text = nullptr;
+    H5Aread(attr, type, &text);
+    value = text != nullptr ? text : "";
+    H5free_memory(text);
+  } else {
+    value.assign(H5Tget_size(type) + 1, '\0');
+    H5Aread(attr, type, value.data());
+    value = value.substr(0, value.find('\0'));
+  }
   H5Tclose(type);
   H5Aclose(attr);
-  return value.substr(0, value.find('\0'));
+  return value;
 }
 
 std::int64_t read_i64_attr(hid_t obj, const std::string& name) {
@@ -289,10 +298,17 @@ TEST_F(ReportTest, AttributesAreReplaced) {
   Object host(file.id, "/provenance/host");
   EXPECT_GE(host.id, 0);
 
-  // Attribute types as documented: int64 and double little-endian.
+  // Attribute types as documented: int64 and double little-endian, strings
+  // variable-length UTF-8 (h5py reads str).
   hid_t attr = H5Aopen(root.id, "world", H5P_DEFAULT);
   hid_t type = H5Aget_type(attr);
   EXPECT_GT(H5Tequal(type, H5T_STD_I64LE), 0);
+  H5Tclose(type);
+  H5Aclose(attr);
+  attr = H5Aopen(root.id, "host", H5P_DEFAULT);
+  type = H5Aget_type(attr);
+  EXPECT_GT(H5Tis_variable_str(type), 0);
+  EXPECT_EQ(H5Tget_cset(type), H5T_CSET_UTF8);
   H5Tclose(type);
   H5Aclose(attr);
 }
