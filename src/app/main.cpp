@@ -111,7 +111,7 @@ int finish(int code) {
 }
 
 struct SweepArgs {
-  bool list = false, index = false, retry_failed = false, valid_points = false;
+  bool list = false, all = false, index = false, retry_failed = false, valid_points = false;
   int point = -1, world = 0;
   std::string launcher, results = "results";
 };
@@ -142,7 +142,7 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
       if (p.valid) fmt::print("{} {}\n", p.index, p.world);
     return valid > 0 ? 0 : 2;
   }
-  if (a.list) fmt::print("{}", strata::sweep::describe(s));
+  if (a.list) fmt::print("{}", strata::sweep::describe(s, a.all));
   if (valid == 0)
     strata::core::input_error("{}: no valid point in the sweep{}", deck_path,
                               a.list ? "" : " (strata sweep --list shows why each is skipped)");
@@ -236,7 +236,8 @@ int main(int argc, char** argv) {
       "sweep", "run every valid point of a deck's [sweep] table, each as its own MPI job, and index the reports");
   sweep->add_option("deck", deck_path, "TOML deck with a [sweep] table (see docs/decks.md)")->required();
   sweep->add_option("--set", sets, "override a deck key for every point (repeatable)");
-  sweep->add_flag("--list", sw.list, "print the points, valid or skipped with the reason, and stop");
+  sweep->add_flag("--list", sw.list, "print the valid points, one line each, and stop");
+  sweep->add_flag("--all", sw.all, "with --list: the skipped points too, with the reason");
   sweep->add_option("--world", sw.world, "ranks available: larger points are not run (default: SLURM_NTASKS, else no limit)");
   sweep->add_option("--launcher", sw.launcher,
                     "command that starts a point on {n} ranks (default: srun --mpi=pmi2 -n {n} under SLURM, else mpiexec -n {n})");

@@ -364,16 +364,20 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
   return s;
 }
 
-std::string describe(const Sweep& s) {
+std::string describe(const Sweep& s, bool all) {
   int valid = 0;
   std::string out;
   for (const auto& p : s.points) {
     valid += p.valid;
+    if (!p.valid && !all) continue;
     out += fmt::format("{:>4}  {:>5}  {:<7}  {}{}\n", p.index, p.world > 0 ? std::to_string(p.world) : "-",
                        p.valid ? "valid" : "skipped", p.label, p.valid ? "" : "\n              " + p.reason);
   }
-  return fmt::format("sweep '{}' from {}: {} point(s), {} valid; reports in {}/\n point  ranks  status   overrides\n{}",
-                     s.name, s.deck_path, s.points.size(), valid, s.dir, out);
+  const int skipped = int(s.points.size()) - valid;
+  return fmt::format("sweep '{}' from {}: {} point(s), {} valid{}; reports in {}/\n point  ranks  status   overrides\n{}",
+                     s.name, s.deck_path, s.points.size(), valid,
+                     skipped == 0 || all ? "" : fmt::format(" (--all adds the {} skipped and why)", skipped), s.dir,
+                     out);
 }
 
 namespace {

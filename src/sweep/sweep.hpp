@@ -41,7 +41,8 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
                  const std::string& results_dir = "results");
 
 // One line per point: index, world, status, overrides (and why a point is skipped).
-std::string describe(const Sweep& s);
+// The valid points, one line each; `all`: the skipped ones too, with why.
+std::string describe(const Sweep& s, bool all);
 
 struct RunOptions {
   int world = 0;              // ranks available; 0: SLURM_NTASKS, else no limit

@@ -309,9 +309,11 @@ name = "clisweep"
 "backend.memory_limit" = ["0", "64KiB"]
 where = ["parallel.pp == 1 or backend.memory_limit == 0"]
 DECK
-if "$strata" sweep sweep.toml --list > sweeplist.log 2>&1 && grep -q "8 point(s), 3 valid" sweeplist.log \
-   && grep -q "is not a multiple of parallel.tp = 3" sweeplist.log && grep -q "filtered out by where" sweeplist.log; then
-  ok "sweep --list: points, and why each skipped one is"; else bad "sweep --list"; cat sweeplist.log; fi
+if "$strata" sweep sweep.toml --list > sweeplist.log 2>&1 && grep -q "8 point(s), 3 valid (--all adds the 5 skipped and why)" sweeplist.log \
+   && [[ $(grep -c " valid  " sweeplist.log) == 3 ]] && ! grep -q "skipped  " sweeplist.log \
+   && "$strata" sweep sweep.toml --list --all > sweepall.log 2>&1 && [[ $(grep -c "skipped  " sweepall.log) == 5 ]] \
+   && grep -q "is not a multiple of parallel.tp = 3" sweepall.log && grep -q "filtered out by where" sweepall.log; then
+  ok "sweep --list: the valid points; --all the skipped ones and why"; else bad "sweep --list"; cat sweeplist.log sweepall.log; fi
 "$strata" sweep sweep.toml --results out/sweeps > sweeprun.log 2>&1
 rc=$?
 if [[ $rc -eq 1 ]] && grep -q "point   0 .*: complete" sweeprun.log && grep -q "point   1 .*: FAILED" sweeprun.log \

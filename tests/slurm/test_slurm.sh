@@ -54,9 +54,11 @@ threads = 1
 "parallel.zero" = [0, 1]
 where = ["parallel.dp > 1 or parallel.zero == 0"]
 DECK
-if timeout 900 "$src/slurm/submit-sweep" sweep.toml --wait -- -o "slurm-%A_%a.out" > submit.log 2>&1 \
+if timeout 900 "$src/slurm/submit-sweep" sweep.toml --results sweepres --max-running 2 --wait -- -o "slurm-%A_%a.out" \
+     > submit.log 2>&1 \
    && grep -q "on 4 rank(s): job array" submit.log \
-   && "$py" - results/slurmsweep/index.h5 <<'PY'
+   && grep -q "done; analysis/strata-report sweepres/slurmsweep/index.h5" submit.log \
+   && "$py" - sweepres/slurmsweep/index.h5 <<'PY'
 import sys, h5py
 f = h5py.File(sys.argv[1])
 pts = f["points"][...]
@@ -69,13 +71,13 @@ for p in pts:
         assert r.attrs["slurm_array_task_id"] == str(int(p["point"])), (p["point"], r.attrs["slurm_array_task_id"])
         assert int(r.attrs["world_size"]) == int(p["world"])
 PY
-then ok "submit-sweep --wait: every valid point ran as an array task; the index lists them"
+then ok "submit-sweep --results --max-running --wait: every valid point ran as an array task; the index lists them"
 else bad "submit-sweep"; cat submit.log; tail -n 5 slurm-*.out 2>/dev/null; fi
 
 # --- the analysis of what came back ---
 if "$src/analysis/strata-report" results/quickstart.h5 --plots plots --trace quickstart.json > report.log 2>&1 \
    && grep -q "status  complete" report.log && grep -q "SLURM job" report.log && [[ -s plots/timeline.png ]] \
-   && "$src/analysis/strata-report" results/slurmsweep/index.h5 --plots plots > sweepreport.log 2>&1 \
+   && "$src/analysis/strata-report" sweepres/slurmsweep/index.h5 --plots plots > sweepreport.log 2>&1 \
    && grep -q "8 point(s): 6 complete, 2 skipped" sweepreport.log && [[ -s plots/sweep.png ]]; then
   ok "strata-report on the batch job's report and the sweep's index"
 else bad "strata-report on SLURM results"; cat report.log sweepreport.log; fi
