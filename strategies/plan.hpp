@@ -93,6 +93,7 @@ struct RunSection {
   bool profile = true;          // per-layer timeline spans
   int log_every = 1;            // print a table row every N steps (0: never)
   OnDivergence on_divergence = OnDivergence::stop;
+  int repeats = 1;              // strata sweep: runs of each point (the index shows median and spread)
 };
 
 struct ModelSection {

@@ -60,12 +60,19 @@ def render(ix):
     if len(done):
         tp, mem = ix.col("tokens_per_s"), ix.col("peak_bytes")
         front = set(pareto(tp[done], mem[done]))
-        out += ["", "complete points by throughput (* on the Pareto front of throughput and peak memory)",
-                f"  {'point':>5} {'ranks':>5} {'tokens/s':>10} {'MFU%':>6} {'step_ms':>9} {'peak mem':>11}  overrides"]
+        # run.repeats: the median of the runs, and their spread.
+        runs = ix.points["runs"] if "runs" in ix.points.dtype.names else np.ones(len(st), dtype=int)
+        repeated = bool((runs[done] > 1).any())
+        spread_head = f" {'runs':>4} {'spread':>7}" if repeated else ""
+        out += ["", "complete points by throughput (* on the Pareto front of throughput and peak memory"
+                + ("; medians over the runs, spread = (max - min) / median of the step time" if repeated else "") + ")",
+                f"  {'point':>5} {'ranks':>5} {'tokens/s':>10} {'MFU%':>6} {'step_ms':>9}{spread_head} {'peak mem':>11}"
+                "  overrides"]
         for rank_i in np.argsort(-tp[done], kind="stable"):
             i = done[rank_i]
+            spread = (f" {runs[i]:>4} {100 * ix.col('step_time_spread')[i]:>6.1f}%" if repeated else "")
             out.append(f"{'*' if rank_i in front else ' '} {ix.col('point')[i]:>5} {ix.col('world')[i]:>5} "
-                       f"{tp[i]:>10.0f} {100 * ix.col('mfu')[i]:>6.1f} {1e3 * ix.col('step_time')[i]:>9.2f} "
+                       f"{tp[i]:>10.0f} {100 * ix.col('mfu')[i]:>6.1f} {1e3 * ix.col('step_time')[i]:>9.2f}{spread} "
                        f"{fmt_bytes(mem[i]):>11}  {ix.col('overrides')[i]}")
     for s in ("failed", "not_run", "skipped"):
         idx = np.where(st == s)[0]

@@ -132,9 +132,13 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
     const std::string text = read_deck_on_root(deck_path, MPI_COMM_WORLD);
     const strata::deck::Deck deck = strata::deck::parse_deck(deck_path, text, all);
     strata::train::RunOptions ro;
-    ro.output = p.report;
     ro.command_line = command_line;
-    return strata::train::run_deck(deck, ro, MPI_COMM_WORLD);
+    // run.repeats: the point's runs one after the other in this job.
+    for (const std::string& report : p.reports) {
+      ro.output = report;
+      if (const int rc = strata::train::run_deck(deck, ro, MPI_COMM_WORLD); rc != 0) return rc;
+    }
+    return 0;
   }
   if (a.valid_points) {
     // Machine-readable, for slurm/submit-sweep: "<point> <ranks>" per valid point.

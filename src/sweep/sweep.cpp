@@ -255,6 +255,7 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
   s.deck_path = deck_path;
   s.base_overrides = overrides;
   s.name = base.config.run.name;
+  s.repeats = base.config.run.repeats;
   auto where_of = [&](const toml::node& n) {
     return fmt::format("{}:{}: sweep", deck_path, n.source().begin.line);
   };
@@ -330,6 +331,9 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
     p.overrides = axis_values;
     for (const auto& o : axis_values) p.label += (p.label.empty() ? "" : " ") + o;
     p.report = (fs::path(s.dir) / fmt::format("point-{:03d}.h5", i)).string();
+    p.reports.push_back(p.report);
+    for (int k = 1; k < s.repeats; ++k)
+      p.reports.push_back((fs::path(s.dir) / fmt::format("point-{:03d}.r{}.h5", i, k)).string());
     std::vector<std::string> all = overrides;
     all.insert(all.end(), axis_values.begin(), axis_values.end());
     // The filters first, on the axis values (and the base deck's for other
@@ -450,49 +454,55 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
   if (ec) core::input_error("cannot create {}: {}", s.dir, ec.message());
   int failed = 0;
   for (const auto& p : s.points) {
-    const std::string head = fmt::format("point {:>3} [{}]", p.index, p.label);
+    const std::string point_head = fmt::format("point {:>3} [{}]", p.index, p.label);
     if (!p.valid) {
-      fmt::print("{}: skipped: {}\n", head, p.reason);
+      fmt::print("{}: skipped: {}\n", point_head, p.reason);
       continue;
     }
     if (limit > 0 && p.world > limit) {
-      fmt::print("{}: not run: needs {} ranks, the allocation has {}\n", head, p.world, limit);
+      fmt::print("{}: not run: needs {} ranks, the allocation has {}\n", point_head, p.world, limit);
       continue;
     }
-    const auto h = report::read_headline(p.report);
-    const bool partial = fs::exists(p.report + ".partial", ec);
-    if (h && h->status == "complete") {
-      fmt::print("{}: complete already ({:.0f} tokens/s), skipped\n", head, h->tokens_per_s);
-      continue;
+    bool point_failed = false;
+    for (std::size_t k = 0; k < p.reports.size(); ++k) {
+      const std::string& report = p.reports[k];
+      const std::string head = s.repeats > 1 ? fmt::format("{} run {}/{}", point_head, k + 1, s.repeats) : point_head;
+      const auto h = report::read_headline(report);
+      const bool partial = fs::exists(report + ".partial", ec);
+      if (h && h->status == "complete") {
+        fmt::print("{}: complete already ({:.0f} tokens/s), skipped\n", head, h->tokens_per_s);
+        continue;
+      }
+      if ((partial || (h && h->status != "complete")) && !opts.retry_failed) {
+        fmt::print("{}: failed before, skipped (--retry-failed runs it again)\n", head);
+        point_failed = true;
+        continue;
+      }
+      fs::remove(report + ".partial", ec);
+      std::vector<std::string> argv;
+      for (const auto& w : split_words(launcher)) {
+        std::string a = w;
+        for (std::size_t at; (at = a.find("{n}")) != std::string::npos;) a.replace(at, 3, std::to_string(p.world));
+        argv.push_back(a);
+      }
+      argv.insert(argv.end(), {exe, "run", s.deck_path});
+      for (const auto& o : s.base_overrides) argv.insert(argv.end(), {"--set", o});
+      for (const auto& o : p.overrides) argv.insert(argv.end(), {"--set", o});
+      argv.insert(argv.end(), {"--output", report});
+      const std::string log = report.substr(0, report.size() - 3) + ".log";
+      fmt::print("{}: running on {} rank(s), output in {}\n", head, p.world, log);
+      std::fflush(stdout);
+      const int rc = run_child(argv, log);
+      const auto after = report::read_headline(report);
+      if (rc == 0 && after && after->status == "complete") {
+        fmt::print("{}: complete ({:.0f} tokens/s)\n", head, after->tokens_per_s);
+      } else {
+        fmt::print("{}: FAILED (exit status {}, see {}); the sweep goes on\n", head, rc, log);
+        point_failed = true;
+      }
+      std::fflush(stdout);
     }
-    if ((partial || (h && h->status != "complete")) && !opts.retry_failed) {
-      fmt::print("{}: failed before, skipped (--retry-failed runs it again)\n", head);
-      ++failed;
-      continue;
-    }
-    fs::remove(p.report + ".partial", ec);
-    std::vector<std::string> argv;
-    for (const auto& w : split_words(launcher)) {
-      std::string a = w;
-      for (std::size_t at; (at = a.find("{n}")) != std::string::npos;) a.replace(at, 3, std::to_string(p.world));
-      argv.push_back(a);
-    }
-    argv.insert(argv.end(), {exe, "run", s.deck_path});
-    for (const auto& o : s.base_overrides) argv.insert(argv.end(), {"--set", o});
-    for (const auto& o : p.overrides) argv.insert(argv.end(), {"--set", o});
-    argv.insert(argv.end(), {"--output", p.report});
-    const std::string log = p.report.substr(0, p.report.size() - 3) + ".log";
-    fmt::print("{}: running on {} rank(s), output in {}\n", head, p.world, log);
-    std::fflush(stdout);
-    const int rc = run_child(argv, log);
-    const auto after = report::read_headline(p.report);
-    if (rc == 0 && after && after->status == "complete") {
-      fmt::print("{}: complete ({:.0f} tokens/s)\n", head, after->tokens_per_s);
-    } else {
-      fmt::print("{}: FAILED (exit status {}, see {}); the sweep goes on\n", head, rc, log);
-      ++failed;
-    }
-    std::fflush(stdout);
+    failed += point_failed;
   }
   return failed;
 }
@@ -525,33 +535,64 @@ void write_index(const Sweep& s) {
                "says where), not_run (valid, no report yet) or skipped (invalid: see reason)")
       .col_str("reason", 512, "", "why a point is skipped, or a failed run's error")
       .col_str("report", 256, "", "path of the point's report")
-      .col_f64("tokens_per_s", "tokens/s", "median throughput over the measured steps")
-      .col_f64("mfu", "1", "model FLOP utilisation")
-      .col_f64("step_time", "s", "median step time")
-      .col_f64("peak_bytes", "B", "the report's /summary/peak_bytes_total")
-      .col_f64("final_loss", "nats/token", "loss of the last step");
+      .col_f64("tokens_per_s", "tokens/s",
+               "the report's /summary/tokens_per_s; with run.repeats, the median over the complete runs")
+      .col_f64("mfu", "1", "model FLOP utilisation (median over the complete runs)")
+      .col_f64("step_time", "s", "median step time, the slowest rank's (median over the complete runs)")
+      .col_f64("peak_bytes", "B", "the report's /summary/peak_bytes_total: the largest rank's (largest over the runs)")
+      .col_f64("final_loss", "nats/token", "loss of the last step (of the first run)")
+      .col_i64("runs", "1", "complete runs of the point (run.repeats asked for)")
+      .col_f64("tokens_per_s_min", "tokens/s", "the least tokens/s of the complete runs")
+      .col_f64("tokens_per_s_max", "tokens/s", "the most tokens/s of the complete runs")
+      .col_f64("step_time_spread", "1", "(max - min) / median of the complete runs' step times; 0 for one run");
   std::error_code ec;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
   for (const auto& p : s.points) {
     std::string status = "skipped", reason = p.reason;
-    report::Headline h;
+    std::vector<report::Headline> done;
+    report::Headline first;
     if (p.valid) {
-      const auto r = report::read_headline(p.report);
-      if (r) h = *r;
-      if (r && r->status == "complete") {
-        status = "complete";
-      } else if (r && (r->status == "diverged" || r->status == "interrupted")) {
-        status = r->status;  // published, stopped early: its report says where
-        reason = "the run " + r->status + " (see its report)";
-      } else if (r || fs::exists(p.report + ".partial", ec)) {
-        status = "failed";
-        reason = r && !r->error.empty() ? r->error : failure_in_log(p.report);
-      } else {
-        status = "not_run";
+      status = "complete";
+      for (std::size_t k = 0; k < p.reports.size(); ++k) {
+        const auto r = report::read_headline(p.reports[k]);
+        if (r && k == 0) first = *r;
+        if (r && r->status == "complete") {
+          done.push_back(*r);
+          continue;
+        }
+        if (status != "complete") continue;  // the first run that is not complete says why
+        if (r && (r->status == "diverged" || r->status == "interrupted")) {
+          status = r->status;  // published, stopped early: its report says where
+          reason = "the run " + r->status + " (see its report)";
+        } else if (r || fs::exists(p.reports[k] + ".partial", ec)) {
+          status = "failed";
+          reason = r && !r->error.empty() ? r->error : failure_in_log(p.reports[k]);
+        } else {
+          status = "not_run";
+        }
       }
     }
+    std::vector<double> tps, mfu, time;
+    double peak = 0;
+    for (const auto& h : done) {
+      tps.push_back(h.tokens_per_s), mfu.push_back(h.mfu), time.push_back(h.step_time);
+      peak = std::max(peak, h.peak_bytes_total);
+    }
+    const double t_med = median(time);
+    const double spread = time.size() > 1 && t_med > 0
+                              ? (*std::max_element(time.begin(), time.end()) - *std::min_element(time.begin(), time.end())) / t_med
+                              : 0.0;
     if (reason.size() > 511) reason.resize(511);
     t.add_row({std::int64_t(p.index), p.label.substr(0, 255), std::int64_t(p.world), status, reason,
-               p.report.substr(0, 255), h.tokens_per_s, h.mfu, h.step_time, h.peak_bytes_total, h.final_loss});
+               p.report.substr(0, 255), done.empty() ? first.tokens_per_s : median(tps),
+               done.empty() ? first.mfu : median(mfu), done.empty() ? first.step_time : t_med,
+               done.empty() ? first.peak_bytes_total : peak, first.final_loss, std::int64_t(done.size()),
+               tps.empty() ? 0.0 : *std::min_element(tps.begin(), tps.end()),
+               tps.empty() ? 0.0 : *std::max_element(tps.begin(), tps.end()), spread});
   }
   f.write_table(t);
   f.publish();

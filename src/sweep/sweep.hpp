@@ -19,7 +19,8 @@ struct Point {
   int world = 0;                       // dp x tp x pp of the resolved point (0 if it does not resolve)
   bool valid = false;
   std::string reason;                  // why it is skipped, when not valid
-  std::string report;                  // where its report goes
+  std::string report;                  // where its (first) report goes
+  std::vector<std::string> reports;    // one per repeat: report, then point-NNN.r1.h5, ...
 };
 
 struct Sweep {
@@ -29,6 +30,7 @@ struct Sweep {
   std::vector<std::pair<std::string, std::vector<std::string>>> axes;  // key, values as TOML literals
   std::vector<std::string> where;
   std::vector<int> worlds;
+  int repeats = 1;                     // run.repeats of the base deck
   std::string dir;                     // results/<name>
   std::vector<Point> points;
 };

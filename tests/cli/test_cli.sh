@@ -333,6 +333,45 @@ if "$strata" sweep sweep.toml --results out/sweeps > sweepagain.log 2>&1; [[ $? 
    && grep -q "complete already" sweepagain.log && grep -q "failed before, skipped" sweepagain.log \
    && ! grep -q "running on" sweepagain.log; then ok "sweep resumes: complete and failed points are not run again"
 else bad "sweep resume"; cat sweepagain.log; fi
+# run.repeats: each point run three times; the index has the medians and the spread.
+cat > sweeprep.toml <<'DECK'
+[run]
+name = "rep"
+steps = 4
+warmup_steps = 1
+repeats = 3
+[model]
+layers = 1
+d_model = 16
+heads = 2
+vocab = 64
+seq_len = 8
+[data]
+global_batch = 2
+micro_batch = 1
+[backend]
+threads = 1
+peak_tflops = 0.05
+[sweep]
+"parallel.dp" = [1, 2]
+DECK
+if "$strata" sweep sweeprep.toml --results out/rep > sweeprep.log 2>&1 && grep -q "point   1 \[parallel.dp=2\] run 3/3: complete" sweeprep.log \
+   && "$py" - out/rep/rep/index.h5 > sweeprepidx.log 2>&1 <<'PY'
+import sys, h5py, numpy as np
+pts = h5py.File(sys.argv[1])["points"][...]
+for p in pts:
+    base = p["report"].decode()[:-3]
+    runs = [h5py.File(r)["summary"] for r in (base + ".h5", base + ".r1.h5", base + ".r2.h5")]
+    tps = [s["tokens_per_s"][()] for s in runs]
+    times = [s["step_time"][()] for s in runs]
+    assert p["runs"] == 3 and p["status"] == b"complete", p
+    assert p["tokens_per_s"] == np.median(tps) and p["tokens_per_s_min"] == min(tps) and p["tokens_per_s_max"] == max(tps)
+    assert p["step_time"] == np.median(times)
+    assert abs(p["step_time_spread"] - (max(times) - min(times)) / np.median(times)) < 1e-12
+PY
+then ok "run.repeats: every point run three times, the index has their median and spread"
+else bad "run.repeats"; cat sweeprep.log sweeprepidx.log; fi
+
 sed 's/"parallel.tp" = \[1, 3\]/"parallel.tq" = [1, 3]/' sweep.toml > sweeptypo.toml
 expect_input_error "sweep axis typo" "unknown deck key 'parallel.tq' (did you mean 'parallel.tp'?)" "$strata" sweep sweeptypo.toml --list
 sed 's/"parallel.tp" = \[1, 3\]/"parallel.tp" = []/' sweep.toml > sweepempty.toml
