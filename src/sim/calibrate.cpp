@@ -23,6 +23,7 @@
 #include "kernels/foundation/trace.hpp"
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/foundation/median.hpp"
 #include "src/comm/backend.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/sim/machine.hpp"
@@ -33,11 +34,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using core::median;
 
 // Seconds per call: the median over batches of the batch's mean, each batch
 // long enough to be read off the clock; every rank runs at once, and the

@@ -19,6 +19,7 @@
 #include <toml++/toml.h>
 
 #include "kernels/foundation/error.hpp"
+#include "kernels/foundation/median.hpp"
 #include "src/deck/deck.hpp"
 #include "strategies/keys.hpp"
 #include "src/report/h5file.hpp"
@@ -546,11 +547,7 @@ void write_index(const Sweep& s) {
       .col_f64("tokens_per_s_max", "tokens/s", "the most tokens/s of the complete runs")
       .col_f64("step_time_spread", "1", "(max - min) / median of the complete runs' step times; 0 for one run");
   std::error_code ec;
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
+  using core::median;
   for (const auto& p : s.points) {
     std::string status = "skipped", reason = p.reason;
     std::vector<report::Headline> done;

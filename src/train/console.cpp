@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "kernels/foundation/clock.hpp"
+#include "kernels/foundation/median.hpp"
 #include "src/comm/mpi_check.hpp"
 
 namespace strata::train {
@@ -69,16 +70,6 @@ std::string cores_shared_warning(MPI_Comm comm, int threads) {
       ranks_threads_cores[0], ranks_threads_cores[1], ranks_threads_cores[2]);
 }
 
-namespace {
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
-
 void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memory, int last_step) {
   int rank = 0, size = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
@@ -130,7 +121,7 @@ void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memor
   fmt::print("  {:>10}", "min");
   cells([&](int c) { return stat(c, lo); }, [&](int c) { return stat(K + c, lo); });
   fmt::print("  {:>10}", "median");
-  cells([&](int c) { return stat(c, median_of); }, [&](int c) { return stat(K + c, median_of); });
+  cells([&](int c) { return stat(c, core::median); }, [&](int c) { return stat(K + c, core::median); });
   fmt::print("  {:>10}", "max");
   cells([&](int c) { return stat(c, hi); }, [&](int c) { return stat(K + c, hi); });
   fmt::print("  {:>10}", fmt::format("rank {}", worst));
@@ -158,8 +149,8 @@ void print_bubbles(MPI_Comm comm, const Bubble& b, const std::string& formula) {
   const int worst = int(std::max_element(bub.begin(), bub.end()) - bub.begin());
   fmt::print("  over {} ranks, bubble (idle / pipeline time): min {:.3f}, median {:.3f}, max {:.3f} (rank {}, stage {}); "
              "idle/compute median {:.3f}\n",
-             size, *std::min_element(bub.begin(), bub.end()), median_of(bub), bub[std::size_t(worst)], worst,
-             int(all[std::size_t(3 * worst)]), median_of(over));
+             size, *std::min_element(bub.begin(), bub.end()), core::median(bub), bub[std::size_t(worst)], worst,
+             int(all[std::size_t(3 * worst)]), core::median(over));
 }
 
 }  // namespace strata::train

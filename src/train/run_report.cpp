@@ -7,17 +7,13 @@
 #include <fmt/format.h>
 
 #include "git_state.hpp"
+#include "kernels/foundation/median.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "strategies/pp/schedule.hpp"
 
 namespace strata::train {
 
-static double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using core::median;
 
 Summary summarise(const std::vector<StepRecord>& steps, const std::vector<MemoryRecord>& memory,
                   double model_flops_per_step, double hardware_flops_per_step, double peak_flops) {
