@@ -310,9 +310,11 @@ TEST(Simulator, TheTraceIsTheMetaDevicesOwnCount) {
     std::vector<int> waited(trace.comms.size(), 0);
     for (const auto& e : trace.events)
       if (e.kind == prof::TraceEvent::Kind::wait) ++waited[std::size_t(e.comm)];
-    for (std::size_t i = 0; i < trace.comms.size(); ++i)
-      if (trace.comms[i].nonblocking && trace.comms[i].op != "send" && trace.comms[i].op != "recv")
+    for (std::size_t i = 0; i < trace.comms.size(); ++i) {
+      if (trace.comms[i].nonblocking && trace.comms[i].op != "send" && trace.comms[i].op != "recv") {
         EXPECT_EQ(waited[i], 1) << trace.comms[i].axis << " " << trace.comms[i].op;
+      }
+    }
   }
 }
 
