@@ -150,6 +150,12 @@ def render(rep):
       f"{s.get('strategy', '?')} | {s.get('precision', 'fp32')} | {s.get('parameters', 0) / 1e6:.3f} M parameters | "
       f"started {a.get('start_time', '?')}"
       + (f" | SLURM job {a['slurm_job_id']}" if str(a.get("slurm_job_id", "")) not in ("", "0") else ""))
+    if "kernel_libraries" in a:
+        p(f"built   {a.get('git_commit', '?')}{' (uncommitted changes)' if int(a.get('git_dirty', 0)) == 1 else ''} "
+          f"with {a.get('compiler', '?')} | {a.get('mpi_library', '?')} | {a.get('hdf5_library', '?')} | "
+          f"{a.get('kernel_libraries', '?')} | CPU {a.get('cpu_model', '?')}")
+    if a.get("warnings"):
+        p(f"warning {a['warnings']}")
     if rep.status != "complete":
         p("(a failed run: its tables hold what it wrote before failing)")
     times = step_times(rep)
@@ -157,7 +163,8 @@ def render(rep):
         med = float(np.median(times))
         p("")
         p("throughput")
-        p(f"  tokens/s {s.get('tokens_per_s', 0):.0f}   model FLOP/s {s.get('flops_per_s', 0) / 1e9:.2f} G   "
+        p(f"  tokens/s {s.get('tokens_per_s', 0):.0f} ({s.get('tokens_per_s_per_device', 0):.0f} per device)   "
+          f"model FLOP/s {s.get('flops_per_s', 0) / 1e9:.2f} G   "
           f"MFU {100 * s.get('mfu', 0):.1f}% HFU {100 * s.get('hfu', s.get('mfu', 0)):.1f}% "
           f"(peak {s.get('peak_flops', 0) / 1e9:.1f} GFLOP/s, "
           f"{s.get('peak_source', '?')})")

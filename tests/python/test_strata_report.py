@@ -84,7 +84,10 @@ def test_summary_states_the_reports_figures(reports):
     out = tool(str(reports / "pp.h5")).stdout
     rep = Report(str(reports / "pp.h5"))
     assert "status  complete" in out
-    assert f"tokens/s {rep.summary['tokens_per_s']:.0f}" in out
+    assert (f"tokens/s {rep.summary['tokens_per_s']:.0f} ({rep.summary['tokens_per_s_per_device']:.0f} per device)"
+            in out)
+    built = next(l for l in out.splitlines() if l.startswith("built   "))
+    assert rep.attrs["compiler"] in built and rep.attrs["hdf5_library"] in built
     for section in ("throughput", "memory per rank", "pipeline bubble (zb-h1, p 2, m 4, v 1)",
                     "communication per axis and op"):
         assert section in out, section
