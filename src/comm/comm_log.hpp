@@ -37,10 +37,10 @@ struct CommRecord {
   // The transfer itself, within [start, end], as far as the backend can
   // tell: on a GPU the operation's own span on its stream; a blocking call
   // on the host, the call (a receive from when its message had arrived); a
-  // non-blocking MPI call, the time this rank spent inside MPI for it (the
-  // issuing call and every wait/test), ending when it was seen complete:
-  // MPI without a progress thread moves data only inside its calls, so the
-  // rest of the span was compute that the transfer did not overlap.
+  // non-blocking MPI call, its share of the time this rank spent inside MPI
+  // while it was in flight (comm::HostProgress), ending when it was seen
+  // complete: MPI without a progress thread moves data only inside its
+  // calls, so the rest of the span was compute the transfer did not overlap.
   double transfer_start = 0, transfer_end = 0;
   int peer = -1;  // send, recv: the other rank, in the communicator's group; -1 for collectives
   int tag = -1;   // send, recv: the message tag (with the peer, what pairs a send with its receive)

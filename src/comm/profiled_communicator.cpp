@@ -56,12 +56,10 @@ class ProfiledRequest : public Request {
       // On a GPU the operation's own start and end, from its stream's
       // events; on the host the time spent in MPI for it (comm_log.hpp).
       double s = 0, e = 0;
-      const bool done_device = inner_->device_span(&s, &e);
-      if (done_device) {
+      const double busy = progress_->complete(index_);  // leaves the calls in flight either way
+      if (inner_->device_span(&s, &e)) {
         r.transfer_start = s - log_.origin(), r.transfer_end = e - log_.origin();
-      }
-      const double busy = progress_->complete(index_);
-      if (!done_device) {
+      } else {
         r.transfer_end = r.end;
         r.transfer_start = std::max(r.start, r.end - busy);
       }

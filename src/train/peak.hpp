@@ -26,8 +26,8 @@ struct Peak {
   std::string source;      // what /summary/peak_source says: where the figure came from
 };
 
-// Collective over `comm`: every rank gets its node's figure (rank order of
-// the nodes' lowest ranks measures first when the cache has none).
+// Collective over `comm`: every rank gets its node's figure (each node's
+// lowest rank reads or measures it; the node's other ranks sleep meanwhile).
 Peak resolve_peak(const plan::Plan& cfg, MPI_Comm comm);
 
 // The cache directory, as above ("" when neither variable nor $HOME is set).
