@@ -2,7 +2,8 @@
 # The CUDA backend's checks on a GPU, in one call (about 5 minutes on an H200).
 #
 #   bench/gpu-check.sh pack   on the build machine: builds with the cuda preset
-#                             (build-cuda/) and packs the programs, with every
+#                             (build-cuda/) and packs the programs and the CUDA
+#                             modules they load (beside them), with every
 #                             shared library they load that is not the CUDA
 #                             toolkit's or glibc's, into .gpu/pack.tar.xz
 #   bench/gpu-check.sh run    on the GPU machine (from the repository root,
@@ -38,9 +39,11 @@ pack() {
   set -e
   cmake --preset cuda >/dev/null
   cmake --build --preset cuda -j "$(nproc)" --target strata test_cuda_kernels test_cuda_attention \
-    test_gpu_training test_nccl gpu_kernels
+    test_gpu_training test_nccl gpu_kernels strata_cuda strata_cuda_comm
   rm -rf "$pack_dir/stage" && mkdir -p "$pack_dir/stage/bin" "$pack_dir/stage/lib"
   for p in "${programs[@]}"; do cp "build-cuda/$p" "$pack_dir/stage/bin/"; done
+  # The CUDA backend's modules, found beside the program that loads them.
+  cp build-cuda/libstrata_cuda.so build-cuda/libstrata_cuda_comm.so "$pack_dir/stage/bin/"
   # MPICH's launcher, for runs of more than one rank.
   cp "$(readlink -f "$(command -v mpiexec)")" "$pack_dir/stage/bin/mpiexec"
   cp "$(command -v hydra_pmi_proxy)" "$pack_dir/stage/bin/"

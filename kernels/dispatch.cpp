@@ -19,16 +19,30 @@
 #include "kernels/kernels.hpp"
 #include "kernels/meta/meta_kernels.hpp"
 #include "kernels/foundation/error.hpp"
-#if STRATA_HAVE_CUDA
-#include "kernels/cuda/cuda_kernels.hpp"
-#endif
+#include "kernels/foundation/module.hpp"
+#include "kernels/cuda/backend_table.hpp"
 
 namespace strata::kernels {
 
 namespace {
 Device g_device = Device::cpu;
 int g_ordinal = 0;
+// The CUDA module's table (kernels/cuda/backend_table.hpp), set by
+// use_device(Device::cuda) before the device is.
+const CudaBackend* g_cuda = nullptr;
 bool on_gpu() { return g_device == Device::cuda; }
+
+// The CUDA module, loaded on the first call; a runtime error if this build
+// has none or it does not load.
+const CudaBackend& cuda_backend() {
+  if (!cuda_built())
+    core::runtime_error(
+        "backend.device = \"cuda\" needs a build with the CUDA backend (STRATA_WITH_CUDA=ON or AUTO with nvcc "
+        "found); this build has the CPU backend only");
+  static const CudaBackend& table = core::module_table<CudaBackend>("cuda", kCudaBackendEntry, kCudaBackendAbi);
+  return table;
+}
+
 bool on_meta() { return g_device == Device::meta; }
 
 // guard_device_memory's region, open while any kernel or copy runs (a count,
@@ -67,18 +81,11 @@ class OpenGuard {
 
 // On the meta device an operation only counts its cost (kernels/meta/) and
 // returns its type's zero.
-#if STRATA_HAVE_CUDA
-#define STRATA_DISPATCH(op, ...)                                        \
-  if (on_meta()) return meta::op(__VA_ARGS__);                          \
-  if (on_gpu()) return cuda::op(__VA_ARGS__);                           \
-  const OpenGuard open_guard;                                           \
+#define STRATA_DISPATCH(op, ...)               \
+  if (on_meta()) return meta::op(__VA_ARGS__); \
+  if (on_gpu()) return g_cuda->op(__VA_ARGS__); \
+  const OpenGuard open_guard;                  \
   return cpu::op(__VA_ARGS__)
-#else
-#define STRATA_DISPATCH(op, ...)                          \
-  if (on_meta()) return meta::op(__VA_ARGS__);           \
-  const OpenGuard open_guard;                             \
-  return cpu::op(__VA_ARGS__)
-#endif
 
 namespace {
 struct MetaCount {
@@ -140,16 +147,12 @@ bool cuda_built() { return STRATA_HAVE_CUDA != 0; }
 
 void use_device(Device d, int ordinal) {
   if (d == Device::cuda) {
-#if STRATA_HAVE_CUDA
-    const int n = cuda::device_count();
+    const CudaBackend& cuda = cuda_backend();
+    const int n = cuda.device_count();
     if (ordinal < 0 || ordinal >= n)
-      core::runtime_error("backend.device = \"cuda\": GPU {} asked for, {}", ordinal, cuda::describe_devices());
-    cuda::use_device(ordinal);
-#else
-    core::runtime_error(
-        "backend.device = \"cuda\" needs a build with the CUDA backend (STRATA_WITH_CUDA=ON or AUTO with nvcc "
-        "found); this build has the CPU backend only");
-#endif
+      core::runtime_error("backend.device = \"cuda\": GPU {} asked for, {}", ordinal, cuda.describe_devices());
+    cuda.use_device(ordinal);
+    g_cuda = &cuda;
   }
   g_device = d;
   g_ordinal = ordinal;
@@ -161,20 +164,16 @@ int device_ordinal() { return g_ordinal; }
 
 bool is_meta() { return on_meta(); }
 
-int gpu_count() {
-#if STRATA_HAVE_CUDA
-  return cuda::device_count();
-#else
-  return 0;
-#endif
+int gpu_count() { return cuda_built() ? cuda_backend().device_count() : 0; }
+
+std::string describe_gpus() {
+  return cuda_built() ? cuda_backend().describe_devices() : "this build has no CUDA backend";
 }
 
 std::string cpu_blas_version();  // kernels/cpu/runtime.cpp
 
 std::string library_versions() {
-#if STRATA_HAVE_CUDA
-  if (on_gpu()) return cuda::describe_versions();
-#endif
+  if (on_gpu()) return g_cuda->describe_versions();
   return cpu_blas_version();
 }
 
@@ -182,53 +181,41 @@ const char* backend_name() { return on_gpu() ? "cuda/cublas" : on_meta() ? "meta
 
 void* device_alloc(std::size_t bytes) {
   STRATA_CHECK(!on_meta(), "device memory on the meta device, which has none");
-#if STRATA_HAVE_CUDA
-  if (on_gpu()) return cuda::malloc_device(bytes);
-#endif
+  if (on_gpu()) return g_cuda->malloc_device(bytes);
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (p == nullptr) core::runtime_error("out of host memory: {} bytes", bytes);
   return p;
 }
 
 void device_free(void* p) {
-#if STRATA_HAVE_CUDA
-  if (on_gpu()) return cuda::free_device(p);
-#endif
+  if (on_gpu()) return g_cuda->free_device(p);
   std::free(p);
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (on_meta()) return count_meta_cost("copy_bytes", 0, 0, 2.0 * double(bytes));
-#if STRATA_HAVE_CUDA
-  if (on_gpu()) return cuda::copy_bytes(dst, src, bytes);
-#endif
+  if (on_gpu()) return g_cuda->copy_bytes(dst, src, bytes);
   const OpenGuard open_guard;
   if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
 }
 
 void zero_bytes(void* p, std::size_t bytes) {
   if (on_meta()) return count_meta_cost("zero_bytes", 0, 0, double(bytes));
-#if STRATA_HAVE_CUDA
-  if (on_gpu()) return cuda::zero_bytes(p, bytes);
-#endif
+  if (on_gpu()) return g_cuda->zero_bytes(p, bytes);
   const OpenGuard open_guard;
   if (bytes > 0) std::memset(p, 0, bytes);
 }
 
 void synchronize() {
-#if STRATA_HAVE_CUDA
-  if (on_gpu()) cuda::synchronize();
-#endif
+  if (on_gpu()) g_cuda->synchronize();
 }
 
 DeviceMemory device_memory() {
   DeviceMemory m;
-#if STRATA_HAVE_CUDA
   if (on_gpu()) {
-    cuda::memory_info(&m.free, &m.total);
+    g_cuda->memory_info(&m.free, &m.total);
     return m;
   }
-#endif
   const long page = sysconf(_SC_PAGESIZE);
   m.free = std::size_t(sysconf(_SC_AVPHYS_PAGES)) * std::size_t(page);
   m.total = std::size_t(sysconf(_SC_PHYS_PAGES)) * std::size_t(page);
@@ -236,18 +223,13 @@ DeviceMemory device_memory() {
 }
 
 void set_gemm_precision(core::Precision p) {
-#if STRATA_HAVE_CUDA
-  cuda::set_gemm_precision(p);
-#else
-  (void)p;  // the CPU computes in fp32
-#endif
+  // The CPU computes in fp32 whatever p is.
+  if (on_gpu()) g_cuda->set_gemm_precision(p);
 }
 
 double measure_gemm_flops(int n, int reps, core::Precision p) {
   if (on_meta()) return 0;
-#if STRATA_HAVE_CUDA
-  if (on_gpu()) return cuda::measure_gemm_flops(n, reps, p);
-#endif
+  if (on_gpu()) return g_cuda->measure_gemm_flops(n, reps, p);
   std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
   for (std::size_t i = 0; i < a.size(); ++i) {
     a[i] = float(i % 13) * 0.01f;

@@ -37,11 +37,14 @@ namespace strata::kernels {
 enum class Device { cpu, cuda, meta };
 // "cpu" | "cuda" | "meta"
 const char* device_name(Device d);
-// True when this build has the CUDA backend (STRATA_WITH_CUDA).
+// True when this build has the CUDA backend (STRATA_WITH_CUDA). It is the
+// module libstrata_cuda.so, loaded by the first call that needs a GPU
+// (use_device(Device::cuda), gpu_count(), describe_gpus()): a CPU run never
+// loads the CUDA libraries (kernels/cuda/backend_table.hpp).
 bool cuda_built();
 // Selects where every kernel of strata::kernels runs, for the whole process.
 // cuda: GPU `ordinal` (a runtime error naming what is missing when the build
-// has no CUDA backend or there is no such GPU).
+// has no CUDA backend, its module does not load, or there is no such GPU).
 void use_device(Device d, int ordinal = 0);
 Device device();
 // The ordinal use_device() selected (the GPU of a cuda process).
@@ -50,6 +53,9 @@ int device_ordinal();
 bool is_meta();
 // GPUs this process can use (0 without the CUDA backend, a driver or a GPU).
 int gpu_count();
+// The GPUs as the driver sees them, or why there are none ("no usable CUDA
+// device: ..."), for messages.
+std::string describe_gpus();
 // Name of the backend and its libraries, for the report ("cpu/openblas-openmp").
 const char* backend_name();
 // The libraries' versions and the device, for the report's provenance:

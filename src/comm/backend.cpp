@@ -2,15 +2,22 @@
 
 #include <algorithm>
 
-#include "src/comm/mpi_communicator.hpp"
 #include "kernels/foundation/error.hpp"
-
-#if STRATA_HAVE_CUDA
-#include "src/comm/nccl_communicator.hpp"
-#include "src/comm/staged_communicator.hpp"
-#endif
+#include "kernels/foundation/module.hpp"
+#include "src/comm/cuda_comm.hpp"
+#include "src/comm/mpi_communicator.hpp"
 
 namespace strata::comm {
+
+namespace {
+
+// The CUDA module's communicators, loaded on the first call (cuda_comm.hpp).
+const CudaComm& cuda_comm() {
+  static const CudaComm& table = core::module_table<CudaComm>("cuda_comm", kCudaCommEntry, kCudaCommAbi);
+  return table;
+}
+
+}  // namespace
 
 std::string describe_backend(Backend b) {
   switch (b) {
@@ -30,9 +37,7 @@ std::string library_versions(Backend b) {
   std::string out(v, std::size_t(std::max(len, 0)));
   if (const auto nl = out.find('\n'); nl != std::string::npos) out.resize(nl);
   std::replace(out.begin(), out.end(), '\t', ' ');
-#if STRATA_HAVE_CUDA
-  if (b == Backend::nccl) out += "; " + nccl_version();
-#endif
+  if (b == Backend::nccl) out += "; " + cuda_comm().nccl_version();
   return out;
 }
 
@@ -44,11 +49,8 @@ std::unique_ptr<Communicator> make_communicator(Backend b, MPI_Comm comm, const 
                         "-DSTRATA_WITH_CUDA=ON, or AUTO where nvcc is found)",
                         describe_backend(b));
   STRATA_CHECK(b != Backend::meta, "meta communicators come from the meta mesh, not from an MPI communicator");
-#if STRATA_HAVE_CUDA
-  if (b == Backend::nccl) return std::make_unique<NcclCommunicator>(comm, axis);
-  if (b == Backend::mpi_staged)
-    return std::make_unique<HostStagedCommunicator>(std::make_unique<MpiCommunicator>(comm, axis));
-#endif
+  if (b == Backend::nccl) return cuda_comm().make_nccl(comm, axis);
+  if (b == Backend::mpi_staged) return cuda_comm().make_staged(std::make_unique<MpiCommunicator>(comm, axis));
   return std::make_unique<MpiCommunicator>(comm, axis);
 }
 

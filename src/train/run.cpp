@@ -186,7 +186,8 @@ int select_device(const plan::Plan& cfg, MPI_Comm comm) {
                       "(cmake --preset cuda, or STRATA_WITH_CUDA=AUTO where nvcc is found)");
   const auto [local, on_node] = comm::node_place(comm);
   const int gpus = kernels::gpu_count();
-  if (gpus == 0) core::runtime_error("backend.device = \"cuda\" but this node has no usable GPU");
+  if (gpus == 0)
+    core::runtime_error("backend.device = \"cuda\" but this node has no usable GPU ({})", kernels::describe_gpus());
   // NCCL refuses two ranks of one communicator on one GPU: say so before it does.
   if (on_node > gpus && cfg.backend.comm != plan::CommChoice::mpi)
     core::runtime_error("{} ranks on this node but {} GPU(s): NCCL cannot share a GPU between ranks; start at most "

@@ -17,6 +17,7 @@
 #include "src/comm/mpi_communicator.hpp"
 #include "src/comm/profiled_communicator.hpp"
 #include "kernels/foundation/error.hpp"
+#include "kernels/foundation/module.hpp"
 #include "kernels/foundation/precision.hpp"
 #include "src/mesh/mesh.hpp"
 #include "kernels/foundation/clock.hpp"
@@ -626,6 +627,11 @@ TEST(Mesh, Backends) {
 #if STRATA_HAVE_CUDA
   EXPECT_TRUE(comm::backend_built(comm::Backend::nccl));
   EXPECT_TRUE(comm::backend_built(comm::Backend::mpi_staged));
+  // The communicators' module is loaded by the first mesh or question that
+  // needs it, into a program of the comm library alone (no kernels).
+  EXPECT_EQ(core::module_path("cuda_comm"), "");
+  EXPECT_NE(comm::library_versions(comm::Backend::nccl).find("; NCCL "), std::string::npos);
+  EXPECT_NE(core::module_path("cuda_comm").find("libstrata_cuda_comm.so"), std::string::npos);
   mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log, comm::Backend::mpi_staged);
   EXPECT_EQ(m.backend(), comm::Backend::mpi_staged);
   check_collectives(m.world(), 7);

@@ -94,7 +94,9 @@ void check(const Layout& l) {
     }
   }
   EXPECT_GT(aux.back(), 0.0);
-  if (l.drop) EXPECT_GT(dropped, 0) << "the reference drops tokens";
+  if (l.drop) {
+    EXPECT_GT(dropped, 0) << "the reference drops tokens";
+  }
 
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep}, log);
@@ -102,8 +104,11 @@ void check(const Layout& l) {
   core::MemoryTracker tracker;
   train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(), &mesh.ep(),
                    &mesh.edp());
-  for (const auto& s : t.registry().specs())
-    if (s.expert) EXPECT_EQ(s.shape[0] * l.ep, kExperts) << s.name << ": experts split over ep";
+  for (const auto& s : t.registry().specs()) {
+    if (s.expert) {
+      EXPECT_EQ(s.shape[0] * l.ep, kExperts) << s.name << ": experts split over ep";
+    }
+  }
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, &log, s);
     const auto r = t.step(s);
@@ -170,7 +175,9 @@ TEST(ExpertParallel, LayoutsMatchOneRank) {
   run({4, 4, 2, 1, 0, true});
   run({4, 4, 1, 2, 3, false, "gpipe"});
   run({2, 4, 1, 2, 0, false, "1f1b"});
-  if (n == 2 || n == 4 || n == 8) EXPECT_GT(layouts, 0);
+  if (n == 2 || n == 4 || n == 8) {
+    EXPECT_GT(layouts, 0);
+  }
 }
 
 // The all-to-all bytes of each step equal what the recorded routing says:

@@ -126,7 +126,9 @@ TEST(Pipeline, EveryLayoutAndScheduleMatchesOneRank) {
           ++k;
         }
       }
-  if (n == 2 || n == 4 || n == 8) EXPECT_GT(layouts, 0);
+  if (n == 2 || n == 4 || n == 8) {
+    EXPECT_GT(layouts, 0);
+  }
 }
 
 // ZeRO-2 and -3 under every schedule: gradients reduce-scattered per

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/foundation/module.hpp"
 #include "kernels/kernels.hpp"
 
 namespace k = strata::kernels;
@@ -295,6 +296,29 @@ double ref_ce_loss(const double* x, int V, int target) {
 }
 
 // ------------------------------------------------------------------- runtime
+
+// The CUDA kernels' module is loaded by the first question about GPUs, not
+// before (a CPU run never loads it), and loads whole, with or without a GPU,
+// into a program of the kernel floor alone: every symbol it takes from the
+// program resolves (RTLD_NOW).
+TEST(CudaModule, LoadsOnFirstUse) {
+  if (!k::cuda_built()) {
+    EXPECT_EQ(k::gpu_count(), 0);
+    EXPECT_EQ(k::describe_gpus(), "this build has no CUDA backend");
+    return;
+  }
+  EXPECT_EQ(strata::core::module_path("cuda"), "");
+  const int gpus = k::gpu_count();
+  EXPECT_GE(gpus, 0);
+  const std::string path = strata::core::module_path("cuda");
+  EXPECT_NE(path.find("libstrata_cuda.so"), std::string::npos) << path;
+  const std::string gpu = k::describe_gpus();
+  if (gpus == 0) {
+    EXPECT_EQ(gpu.rfind("no ", 0), 0u) << gpu;  // "no usable CUDA device: ..." or "no CUDA device"
+  } else {
+    EXPECT_NE(gpu.find("CUDA device(s)"), std::string::npos) << gpu;
+  }
+}
 
 TEST(Runtime, ThreadsAndName) {
   const int before = k::num_threads();
