@@ -24,6 +24,7 @@
 #include "strategies/keys.hpp"
 #include "src/report/h5file.hpp"
 #include "src/report/h5read.hpp"
+#include "src/report/points.hpp"
 
 namespace strata::sweep {
 namespace fs = std::filesystem;
@@ -527,22 +528,23 @@ void write_index(const Sweep& s) {
   std::string where;
   for (const auto& w : s.where) where += (where.empty() ? "" : "; ") + w;
   f.set_attr("/", "where", where);
-  report::Table t("points", "one row per point of the sweep: its overrides, status and headline figures");
-  t.col_i64("point", "1", "0-based point index (the report is point-NNN.h5)")
-      .col_str("overrides", 256, "", "the axes' section.key=value, space-separated")
-      .col_i64("world", "1", "ranks the point needs (dp x tp x pp; 0 if it does not resolve)")
-      .col_str("status", 16, "",
-               "complete, failed (its report says so or was left unfinished), diverged or interrupted (its report "
-               "says where), not_run (valid, no report yet) or skipped (invalid: see reason)")
-      .col_str("reason", 512, "", "why a point is skipped, or a failed run's error")
-      .col_str("report", 256, "", "path of the point's report")
-      .col_f64("tokens_per_s", "tokens/s",
-               "the report's /summary/tokens_per_s; with run.repeats, the median over the complete runs")
-      .col_f64("mfu", "1", "model FLOP utilisation (median over the complete runs)")
-      .col_f64("step_time", "s", "median step time, the slowest rank's (median over the complete runs)")
-      .col_f64("peak_bytes", "B", "the report's /summary/peak_bytes_total: the largest rank's (largest over the runs)")
-      .col_f64("final_loss", "nats/token", "loss of the last step (of the first run)")
-      .col_i64("runs", "1", "complete runs of the point (run.repeats asked for)")
+  report::PointColumns what;
+  what.point = "0-based point index (the report is point-NNN.h5)";
+  what.overrides = "the axes' section.key=value, space-separated";
+  what.world = "ranks the point needs (dp x tp x pp; 0 if it does not resolve)";
+  what.status =
+      "complete, failed (its report says so or was left unfinished), diverged or interrupted (its report says "
+      "where), not_run (valid, no report yet) or skipped (invalid: see reason)";
+  what.reason = "why a point is skipped, or a failed run's error";
+  what.report = "path of the point's report";
+  what.tokens_per_s = "the report's /summary/tokens_per_s; with run.repeats, the median over the complete runs";
+  what.mfu = "model FLOP utilisation (median over the complete runs)";
+  what.step_time = "median step time, the slowest rank's (median over the complete runs)";
+  what.peak_bytes = "the report's /summary/peak_bytes_total: the largest rank's (largest over the runs)";
+  what.final_loss = "loss of the last step (of the first run)";
+  report::Table t =
+      report::points_table("one row per point of the sweep: its overrides, status and headline figures", what);
+  t.col_i64("runs", "1", "complete runs of the point (run.repeats asked for)")
       .col_f64("tokens_per_s_min", "tokens/s", "the least tokens/s of the complete runs")
       .col_f64("tokens_per_s_max", "tokens/s", "the most tokens/s of the complete runs")
       .col_f64("step_time_spread", "1", "(max - min) / median of the complete runs' step times; 0 for one run");

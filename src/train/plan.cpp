@@ -8,6 +8,7 @@
 #include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
 #include "src/report/h5file.hpp"
+#include "src/report/points.hpp"
 #include "src/sim/machine.hpp"
 #include "src/train/run.hpp"
 #include "src/train/simulate.hpp"
@@ -157,19 +158,21 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
     f.set_attr("/", "axes", std::string("dp x tp x pp = world; ep; zero; schedule; micro_batch; sequence_parallel; "
                                         "the least recompute and offload that fits"));
     f.set_attr("/", "where", std::string(""));
-    report::Table t("points", "one row per candidate layout: its overrides, status and predicted figures");
-    t.col_i64("point", "1", "0-based candidate index")
-        .col_str("overrides", 256, "", "the deck keys the candidate sets, space-separated")
-        .col_i64("world", "1", "devices")
-        .col_str("status", 16, "", "complete (predicted and fits) or skipped (see reason)")
-        .col_str("reason", 512, "", "why a candidate is skipped: invalid (the deck's error) or does not fit")
-        .col_str("report", 256, "", "empty: a plan writes no report per candidate")
-        .col_f64("tokens_per_s", "tokens/s", "predicted throughput")
-        .col_f64("mfu", "1", "predicted model FLOP utilisation")
-        .col_f64("step_time", "s", "predicted step time")
-        .col_f64("peak_bytes", "B", "the most device bytes any rank holds at once (the estimate)")
-        .col_f64("final_loss", "nats/token", "NaN: nothing is trained")
-        .col_f64("bubble", "1", "the largest pipeline stage's idle share of the step")
+    report::PointColumns what;
+    what.point = "0-based candidate index";
+    what.overrides = "the deck keys the candidate sets, space-separated";
+    what.world = "devices";
+    what.status = "complete (predicted and fits) or skipped (see reason)";
+    what.reason = "why a candidate is skipped: invalid (the deck's error) or does not fit";
+    what.report = "empty: a plan writes no report per candidate";
+    what.tokens_per_s = "predicted throughput";
+    what.mfu = "predicted model FLOP utilisation";
+    what.step_time = "predicted step time";
+    what.peak_bytes = "the most device bytes any rank holds at once (the estimate)";
+    what.final_loss = "NaN: nothing is trained";
+    report::Table t =
+        report::points_table("one row per candidate layout: its overrides, status and predicted figures", what);
+    t.col_f64("bubble", "1", "the largest pipeline stage's idle share of the step")
         .col_f64("exposed_comm", "s", "the most time a simulated rank spends blocked in communication");
     for (std::size_t i = 0; i < all.size(); ++i) {
       const Candidate& c = all[i];
