@@ -44,6 +44,9 @@ struct CommRecord {
   double transfer_start = 0, transfer_end = 0;
   int peer = -1;  // send, recv: the other rank, in the communicator's group; -1 for collectives
   int tag = -1;   // send, recv: the message tag (with the peer, what pairs a send with its receive)
+  // The transfer is the host estimate above (HostProgress), which the report
+  // refines across the group (not written to the report).
+  bool host_estimate = false;
   double span() const { return end - start; }
   double transfer() const { return transfer_end - transfer_start; }
 };
@@ -59,6 +62,50 @@ inline double busbw_factor(const std::string& op, int n) {
     return double(n - 1) / n;
   return 1.0;
 }
+
+// How a non-blocking MPI call's transfer is estimated: MPI without a progress
+// thread moves the data of every call in flight whenever the rank is inside
+// MPI for any call at all, on any communicator (issuing one, testing or
+// waiting for one, or a blocking call, such as a scalar all-reduce made while
+// gradient buckets are in flight). Each such interval is shared by the calls
+// in flight then, in proportion to their bytes, so the summed transfer of a
+// step's calls is the rank's time inside MPI while they were in flight, each
+// interval counted once, and calls of different sizes keep their shares.
+//
+// A rank alone inside MPI moves little of a collective, though: its peers
+// must be inside MPI too. The intervals and shares are therefore kept, and
+// once the run is over the report counts a collective's share of an interval
+// only while every other member of its group was inside MPI as well
+// (share_progress_with_group in src/train/run_report). One per rank, in its
+// CommLog, which every profiled communicator of the rank shares.
+// Sets of time as sorted, disjoint [t0, t1] intervals.
+using Intervals = std::vector<std::pair<double, double>>;
+// Sorted by start, overlapping intervals joined.
+Intervals merged(Intervals v);
+// The times in both `a` and `b` (each sorted and disjoint; so is the result).
+Intervals intersect(const Intervals& a, const Intervals& b);
+// How much of [t0, t1] `set` (sorted, disjoint) covers.
+double covered(const Intervals& set, double t0, double t1);
+
+struct HostProgress {
+  struct InFlight {
+    std::size_t record;
+    double bytes;  // at least 1: an empty call still takes its share
+    double busy;   // seconds given to it so far
+  };
+  // `share` of the interval [t0, t1] inside MPI went to `record`.
+  struct Piece {
+    std::size_t record;
+    double t0, t1, share;
+  };
+  std::vector<InFlight> in_flight;
+  Intervals inside;         // every interval inside MPI (log times), in order
+  std::vector<Piece> pieces;  // in order of t0
+  // [t0, t1] (log times) inside MPI, shared among the calls in flight.
+  void spent(double t0, double t1);
+  // The seconds given to `record`, which leaves the set.
+  double complete(std::size_t record);
+};
 
 class CommLog {
  public:
@@ -82,11 +129,15 @@ class CommLog {
   }
   CommRecord& at(std::size_t i) { return records_[i]; }
   const std::vector<CommRecord>& records() const { return records_; }
+  // The rank's non-blocking MPI calls in flight and the time inside MPI given
+  // to each (see HostProgress).
+  HostProgress& progress() { return progress_; }
 
  private:
   double origin_;
   int step_ = 0;
   std::vector<CommRecord> records_;
+  HostProgress progress_;
 };
 
 }  // namespace strata::comm

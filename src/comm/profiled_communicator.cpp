@@ -18,8 +18,8 @@ std::int64_t bytes_of(std::int64_t count, DType t) { return count * std::int64_t
 // Refers to its record by index: the log's vector may reallocate meanwhile.
 class ProfiledRequest : public Request {
  public:
-  ProfiledRequest(RequestPtr inner, CommLog& log, std::size_t index, std::shared_ptr<HostProgress> progress)
-      : inner_(std::move(inner)), log_(log), index_(index), progress_(std::move(progress)) {}
+  ProfiledRequest(RequestPtr inner, CommLog& log, std::size_t index)
+      : inner_(std::move(inner)), log_(log), index_(index) {}
   ProfiledRequest(const ProfiledRequest&) = delete;
   ProfiledRequest& operator=(const ProfiledRequest&) = delete;
 
@@ -50,18 +50,19 @@ class ProfiledRequest : public Request {
   void finish(double t0, double t1, bool complete) {
     CommRecord& r = log_.at(index_);
     r.wait += t1 - t0;
-    progress_->spent(t1 - t0);
+    log_.progress().spent(t0 - log_.origin(), t1 - log_.origin());
     if (complete) {
       r.end = t1 - log_.origin();
       // On a GPU the operation's own start and end, from its stream's
       // events; on the host the time spent in MPI for it (comm_log.hpp).
       double s = 0, e = 0;
-      const double busy = progress_->complete(index_);  // leaves the calls in flight either way
+      const double busy = log_.progress().complete(index_);  // leaves the calls in flight either way
       if (inner_->device_span(&s, &e)) {
         r.transfer_start = s - log_.origin(), r.transfer_end = e - log_.origin();
       } else {
         r.transfer_end = r.end;
         r.transfer_start = std::max(r.start, r.end - busy);
+        r.host_estimate = true;
       }
       done_ = true;
     }
@@ -70,16 +71,57 @@ class ProfiledRequest : public Request {
   RequestPtr inner_;
   CommLog& log_;
   std::size_t index_;
-  std::shared_ptr<HostProgress> progress_;
   bool done_ = false;
 };
 
 }  // namespace
 
-void HostProgress::spent(double seconds) {
+Intervals merged(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& [a, b] : v) {
+    if (!out.empty() && a <= out.back().second) {
+      out.back().second = std::max(out.back().second, b);
+    } else {
+      out.emplace_back(a, b);
+    }
+  }
+  return out;
+}
+
+Intervals intersect(const Intervals& a, const Intervals& b) {
+  Intervals out;
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const double lo = std::max(a[i].first, b[j].first), hi = std::min(a[i].second, b[j].second);
+    if (lo < hi) out.emplace_back(lo, hi);
+    // The one that ends first can meet nothing further of the other.
+    if (a[i].second < b[j].second) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return out;
+}
+
+double covered(const Intervals& set, double t0, double t1) {
+  // The first interval that ends after t0.
+  auto it = std::upper_bound(set.begin(), set.end(), t0,
+                             [](double t, const std::pair<double, double>& x) { return t < x.second; });
+  double sum = 0;
+  for (; it != set.end() && it->first < t1; ++it) sum += std::min(t1, it->second) - std::max(t0, it->first);
+  return sum;
+}
+
+void HostProgress::spent(double t0, double t1) {
+  inside.emplace_back(t0, t1);
   double total = 0;
   for (const InFlight& f : in_flight) total += f.bytes;
-  for (InFlight& f : in_flight) f.busy += seconds * f.bytes / total;
+  for (InFlight& f : in_flight) {
+    f.busy += (t1 - t0) * f.bytes / total;
+    pieces.push_back({f.record, t0, t1, f.bytes / total});
+  }
 }
 
 double HostProgress::complete(std::size_t record) {
@@ -100,6 +142,7 @@ void ProfiledCommunicator::blocking(const char* op, std::int64_t bytes, F&& call
   call();
   const double t1 = prof::now_seconds();
   const double o = log_.origin();
+  log_.progress().spent(t0 - o, t1 - o);  // a blocking call moves the data of the calls in flight too
   double s = t0, e = t1;
   inner_->last_device_span(&s, &e);  // on a GPU, the operation's own span; the host waited t1 - t0
   log_.add(
@@ -115,9 +158,10 @@ RequestPtr ProfiledCommunicator::nonblocking(const char* op, std::int64_t bytes,
   // end = start until the request is seen complete, so end >= start always holds.
   const std::size_t i =
       log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0, 0.0, start, start, peer, tag});
-  progress_->in_flight.push_back({i, double(std::max<std::int64_t>(bytes, 1)), 0.0});
-  progress_->spent(t1 - t0);  // the issuing call moves the data of the calls in flight, its own among them
-  return std::make_unique<ProfiledRequest>(std::move(inner), log_, i, progress_);
+  log_.progress().in_flight.push_back({i, double(std::max<std::int64_t>(bytes, 1)), 0.0});
+  // The issuing call moves the data of the calls in flight, its own among them.
+  log_.progress().spent(t0 - log_.origin(), t1 - log_.origin());
+  return std::make_unique<ProfiledRequest>(std::move(inner), log_, i);
 }
 
 void ProfiledCommunicator::all_reduce(void* buf, std::int64_t count, DType t, ReduceOp op) {
@@ -166,6 +210,7 @@ void ProfiledCommunicator::recv(void* buf, std::int64_t count, DType t, int peer
   inner_->recv(buf, count, t, peer, tag);
   const double t2 = prof::now_seconds();
   const double o = log_.origin();
+  log_.progress().spent(t0 - o, t2 - o);
   log_.add(CommRecord{log_.step(), "recv", inner_->axis(), size_, bytes_of(count, t), false, t0 - o, t2 - o, t2 - t0,
                       t1 - t0, t1 - o, t2 - o, peer, tag});
 }

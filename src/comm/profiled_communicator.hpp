@@ -12,25 +12,6 @@
 
 namespace strata::comm {
 
-// How a non-blocking MPI call's transfer is estimated (comm_log.hpp): MPI
-// without a progress thread moves the data of every call in flight on a
-// communicator whenever the rank is inside MPI for any of them (issuing one,
-// testing or waiting for one). Each such interval is shared by the calls in
-// flight then, in proportion to their bytes, so the summed transfer of a
-// step's calls is the rank's time inside MPI while they were in flight, each
-// interval counted once, and calls of different sizes keep their shares.
-struct HostProgress {
-  struct InFlight {
-    std::size_t record;
-    double bytes;  // at least 1: an empty call still takes its share
-    double busy;   // seconds given to it so far
-  };
-  std::vector<InFlight> in_flight;
-  void spent(double seconds);
-  // The seconds given to `record`, which leaves the set.
-  double complete(std::size_t record);
-};
-
 class ProfiledCommunicator : public Communicator {
  public:
   // `log` must outlive this communicator and every request it returns.
@@ -57,7 +38,6 @@ class ProfiledCommunicator : public Communicator {
   std::unique_ptr<Communicator> inner_;
   CommLog& log_;
   int rank_, size_;
-  std::shared_ptr<HostProgress> progress_ = std::make_shared<HostProgress>();
 };
 
 }  // namespace strata::comm

@@ -485,9 +485,11 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     summary = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch),
                         models::gpt_hardware_flops(gc, cfg.data.global_batch), job_peak);
     take_largest_rank_memory(summary, together);
+    const auto axis_comm = [&](std::string_view axis) { return mesh.mpi_comm(axis); };
+    const bool all_completed = std::string_view(status) != "failed";
+    if (all_completed) share_progress_with_group(log, axis_comm);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
-    if (std::string_view(status) != "failed")
-      take_group_transfer_times(comm_figures, [&](std::string_view axis) { return mesh.mpi_comm(axis); });
+    if (all_completed) take_group_transfer_times(comm_figures, axis_comm);
     bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
                             chunks, *cfg.parallel.schedule);
     write_tables(to,

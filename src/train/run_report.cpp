@@ -376,6 +376,69 @@ void take_group_transfer_times(std::vector<CommAggregate>& rows,
   }
 }
 
+namespace {
+
+// Every member's `mine` intersected, on every member of `c`: up a binomial
+// tree to rank 0 (each message at most one member's list), then broadcast.
+comm::Intervals intersect_over(comm::Intervals mine, MPI_Comm c) {
+  int rank = 0, n = 1;
+  STRATA_CHECK_MPI(MPI_Comm_rank(c, &rank));
+  STRATA_CHECK_MPI(MPI_Comm_size(c, &n));
+  for (int step = 1; step < n; step *= 2) {
+    if (rank % (2 * step) == step) {
+      std::int64_t size = std::int64_t(mine.size());
+      STRATA_CHECK_MPI(MPI_Send(&size, 1, MPI_INT64_T, rank - step, 0, c));
+      STRATA_CHECK_MPI(MPI_Send(mine.data(), int(2 * size), MPI_DOUBLE, rank - step, 1, c));
+      break;
+    }
+    if (rank % (2 * step) == 0 && rank + step < n) {
+      std::int64_t size = 0;
+      STRATA_CHECK_MPI(MPI_Recv(&size, 1, MPI_INT64_T, rank + step, 0, c, MPI_STATUS_IGNORE));
+      comm::Intervals theirs(static_cast<std::size_t>(size));
+      STRATA_CHECK_MPI(MPI_Recv(theirs.data(), int(2 * size), MPI_DOUBLE, rank + step, 1, c, MPI_STATUS_IGNORE));
+      mine = comm::intersect(mine, theirs);
+    }
+  }
+  std::int64_t size = std::int64_t(mine.size());
+  STRATA_CHECK_MPI(MPI_Bcast(&size, 1, MPI_INT64_T, 0, c));
+  mine.resize(std::size_t(size));
+  STRATA_CHECK_MPI(MPI_Bcast(mine.data(), int(2 * size), MPI_DOUBLE, 0, c));
+  return mine;
+}
+
+bool is_collective(const comm::CommRecord& r) { return r.op != "send" && r.op != "recv"; }
+
+}  // namespace
+
+void share_progress_with_group(comm::CommLog& log, const std::function<MPI_Comm(std::string_view)>& comm_of) {
+  const comm::HostProgress& progress = log.progress();
+  const comm::Intervals inside = comm::merged(progress.inside);
+  for (const std::string_view axis : comm::kAxes) {
+    const MPI_Comm c = comm_of(axis);
+    if (c == MPI_COMM_NULL) continue;
+    std::map<std::size_t, double> busy;  // record -> its refined share
+    for (std::size_t i = 0; i < log.records().size(); ++i) {
+      const comm::CommRecord& r = log.records()[i];
+      if (r.axis == axis && r.host_estimate && is_collective(r) && r.group_size > 1) busy[i] = 0;
+    }
+    // The members have the same collectives; agreed all the same, so that
+    // none waits in the exchange below for a member that skips it.
+    int any = busy.empty() ? 0 : 1;
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, c));
+    if (any == 0) continue;
+    // Each piece lies inside one of this rank's own intervals, so the time
+    // every member was inside MPI, within it, is the time all the others were.
+    const comm::Intervals together = intersect_over(inside, c);
+    for (const comm::HostProgress::Piece& p : progress.pieces)
+      if (const auto it = busy.find(p.record); it != busy.end())
+        it->second += p.share * comm::covered(together, p.t0, p.t1);
+    for (const auto& [i, b] : busy) {
+      comm::CommRecord& r = log.at(i);
+      r.transfer_start = std::max(r.start, r.transfer_end - b);
+    }
+  }
+}
+
 void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank) {
   report::Table t("summary/comm",
                   "per rank, axis, op and message-size class over the measured steps (warm-up excluded)");

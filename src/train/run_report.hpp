@@ -140,6 +140,14 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
 // axis's communicator, `comm_of(axis)`: only after a run whose collectives
 // all completed (a failed run keeps each rank's own).
 void take_group_transfer_times(std::vector<CommAggregate>& rows, const std::function<MPI_Comm(std::string_view)>& comm_of);
+// Refines the host estimate of each non-blocking collective's transfer
+// (comm::HostProgress): of the shares of time inside MPI the call was given,
+// only the parts during which every member of its group was inside MPI too
+// count, for a rank alone inside MPI moves little of a collective. Rewrites
+// the records' transfer_start (transfer_end stays when the call was seen
+// complete). Collective over each axis's communicator, `comm_of(axis)`: only
+// after a run whose collectives all completed, and before aggregate_comm.
+void share_progress_with_group(comm::CommLog& log, const std::function<MPI_Comm(std::string_view)>& comm_of);
 void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank);
 
 // The pipeline bubble of this rank over the measured steps: pipeline time =

@@ -585,6 +585,40 @@ TEST(Profiling, NonblockingRecordCompletesOnWaitOrTest) {
   EXPECT_EQ(d[500], 3 * n);
 }
 
+// Sets of time as sorted, disjoint intervals: joined, intersected, measured.
+TEST(Profiling, IntervalSets) {
+  const comm::Intervals a = comm::merged({{5, 6}, {0, 2}, {1, 3}, {3, 4}});
+  EXPECT_EQ(a, (comm::Intervals{{0, 4}, {5, 6}}));  // touching intervals join too
+  const comm::Intervals b{{-1, 0.5}, {1.5, 5.5}, {7, 8}};
+  EXPECT_EQ(comm::intersect(a, b), (comm::Intervals{{0, 0.5}, {1.5, 4}, {5, 5.5}}));
+  EXPECT_EQ(comm::intersect(b, a), comm::intersect(a, b));
+  EXPECT_TRUE(comm::intersect(a, {}).empty());
+  EXPECT_DOUBLE_EQ(comm::covered(a, -1, 10), 5.0);
+  EXPECT_DOUBLE_EQ(comm::covered(a, 3.5, 5.25), 0.75);
+  EXPECT_DOUBLE_EQ(comm::covered(a, 4, 5), 0.0);
+  EXPECT_DOUBLE_EQ(comm::covered(a, 0.5, 1), 0.5);
+}
+
+// Every interval inside MPI is kept, and each call in flight gets its share
+// of it by bytes, as a piece the report can later weigh again.
+TEST(Profiling, HostProgressSharesByBytes) {
+  comm::HostProgress p;
+  p.spent(0.0, 1.0);  // nothing in flight: an interval, no piece
+  p.in_flight.push_back({7, 3.0, 0.0});
+  p.in_flight.push_back({9, 1.0, 0.0});
+  p.spent(2.0, 4.0);
+  EXPECT_EQ(p.inside, (comm::Intervals{{0, 1}, {2, 4}}));
+  ASSERT_EQ(p.pieces.size(), 2u);
+  EXPECT_EQ(p.pieces[0].record, 7u);
+  EXPECT_DOUBLE_EQ(p.pieces[0].share, 0.75);
+  EXPECT_DOUBLE_EQ(p.pieces[1].share, 0.25);
+  EXPECT_DOUBLE_EQ(p.complete(7), 1.5);
+  EXPECT_EQ(p.in_flight.size(), 1u);
+  p.spent(5.0, 5.5);  // the rest goes to the one still in flight
+  EXPECT_DOUBLE_EQ(p.complete(9), 0.5 + 0.5);
+  EXPECT_DOUBLE_EQ(p.complete(9), 0.0);  // no longer in flight
+}
+
 TEST(Profiling, ReserveKeepsTheRecords) {
   comm::CommLog log(0.0);
   log.add(comm::CommRecord{1, "barrier", "world", 2, 0, false, 0.5, 0.75, 0.25});

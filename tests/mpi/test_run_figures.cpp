@@ -1,13 +1,16 @@
 // The figures a run agrees on across ranks before it writes them, on 2 and 3
 // ranks: the summary's memory is the largest rank's (the lowest of equals),
-// a collective row's transfer time is its group's largest member's, and rows
-// that do not pair up across a group keep each rank's own time.
+// a collective row's transfer time is its group's largest member's, rows
+// that do not pair up across a group keep each rank's own time, and a host
+// estimate of a non-blocking collective counts only the time every member
+// was inside MPI.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <string_view>
 #include <vector>
 
+#include "src/comm/comm_log.hpp"
 #include "src/train/run_report.hpp"
 #include "tests/mpi/mpi_world.hpp"
 
@@ -71,6 +74,41 @@ TEST(RunFigures, RowsThatDoNotPairUpKeepTheirOwnTime) {
     return axis == "dp" ? MPI_COMM_WORLD : MPI_COMM_NULL;
   });
   EXPECT_DOUBLE_EQ(rows[0].group_time, 1.0 + r);
+}
+
+// Two non-blocking all-reduces on dp, estimated on the host, each alone in
+// flight while rank r was inside MPI: call a during [10r, 40], call b during
+// [100, 101 + r]. Every rank was inside MPI together during [10(n-1), 40]
+// and [100, 101] only, so that much is each call's transfer.
+TEST(RunFigures, HostEstimatesCountOnlyTimeEveryMemberWasInsideMpi) {
+  const int r = world_rank(), n = world_size();
+  comm::CommLog log(0.0);
+  auto call = [&](double start, double end) {
+    comm::CommRecord c{1, "all_reduce", "dp", n, 1 << 22, true, start, end, 0.0};
+    c.transfer_end = end, c.transfer_start = start, c.host_estimate = true;
+    return log.add(c);
+  };
+  const std::size_t a = call(10.0 * r, 40.0), b = call(50.0, 101.0 + r);
+  // A blocking call of another axis, which is left alone.
+  comm::CommRecord blocking{1, "all_reduce", "tp", n, 8, false, 60.0, 61.0, 1.0};
+  blocking.transfer_start = 60.0, blocking.transfer_end = 61.0;
+  const std::size_t other = log.add(blocking);
+  comm::HostProgress& p = log.progress();
+  p.in_flight.push_back({a, 3.0, 0.0});
+  p.spent(10.0 * r, 40.0);
+  p.complete(a);
+  p.in_flight.push_back({b, 1.0, 0.0});
+  p.spent(100.0, 101.0 + r);
+  p.complete(b);
+  train::share_progress_with_group(log, [](std::string_view axis) {
+    return axis == "dp" ? MPI_COMM_WORLD : MPI_COMM_NULL;
+  });
+  // Call 0: [10(n-1), 40] of every member's; call 1: [100, 101].
+  EXPECT_DOUBLE_EQ(log.at(a).transfer(), 40.0 - 10.0 * (n - 1));
+  EXPECT_DOUBLE_EQ(log.at(a).transfer_end, 40.0);
+  EXPECT_DOUBLE_EQ(log.at(b).transfer(), 1.0);
+  EXPECT_DOUBLE_EQ(log.at(b).transfer_end, 101.0 + r);
+  EXPECT_DOUBLE_EQ(log.at(other).transfer(), 1.0);
 }
 
 }  // namespace
