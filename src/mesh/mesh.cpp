@@ -73,6 +73,7 @@ std::vector<int> group_ranks(const Layout& l, const std::string& axis, int rank)
   if (axis == "edp") return group_members(l, c, Axis::edp);
   if (axis == "emb") {
     const Coords first{l.emb_first, c.dp, c.tp}, last{l.last_stage_rank(), c.dp, c.tp};
+    if (l.emb_first == l.last_stage_rank()) return {rank_of(l, first)};
     return {rank_of(l, first), rank_of(l, last)};
   }
   std::vector<int> all(std::size_t(l.world()));
@@ -142,8 +143,9 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
     tp_comm_ = split(world_comm_, c.pp * l.dp + c.dp, c.tp);
     pp_comm_ = split(world_comm_, c.dp * l.tp + c.tp, c.pp);
     // The first and last pipeline stages of each (dp, tp) position: the two
-    // holders of the tied word embedding.
-    const bool holds_wte = c.pp == l.emb_first || c.pp == l.last_stage_rank();
+    // holders of the tied word embedding (none when one rank holds both, as
+    // ZB-V's V places them: it sums its two copies itself).
+    const bool holds_wte = l.emb_first != l.last_stage_rank() && (c.pp == l.emb_first || c.pp == l.last_stage_rank());
     emb_comm_ = split(world_comm_, holds_wte ? c.dp * l.tp + c.tp : MPI_UNDEFINED, c.pp);
     // ep: the same (pp, tp) and dp / ep; edp: the same (pp, tp) and dp % ep.
     const int groups = l.dp / l.ep;
@@ -172,7 +174,7 @@ Mesh::Mesh(const Layout& l, int rank, comm::CommLog& log) : layout_(l), backend_
     return std::make_unique<comm::ProfiledCommunicator>(std::make_unique<comm::MetaCommunicator>(axis, size, r), log);
   };
   world_ = meta("world", l.world(), rank);
-  if (l.pp > 1 && (c.pp == l.emb_first || c.pp == l.last_stage_rank()))
+  if (l.pp > 1 && l.emb_first != l.last_stage_rank() && (c.pp == l.emb_first || c.pp == l.last_stage_rank()))
     emb_ = meta("emb", 2, c.pp == l.emb_first ? 0 : 1);
   dp_ = meta("dp", l.dp, c.dp);
   tp_ = meta("tp", l.tp, c.tp);

@@ -9,6 +9,7 @@
 #include "src/deck/deck.hpp"
 #include "src/report/h5file.hpp"
 #include "src/report/points.hpp"
+#include "strategies/pp/schedule.hpp"
 #include "src/sim/machine.hpp"
 #include "src/train/run.hpp"
 #include "src/train/simulate.hpp"
@@ -66,8 +67,13 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
           const char* name;
           int v;
         };
+        // Every registered schedule (two chunks per rank where its row runs
+        // virtual stages); without a pipeline, the one that needs no shape.
         std::vector<Sched> scheds = {{"1f1b", 1}};
-        if (pp > 1) scheds = {{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}, {"zb-h1", 1}};
+        if (pp > 1) {
+          scheds.clear();
+          for (const auto& row : strategies::pp::schedules()) scheds.push_back({row.name, row.virtual_stages ? 2 : 1});
+        }
         for (int zero = 0; zero <= 3; ++zero)
           for (const Sched& sc : scheds)
             for (int mb : {1, 2, 4, 8}) {

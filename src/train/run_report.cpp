@@ -310,15 +310,15 @@ void write_pipeline_summary(report::H5File& f, const std::vector<std::pair<int, 
       .col_i64("pp_rank", "1", "pipeline stage of the rank")
       .col_i64("stages", "1", "pipeline stages p")
       .col_i64("micro_batches", "1", "micro-batches per step m")
-      .col_i64("virtual_stages", "1", "model chunks per rank v (interleaved; else 1)")
+      .col_i64("virtual_stages", "1", "model chunks per rank v (interleaved, zb-v; else 1)")
       .col_str("schedule", 16, "", "pipeline schedule")
       .col_f64("bubble", "1",
                "median over measured steps of idle / pipeline time (pipeline time = step time - optimizer span; "
                "idle = pipeline time - forward and backward spans)")
       .col_f64("bubble_over_compute", "1", "median of idle / busy compute time")
       .col_f64("theory", "1",
-               "the schedule's idle / step time with unit costs: (p-1)/(m+p-1) gpipe and 1f1b, (p-1)/(v m+p-1) "
-               "interleaved, (p-1)/(3m+p-1) zb-h1");
+               "the schedule's idle / step time with unit costs, its row's formula (strategies/pp/schedule.cpp): "
+               "(p-1)/(m+p-1) gpipe and 1f1b, (p-1)/(v m+p-1) interleaved, (p-1)/(3m+p-1) zb-h1, 1 - 6m/T zb-v");
   for (const auto& [rank, b] : per_rank)
   t.add_row({std::int64_t(rank), std::int64_t(b.pp_rank), std::int64_t(b.stages), std::int64_t(b.micro_batches),
              std::int64_t(b.virtual_stages), b.schedule, b.idle_over_step, b.idle_over_compute, b.theory});

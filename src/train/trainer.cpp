@@ -92,14 +92,33 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
 std::size_t Trainer::pipeline_slots() const { return pipeline_ ? pipeline_->stage_models() : 1; }
 
 void Trainer::sum_tied_embedding() {
-  if (emb_ == nullptr) return;
-  // wte (the first stage's, or the last stage's copy) is a unit of its own,
-  // sharded alike on both stages: each rank's part sums with its twin's.
-  const std::int64_t offset = registry_.find("wte").offset;
-  const auto u = std::find_if(units_.begin(), units_.end(), [&](const models::Unit& x) { return x.begin == offset; });
-  STRATA_CHECK(u != units_.end(), "the tied embedding is not a unit of its own");
-  const strategies::GradSpan g = strategy_->unit_grads(int(u - units_.begin()));
-  emb_->all_reduce(g.data, g.count, g.dtype, comm::ReduceOp::sum);
+  // wte (the first stage's, and the last stage's copy) is a unit of its own,
+  // sharded alike on both stages: each part sums with its twin's. A rank
+  // whose chunks hold both stages (ZB-V's V puts them on rank 0) holds both
+  // copies and sums them here; ranks holding one sum over `emb_`.
+  std::vector<strategies::GradSpan> copies;
+  for (const models::ParamSpec& spec : registry_.specs()) {
+    if (spec.name != "wte") continue;
+    const auto u =
+        std::find_if(units_.begin(), units_.end(), [&](const models::Unit& x) { return x.begin == spec.offset; });
+    STRATA_CHECK(u != units_.end(), "the tied embedding is not a unit of its own");
+    copies.push_back(strategy_->unit_grads(int(u - units_.begin())));
+  }
+  if (copies.size() == 2) {
+    const strategies::GradSpan& a = copies[0];
+    const strategies::GradSpan& b = copies[1];
+    STRATA_CHECK(a.count == b.count && a.dtype == b.dtype, "the two copies of wte are sharded differently");
+    if (a.dtype == comm::DType::f32) {
+      kernels::add_inplace(static_cast<float*>(a.data), static_cast<const float*>(b.data), a.count);
+    } else {
+      kernels::add_half(static_cast<std::uint16_t*>(a.data), static_cast<const std::uint16_t*>(b.data), a.count,
+                        a.dtype == comm::DType::bf16 ? core::Precision::bf16 : core::Precision::fp16);
+    }
+    kernels::copy_bytes(b.data, a.data, std::size_t(a.count) * comm::dtype_size(a.dtype));
+    return;
+  }
+  if (emb_ == nullptr || copies.empty()) return;
+  emb_->all_reduce(copies[0].data, copies[0].count, copies[0].dtype, comm::ReduceOp::sum);
 }
 
 StepRecord Trainer::step(int step) {

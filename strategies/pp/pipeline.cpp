@@ -53,7 +53,8 @@ void check_pipeline(const Plan& c, PlanChecks& checks) {
   }
   if (schedule.virtual_stages && par.pp > 1 && par.virtual_stages < 2) {
     checks.error({"parallel.virtual_stages", "parallel.schedule"},
-                 fmt::format("{} needs {} >= 2 model chunks per pipeline rank (1 is the plain 1f1b schedule)",
+                 fmt::format("{} runs several model chunks per pipeline rank: it needs {} >= 2 (with one chunk "
+                             "per rank: 1f1b for interleaved, zb-h1 for zb-v)",
                              checks.show("parallel.schedule"), checks.show("parallel.virtual_stages")));
     return;
   }
@@ -75,7 +76,7 @@ const Row& pipeline_row() {
       {key<&Plan::parallel, &ParallelSection::pp>("parallel", "pp", "pipeline stages").at_least(1),
        key<&Plan::parallel, &ParallelSection::schedule>("parallel", "schedule", "pipeline schedule"),
        key<&Plan::parallel, &ParallelSection::virtual_stages>(
-           "parallel", "virtual_stages", "model chunks per pipeline rank (interleaved schedule)")
+           "parallel", "virtual_stages", "model chunks per pipeline rank (interleaved and zb-v schedules)")
            .at_least(1),
        key<&Plan::parallel, &ParallelSection::first_stage_layers>(
            "parallel", "first_stage_layers",

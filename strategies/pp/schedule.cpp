@@ -191,6 +191,8 @@ const std::vector<ScheduleInfo>& schedules() {
       {"zb-h1", zb_h1, [](const Shape& s) { return double(s.p - 1) / (3 * s.m + s.p - 1); }, "(p-1)/(3m+p-1)",
        false, &kInterleaved, at_least_p, zb_h1_check,
        "p micro-batches' activations on every rank (weight halves postponed to the first rank's 1F1B depth)"},
+      {"zb-v", zb_v, zb_v_bubble, "1 - 6m/T, T its unit-cost makespan (list-scheduled)", true, &kV, zb_v_shape,
+       zb_h1_check, "at most 2p chunks' activations per rank from F to W: 1F1B's first-rank peak"},
   };
   return all;
 }

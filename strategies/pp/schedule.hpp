@@ -8,8 +8,8 @@
 //
 // With v virtual stages, rank r holds model chunks c = 0..v-1; where chunk c
 // of rank r sits in the model (its global stage) is the schedule's placement,
-// a property of its row: Megatron's interleaving (stage c * p + r) for every
-// schedule registered today. Activations flow from stage s to s + 1,
+// a property of its row: Megatron's interleaving (stage c * p + r), or ZB-V's
+// V (stages r and 2p - 1 - r). Activations flow from stage s to s + 1,
 // gradients back.
 #pragma once
 
@@ -60,6 +60,11 @@ ComputeOrder gpipe(const Shape& s);
 ComputeOrder one_f_one_b(const Shape& s);
 ComputeOrder interleaved_1f1b(const Shape& s);
 ComputeOrder zb_h1(const Shape& s);
+// ZB-V (strategies/pp/zb_v.cpp): two chunks per rank as a V, list-scheduled
+// at unit costs; its bubble at unit costs, and its shape constraint (v = 2).
+ComputeOrder zb_v(const Shape& s);
+double zb_v_bubble(const Shape& s);
+std::string zb_v_shape(const Shape& s);
 
 // Where the model chunks sit: the global stage of chunk c of rank r, and the
 // rank holding a stage (its inverse, chunk by chunk).
@@ -71,6 +76,8 @@ struct Placement {
 // Megatron's interleaving: chunk c of rank r is stage c p + r (with one
 // chunk, stage r).
 extern const Placement kInterleaved;
+// ZB-V's: chunk 0 of rank r is stage r, chunk 1 stage 2p - 1 - r.
+extern const Placement kV;
 
 // Receives before, sends after every compute action (first and last global
 // stages excepted, by `placement`), and the optimizer step at the end of

@@ -19,16 +19,21 @@ cuda_libs='libcudart|libcublas|libcublasLt|libnccl'
 if ! ldd "$strata" > strata.ldd; then bad "ldd $strata"
 elif grep -Eq "$cuda_libs" strata.ldd; then bad "strata links no CUDA library"; grep -E "$cuda_libs" strata.ldd
 else ok "strata links no CUDA library"; fi
+# ldd's output kept in files: `ldd | grep -q` fails under pipefail when grep
+# stops reading early and ldd dies of SIGPIPE.
+ldd "$module" > kernels.ldd || bad "ldd $module"
+ldd "$comm_module" > comm.ldd || bad "ldd $comm_module"
 for lib in libcudart libcublas libcublasLt; do
-  ldd "$module" | grep -q "$lib\.so" && ok "the kernels' module links $lib" || bad "the kernels' module links $lib"
+  grep -q "$lib\.so" kernels.ldd && ok "the kernels' module links $lib" || bad "the kernels' module links $lib"
 done
 for lib in libcudart libnccl; do
-  ldd "$comm_module" | grep -q "$lib\.so" && ok "the comm module links $lib" || bad "the comm module links $lib"
+  grep -q "$lib\.so" comm.ldd && ok "the comm module links $lib" || bad "the comm module links $lib"
 done
 # The comm module takes the MPI communicator from the program that loads it,
 # so it is undefined in the module alone (ldd -r lists it): one copy in the
 # process. (The kernels use only foundation's headers.)
-if ldd -r "$comm_module" 2>&1 | grep -q "undefined symbol: _ZN6strata4comm15MpiCommunicator"; then
+ldd -r "$comm_module" > comm-r.ldd 2>&1
+if grep -q "undefined symbol: _ZN6strata4comm15MpiCommunicator" comm-r.ldd; then
   ok "the comm module takes the MPI communicator from the program"
 else bad "the comm module takes the MPI communicator from the program"; fi
 

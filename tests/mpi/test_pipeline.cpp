@@ -22,6 +22,7 @@
 #include "src/mesh/mesh.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/trainer.hpp"
+#include "strategies/pp/schedule.hpp"
 #include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
 
@@ -38,6 +39,10 @@ struct Layout {
   int layers = 0;  // 0: max(4, pp x v)
   int first = -1, last = -1;  // blocks of the first and last stage (-1: balanced)
 };
+
+// Two model chunks per rank for the schedules that run virtual stages
+// (interleaved, zb-v), one for the rest.
+int chunks_of(const char* schedule) { return strategies::pp::find_schedule(schedule).virtual_stages ? 2 : 1; }
 
 plan::Plan config(const Layout& l, int layers, int global_batch, int micro_batch, int steps = 10) {
   const std::string text = fmt::format(
@@ -93,14 +98,14 @@ void check(const Layout& l) {
 }  // namespace
 
 // The parity matrix: every layout of this world size with pp in {2, 4},
-// tp and dp in {1, 2}, under every schedule (interleaved with v = 2), with
+// tp and dp in {1, 2}, under every schedule (interleaved and zb-v with v = 2), with
 // zero 0 and 1, sequence parallelism off and (with tp = 2) on. pp = 1
 // layouts are test_tensor_parallel's and test_state_strategies'.
 //
 // Eight ranks oversubscribe two cores so much (each blocking call waits for
 // its peers to be scheduled) that a configuration costs ~7 s there: at 8
-// ranks each layout runs every schedule once, the four schedules taking the
-// four (zero, sequence parallelism) combinations in turn, unless
+// ranks each layout runs every schedule once, the schedules taking the four
+// (zero, sequence parallelism) combinations in turn, unless
 // STRATA_TEST_FULL_MATRIX=1 asks for all of them (~5 min on two cores).
 TEST(Pipeline, EveryLayoutAndScheduleMatchesOneRank) {
   const int n = parity::world_size();
@@ -112,8 +117,8 @@ TEST(Pipeline, EveryLayoutAndScheduleMatchesOneRank) {
       for (int dp : {1, 2}) {
         if (pp * tp * dp != n) continue;
         int k = 0;
-        for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
-          const int v = std::string(schedule) == "interleaved" ? 2 : 1;
+        for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}) {
+          const int v = chunks_of(schedule);
           for (int zero : {0, 1})
             for (bool sp : {false, true}) {
               if (sp && tp == 1) continue;
@@ -136,8 +141,8 @@ TEST(Pipeline, EveryLayoutAndScheduleMatchesOneRank) {
 // stage 3's parameters gathered per chunk as it runs.
 TEST(Pipeline, ZeroTwoAndThreeUnderEveryScheduleMatchOneRank) {
   if (parity::world_size() != 4) return;  // pp 2 x dp 2
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
-    for (int zero : {2, 3}) check({2, 2, 1, false, schedule, zero, std::string(schedule) == "interleaved" ? 2 : 1});
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"})
+    for (int zero : {2, 3}) check({2, 2, 1, false, schedule, zero, chunks_of(schedule)});
 }
 
 // Stages of explicit sizes: a first stage lighter than the rest, a first
@@ -157,7 +162,8 @@ TEST(Pipeline, ExplicitStageSplitsMatchOneRank) {
 // GPipe keeps every micro-batch's activations until the backward passes;
 // 1F1B keeps at most p - rank, and ZB-H1 at most p on every rank (its
 // weight-gradient halves are postponed, but never past the first rank's
-// 1F1B depth), each one more while a send completes.
+// 1F1B depth), each one more while a send completes; ZB-V at most 2p
+// chunks, half a stage each, and one more per chunk.
 TEST(Pipeline, OneFOneBAndZeroBubbleHoldFewerActivationsThanGPipe) {
   const int n = parity::world_size();
   int rank = 0;
@@ -165,10 +171,11 @@ TEST(Pipeline, OneFOneBAndZeroBubbleHoldFewerActivationsThanGPipe) {
   const int m = 2 * n + 2;
   std::map<std::string, std::uint64_t> peak;
   std::map<std::string, std::size_t> slots;
-  for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
+  for (const char* schedule : {"gpipe", "1f1b", "zb-h1", "zb-v"}) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{n, 1, 1}, log);
-    const auto c = config({n, 1, 1, false, schedule}, std::max(4, n), m, 1, 2);
+    const int v = chunks_of(schedule);
+    const auto c = config({n, 1, 1, false, schedule, 0, v}, std::max(4, v * n), m, 1, 2);
     core::MemoryTracker tracker;
     train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
     t.step(0);
@@ -181,4 +188,7 @@ TEST(Pipeline, OneFOneBAndZeroBubbleHoldFewerActivationsThanGPipe) {
   EXPECT_LE(slots["zb-h1"], std::size_t(n + 1)) << "ZB-H1 on rank " << rank;
   EXPECT_LT(peak["1f1b"], peak["gpipe"]);
   EXPECT_LT(peak["zb-h1"], peak["gpipe"]);
+  // ZB-V: at most 2p chunks (p micro-batches of a whole stage) per rank.
+  EXPECT_LE(slots["zb-v"], std::size_t(2 * n + 2)) << "ZB-V on rank " << rank;
+  EXPECT_LT(peak["zb-v"], peak["gpipe"]);
 }

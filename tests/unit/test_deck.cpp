@@ -331,6 +331,21 @@ TEST_F(DeckTest, RecomputationIsCheckedAgainstTheSchedule) {
   load_error("[model]\nrecompute = \"full\"\n[data]\nglobal_batch = 8\nmicro_batch = 2\n"
              "[parallel]\npp = 2\nschedule = \"zb-h1\"\n",
              {"model.recompute = \"full\"", "parallel.schedule = \"zb-h1\"", "zero-bubble"});
+  load_error("[model]\nrecompute = \"selective\"\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n"
+             "[parallel]\npp = 2\nschedule = \"zb-v\"\nvirtual_stages = 2\n",
+             {"model.recompute = \"selective\"", "parallel.schedule = \"zb-v\"", "zero-bubble"});
+}
+
+// ZB-V holds exactly two chunks per rank, placed as a V: one chunk points to
+// zb-h1, three are refused by its row's shape check.
+TEST_F(DeckTest, ZbvNeedsTwoChunksPerRank) {
+  EXPECT_NO_THROW(load("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n"
+                       "[parallel]\npp = 2\nschedule = \"zb-v\"\nvirtual_stages = 2\n"));
+  load_error("[model]\nlayers = 4\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[parallel]\npp = 2\nschedule = \"zb-v\"\n",
+             {"parallel.schedule = \"zb-v\"", "parallel.virtual_stages = 1", "zb-h1 for zb-v"});
+  load_error("[model]\nlayers = 6\n[data]\nglobal_batch = 8\nmicro_batch = 2\n"
+             "[parallel]\npp = 2\nschedule = \"zb-v\"\nvirtual_stages = 3\n",
+             {"the zb-v schedule", "placed as a V", "must be 2, not 3"});
 }
 
 TEST_F(DeckTest, ExpertParallelLayoutsAreChecked) {
@@ -451,7 +466,7 @@ TEST_F(DeckTest, ParallelLayoutConstraintsAreChecked) {
              "first_stage_layers = 1\n",
              {"leaves 5 layer(s) for the other 3 of parallel.pp = 4", "split evenly, at least one each"});
   load_error("[parallel]\nfirst_stage_layers = 1\n", {"split a pipeline", "parallel.pp = 1"});
-  load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2", "needs the interleaved schedule with pp > 1"});
+  load_error("[parallel]\nvirtual_stages = 2\n", {"deck.toml:2: parallel.virtual_stages = 2", "needs the interleaved or zb-v schedule with pp > 1"});
   load_error("", {"--set parallel.ep=2: parallel.ep = 2 (--set parallel.ep=2) needs a Mixture-of-Experts model"},
              {"parallel.ep=2"});
   // Data parallelism and every ZeRO stage run; the global batch must split over dp.
