@@ -53,8 +53,8 @@ void check_pipeline(const Plan& c, PlanChecks& checks) {
   }
   if (schedule.virtual_stages && par.pp > 1 && par.virtual_stages < 2) {
     checks.error({"parallel.virtual_stages", "parallel.schedule"},
-                 fmt::format("{} runs several model chunks per pipeline rank: it needs {} >= 2 (with one chunk "
-                             "per rank: 1f1b for interleaved, zb-h1 for zb-v)",
+                 fmt::format("{} needs {} >= 2 model chunks per pipeline rank (with one chunk per rank it is "
+                             "1f1b for interleaved, zb-h1 for zb-v)",
                              checks.show("parallel.schedule"), checks.show("parallel.virtual_stages")));
     return;
   }

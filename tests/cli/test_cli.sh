@@ -70,9 +70,9 @@ if mpiexec -n 2 "$strata" run tiny.toml --set parallel.pp=2 --set data.micro_bat
    && grep -q "pipeline bubble" pp2.log \
    && "$py" "$src/tests/python/check_report.py" out/pp2.h5 --steps 4 --layers 2 --world 2 > checkpp.log 2>&1; then
   ok "2-stage pipeline run and report"; else bad "2-stage pipeline"; cat pp2.log checkpp.log; fi
-# --- the interleaved (two chunks per rank) and zero-bubble schedules, with ZeRO-1 ---
-for sched in interleaved zb-h1; do
-  v=1; [[ $sched == interleaved ]] && v=2
+# --- the interleaved and ZB-V (two chunks per rank) and zero-bubble schedules, with ZeRO-1 ---
+for sched in interleaved zb-h1 zb-v; do
+  v=1; [[ $sched == interleaved || $sched == zb-v ]] && v=2
   if mpiexec -n 2 "$strata" run tiny.toml --set parallel.pp=2 --set parallel.schedule=\"$sched\" \
        --set parallel.virtual_stages=$v --set parallel.zero=1 --set model.layers=4 --set data.micro_batch=1 \
        --output out/pp2-$sched.h5 > pp2-$sched.log 2>&1 \
