@@ -53,7 +53,7 @@ Plan list_schedule(const Shape& s) {
     int next_f[2] = {0, 0}, next_b[2] = {0, 0};  // per chunk, the next micro-batch
     int held = 0;                                 // chunks' activations from F to W
     std::deque<std::pair<int, int>> pending_w;   // (micro-batch, chunk), in B order
-    std::vector<std::pair<int, int>> w_ends;     // (tick a W ends, its chunk): frees a place then
+    std::vector<int> w_ends;                      // ticks its W passes end at, each freeing a place
   };
   std::vector<Rank> ranks(static_cast<std::size_t>(p));
   Plan out;
@@ -65,13 +65,8 @@ Plan list_schedule(const Shape& s) {
     for (int r = 0; r < p; ++r) {
       Rank& k = ranks[std::size_t(r)];
       // Places freed by weight halves that ended by now.
-      for (auto it = k.w_ends.begin(); it != k.w_ends.end();)
-        if (it->first <= t) {
-          --k.held;
-          it = k.w_ends.erase(it);
-        } else {
-          ++it;
-        }
+      k.held -= int(std::count_if(k.w_ends.begin(), k.w_ends.end(), [&](int end) { return end <= t; }));
+      std::erase_if(k.w_ends, [&](int end) { return end <= t; });
     }
     // Every pass takes one tick, so each rank is free to start one now. The
     // passes started this tick end at t + 1: none is ready for another rank
@@ -116,7 +111,7 @@ Plan list_schedule(const Shape& s) {
           k.pending_w.emplace_back(pick.mb, pick.chunk);
           break;
         default:
-          k.w_ends.emplace_back(t + 1, pick.chunk);
+          k.w_ends.push_back(t + 1);
       }
       out.order[std::size_t(r)].push_back(pick);
       out.makespan = std::max(out.makespan, t + 1);
