@@ -63,6 +63,15 @@ inline double busbw_factor(const std::string& op, int n) {
   return 1.0;
 }
 
+// Sets of time as sorted, disjoint [t0, t1] intervals.
+using Intervals = std::vector<std::pair<double, double>>;
+// Sorted by start, overlapping intervals joined.
+Intervals merged(Intervals v);
+// The times in both `a` and `b` (each sorted and disjoint; so is the result).
+Intervals intersect(const Intervals& a, const Intervals& b);
+// How much of [t0, t1] `set` (sorted, disjoint) covers.
+double covered(const Intervals& set, double t0, double t1);
+
 // How a non-blocking MPI call's transfer is estimated: MPI without a progress
 // thread moves the data of every call in flight whenever the rank is inside
 // MPI for any call at all, on any communicator (issuing one, testing or
@@ -78,15 +87,6 @@ inline double busbw_factor(const std::string& op, int n) {
 // only while every other member of its group was inside MPI as well
 // (share_progress_with_group in src/train/run_report). One per rank, in its
 // CommLog, which every profiled communicator of the rank shares.
-// Sets of time as sorted, disjoint [t0, t1] intervals.
-using Intervals = std::vector<std::pair<double, double>>;
-// Sorted by start, overlapping intervals joined.
-Intervals merged(Intervals v);
-// The times in both `a` and `b` (each sorted and disjoint; so is the result).
-Intervals intersect(const Intervals& a, const Intervals& b);
-// How much of [t0, t1] `set` (sorted, disjoint) covers.
-double covered(const Intervals& set, double t0, double t1);
-
 struct HostProgress {
   struct InFlight {
     std::size_t record;

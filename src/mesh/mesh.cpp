@@ -143,10 +143,8 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
     tp_comm_ = split(world_comm_, c.pp * l.dp + c.dp, c.tp);
     pp_comm_ = split(world_comm_, c.dp * l.tp + c.tp, c.pp);
     // The first and last pipeline stages of each (dp, tp) position: the two
-    // holders of the tied word embedding (none when one rank holds both, as
-    // ZB-V's V places them: it sums its two copies itself).
-    const bool holds_wte = l.emb_first != l.last_stage_rank() && (c.pp == l.emb_first || c.pp == l.last_stage_rank());
-    emb_comm_ = split(world_comm_, holds_wte ? c.dp * l.tp + c.tp : MPI_UNDEFINED, c.pp);
+    // holders of the tied word embedding.
+    emb_comm_ = split(world_comm_, l.in_emb_group(c.pp) ? c.dp * l.tp + c.tp : MPI_UNDEFINED, c.pp);
     // ep: the same (pp, tp) and dp / ep; edp: the same (pp, tp) and dp % ep.
     const int groups = l.dp / l.ep;
     ep_comm_ = split(world_comm_, (c.pp * groups + c.dp / l.ep) * l.tp + c.tp, c.dp % l.ep);
@@ -174,8 +172,7 @@ Mesh::Mesh(const Layout& l, int rank, comm::CommLog& log) : layout_(l), backend_
     return std::make_unique<comm::ProfiledCommunicator>(std::make_unique<comm::MetaCommunicator>(axis, size, r), log);
   };
   world_ = meta("world", l.world(), rank);
-  if (l.pp > 1 && l.emb_first != l.last_stage_rank() && (c.pp == l.emb_first || c.pp == l.last_stage_rank()))
-    emb_ = meta("emb", 2, c.pp == l.emb_first ? 0 : 1);
+  if (l.in_emb_group(c.pp)) emb_ = meta("emb", 2, c.pp == l.emb_first ? 0 : 1);
   dp_ = meta("dp", l.dp, c.dp);
   tp_ = meta("tp", l.tp, c.tp);
   pp_ = meta("pp", l.pp, c.pp);

@@ -33,6 +33,12 @@ struct Layout {
   int emb_first = 0, emb_last = -1;
   int world() const { return pp * dp * tp; }
   int last_stage_rank() const { return emb_last < 0 ? pp - 1 : emb_last; }
+  // Whether pipeline rank `r` is in an emb group: the first or the last
+  // stage's, when they are two ranks (one rank holding both, as ZB-V's V
+  // places them, sums its two copies itself).
+  bool in_emb_group(int r) const {
+    return pp > 1 && emb_first != last_stage_rank() && (r == emb_first || r == last_stage_rank());
+  }
 };
 
 // The layout a plan asks for: its axes, and the ranks of its first and last

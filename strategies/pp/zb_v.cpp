@@ -37,12 +37,13 @@ const Placement kV = {
 
 namespace {
 
-struct Plan {
+// The compute order and its makespan in ticks.
+struct Listed {
   ComputeOrder order;
   int makespan = 0;
 };
 
-Plan list_schedule(const Shape& s) {
+Listed list_schedule(const Shape& s) {
   STRATA_CHECK(s.v == 2, "zb-v holds two chunks per rank, not {}", s.v);
   const int p = s.p, m = s.m, stages = 2 * p, limit = 2 * p;
   constexpr int kNever = std::numeric_limits<int>::max();
@@ -56,7 +57,7 @@ Plan list_schedule(const Shape& s) {
     std::vector<int> w_ends;                      // ticks its W passes end at, each freeing a place
   };
   std::vector<Rank> ranks(static_cast<std::size_t>(p));
-  Plan out;
+  Listed out;
   out.order.resize(std::size_t(p));
   const int total = 6 * m * p;  // passes
   int done = 0;
