@@ -36,6 +36,9 @@ struct StateConfig {
   models::AdamWSettings adamw;
   std::uint64_t seed = 0;
   int tp_size = 1;                           // tensor-parallel ranks (for the gradient norm's weights)
+  // Hybrid sharding: the group holding the same shard on other shard groups,
+  // over which the shard's gradients are all-reduced (null: none).
+  comm::Communicator* replica = nullptr;
   models::HostOffload offload;               // optimizer state on the host (parallel.offload = "host")
   // fp32, or mixed precision: parameters and gradients 16-bit, fp32 master
   // weights and moments in the optimizer (backend.precision).

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "kernels/kernels.hpp"
 #include "models/nvme.hpp"
 #include "kernels/foundation/error.hpp"
@@ -9,18 +11,51 @@
 
 namespace strata::strategies {
 
+namespace {
+
+// Hybrid sharding cuts each dp group into groups of dp_shard ranks, and
+// shards what ZeRO shards: it needs a stage, and the experts' own groups
+// (ep) are not cut.
+void check_zero(const plan::Plan& p, PlanChecks& checks) {
+  const auto& q = p.parallel;
+  if (q.dp_shard == 0 || q.dp_shard == q.dp) return;
+  if (q.dp % q.dp_shard != 0)
+    checks.error({"parallel.dp_shard", "parallel.dp"},
+                 fmt::format("{} does not divide {}: hybrid sharding splits each data-parallel group into groups of "
+                             "dp_shard ranks (0 or dp: one group)",
+                             checks.show("parallel.dp_shard"), checks.show("parallel.dp")));
+  if (q.zero == 0)
+    checks.error({"parallel.dp_shard", "parallel.zero"},
+                 fmt::format("{} shards ZeRO's state, but {}: set parallel.zero to 1, 2 or 3, or dp_shard to 0",
+                             checks.show("parallel.dp_shard"), checks.show("parallel.zero")));
+  if (q.ep > 1)
+    checks.error({"parallel.dp_shard", "parallel.ep"},
+                 fmt::format("{} with {}: hybrid sharding does not cut the expert-data-parallel groups; use "
+                             "dp_shard = 0 with expert parallelism",
+                             checks.show("parallel.dp_shard"), checks.show("parallel.ep")));
+}
+
+}  // namespace
+
 const StateRow& zero_row() {
   using plan::key, plan::Plan, plan::ParallelSection;
   static const StateRow row{
       {"zero", "ZeRO stages 1-3, sharded per unit as FSDP: optimizer state, then gradients, then parameters",
        {key<&Plan::parallel, &ParallelSection::zero>(
             "parallel", "zero", "ZeRO stage: 0 off, 1 optimizer state, 2 +gradients, 3 +parameters sharded over dp")
-            .between(0, 3)},
-       {"dp"},
-       nullptr,
-       "held per rank, Psi_p = N x sum over units of ceil(unit / N): stage 1 8 Psi_p + 8 Psi_p / N, stage 2 "
-       "4 Psi_p + 12 Psi_p / N, stage 3 16 Psi_p / N (mixed precision 4 + 12 / N, 2 + 14 / N, 16 / N); while in use, "
-       "gathered units (stage 3) and at most bucket_mb of reduce-scatter buffers"},
+            .between(0, 3),
+        key<&Plan::parallel, &ParallelSection::dp_shard>(
+            "parallel", "dp_shard",
+            "hybrid sharding: ZeRO shards over groups of dp_shard consecutive dp ranks and replicates across the "
+            "dp / dp_shard groups, whose shards' gradients are all-reduced once a step; 0 (or dp): one group")
+            .at_least(0)},
+       {"dp", "dp_shard", "dp_replica"},
+       check_zero,
+       "held per rank, N the ranks sharing the state (dp, or dp_shard), Psi_p = N x sum over units of "
+       "ceil(unit / N): stage 1 8 Psi_p + 8 Psi_p / N, stage 2 4 Psi_p + 12 Psi_p / N, stage 3 16 Psi_p / N (mixed "
+       "precision 4 + 12 / N, 2 + 14 / N, 16 / N); while in use, gathered units (stage 3) and at most bucket_mb of "
+       "reduce-scatter buffers; hybrid sharding adds an all-reduce of each shard (Psi_p / N elements) over "
+       "dp / dp_shard ranks a step"},
       [](const plan::Plan& p) { return p.parallel.zero > 0; },
       [](const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
          comm::Communicator* group, core::MemoryTracker& tracker) -> std::unique_ptr<StateStrategy> {
@@ -33,8 +68,10 @@ using core::MemCategory;
 
 Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
            comm::Communicator* dp, core::MemoryTracker& tracker)
-    : stage_(cfg.zero), reg_(reg), units_(std::move(units)), dp_(dp), tracker_(tracker),
-      tp_size_(cfg.tp_size), precision_(cfg.precision), views_(tracker, units_.size(), cfg.precision),
+    : stage_(cfg.zero), reg_(reg), units_(std::move(units)), dp_(dp),
+      replica_(cfg.replica != nullptr && cfg.replica->size() > 1 ? cfg.replica : nullptr), tracker_(tracker),
+      tp_size_(cfg.tp_size),
+      precision_(cfg.precision), views_(tracker, units_.size(), cfg.precision),
       bucket_bytes_(cfg.bucket_bytes) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {
@@ -212,7 +249,7 @@ void Zero::launch_reduce_scatter(int u, models::Flat input, const void* src) {
   const auto& s = us_[u];
   Pending p{u, std::move(input),
             models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(s.shard), "reduce-scatter output"),
-            nullptr};
+            nullptr, last_};
   in_flight_bytes_ += std::int64_t(p.input.bytes() + p.output.bytes());
   if (n_ > 1)
     p.request = dp_->ireduce_scatter(src, p.output.at(0), s.shard, p.output.dtype(), comm::ReduceOp::sum);
@@ -269,10 +306,22 @@ void Zero::pop_front() {
 void Zero::complete(Pending& p) {
   if (p.request) p.request->wait();
   const auto& s = us_[p.unit];
+  STRATA_CHECK(replica_requests_.empty() || !replica_requests_[std::size_t(p.unit)],
+               "unit {}'s gradients reduced after its replica all-reduce was launched", p.unit);
   if (stage_ == 1)
     kernels::copy_bytes(own_grads(p.unit), p.output.at(0), p.output.bytes());
   else
     grads_store().add(own_grads_index(p.unit), s.shard, p.output, 0);
+  // The action that completes the unit's gradients launched this one: its
+  // shard is final on this group, and its replicas can start summing while
+  // the backward pass goes on.
+  if (replica_ != nullptr && p.last) launch_replica_all_reduce(p.unit);
+}
+
+void Zero::launch_replica_all_reduce(int u) {
+  if (replica_requests_.empty()) replica_requests_.resize(us_.size());
+  replica_requests_[std::size_t(u)] =
+      replica_->iall_reduce(own_grads(u), us_[u].shard, grads_store().dtype(), comm::ReduceOp::sum);
 }
 
 void Zero::poll() {
@@ -281,10 +330,26 @@ void Zero::poll() {
   // the sums are the same whatever the timing.
   for (auto& p : pending_)
     if (p.request) p.request->test();
+  for (auto& r : replica_requests_)
+    if (r) r->test();
 }
 
 void Zero::finish_gradients() {
   while (!pending_.empty()) pop_front();
+  if (replica_ == nullptr) return;
+  // Hybrid sharding: each shard group has reduced its own ranks' gradients
+  // into its shards, and the ranks holding the same shard in the other
+  // groups sum theirs, once per step and in place (no buffer). Most units'
+  // sums were launched as their last reduce-scatter completed; the rest
+  // (a split backward's units, whose last reduction is not known before the
+  // step ends) start here.
+  if (replica_requests_.empty()) replica_requests_.resize(us_.size());
+  for (std::size_t u = 0; u < us_.size(); ++u)
+    if (!replica_requests_[u]) launch_replica_all_reduce(int(u));
+  for (auto& r : replica_requests_) {
+    r->wait();
+    r.reset();
+  }
 }
 
 double Zero::grad_norm_sq() {

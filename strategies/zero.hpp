@@ -8,6 +8,10 @@
 //   stage 3: params 4 S,   grads 4 S,   optimizer 8 S   (16 Psi / N)
 // plus, while in use, gathered units (params) and unreduced unit gradients
 // and reduce-scatter outputs (comm).
+// Hybrid sharding (parallel.dp_shard = S < dp, FSDP's HYBRID_SHARD) shards
+// over the S ranks of a shard group (N = S in every figure above) and
+// replicates across the dp / S groups: after the step's reduce-scatters, each
+// shard's gradients are all-reduced over its replica group.
 // Mixed precision (bf16, fp16) stores parameters and gradients 16-bit and
 // keeps fp32 master weights in the optimizer, 12 bytes per owned element:
 //   stage 1: params 2 N S, grads 2 N S, optimizer 12 S   (4 Psi + 12 Psi / N)
@@ -77,6 +81,7 @@ class Zero final : public StateStrategy, public models::ParamState {
     models::Flat input;   // empty for stage 1 (the input is the full gradient buffer)
     models::Flat output;
     comm::RequestPtr request;
+    bool last = false;    // launched in the action that completes the unit's gradients (begin_micro_batch)
   };
   // A gathered unit (stage 3).
   struct Gathered {
@@ -114,13 +119,17 @@ class Zero final : public StateStrategy, public models::ParamState {
   }
   void count_block_io(int u, double seconds, bool write);
   void complete(Pending& p);
+  // Hybrid sharding: unit u's shard, complete on this shard group, summed
+  // over the replica group in place.
+  void launch_replica_all_reduce(int u);
   void poll();
   void pop_front();
 
   int stage_;
   const models::ParamRegistry& reg_;
   std::vector<models::Unit> units_;
-  comm::Communicator* dp_;
+  comm::Communicator* dp_;       // the group sharding the state: dp, or hybrid sharding's shard group
+  comm::Communicator* replica_;  // hybrid sharding: the same shard's holders in the other groups (null: none)
   core::MemoryTracker& tracker_;
   int n_ = 1, r_ = 0;
   int tp_size_;
@@ -137,6 +146,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::vector<std::int64_t> param_region_;    // offload.params: unit u's block in the file
   std::vector<Gathered> gathered_;                   // stage 3
   std::vector<Pending> pending_;
+  std::vector<comm::RequestPtr> replica_requests_;  // hybrid sharding: per unit, this step's all-reduce
   std::int64_t in_flight_bytes_ = 0;  // reduce-scatter buffer bytes held by pending_ (inputs and outputs)
   std::int64_t bucket_bytes_;         // the most of those before the oldest is waited for
   bool last_ = true;

@@ -1,5 +1,5 @@
 // The process mesh: rank <-> (pp, dp, tp) with tp fastest, and one profiled
-// communicator per axis (MPI, staged MPI or NCCL, each on an MPI
+// communicator per axis (and per split of dp: ep/edp, dp_shard/dp_replica) (MPI, staged MPI or NCCL, each on an MPI
 // communicator split from a private duplicate of the world, so the mesh's
 // traffic never matches messages of other code on the same world).
 #include "src/mesh/mesh.hpp"
@@ -18,7 +18,7 @@
 namespace strata::mesh {
 
 Layout layout_of(const plan::Plan& p) {
-  Layout l{p.parallel.pp, p.parallel.dp, p.parallel.tp, p.parallel.ep};
+  Layout l{p.parallel.pp, p.parallel.dp, p.parallel.tp, p.parallel.ep, p.parallel.dp_shard};
   if (l.pp > 1) {
     const strategies::pp::Shape s{l.pp, p.micro_batches(), p.parallel.virtual_stages};
     const auto& place = *p.parallel.schedule->placement;
@@ -26,6 +26,11 @@ Layout layout_of(const plan::Plan& p) {
     l.emb_last = place.rank_of(s, s.p * s.v - 1);
   }
   return l;
+}
+
+std::string describe(const Layout& l) {
+  return fmt::format("pp {} x dp {} x tp {}{}{}", l.pp, l.dp, l.tp, l.ep > 1 ? fmt::format(" (ep {})", l.ep) : "",
+                     l.shard() < l.dp ? fmt::format(" (dp_shard {})", l.shard()) : "");
 }
 
 Coords coords_of(const Layout& l, int rank) {
@@ -42,19 +47,23 @@ int rank_of(const Layout& l, const Coords& c) {
 
 namespace {
 
-enum class Axis { dp, tp, pp, ep, edp };
+enum class Axis { dp, tp, pp, ep, edp, shard, replica };
 
 // World ranks of the group along `axis` through `c`, in group-rank order.
+// ep and dp_shard cut each dp group into blocks of k consecutive ranks: the
+// block through c (ep, shard), or the ranks at c's place in every block
+// (edp, replica).
 std::vector<int> group_members(const Layout& l, Coords c, Axis axis) {
   std::vector<int> out;
-  const int n = axis == Axis::dp ? l.dp : axis == Axis::tp ? l.tp : axis == Axis::pp ? l.pp : axis == Axis::ep ? l.ep
-                                                                                                    : l.dp / l.ep;
-  const int ep_base = c.dp / l.ep * l.ep, ep_coord = c.dp % l.ep;
+  const bool block = axis == Axis::ep || axis == Axis::shard, across = axis == Axis::edp || axis == Axis::replica;
+  const int k = axis == Axis::ep || axis == Axis::edp ? l.ep : l.shard();
+  const int n = axis == Axis::dp ? l.dp : axis == Axis::tp ? l.tp : axis == Axis::pp ? l.pp : block ? k : l.dp / k;
+  const int base = c.dp / k * k, place = c.dp % k;
   for (int i = 0; i < n; ++i) {
-    if (axis == Axis::ep)
-      c.dp = ep_base + i;
-    else if (axis == Axis::edp)
-      c.dp = i * l.ep + ep_coord;
+    if (block)
+      c.dp = base + i;
+    else if (across)
+      c.dp = i * k + place;
     else
       (axis == Axis::dp ? c.dp : axis == Axis::tp ? c.tp : c.pp) = i;
     out.push_back(rank_of(l, c));
@@ -71,6 +80,8 @@ std::vector<int> group_ranks(const Layout& l, const std::string& axis, int rank)
   if (axis == "pp") return group_members(l, c, Axis::pp);
   if (axis == "ep") return group_members(l, c, Axis::ep);
   if (axis == "edp") return group_members(l, c, Axis::edp);
+  if (axis == "dp_shard") return group_members(l, c, Axis::shard);
+  if (axis == "dp_replica") return group_members(l, c, Axis::replica);
   if (axis == "emb") {
     const Coords first{l.emb_first, c.dp, c.tp}, last{l.last_stage_rank(), c.dp, c.tp};
     if (l.emb_first == l.last_stage_rank()) return {rank_of(l, first)};
@@ -127,6 +138,9 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
   if (l.dp % l.ep != 0)
     core::runtime_error("mesh: ep {} does not divide dp {}: expert parallelism splits each data-parallel group", l.ep,
                         l.dp);
+  if (l.dp_shard < 0 || l.dp % l.shard() != 0)
+    core::runtime_error("mesh: dp_shard {} does not divide dp {}: hybrid sharding splits each data-parallel group",
+                        l.dp_shard, l.dp);
   if (l.world() != size)
     core::runtime_error("mesh: layout pp {} x dp {} x tp {} = {} rank(s), but the world has {}: need pp*dp*tp == world",
                         l.pp, l.dp, l.tp, l.world(), size);
@@ -149,6 +163,10 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
     const int groups = l.dp / l.ep;
     ep_comm_ = split(world_comm_, (c.pp * groups + c.dp / l.ep) * l.tp + c.tp, c.dp % l.ep);
     edp_comm_ = split(world_comm_, (c.pp * l.ep + c.dp % l.ep) * l.tp + c.tp, c.dp / l.ep);
+    // dp_shard: the same (pp, tp) and dp / S; dp_replica: the same (pp, tp) and dp % S.
+    const int S = l.shard();
+    shard_comm_ = split(world_comm_, (c.pp * (l.dp / S) + c.dp / S) * l.tp + c.tp, c.dp % S);
+    replica_comm_ = split(world_comm_, (c.pp * S + c.dp % S) * l.tp + c.tp, c.dp / S);
     world_ = profiled(backend, world_comm_, "world", log);
     if (emb_comm_ != MPI_COMM_NULL) emb_ = profiled(backend, emb_comm_, "emb", log);
     dp_ = profiled(backend, dp_comm_, "dp", log);
@@ -156,6 +174,8 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
     pp_ = profiled(backend, pp_comm_, "pp", log);
     ep_ = profiled(backend, ep_comm_, "ep", log);
     edp_ = profiled(backend, edp_comm_, "edp", log);
+    shard_ = profiled(backend, shard_comm_, "dp_shard", log);
+    replica_ = profiled(backend, replica_comm_, "dp_replica", log);
   } catch (...) {
     // The destructor does not run for a half-built object.
     release();
@@ -164,8 +184,9 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
 }
 
 Mesh::Mesh(const Layout& l, int rank, comm::CommLog& log) : layout_(l), backend_(comm::Backend::meta), rank_(rank) {
-  if (l.pp < 1 || l.dp < 1 || l.tp < 1 || l.ep < 1 || l.dp % l.ep != 0)
-    core::runtime_error("mesh: layout pp {} x dp {} x tp {} (ep {}) is not a mesh", l.pp, l.dp, l.tp, l.ep);
+  if (l.pp < 1 || l.dp < 1 || l.tp < 1 || l.ep < 1 || l.dp % l.ep != 0 || l.dp_shard < 0 || l.dp % l.shard() != 0)
+    core::runtime_error("mesh: layout pp {} x dp {} x tp {} (ep {}, dp_shard {}) is not a mesh", l.pp, l.dp, l.tp,
+                        l.ep, l.dp_shard);
   coords_ = coords_of(l, rank);
   const Coords& c = coords_;
   auto meta = [&](const char* axis, int size, int r) -> std::unique_ptr<comm::Communicator> {
@@ -178,14 +199,17 @@ Mesh::Mesh(const Layout& l, int rank, comm::CommLog& log) : layout_(l), backend_
   pp_ = meta("pp", l.pp, c.pp);
   ep_ = meta("ep", l.ep, c.dp % l.ep);
   edp_ = meta("edp", l.dp / l.ep, c.dp / l.ep);
+  shard_ = meta("dp_shard", l.shard(), c.dp % l.shard());
+  replica_ = meta("dp_replica", l.dp / l.shard(), c.dp / l.shard());
 }
 
 void Mesh::release() {
-  world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset(), ep_.reset(), edp_.reset();
+  world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset(), ep_.reset(), edp_.reset(), shard_.reset(),
+      replica_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // the handles died with MPI
-  free_comm(edp_comm_), free_comm(ep_comm_);
+  free_comm(replica_comm_), free_comm(shard_comm_), free_comm(edp_comm_), free_comm(ep_comm_);
   free_comm(emb_comm_), free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
 }
 
@@ -208,45 +232,46 @@ std::string Mesh::table() const {
   return layout_table(layout_, hosts);
 }
 
-std::string layout_table(const Layout& layout, const std::vector<std::string>& hosts) {
-  const Layout& layout_ = layout;
-  const int n = layout_.world();
-  struct Row {
-    std::string host, dp, tp, pp, ep, edp;
-    Coords c;
+std::string layout_table(const Layout& l, const std::vector<std::string>& hosts) {
+  const int n = l.world();
+  // The group columns: dp, tp and pp always; the splits of dp where they
+  // divide it.
+  struct Column {
+    const char* header;
+    const char* name;
+    Axis axis;
   };
-  const bool ep = layout_.ep > 1;  // the ep group's column only when there is one
-  std::vector<Row> rows(n);
-  std::size_t wh = 4, wd = 8, wt = 8, wp = 8, we = 8;  // at least the headers' widths
+  std::vector<Column> cols = {{"dp group", "dp", Axis::dp}, {"tp group", "tp", Axis::tp}, {"pp group", "pp", Axis::pp}};
+  if (l.ep > 1) cols.insert(cols.end(), {{"ep group", "ep", Axis::ep}, {"edp group", "edp", Axis::edp}});
+  if (l.shard() < l.dp)
+    cols.insert(cols.end(), {{"shard group", "dp_shard", Axis::shard}, {"replica group", "dp_replica", Axis::replica}});
+  std::vector<std::vector<std::string>> cells(static_cast<std::size_t>(n));
+  std::vector<std::size_t> width;
+  for (const Column& c : cols) width.push_back(std::string_view(c.header).size());
+  std::size_t wh = 4;
   for (int r = 0; r < n; ++r) {
-    Row& row = rows[r];
-    row.c = coords_of(layout_, r);
-    row.host = hosts.empty() ? "-" : hosts[std::size_t(r)];
-    row.dp = group_text("dp", group_members(layout_, row.c, Axis::dp));
-    row.tp = group_text("tp", group_members(layout_, row.c, Axis::tp));
-    row.pp = group_text("pp", group_members(layout_, row.c, Axis::pp));
-    if (ep) {
-      row.ep = group_text("ep", group_members(layout_, row.c, Axis::ep));
-      row.edp = group_text("edp", group_members(layout_, row.c, Axis::edp));
-      we = std::max(we, row.ep.size());
+    for (std::size_t k = 0; k < cols.size(); ++k) {
+      cells[std::size_t(r)].push_back(group_text(cols[k].name, group_members(l, coords_of(l, r), cols[k].axis)));
+      width[k] = std::max(width[k], cells[std::size_t(r)].back().size());
     }
-    wh = std::max(wh, row.host.size());
-    wd = std::max(wd, row.dp.size());
-    wt = std::max(wt, row.tp.size());
-    wp = std::max(wp, row.pp.size());
+    if (!hosts.empty()) wh = std::max(wh, hosts[std::size_t(r)].size());
   }
   const std::size_t wr = std::max<std::size_t>(4, fmt::formatted_size("{}", n - 1));
-  const std::size_t wc =
-      std::max<std::size_t>(2, fmt::formatted_size("{}", std::max({layout_.pp, layout_.dp, layout_.tp}) - 1));
-  std::string out = fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}  {}\n", "rank", wr, "host", wh,
-                                "pp", wc, "dp", wc, "tp", wc, "dp group", wd, "tp group", wt,
-                                ep ? fmt::format("{:<{}}  {:<{}}  edp group", "pp group", wp, "ep group", we)
-                                   : std::string("pp group"));
+  const std::size_t wc = std::max<std::size_t>(2, fmt::formatted_size("{}", std::max({l.pp, l.dp, l.tp}) - 1));
+  auto line = [&](const std::string& rank, const std::string& host, const std::string& pp, const std::string& dp,
+                  const std::string& tp, const std::vector<std::string>& groups) {
+    std::string s = fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}", rank, wr, host, wh, pp, wc, dp, wc, tp, wc);
+    for (std::size_t k = 0; k < groups.size(); ++k)
+      s += k + 1 < groups.size() ? fmt::format("  {:<{}}", groups[k], width[k]) : "  " + groups[k];
+    return s + "\n";
+  };
+  std::vector<std::string> headers;
+  for (const Column& c : cols) headers.emplace_back(c.header);
+  std::string out = line("rank", "host", "pp", "dp", "tp", headers);
   for (int r = 0; r < n; ++r) {
-    const Row& row = rows[r];
-    out += fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}  {:<{}}  {:<{}}  {}\n", r, wr, row.host, wh, row.c.pp,
-                       wc, row.c.dp, wc, row.c.tp, wc, row.dp, wd, row.tp, wt,
-                       ep ? fmt::format("{:<{}}  {:<{}}  {}", row.pp, wp, row.ep, we, row.edp) : row.pp);
+    const Coords c = coords_of(l, r);
+    out += line(std::to_string(r), hosts.empty() ? "-" : hosts[std::size_t(r)], std::to_string(c.pp),
+                std::to_string(c.dp), std::to_string(c.tp), cells[std::size_t(r)]);
   }
   return out;
 }
@@ -259,6 +284,8 @@ MPI_Comm Mesh::mpi_comm(std::string_view axis) const {
   if (axis == "pp") return pp_comm_;
   if (axis == "ep") return ep_comm_;
   if (axis == "edp") return edp_comm_;
+  if (axis == "dp_shard") return shard_comm_;
+  if (axis == "dp_replica") return replica_comm_;
   return MPI_COMM_NULL;
 }
 

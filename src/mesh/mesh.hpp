@@ -3,7 +3,10 @@
 // Expert parallelism divides dp: the ep consecutive dp ranks of an ep group
 // hold different experts (ep coordinate dp % ep), and the dp / ep ranks that
 // hold the same experts form an expert-data-parallel (edp) group (edp
-// coordinate dp / ep).
+// coordinate dp / ep). Hybrid sharding divides dp the same way: the
+// dp_shard consecutive dp ranks of a shard group split the ZeRO state between
+// them (neighbours, so inside a node where it fits), and the dp / dp_shard
+// ranks holding the same shard form a replica group.
 // One function maps a rank to its coordinates and back; the Mesh builds one
 // communicator per axis with MPI_Comm_split, of the chosen backend (MPI,
 // MPI staging device buffers through host memory, or NCCL), each wrapped in
@@ -27,11 +30,13 @@ namespace strata::mesh {
 struct Layout {
   int pp = 1, dp = 1, tp = 1;
   int ep = 1;  // divides dp
+  int dp_shard = 0;  // divides dp; 0: dp (ZeRO shards over the whole dp group)
   // The pipeline ranks holding the first and the last stage, whose two
   // copies of the tied word embedding form the emb group (-1: pp - 1). The
   // schedule's placement says which (layout_of).
   int emb_first = 0, emb_last = -1;
   int world() const { return pp * dp * tp; }
+  int shard() const { return dp_shard > 0 ? dp_shard : dp; }
   int last_stage_rank() const { return emb_last < 0 ? pp - 1 : emb_last; }
   // Whether pipeline rank `r` is in an emb group: the first or the last
   // stage's, when they are two ranks (one rank holding both, as ZB-V's V
@@ -40,6 +45,9 @@ struct Layout {
     return pp > 1 && emb_first != last_stage_rank() && (r == emb_first || r == last_stage_rank());
   }
 };
+
+// "pp 2 x dp 4 x tp 1", with " (ep E)" and " (dp_shard S)" where they split dp.
+std::string describe(const Layout& l);
 
 // The layout a plan asks for: its axes, and the ranks of its first and last
 // stage under its schedule's placement.
@@ -53,13 +61,23 @@ Coords coords_of(const Layout& l, int rank);
 int rank_of(const Layout& l, const Coords& c);
 
 // The world ranks of `rank`'s group along `axis` ("dp", "tp", "pp", "ep",
-// "edp", "emb"; anything else: the world), in group-rank order.
+// "edp", "dp_shard", "dp_replica", "emb"; anything else: the world), in
+// group-rank order.
 std::vector<int> group_ranks(const Layout& l, const std::string& axis, int rank);
 
 // The mesh table of layout `l`: one line per rank with its host (hosts[r],
 // or "-" where hosts is empty), its coordinates and the world ranks of each
 // group it belongs to.
 std::string layout_table(const Layout& l, const std::vector<std::string>& hosts = {});
+
+// The communicators a trainer works over; null where a run has no mesh (a
+// single rank) or does not use the axis.
+struct Groups {
+  comm::Communicator *dp = nullptr, *tp = nullptr, *pp = nullptr;
+  comm::Communicator* emb = nullptr;  // the first and last stage's (null on the others)
+  comm::Communicator *ep = nullptr, *edp = nullptr;
+  comm::Communicator *dp_shard = nullptr, *dp_replica = nullptr;
+};
 
 class Mesh {
  public:
@@ -92,9 +110,15 @@ class Mesh {
   // group equal to dp's.
   comm::Communicator& ep() { return *ep_; }
   comm::Communicator& edp() { return *edp_; }
+  // Hybrid sharding's shard group (size dp_shard) and replica group (size
+  // dp / dp_shard); without it, a group equal to dp's and a group of one.
+  comm::Communicator& dp_shard() { return *shard_; }
+  comm::Communicator& dp_replica() { return *replica_; }
   // The first and last pipeline stages of this rank's (dp, tp) position,
   // which both hold the tied word embedding; null on the other stages.
   comm::Communicator* embedding() { return emb_.get(); }
+  // Every group of this rank, as a trainer takes them.
+  Groups groups() { return {dp_.get(), tp_.get(), pp_.get(), emb_.get(), ep_.get(), edp_.get(), shard_.get(), replica_.get()}; }
 
   // Collective. The table --dry-run prints: one line per rank with its host,
   // coordinates and the world ranks of each group it belongs to. Every rank
@@ -112,8 +136,9 @@ class Mesh {
   Coords coords_;
   int rank_ = 0;
   MPI_Comm world_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL,
-           emb_comm_ = MPI_COMM_NULL, ep_comm_ = MPI_COMM_NULL, edp_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<comm::Communicator> world_, dp_, tp_, pp_, emb_, ep_, edp_;
+           emb_comm_ = MPI_COMM_NULL, ep_comm_ = MPI_COMM_NULL, edp_comm_ = MPI_COMM_NULL,
+           shard_comm_ = MPI_COMM_NULL, replica_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<comm::Communicator> world_, dp_, tp_, pp_, emb_, ep_, edp_, shard_, replica_;
 };
 
 }  // namespace strata::mesh

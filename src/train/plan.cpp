@@ -74,7 +74,12 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
           scheds.clear();
           for (const auto& row : strategies::pp::schedules()) scheds.push_back({row.name, row.virtual_stages ? 2 : 1});
         }
+        // ZeRO over the whole dp group, or (hybrid sharding) over the dp
+        // ranks of one node, replicated across nodes.
+        const int node_dp = std::max(1, machine.devices_per_node / tp);
+        const bool hybrid = !moe && node_dp > 1 && node_dp < dp && dp % node_dp == 0;
         for (int zero = 0; zero <= 3; ++zero)
+          for (int shard : zero > 0 && hybrid ? std::vector<int>{0, node_dp} : std::vector<int>{0})
           for (const Sched& sc : scheds)
             for (int mb : {1, 2, 4, 8}) {
               if ((b.data.global_batch / dp) % mb != 0) continue;
@@ -86,6 +91,7 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
                     fmt::format("parallel.schedule=\"{}\"", sc.name), fmt::format("parallel.virtual_stages={}", sc.v),
                     fmt::format("data.micro_batch={}", mb), fmt::format("parallel.sequence_parallel={}", sp)};
                 if (moe) layout.push_back(fmt::format("parallel.ep={}", ep));
+                if (shard > 0) layout.push_back(fmt::format("parallel.dp_shard={}", shard));
                 // The least recomputation and offload that fits.
                 bool invalid = false;  // the deck's checks refuse it: whatever the recomputation or offload
                 for (const char* offload : {"none", "host"}) {
@@ -97,8 +103,9 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
                     over.push_back(fmt::format("parallel.offload=\"{}\"", offload));
                     Candidate c;
                     c.overrides = join(over);
-                    c.label = fmt::format("dp {} tp {}{} pp {} {}{} zero {} mb {}{}{}", dp, tp, sp ? " sp" : "", pp,
-                                          pp > 1 ? sc.name : "", sc.v > 1 ? fmt::format(" v {}", sc.v) : "", zero, mb,
+                    c.label = fmt::format("dp {} tp {}{} pp {} {}{} zero {}{} mb {}{}{}", dp, tp, sp ? " sp" : "", pp,
+                                          pp > 1 ? sc.name : "", sc.v > 1 ? fmt::format(" v {}", sc.v) : "", zero,
+                                          shard > 0 ? fmt::format(" shard {}", shard) : "", mb,
                                           moe ? fmt::format(" ep {}", ep) : "",
                                           fmt::format("{}{}", std::string(rec) == "none" ? "" : fmt::format(" recompute {}", rec),
                                                       std::string(offload) == "none" ? "" : " offload host"));
@@ -161,7 +168,8 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
     f.set_attr("/", "machine_path", machine.path);
     f.set_attr("/", "world_size", std::int64_t(N));
     f.set_attr("/", "memory_limit", limit);
-    f.set_attr("/", "axes", std::string("dp x tp x pp = world; ep; zero; schedule; micro_batch; sequence_parallel; "
+    f.set_attr("/", "axes", std::string("dp x tp x pp = world; ep; zero; dp_shard (dp, or one node's dp ranks); schedule; "
+                                        "micro_batch; sequence_parallel; "
                                         "the least recompute and offload that fits"));
     f.set_attr("/", "where", std::string(""));
     report::PointColumns what;

@@ -327,8 +327,10 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       print_estimate(deck, e, params);
       const mesh::Layout layout = mesh::layout_of(cfg);
       if (layout.world() <= 64)
-        fmt::print("process mesh (pp {} x dp {} x tp {}{}):\n{}", layout.pp, layout.dp, layout.tp,
-                   layout.ep > 1 ? fmt::format(", ep {} within dp", layout.ep) : "", mesh::layout_table(layout));
+        fmt::print("process mesh (pp {} x dp {} x tp {}{}{}):\n{}", layout.pp, layout.dp, layout.tp,
+                   layout.ep > 1 ? fmt::format(", ep {} within dp", layout.ep) : "",
+                   layout.shard() < layout.dp ? fmt::format(", ZeRO shards over {} of dp", layout.shard()) : "",
+                   mesh::layout_table(layout));
       if (!options.output.empty()) {
         write_estimate_report(deck, options, e, params);
         fmt::print("estimate report: {}\n", options.output);
@@ -402,6 +404,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   CheckpointLayout ck_layout{world,  layout.pp, layout.dp,    layout.tp,          layout.ep,
                              cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml,
                              core::precision_name(cfg.backend.precision)};
+  ck_layout.dp_shard = layout.shard();
   CheckpointRef resume;
   if (!options.resume.empty()) {
     resume = find_checkpoint(comm, options.resume, ck_layout);
@@ -466,8 +469,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     file.set_attr("/", "resumed_at_step", std::int64_t(resume.step));
   }
 
-  prov.layout = fmt::format("pp {} x dp {} x tp {}{}", layout.pp, layout.dp, layout.tp,
-                            layout.ep > 1 ? fmt::format(" (ep {})", layout.ep) : "");
+  prov.layout = mesh::describe(layout);
   DeviceArena arena;  // declared before the tracker: freed after it
   core::MemoryTracker tracker(cfg.backend.memory_limit);
   std::vector<StepRecord> steps;
@@ -527,8 +529,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       file.set_attr("/", "device_arena_bytes", std::int64_t(arena.capacity));
       file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
     }
-    Trainer trainer(cfg, tracker, &timeline, job_peak, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(),
-                    &mesh.ep(), &mesh.edp());
+    Trainer trainer(cfg, tracker, &timeline, job_peak, mesh.groups());
     // Room for every record up front: a growing log would pay page faults
     // inside the measured calls. Per micro-batch a unit has at most a gather,
     // a prefetch and a reduce-scatter; per step, buckets and a few scalars.
@@ -686,10 +687,10 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                s.hardware_flops_per_step > s.model_flops_per_step ? fmt::format(" | HFU {:.1f}%", 100 * s.hfu) : "");
     if (!comm_figures.empty()) {
       fmt::print("communication on rank 0 over {} measured steps:\n", s.measured_steps);
-      fmt::print("  {:<6} {:<15} {:>3} {:>11} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n",
+      fmt::print("  {:<10} {:<15} {:>3} {:>11} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n",
                  "size <=", "calls", "bytes", "xfer_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
       for (const auto& a : comm_figures)
-        fmt::print("  {:<6} {:<15} {:>3} {:>11} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis,
+        fmt::print("  {:<10} {:<15} {:>3} {:>11} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis,
                    a.op, a.group_size, core::format_bytes(double(a.size_class)), a.count, a.bytes, a.group_time * 1e3,
                    a.algbw() / 1e9, a.busbw() / 1e9, 100.0 * a.hidden_fraction());
     }

@@ -253,7 +253,7 @@ void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const s
   cm.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
       .col_str("op", 16, "", "all_reduce, reduce_scatter, all_gather, broadcast, all_to_all(v), send, recv, barrier")
-      .col_str("axis", 8, "", "mesh axis of the communicator: world, dp, tp or pp")
+      .col_str("axis", 16, "", "mesh axis of the communicator (docs/report-schema.md)")
       .col_i64("group_size", "1", "ranks in the communicator the call ran on")
       .col_i64("bytes", "B",
                "all_reduce: the buffer; reduce_scatter: the whole input; all_gather: the whole output; "
@@ -443,7 +443,7 @@ void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std:
   report::Table t("summary/comm",
                   "per rank, axis, op and message-size class over the measured steps (warm-up excluded)");
   t.col_i64("rank", "1", "MPI rank in the world communicator")
-      .col_str("axis", 8, "", "mesh axis")
+      .col_str("axis", 16, "", "mesh axis")
       .col_str("op", 16, "", "operation")
       .col_i64("group_size", "1", "ranks in the group (n of the bus-bandwidth factor)")
       .col_i64("size_class", "B",

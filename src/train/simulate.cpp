@@ -90,7 +90,7 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   prov.peak_source = fmt::format("machine {} ({}): {:.1f} TFLOP/s per device at {}", machine.name, machine.path,
                                  machine.peak(cfg.backend.precision) / 1e12,
                                  core::precision_name(cfg.backend.precision));
-  prov.layout = fmt::format("pp {} x dp {} x tp {}{}", l.pp, l.dp, l.tp, l.ep > 1 ? fmt::format(" (ep {})", l.ep) : "");
+  prov.layout = mesh::describe(l);
   prov.precision = core::precision_name(cfg.backend.precision);
   // As the state strategies name themselves (strategies/dp.hpp, zero.hpp).
   prov.strategy = cfg.parallel.zero == 0 ? std::string("dp") : fmt::format("zero{}", cfg.parallel.zero);

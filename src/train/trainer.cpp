@@ -23,10 +23,10 @@ models::GptConfig gpt_config(const plan::Plan& cfg) {
 }
 
 Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
-                 double peak_flops, comm::Communicator* dp, comm::Communicator* tp, comm::Communicator* pp,
-                 comm::Communicator* emb, comm::Communicator* ep, comm::Communicator* edp)
-    : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(dp),
-      tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr), pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
+                 double peak_flops, const mesh::Groups& g)
+    : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(g.dp),
+      tp_(g.tp != nullptr && g.tp->size() > 1 ? g.tp : nullptr),
+      pp_(g.pp != nullptr && g.pp->size() > 1 ? g.pp : nullptr),
       host_tracker_(config.backend.host_memory_limit),
       precision_(config.backend.precision) {
   if (precision_ == core::Precision::fp16) scaler_.scale = config.backend.loss_scale;
@@ -43,11 +43,11 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
   hardware_flops_per_step_ = models::gpt_hardware_flops(gc, cfg_.data.global_batch);
   tp_seam_ = strategies::make_tensor_seam(tp_, cfg_.parallel.sequence_parallel);
-  ep_seam_ = strategies::make_expert_seam(ep);
-  if (ep_seam_->size() > 1) ep_ = ep, edp_ = edp;
+  ep_seam_ = strategies::make_expert_seam(g.ep);
+  if (ep_seam_->size() > 1) ep_ = g.ep, edp_ = g.edp;
   if (pp_ != nullptr) {
     // This rank's chunks of the pipeline, placed and counted by the schedule's row.
-    emb_ = emb != nullptr && emb->size() > 1 ? emb : nullptr;
+    emb_ = g.emb != nullptr && g.emb->size() > 1 ? g.emb : nullptr;
     const strategies::pp::Shape shape{pp_->size(), micro_batches_, cfg_.parallel.virtual_stages};
     const std::int64_t rows = tp_seam_->rows(std::int64_t(B) * T);
     pipeline_ = std::make_unique<strategies::pp::Executor>(
@@ -80,7 +80,11 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   sc.offload = offload.offload;
   nvme_ = std::move(offload.file);
   sc.precision = precision_;
-  strategy_ = strategies::make_state_strategy(sc, registry_, units_, dp_, tracker, ep_, edp_);
+  // Hybrid sharding: the state is sharded over the shard group and its
+  // gradients all-reduced over the replica group.
+  comm::Communicator* state_group = dp_;
+  if (g.dp_replica != nullptr && g.dp_replica->size() > 1) state_group = g.dp_shard, sc.replica = g.dp_replica;
+  strategy_ = strategies::make_state_strategy(sc, registry_, units_, state_group, tracker, ep_, edp_);
   if (pipeline_) pipeline_->use_state(*strategy_);
   data_ = make_data_source(cfg_);
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");

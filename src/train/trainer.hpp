@@ -17,6 +17,7 @@
 #include "strategies/plan.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "src/comm/comm_log.hpp"
+#include "src/mesh/mesh.hpp"
 #include "src/train/data.hpp"
 #include "strategies/pp/executor.hpp"
 #include "strategies/state_strategy.hpp"
@@ -85,16 +86,14 @@ struct ScalerState {
 
 class Trainer {
  public:
-  // dp: the data-parallel communicator (nullptr on a single rank). Each dp
-  // rank takes global_batch / dp sequences of every step.
-  // tp: the tensor-parallel communicator (nullptr: tp = 1). pp: the pipeline
-  // communicator, and emb: the group of the first and last stage (null on
-  // other stages), when the model is cut into parallel.pp stages that run
-  // parallel.schedule. ep and edp: the expert-parallel and
-  // expert-data-parallel groups (parallel.ep > 1, a MoE model).
+  // g: the mesh's groups (none on a single rank). Each dp rank takes
+  // global_batch / dp sequences of every step. tp splits each layer; pp and
+  // emb (the group of the first and last stage, null on other stages) run
+  // the model cut into parallel.pp stages under parallel.schedule; ep and
+  // edp hold a MoE model's experts (parallel.ep > 1); dp_shard and
+  // dp_replica hold the ZeRO state under hybrid sharding (parallel.dp_shard).
   Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
-          comm::Communicator* dp = nullptr, comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr,
-          comm::Communicator* emb = nullptr, comm::Communicator* ep = nullptr, comm::Communicator* edp = nullptr);
+          const mesh::Groups& g = {});
 
   // Runs 0-based optimizer step `step` and returns its record.
   StepRecord step(int step);

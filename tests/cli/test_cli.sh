@@ -220,6 +220,36 @@ for o in p["overrides"]:  # every candidate uses the 4 devices
     assert int(kv["parallel.dp"]) * int(kv["parallel.tp"]) * int(kv["parallel.pp"]) == 4, o
 PY
 then ok "plan: every layout of 4 devices, the fitting ones ranked"; else bad "plan"; cat plan.log plancheck.log; fi
+# Hybrid sharding on 4 ranks: ZeRO-3 over two groups of two, each shard's
+# gradients all-reduced over its replica pair; the dry run names the groups.
+if mpiexec -n 4 "$strata" run tiny.toml --set run.steps=2 --set data.micro_batch=1 --set parallel.dp=4 \
+     --set parallel.zero=3 --set parallel.dp_shard=2 --output out/hsdp.h5 > hsdp.log 2>&1 \
+   && "$strata" run tiny.toml --dry-run --set parallel.dp=4 --set data.micro_batch=1 --set parallel.zero=3 \
+     --set parallel.dp_shard=2 > hsdpdry.log 2>&1 && grep -q "replica group" hsdpdry.log \
+   && "$py" - <<'PY' > hsdpcheck.log 2>&1
+import h5py, numpy as np
+f = h5py.File("out/hsdp.h5")
+c = f["comm"][:]
+axes = {a.decode() for a in c["axis"]}
+assert {"dp_shard", "dp_replica"} <= axes, axes
+rs = c[(c["axis"] == b"dp_shard") & (c["op"] == b"reduce_scatter")]
+ar = c[(c["axis"] == b"dp_replica") & (c["op"] == b"all_reduce")]
+assert len(rs) > 0 and len(ar) > 0 and np.all(rs["group_size"] == 2) and np.all(ar["group_size"] == 2)
+assert "exposed_comm_dp_replica" in f["steps"].dtype.names
+PY
+then ok "hybrid sharding: a 4-rank run over shard and replica groups"; else bad "hybrid sharding run"; cat hsdp.log hsdpdry.log hsdpcheck.log; fi
+# Two devices per node: four data-parallel ranks span two nodes, so ZeRO may
+# shard over each node's pair and replicate across the nodes.
+sed 's/^devices_per_node = .*/devices_per_node = 2/' "$src/inputs/machines/a100-80gb.toml" > twopernode.toml
+if "$strata" plan tiny.toml --machine twopernode.toml --world 4 --output out/planhsdp.h5 > planhsdp.log 2>&1 \
+   && "$py" - <<'PY' > planhsdpcheck.log 2>&1
+import h5py, numpy as np
+p = h5py.File("out/planhsdp.h5")["points"][:]
+hybrid = [r for r in p if b"parallel.dp_shard=2" in r["overrides"]]
+assert hybrid and all(b"parallel.dp=4" in r["overrides"] and b"parallel.zero=0" not in r["overrides"] for r in hybrid)
+assert any(r["status"] == b"complete" and r["tokens_per_s"] > 0 for r in hybrid)
+PY
+then ok "plan: hybrid sharding over each node's dp ranks is a candidate"; else bad "plan hybrid"; cat planhsdp.log planhsdpcheck.log; fi
 if "$py" "$src/analysis/strata-report" out/plan.h5 --plots out/planplots > planreport.log 2>&1 \
    && grep -q "plan on machine a100-80gb" planreport.log && [[ -s out/planplots/sweep.png ]]; then
   ok "strata-report ranks a plan and plots it against memory"; else bad "plan report"; cat planreport.log; fi

@@ -59,7 +59,7 @@ deck::Deck make_deck(const Layout& l) {
 }
 
 train::CheckpointLayout layout_of(const Layout& l, const deck::Deck& d) {
-  return {l.pp * l.dp * l.tp, l.pp, l.dp, l.tp, l.ep, l.zero, 1, "test", d.resolved_toml, l.precision};
+  return {l.pp * l.dp * l.tp, l.pp, l.dp, l.tp, l.ep, l.zero, 1, "test", d.resolved_toml, l.precision, l.dp};
 }
 
 std::string temp_dir() {
@@ -84,8 +84,7 @@ void check(const Layout& l) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep}, log);
   auto trainer = [&](core::MemoryTracker& t) {
-    return std::make_unique<train::Trainer>(c, t, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(),
-                                            mesh.embedding(), &mesh.ep(), &mesh.edp());
+    return std::make_unique<train::Trainer>(c, t, nullptr, 0.0, mesh.groups());
   };
   core::MemoryTracker t0, t1, t2;
   auto whole = trainer(t0);
@@ -166,11 +165,9 @@ void check_reshard(const Layout& from, const Layout& to) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{from.pp, from.dp, from.tp, from.ep}, log);
     core::MemoryTracker t0, t1;
-    train::Trainer whole(a.config, t0, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(),
-                         &mesh.ep(), &mesh.edp());
+    train::Trainer whole(a.config, t0, nullptr, 0.0, mesh.groups());
     for (int s = 0; s < a.config.run.steps; ++s) losses.push_back(whole.step(s).loss);
-    train::Trainer first(a.config, t1, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(),
-                         &mesh.ep(), &mesh.edp());
+    train::Trainer first(a.config, t1, nullptr, 0.0, mesh.groups());
     for (int s = 0; s < k; ++s) first.step(s);
     train::write_checkpoint(MPI_COMM_WORLD, dir, k, layout_of(from, a), first.strategy(), first.registry(),
                             mesh.coords().dp / from.ep == 0);
@@ -178,8 +175,7 @@ void check_reshard(const Layout& from, const Layout& to) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{to.pp, to.dp, to.tp, to.ep}, log);
   core::MemoryTracker t2;
-  train::Trainer resumed(b.config, t2, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding(),
-                         &mesh.ep(), &mesh.edp());
+  train::Trainer resumed(b.config, t2, nullptr, 0.0, mesh.groups());
   const auto ref = train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(to, b));
   EXPECT_TRUE(ref.reshard);
   train::load_checkpoint(MPI_COMM_WORLD, ref, resumed.strategy(), resumed.registry());
@@ -218,7 +214,7 @@ TEST(Checkpoint, PartialAndCorruptCheckpointsAreNotLoaded) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
   core::MemoryTracker tracker;
-  train::Trainer t(d.config, tracker, nullptr, 0.0, &mesh.dp());
+  train::Trainer t(d.config, tracker, nullptr, 0.0, mesh.groups());
   t.step(0);
   const std::string dir = temp_dir();
   train::write_checkpoint(MPI_COMM_WORLD, dir, 1, layout_of(l, d), t.strategy(), t.registry(),

@@ -57,8 +57,7 @@ Trajectory run(const plan::Plan& c, mesh::Mesh* mesh) {
   if (mesh == nullptr)
     t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0);
   else
-    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, &mesh->dp(), &mesh->tp(), &mesh->pp(),
-                                         mesh->embedding(), &mesh->ep(), &mesh->edp());
+    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, mesh->groups());
   Trajectory r;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, nullptr, s);
@@ -167,7 +166,7 @@ TEST(MixedPrecision, PerRankBytesAreZerosMixedPrecisionFigures) {
         SCOPED_TRACE(fmt::format("{} d_model {} zero {}", precision, d_model, zero));
         const auto c = config({1, n, 1}, zero, d_model, 2 * n, 2, 1, precision);
         core::MemoryTracker tracker;
-        train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+        train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
         const std::size_t workspace_before = tracker.current(MemCategory::workspace);
         t.step(0);
         const std::uint64_t psi = std::uint64_t(t.registry().numel());
@@ -200,7 +199,7 @@ TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingSteps) {
   c.backend.loss_scale = std::ldexp(1.0, 20);
   c.backend.loss_scale_window = 3;
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
   std::vector<float> before = t.strategy().full_params();
   double scale = c.backend.loss_scale;
   int skipped = 0, good = 0;

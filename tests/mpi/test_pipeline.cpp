@@ -38,6 +38,7 @@ struct Layout {
   int v = 1;  // virtual stages (interleaved)
   int layers = 0;  // 0: max(4, pp x v)
   int first = -1, last = -1;  // blocks of the first and last stage (-1: balanced)
+  int dp_shard = 0;           // hybrid sharding's shard group (0: dp)
 };
 
 // Two model chunks per rank for the schedules that run virtual stages
@@ -50,16 +51,17 @@ plan::Plan config(const Layout& l, int layers, int global_batch, int micro_batch
       "[model]\nlayers = {}\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
       "[data]\nglobal_batch = {}\nmicro_batch = {}\n"
       "[parallel]\npp = {}\ndp = {}\ntp = {}\nsequence_parallel = {}\nschedule = \"{}\"\nzero = {}\n"
-      "virtual_stages = {}\nfirst_stage_layers = {}\nlast_stage_layers = {}\n"
+      "virtual_stages = {}\nfirst_stage_layers = {}\nlast_stage_layers = {}\ndp_shard = {}\n"
       "[optim]\nlr = 1e-2\nweight_decay = 0.1\ngrad_clip = 0.1\n"
       "[backend]\nthreads = 1\n",
-      steps, layers, global_batch, micro_batch, l.pp, l.dp, l.tp, l.sp, l.schedule, l.zero, l.v, l.first, l.last);
+      steps, layers, global_batch, micro_batch, l.pp, l.dp, l.tp, l.sp, l.schedule, l.zero, l.v, l.first, l.last,
+      l.dp_shard);
   return deck::parse_deck("test.toml", text, {}).config;
 }
 
 void check(const Layout& l) {
-  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} sp {} {} zero {} v {} layers {} first {} last {}", l.pp, l.dp, l.tp,
-                           l.sp, l.schedule, l.zero, l.v, l.layers, l.first, l.last));
+  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} sp {} {} zero {} v {} layers {} first {} last {} dp_shard {}", l.pp,
+                           l.dp, l.tp, l.sp, l.schedule, l.zero, l.v, l.layers, l.first, l.last, l.dp_shard));
   // m = 4 micro-batches per step on every pipeline (a multiple of pp for the
   // interleaved schedule).
   const int mb = 1, m = std::max(4, l.pp), G = m * mb * l.dp, layers = l.layers > 0 ? l.layers : std::max(4, l.pp * l.v);
@@ -70,10 +72,10 @@ void check(const Layout& l) {
   for (int s = 0; s < rc.run.steps; ++s) losses.push_back(ref.step(s).loss);
 
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp}, log);
   const auto c = config(l, layers, G, mb);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
+  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, &log, s);
@@ -145,6 +147,20 @@ TEST(Pipeline, ZeroTwoAndThreeUnderEveryScheduleMatchOneRank) {
     for (int zero : {2, 3}) check({2, 2, 1, false, schedule, zero, chunks_of(schedule)});
 }
 
+// Hybrid sharding under a pipeline: each stage's ZeRO state sharded over
+// dp_shard ranks of its dp group and all-reduced across the others (pp 2 x
+// dp 2 with groups of one on 4 ranks, each stage once; pp 2 x dp 4 with
+// groups of two on 8).
+TEST(Pipeline, HybridShardingMatchesOneRank) {
+  const int n = parity::world_size();
+  if (n == 4) {
+    check({2, 2, 1, false, "1f1b", 1, 1, 0, -1, -1, 1});
+    check({2, 2, 1, false, "zb-v", 2, 2, 0, -1, -1, 1});
+    check({2, 2, 1, false, "1f1b", 3, 1, 0, -1, -1, 1});
+  }
+  if (n == 8) check({2, 4, 1, false, "1f1b", 3, 1, 0, -1, -1, 2});
+}
+
 // Stages of explicit sizes: a first stage lighter than the rest, a first
 // stage with the embedding alone, and uneven stages under the interleaved
 // and zero-bubble schedules.
@@ -178,7 +194,7 @@ TEST(Pipeline, OneFOneBAndZeroBubbleHoldFewerActivationsThanGPipe) {
     // One model for all: as many layers as ZB-V's 2p chunks need.
     const auto c = config({n, 1, 1, false, schedule, 0, v}, std::max(4, 2 * n), m, 1, 2);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp(), &mesh.tp(), &mesh.pp(), mesh.embedding());
+    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
     t.step(0);
     t.step(1);
     peak[schedule] = tracker.peak(core::MemCategory::activations);

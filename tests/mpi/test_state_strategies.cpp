@@ -52,7 +52,7 @@ struct Trajectory {
 
 Trajectory run_single(const plan::Plan& c) {
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, nullptr);
+  train::Trainer t(c, tracker, nullptr, 0.0);
   Trajectory r;
   for (int s = 0; s < c.run.steps; ++s) r.losses.push_back(t.step(s).loss);
   r.params = t.strategy().full_params();
@@ -81,7 +81,7 @@ TEST_P(Parity, LossAndParametersMatchOneRank) {
     mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
     const auto c = config(n, zero, d_model, G, mb);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
     int clipped = 0;
     for (int s = 0; s < c.run.steps; ++s) {
       estimate_check::begin_step(tracker, &log, s);
@@ -112,7 +112,7 @@ TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
       mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
       const auto c = config(n, zero, d_model, 2 * n, 2, 2);
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+      train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
       t.step(0);
       const std::uint64_t psi = std::uint64_t(t.model().registry().numel());
       const std::uint64_t S = std::uint64_t(shard_elems(t.model(), n)), psi_p = S * n;
@@ -157,7 +157,7 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
     auto c = config(n, zero, 6, 2 * n, 2, 1);
     c.backend.precision = plan::choose<core::Precision>(precision);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
     log.set_step(0);
     const std::size_t before = log.records().size();
     t.step(0);
@@ -182,6 +182,107 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
   }
 }
 
+// Hybrid sharding (parallel.dp_shard = S): ZeRO shards over S consecutive
+// dp ranks and replicates across the n / S groups. On 4 ranks S = 2 (two
+// groups of two); on 2 ranks S = 1 (every rank holds the whole state, which
+// the replica group all-reduces). Each stage: the loss trajectory and the
+// final parameters against one rank, the dry run's estimate equal to the
+// run; the memory figures of the ZeRO paper with N = S, to the byte; and the
+// bytes each step moves: a reduce-scatter and all-gathers of the S-padded
+// units over the shard group, and one all-reduce of the rank's shard over
+// the replica group.
+int hybrid_shard() { return parity::world_size() / 2; }
+
+plan::Plan hybrid(plan::Plan c) {
+  c.parallel.dp_shard = hybrid_shard();
+  return c;
+}
+
+class HybridParity : public ::testing::TestWithParam<int> {};
+
+TEST_P(HybridParity, LossAndParametersMatchOneRank) {
+  const int n = parity::world_size(), zero = GetParam(), S = hybrid_shard();
+  for (int d_model : {16, 6}) {
+    const int mb = 2, G = 2 * mb * n;
+    const Trajectory ref = run_single(config(1, 0, d_model, G, mb));
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1, 1, S}, log);
+    const auto c = hybrid(config(n, zero, d_model, G, mb));
+    core::MemoryTracker tracker;
+    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    EXPECT_EQ(t.strategy().padding_elements(), S * shard_elems(t.model(), S) - t.model().registry().numel())
+        << "units padded to a multiple of the shard group, not of dp";
+    for (int s = 0; s < c.run.steps; ++s) {
+      estimate_check::begin_step(tracker, &log, s);
+      const auto r = t.step(s);
+      EXPECT_NEAR(r.loss, ref.losses[s], 1e-5 * std::fabs(ref.losses[s]))
+          << "zero " << zero << " d_model " << d_model << " step " << s;
+    }
+    estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
+    double key_abs = 0;
+    EXPECT_LE(parity::params_error(t.model().registry(), t.strategy().full_params(), ref.registry, ref.params,
+                                   &key_abs),
+              1e-5)
+        << "zero " << zero << " d_model " << d_model;
+    EXPECT_LE(key_abs, 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero, HybridParity, ::testing::Values(1, 2, 3));
+
+TEST(Hybrid, MemoryIsTheZeroFiguresOverTheShardGroup) {
+  const int n = parity::world_size(), S = hybrid_shard();
+  for (int zero = 1; zero <= 3; ++zero) {
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1, 1, S}, log);
+    const auto c = hybrid(config(n, zero, 6, 2 * n, 2, 2));
+    core::MemoryTracker tracker;
+    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    t.step(0);
+    const std::uint64_t sh = std::uint64_t(shard_elems(t.model(), S)), psi_p = sh * S;
+    const std::uint64_t params = tracker.current(MemCategory::params), grads = tracker.current(MemCategory::grads),
+                        opt = tracker.current(MemCategory::optimizer);
+    EXPECT_EQ(opt, 8 * sh) << "zero " << zero;
+    switch (zero) {
+      case 1: EXPECT_EQ(params + grads + opt, 8 * psi_p + 8 * psi_p / S); break;
+      case 2: EXPECT_EQ(params + grads + opt, 4 * psi_p + 12 * psi_p / S); break;
+      case 3: EXPECT_EQ(params + grads + opt, 16 * psi_p / S); break;
+    }
+    EXPECT_EQ(tracker.current(MemCategory::comm), 0u) << "zero " << zero;
+  }
+}
+
+TEST(Hybrid, BytesPerStepAreTheShardAndReplicaVolumes) {
+  const int n = parity::world_size(), S = hybrid_shard();
+  for (int zero = 1; zero <= 3; ++zero) {
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1, 1, S}, log);
+    const auto c = hybrid(config(n, zero, 6, 2 * n, 2, 1));
+    core::MemoryTracker tracker;
+    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    log.set_step(0);
+    const std::size_t before = log.records().size();
+    t.step(0);
+    std::map<std::string, std::int64_t> bytes;
+    for (std::size_t i = before; i < log.records().size(); ++i) {
+      const auto& r = log.records()[i];
+      const std::string axis(r.axis);
+      EXPECT_EQ(r.group_size, axis == "dp" ? n : axis == "dp_shard" ? S : n / S) << axis << " " << r.op;
+      bytes[axis + " " + std::string(r.op)] += r.bytes;
+    }
+    const auto& units = t.model().units();
+    const std::int64_t sh = shard_elems(t.model(), S), psi_p = S * sh;
+    const std::int64_t lnf_p = S * ((units.back().size() + S - 1) / S), wpe_p = S * ((units[1].size() + S - 1) / S);
+    EXPECT_EQ(bytes["dp all_reduce"], 8) << "the loss";
+    EXPECT_EQ(bytes["dp_shard all_reduce"], S > 1 ? 8 : 0) << "the gradient norm (its shard's part)";
+    EXPECT_EQ(bytes["dp_replica all_reduce"], 4 * sh) << "zero " << zero;
+    // A shard group of one moves nothing over itself.
+    EXPECT_EQ(bytes["dp_shard reduce_scatter"], S > 1 ? 4 * psi_p : 0) << "zero " << zero;
+    EXPECT_EQ(bytes["dp_shard all_gather"], S == 1 ? 0 : zero < 3 ? 4 * psi_p : 4 * (2 * psi_p - lnf_p - wpe_p))
+        << "zero " << zero;
+  }
+}
+
 // Bucketing: with a bucket smaller than the gradient buffer, the DP
 // all-reduces are several and non-blocking, launched during the backward pass.
 TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
@@ -190,7 +291,7 @@ TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
   mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
   const auto c = config(n, 0, 16, 2 * n, 2, 1);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
   t.step(0);
   int nonblocking = 0;
   for (const auto& r : log.records())
@@ -238,7 +339,7 @@ TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
       c.offload.chunk_mb = 1.0 / 256;
       c.backend.precision = plan::choose<core::Precision>(precision);
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+      train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
       // Elements this rank updates, per optimizer: its shard of every unit
       // (dp: one optimizer for all).
       std::int64_t own = 0, padded = 0, nvme_bytes = 0;
@@ -317,7 +418,7 @@ TEST(StateStrategies, ParameterOffloadToNvmeIsExact) {
         c.offload.params = true;
       }
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, &mesh.dp());
+      train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
       std::int64_t written = 0;
       for (const auto& u : t.units()) {
         const std::int64_t shard = (u.size() + n - 1) / n;

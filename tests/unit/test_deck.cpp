@@ -81,7 +81,7 @@ const std::vector<std::string> kAllKeys = {
     "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
     "model.moe_renormalize", "model.moe_aux_coef", "model.recompute",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
-    "parallel.dp", "parallel.bucket_mb", "parallel.zero", "parallel.tp", "parallel.sequence_parallel", "parallel.ep",
+    "parallel.dp", "parallel.bucket_mb", "parallel.zero", "parallel.dp_shard", "parallel.tp", "parallel.sequence_parallel", "parallel.ep",
     "parallel.pp", "parallel.schedule", "parallel.virtual_stages", "parallel.first_stage_layers",
     "parallel.last_stage_layers", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
@@ -346,6 +346,20 @@ TEST_F(DeckTest, ZbvNeedsTwoChunksPerRank) {
   load_error("[model]\nlayers = 6\n[data]\nglobal_batch = 8\nmicro_batch = 2\n"
              "[parallel]\npp = 2\nschedule = \"zb-v\"\nvirtual_stages = 3\n",
              {"the zb-v schedule", "placed as a V", "must be 2, not 3"});
+}
+
+TEST_F(DeckTest, HybridShardingIsChecked) {
+  const std::string batch = "[data]\nglobal_batch = 16\nmicro_batch = 2\n";
+  EXPECT_NO_THROW(load(batch + "[parallel]\ndp = 4\nzero = 3\ndp_shard = 2\n"));
+  EXPECT_NO_THROW(load(batch + "[parallel]\ndp = 4\nzero = 1\ndp_shard = 1\n"));
+  EXPECT_NO_THROW(load(batch + "[parallel]\ndp = 4\ndp_shard = 4\n")) << "one group: plain dp";
+  load_error(batch + "[parallel]\ndp = 4\nzero = 2\ndp_shard = 3\n",
+             {"parallel.dp_shard = 3", "does not divide parallel.dp = 4", "groups of dp_shard ranks"});
+  load_error(batch + "[parallel]\ndp = 4\ndp_shard = 2\n",
+             {"parallel.dp_shard = 2", "shards ZeRO's state", "parallel.zero = 0 (default)"});
+  load_error("[model]\nkind = \"moe\"\nmoe_experts = 4\n" + batch + "[parallel]\ndp = 4\nep = 2\nzero = 1\ndp_shard = 2\n",
+             {"parallel.dp_shard = 2", "parallel.ep = 2", "expert-data-parallel"});
+  load_error(batch + "[parallel]\ndp = 4\nzero = 1\ndp_shard = -1\n", {"parallel.dp_shard", "-1"});
 }
 
 TEST_F(DeckTest, ExpertParallelLayoutsAreChecked) {
