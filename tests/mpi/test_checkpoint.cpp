@@ -37,6 +37,7 @@ struct Layout {
   bool moe = false;
   std::string precision = "fp32";
   std::string offload = "none";
+  int dp_shard = 0;  // hybrid sharding's shard group (0: dp)
 };
 
 // The same global batch (8 sequences) on every layout, so that any two
@@ -46,11 +47,11 @@ deck::Deck make_deck(const Layout& l) {
       "[run]\nsteps = 6\nwarmup_steps = 0\nseed = 7\n"
       "[model]\nkind = \"{}\"\nmoe_experts = {}\nlayers = 2\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\n"
       "[data]\nglobal_batch = {}\nmicro_batch = 1\n"
-      "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\noffload = \"{}\"\n"
+      "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\noffload = \"{}\"\ndp_shard = {}\n"
       "[offload]\npath = \"{}\"\nchunk_mb = 0.00390625\nparams = {}\n"
       "[optim]\nlr = 1e-2\nschedule = \"cosine\"\nwarmup = 2\nweight_decay = 0.1\ngrad_clip = 0.5\n"
       "[backend]\nthreads = 1\nprecision = \"{}\"\nloss_scale = {}\nloss_scale_window = 2\n",
-      l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 8, l.pp, l.dp, l.tp, l.ep, l.zero, l.offload,
+      l.moe ? "moe" : "gpt", l.moe ? 4 : 0, 8, l.pp, l.dp, l.tp, l.ep, l.zero, l.offload, l.dp_shard,
       (fs::temp_directory_path() / "strata-ck-nvme").string(), l.offload == "nvme" && l.zero == 3, l.precision,
       // fp16: a scale that overflows for the first steps, so that the
       // checkpoint carries skipped steps and a scale in motion.
@@ -59,7 +60,8 @@ deck::Deck make_deck(const Layout& l) {
 }
 
 train::CheckpointLayout layout_of(const Layout& l, const deck::Deck& d) {
-  return {l.pp * l.dp * l.tp, l.pp, l.dp, l.tp, l.ep, l.zero, 1, "test", d.resolved_toml, l.precision, l.dp};
+  return {l.pp * l.dp * l.tp, l.pp, l.dp, l.tp, l.ep, l.zero, 1, "test", d.resolved_toml, l.precision,
+          l.dp_shard > 0 ? l.dp_shard : l.dp};
 }
 
 std::string temp_dir() {
@@ -77,12 +79,12 @@ std::string temp_dir() {
 }
 
 void check(const Layout& l) {
-  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} ep {} zero {} moe {} {} offload {}", l.pp, l.dp, l.tp, l.ep, l.zero,
-                           l.moe, l.precision, l.offload));
+  SCOPED_TRACE(fmt::format("pp {} dp {} tp {} ep {} zero {} moe {} {} offload {} dp_shard {}", l.pp, l.dp, l.tp, l.ep,
+                           l.zero, l.moe, l.precision, l.offload, l.dp_shard));
   const deck::Deck d = make_deck(l);
   const auto& c = d.config;
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep, l.dp_shard}, log);
   auto trainer = [&](core::MemoryTracker& t) {
     return std::make_unique<train::Trainer>(c, t, nullptr, 0.0, mesh.groups());
   };
@@ -138,6 +140,8 @@ TEST(Checkpoint, ResumeIsBitExactOnEveryStrategy) {
   // and written into the resumed run's file.
   check({1, n, 1, 1, 2, false, "fp32", "nvme"});
   check({1, n, 1, 1, 0, false, "bf16", "nvme"});
+  // Hybrid sharding: replicas of a shard write the same state.
+  check({1, n, 1, 1, 3, false, "fp32", "none", n / 2});
   check({1, n, 1, 1, 3, false, "bf16", "nvme"});  // the parameter shard on NVMe too
   if (n == 2) {
     check({2, 1, 1});
@@ -155,15 +159,17 @@ TEST(Checkpoint, ResumeIsBitExactOnEveryStrategy) {
 // files), matching the uninterrupted run on the first layout as the
 // layouts' parity does (1e-5 relative per loss).
 void check_reshard(const Layout& from, const Layout& to) {
-  SCOPED_TRACE(fmt::format("from pp {} dp {} tp {} ep {} zero {} to pp {} dp {} tp {} ep {} zero {}", from.pp,
-                           from.dp, from.tp, from.ep, from.zero, to.pp, to.dp, to.tp, to.ep, to.zero));
+  SCOPED_TRACE(fmt::format("from pp {} dp {} tp {} ep {} zero {} dp_shard {} to pp {} dp {} tp {} ep {} zero {} "
+                           "dp_shard {}",
+                           from.pp, from.dp, from.tp, from.ep, from.zero, from.dp_shard, to.pp, to.dp, to.tp, to.ep,
+                           to.zero, to.dp_shard));
   const deck::Deck a = make_deck(from), b = make_deck(to);
   const std::string dir = temp_dir();
   const int k = 2;
   std::vector<double> losses;
   {
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{from.pp, from.dp, from.tp, from.ep}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{from.pp, from.dp, from.tp, from.ep, from.dp_shard}, log);
     core::MemoryTracker t0, t1;
     train::Trainer whole(a.config, t0, nullptr, 0.0, mesh.groups());
     for (int s = 0; s < a.config.run.steps; ++s) losses.push_back(whole.step(s).loss);
@@ -173,7 +179,7 @@ void check_reshard(const Layout& from, const Layout& to) {
                             mesh.coords().dp / from.ep == 0);
   }
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{to.pp, to.dp, to.tp, to.ep}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{to.pp, to.dp, to.tp, to.ep, to.dp_shard}, log);
   core::MemoryTracker t2;
   train::Trainer resumed(b.config, t2, nullptr, 0.0, mesh.groups());
   const auto ref = train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(to, b));
@@ -196,10 +202,12 @@ TEST(Checkpoint, ResumeOnAnotherLayoutReshards) {
     check_reshard({2, 1, 1, 1, 0}, {1, 1, 2, 1, 0});  // pp 2 -> tp 2
     check_reshard({1, 1, 2, 1, 0}, {1, 2, 1, 1, 1});  // tp 2 -> dp 2, ZeRO 1
     check_reshard({1, 2, 1, 2, 1, true}, {1, 2, 1, 1, 2, true});  // ep 2 -> ep 1
+    check_reshard({1, 2, 1, 1, 2, false, "fp32", "none", 1}, {1, 2, 1, 1, 2});  // replicated shards -> ZeRO-2
   }
   if (n == 4) {
     check_reshard({2, 2, 1, 1, 1}, {1, 4, 1, 1, 2});  // pp 2 x dp 2 -> dp 4
     check_reshard({1, 4, 1, 2, 3, true}, {1, 2, 2, 2, 0, true});  // ep 2 of dp 4 -> ep 2 of dp 2 x tp 2
+    check_reshard({1, 4, 1, 1, 3, false, "fp32", "none", 2}, {1, 4, 1, 1, 3});  // ZeRO-3 over 2 -> over 4
   }
 }
 
