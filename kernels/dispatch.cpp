@@ -322,6 +322,23 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
   STRATA_DISPATCH(attention_backward, dqkv, scratch, dout, qkv, out, state, B, T, C, NH);
 }
 
+void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
+                             int NH, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
+  STRATA_DISPATCH(attention_block_forward, out, lse, q, kv, B, Tq, Tk, C, NH, q_batch, kv_batch, q0, k0, accumulate);
+}
+
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
+                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH,
+                              std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
+  STRATA_DISPATCH(attention_block_backward, dq, dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, q_batch, kv_batch, q0,
+                  k0);
+}
+
+void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
+               std::int64_t cols, bool add) {
+  STRATA_DISPATCH(copy_rows, dst, ld_dst, src, ld_src, rows, cols, add);
+}
+
 void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_begin, int v_count) {
   STRATA_DISPATCH(embedding_forward, out, tokens, wte, wpe, B, T, C, v_begin, v_count);
 }

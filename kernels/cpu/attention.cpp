@@ -1,11 +1,19 @@
 // Causal multi-head self-attention on BLAS: per (batch, head), S = q k^T
 // scaled, a causal softmax in place, and probs @ v written straight into the
 // head's columns of out; the backward pass runs the same products transposed.
+// Ring attention's blocks (context parallelism) run the same products on a
+// block of queries against a block of keys, a row block of 64 queries at a
+// time, so their scores take 64 x Tk floats of per-thread scratch (the
+// probabilities are not kept: the backward pass rebuilds them from the rows'
+// log-sum-exp).
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cpu/vec_math.hpp"
@@ -117,6 +125,139 @@ void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, c
                dq + std::int64_t(r0) * C3, C3);
         matmul(true, false, r1, hs, r1 - r0, scale, datt + std::int64_t(r0) * T, T, q + std::int64_t(r0) * C3, C3, 1.0f,
                dk, C3);
+      }
+    }
+  }
+}
+
+namespace {
+
+// Keys of the block query i may attend: 0 .. visible - 1 (causal on global positions).
+int visible_keys(int i, int Tk, int q0, int k0) { return std::clamp(q0 + i - k0 + 1, 0, Tk); }
+
+// Per-thread scratch of the block kernels, grown to the largest block seen.
+std::vector<float>& block_scratch(std::size_t n) {
+  thread_local std::vector<float> s;
+  if (s.size() < n) s.resize(n);
+  return s;
+}
+
+}  // namespace
+
+void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
+                             int NH, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
+  const int hs = C / NH;
+  const std::int64_t C3 = 3 * std::int64_t(C), C2 = 2 * std::int64_t(C);
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const float ninf = -std::numeric_limits<float>::infinity();
+#pragma omp parallel for collapse(2) schedule(static) if (parallel_over_heads(B, NH))
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* qh = q + std::int64_t(b) * q_batch * C3 + h * hs;
+      const float* k = kv + std::int64_t(b) * kv_batch * C2 + h * hs;
+      const float* v = k + C;
+      float* y = out + std::int64_t(b) * q_batch * C + h * hs;
+      float* l = lse + (std::int64_t(b) * NH + h) * q_batch;
+      std::vector<float>& scratch = block_scratch(std::size_t(kRowBlock) * (std::size_t(Tk) + hs + 1));
+      float* att = scratch.data();                       // [rows, nk]: scores, then probabilities
+      float* ob = att + std::int64_t(kRowBlock) * Tk;    // [rows, hs]: the block's attention
+      float* lb = ob + std::int64_t(kRowBlock) * hs;     // [rows]: the block's log-sum-exp
+      for (int r0 = 0; r0 < Tq; r0 += kRowBlock) {
+        const int rows = std::min(kRowBlock, Tq - r0);
+        const int nk = visible_keys(r0 + rows - 1, Tk, q0, k0);  // what the block's last row sees: the most
+        if (nk > 0) {
+          matmul(false, true, rows, nk, hs, scale, qh + std::int64_t(r0) * C3, int(C3), k, int(C2), 0.0f, att, nk);
+          for (int i = 0; i < rows; ++i) {
+            float* row = att + std::int64_t(i) * nk;
+            const int n = visible_keys(r0 + i, Tk, q0, k0);
+            lb[i] = ninf;
+            if (n > 0) {
+              float m = row[0];
+              for (int j = 1; j < n; ++j) m = row[j] > m ? row[j] : m;
+              float sum = 0.0f;
+              for (int j = 0; j < n; ++j) {
+                row[j] = exp_vec(row[j] - m);
+                sum += row[j];
+              }
+              const float inv = 1.0f / sum;
+              for (int j = 0; j < n; ++j) row[j] *= inv;
+              lb[i] = m + std::log(sum);
+            }
+            for (int j = n; j < nk; ++j) row[j] = 0.0f;
+          }
+          matmul(false, false, rows, hs, nk, 1.0f, att, nk, v, int(C2), 0.0f, ob, hs);
+        } else {
+          for (int i = 0; i < rows; ++i) lb[i] = ninf;
+        }
+        for (int i = 0; i < rows; ++i) {
+          float* yr = y + std::int64_t(r0 + i) * C;
+          const float* o = ob + std::int64_t(i) * hs;
+          float& li = l[r0 + i];
+          if (!accumulate || li == ninf) {
+            // The first block a row meets (or the first it may attend).
+            for (int d = 0; d < hs; ++d) yr[d] = lb[i] == ninf ? 0.0f : o[d];
+            li = lb[i];
+          } else if (lb[i] != ninf) {
+            // The running log-sum-exp merge.
+            const float mx = std::max(li, lb[i]);
+            const float merged = mx + std::log(std::exp(li - mx) + std::exp(lb[i] - mx));
+            const float a = std::exp(li - merged), c = std::exp(lb[i] - merged);
+            for (int d = 0; d < hs; ++d) yr[d] = yr[d] * a + o[d] * c;
+            li = merged;
+          }
+        }
+      }
+    }
+  }
+}
+
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
+                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH,
+                              std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
+  const int hs = C / NH;
+  const std::int64_t C3 = 3 * std::int64_t(C), C2 = 2 * std::int64_t(C);
+  const float scale = 1.0f / std::sqrt(float(hs));
+  // Each (b, h) writes only its own head's columns of dq, dk and dv.
+#pragma omp parallel for collapse(2) schedule(static) if (parallel_over_heads(B, NH))
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* qh = q + std::int64_t(b) * q_batch * C3 + h * hs;
+      const float* k = kv + std::int64_t(b) * kv_batch * C2 + h * hs;
+      const float* v = k + C;
+      float* dqh = dq + std::int64_t(b) * q_batch * C3 + h * hs;
+      float* dk = dkv + std::int64_t(b) * kv_batch * C2 + h * hs;
+      float* dv = dk + C;
+      const float* y = out + std::int64_t(b) * q_batch * C + h * hs;
+      const float* dy = dout + std::int64_t(b) * q_batch * C + h * hs;
+      const float* l = lse + (std::int64_t(b) * NH + h) * q_batch;
+      std::vector<float>& scratch = block_scratch(std::size_t(kRowBlock) * 2 * std::size_t(Tk));
+      float* p = scratch.data();                        // [rows, nk]: P, rebuilt from the rows' log-sum-exp
+      float* dp = p + std::int64_t(kRowBlock) * Tk;     // [rows, nk]: dP, then dS
+      for (int r0 = 0; r0 < Tq; r0 += kRowBlock) {
+        const int rows = std::min(kRowBlock, Tq - r0);
+        const int nk = visible_keys(r0 + rows - 1, Tk, q0, k0);
+        if (nk == 0) continue;
+        matmul(false, true, rows, nk, hs, scale, qh + std::int64_t(r0) * C3, int(C3), k, int(C2), 0.0f, p, nk);
+        matmul(false, true, rows, nk, hs, 1.0f, dy + std::int64_t(r0) * C, C, v, int(C2), 0.0f, dp, nk);
+        for (int i = 0; i < rows; ++i) {
+          float* pr = p + std::int64_t(i) * nk;
+          float* dr = dp + std::int64_t(i) * nk;
+          const int n = visible_keys(r0 + i, Tk, q0, k0);
+          // D_i = dout_i . out_i: the softmax backward's row term over every
+          // key of every block, which out (the final one) carries.
+          float D = 0.0f;
+          for (int d = 0; d < hs; ++d) D += dy[std::int64_t(r0 + i) * C + d] * y[std::int64_t(r0 + i) * C + d];
+          const float li = l[r0 + i];
+          for (int j = 0; j < n; ++j) {
+            pr[j] = exp_vec(pr[j] - li);
+            dr[j] = pr[j] * (dr[j] - D);
+          }
+          for (int j = n; j < nk; ++j) pr[j] = dr[j] = 0.0f;
+        }
+        // dv += P^T dout; dq += scale dS k; dk += scale dS^T q.
+        matmul(true, false, nk, hs, rows, 1.0f, p, nk, dy + std::int64_t(r0) * C, C, 1.0f, dv, int(C2));
+        matmul(false, false, rows, hs, nk, scale, dp, nk, k, int(C2), 1.0f, dqh + std::int64_t(r0) * C3, int(C3));
+        matmul(true, false, nk, hs, rows, scale, dp, nk, qh + std::int64_t(r0) * C3, int(C3), 1.0f, dk, int(C2));
       }
     }
   }

@@ -91,6 +91,22 @@ void add_inplace(float* y, const float* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
+               std::int64_t cols, bool add) {
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * ld_dst;
+    const float* x = src + r * ld_src;
+    if (add) {
+#pragma omp simd
+      for (std::int64_t c = 0; c < cols; ++c) d[c] += x[c];
+    } else {
+#pragma omp simd
+      for (std::int64_t c = 0; c < cols; ++c) d[c] = x[c];
+    }
+  }
+}
+
 void scale_inplace(float* x, float s, std::int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) x[i] *= s;

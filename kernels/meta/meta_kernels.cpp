@@ -7,6 +7,8 @@
 // attention is counted as its fused form, the rows' log-sum-exp.
 #include "kernels/meta/meta_kernels.hpp"
 
+#include <algorithm>
+
 #include "kernels/kernels.hpp"
 
 namespace strata::kernels::meta {
@@ -64,6 +66,33 @@ void attention_backward(float*, float*, const float*, const float*, const float*
                         int NH) {
   const double scores = double(B) * NH * T * T;
   count(__func__, 8.0 * B * T * double(T) * C, 8.0 * scores, F * (10.0 * B * T * C + 2.0 * B * NH * T));
+}
+
+// A ring block counts as the model counts attention: every (query, key)
+// pair of the causal square, twice the pairs it attends; so the blocks of a
+// ring add up to one rank's whole-sequence figure.
+namespace {
+double attended_pairs(int Tq, int Tk, int q0, int k0) {
+  double pairs = 0;
+  for (int i = 0; i < Tq; ++i) pairs += std::clamp(q0 + i - k0 + 1, 0, Tk);
+  return pairs;
+}
+}  // namespace
+
+void attention_block_forward(float*, float*, const float*, const float*, int B, int Tq, int Tk, int C, int NH, i64, i64,
+                             int q0, int k0, bool accumulate) {
+  const double pairs = 2 * attended_pairs(Tq, Tk, q0, k0);
+  count(__func__, 4.0 * B * pairs * C, 5.0 * B * NH * pairs,
+        F * (double(B) * Tq * C * (accumulate ? 3 : 2) + 2.0 * B * Tk * C + double(B) * NH * Tq * (accumulate ? 2 : 1)));
+}
+void attention_block_backward(float*, float*, const float*, const float*, const float*, const float*, const float*,
+                              int B, int Tq, int Tk, int C, int NH, i64, i64, int q0, int k0) {
+  const double pairs = 2 * attended_pairs(Tq, Tk, q0, k0);
+  count(__func__, 8.0 * B * pairs * C, 8.0 * B * NH * pairs,
+        F * (double(B) * Tq * C * 6 + 4.0 * B * Tk * C + double(B) * NH * Tq));
+}
+void copy_rows(float*, i64, const float*, i64, i64 rows, i64 cols, bool add) {
+  count(__func__, 0, add ? double(rows) * cols : 0, F * double(rows) * cols * (add ? 3 : 2));
 }
 
 void embedding_forward(float*, const std::int32_t*, const float*, const float* wpe, int B, int T, int C, int, int) {

@@ -673,6 +673,97 @@ void attention_case(std::mt19937& rng, AttentionShape s, bool fd_all) {
   EXPECT_TRUE(all_close(g, want));
 }
 
+// Ring attention's blocks (context parallelism): the sequence cut into
+// query blocks and key blocks (uneven, one key block larger than a 64-row
+// block), every query block run against every key block in a shuffled
+// order, the first overwriting and the rest merging; the rows' outputs and
+// log-sum-exp equal the whole-sequence double reference, and the block
+// backward passes, summed, its gradient. The key blocks travel as a ring
+// passes them on: [B, Tk, 2C], keys then values.
+void ring_blocks_case(std::mt19937& rng, AttentionShape s, const std::vector<int>& cuts) {
+  const int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
+  SCOPED_TRACE(::testing::Message() << "B " << B << " T " << T << " C " << C << " NH " << NH);
+  const std::size_t nqkv = std::size_t(B) * T * 3 * C, nout = std::size_t(B) * T * C;
+  Vec qkv = uniform(rng, nqkv, -1.5f, 1.5f), R = uniform(rng, nout);
+  DVec qd = to_double(qkv), Rd = to_double(R);
+  DVec oref(nout), pref(std::size_t(B) * NH * T * T);
+  ref_attention_forward(oref, pref, qd, B, T, C, NH);
+  // The reference log-sum-exp of each row, from the scores.
+  DVec lref(std::size_t(B) * NH * T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        double m = -1e300, sum = 0;
+        std::vector<double> sc(std::size_t(t) + 1);
+        for (int j = 0; j <= t; ++j) {
+          double x = 0;
+          for (int i = 0; i < hs; ++i)
+            x += qd[(std::size_t(b) * T + t) * 3 * C + h * hs + i] * qd[(std::size_t(b) * T + j) * 3 * C + C + h * hs + i];
+          sc[std::size_t(j)] = x / std::sqrt(double(hs));
+          m = std::max(m, sc[std::size_t(j)]);
+        }
+        for (double x : sc) sum += std::exp(x - m);
+        lref[(std::size_t(b) * NH + h) * T + t] = m + std::log(sum);
+      }
+  // kv [B, T, 2C]: the keys and values of the whole sequence.
+  Vec kv(std::size_t(B) * T * 2 * C);
+  k::copy_rows(kv.data(), 2 * C, qkv.data() + C, 3 * C, std::int64_t(B) * T, 2 * C, false);
+  std::vector<std::pair<int, int>> blocks;  // [begin, end) of each cut
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) blocks.push_back({cuts[i], cuts[i + 1]});
+  std::vector<std::size_t> order(blocks.size());
+  std::iota(order.begin(), order.end(), 0);
+  // Garbage first: the first block of every row must overwrite it.
+  Vec out(nout, std::numeric_limits<float>::quiet_NaN()), lse(std::size_t(B) * NH * T, 123.0f);
+  for (const auto& [q0, q1] : blocks) {
+    std::shuffle(order.begin(), order.end(), rng);
+    bool first = true;
+    for (std::size_t o : order) {
+      const auto [k0, k1] = blocks[o];
+      k::attention_block_forward(out.data() + std::size_t(q0) * C, lse.data() + q0, qkv.data() + std::size_t(q0) * 3 * C,
+                                 kv.data() + std::size_t(k0) * 2 * C, B, q1 - q0, k1 - k0, C, NH, T, T, q0, k0,
+                                 !first);
+      first = false;
+    }
+  }
+  EXPECT_TRUE(all_close(out, oref));
+  EXPECT_TRUE(all_close(lse, lref));
+
+  DVec dref(nqkv, 0.0);
+  ref_attention_backward(dref, Rd, qd, B, T, C, NH);
+  Vec dq(nqkv, 0.0f), dkv(std::size_t(B) * T * 2 * C, 0.0f);
+  for (const auto& [q0, q1] : blocks)
+    for (const auto& [k0, k1] : blocks)
+      k::attention_block_backward(dq.data() + std::size_t(q0) * 3 * C, dkv.data() + std::size_t(k0) * 2 * C,
+                                  R.data() + std::size_t(q0) * C, qkv.data() + std::size_t(q0) * 3 * C,
+                                  kv.data() + std::size_t(k0) * 2 * C, out.data() + std::size_t(q0) * C,
+                                  lse.data() + q0, B, q1 - q0, k1 - k0, C, NH, T, T, q0, k0);
+  // dk and dv back into their qkv columns (added: dq holds the q columns).
+  k::copy_rows(dq.data() + C, 3 * C, dkv.data(), 2 * C, std::int64_t(B) * T, 2 * C, true);
+  EXPECT_TRUE(all_close(dq, dref));
+}
+
+TEST(Attention, RingBlocksMergeToTheWholeSequence) {
+  SEEDED_RNG(rng);
+  ring_blocks_case(rng, {2, 12, 12, 3}, {0, 3, 5, 9, 12});          // uneven blocks, hs 4
+  ring_blocks_case(rng, {1, 150, 8, 2}, {0, 10, 85, 150});          // a 75-row block: two row blocks
+}
+
+TEST(Elementwise, CopyRowsSetsAndAdds) {
+  SEEDED_RNG(rng);
+  const Vec src = uniform(rng, 5 * 7), base = uniform(rng, 5 * 9);
+  Vec dst = base;
+  k::copy_rows(dst.data() + 1, 9, src.data() + 2, 7, 5, 4, false);
+  Vec added = dst;
+  k::copy_rows(added.data() + 1, 9, src.data() + 2, 7, 5, 4, true);
+  for (int r = 0; r < 5; ++r)
+    for (int c = 0; c < 9; ++c) {
+      const bool in = c >= 1 && c < 5;
+      const float x = src[std::size_t(r) * 7 + 2 + c - 1];
+      EXPECT_EQ(dst[std::size_t(r) * 9 + c], in ? x : base[std::size_t(r) * 9 + c]);
+      EXPECT_EQ(added[std::size_t(r) * 9 + c], in ? x + x : base[std::size_t(r) * 9 + c]);
+    }
+}
+
 TEST(Attention, SmallAgainstDoubleAndFiniteDifferences) {
   SEEDED_RNG(rng);
   attention_case(rng, {2, 7, 12, 3}, true);  // hs = 4, one row block

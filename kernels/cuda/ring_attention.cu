@@ -1,0 +1,243 @@
+// Ring attention's blocks (context parallelism) on the CUDA cores, in fp32:
+// a block of queries against a block of keys at global positions, merged
+// into the running output and log-sum-exp (kernels/ops.inc states the
+// contract). The plain form: one warp per (query row, head) in the forward
+// pass and for dq, one warp per (key row, head) for dk and dv, each walking
+// the other side's rows with an online softmax or the rebuilt
+// probabilities; a lane holds head dimensions lane, lane + 32, ... (head
+// sizes up to 128). No tiles in shared memory: each key row is read once per
+// query row (from L2 when it fits). The whole-sequence kernels of
+// attention.cu remain the single-rank path.
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/launch.cuh"
+
+namespace strata::kernels::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;                 // warps per block
+constexpr int kMaxDims = 4;               // head dimensions per lane: hs <= 128
+constexpr unsigned kAll = 0xffffffffu;
+
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kAll, v, o);
+  return v;
+}
+
+// Keys of the block query i may attend: 0 .. visible - 1.
+__device__ int visible_keys(int i, int Tk, int q0, int k0) { return max(0, min(Tk, q0 + i - k0 + 1)); }
+
+// One warp per (b, h, i): the block's softmax over the visible keys with an
+// online maximum, then merged into out and lse.
+__global__ void block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
+                              int NH, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate,
+                              float scale) {
+  const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
+  const int lane = threadIdx.x % 32;
+  if (w >= std::int64_t(B) * NH * Tq) return;  // whole warps leave together
+  const int i = int(w % Tq), h = int((w / Tq) % NH), b = int(w / (std::int64_t(Tq) * NH));
+  const int hs = C / NH;
+  const std::int64_t C3 = 3 * std::int64_t(C), C2 = 2 * std::int64_t(C);
+  const float* qr = q + (std::int64_t(b) * q_batch + i) * C3 + h * hs;
+  const float* kb = kv + std::int64_t(b) * kv_batch * C2 + h * hs;
+  float qd[kMaxDims], acc[kMaxDims];
+  for (int c = 0; c < kMaxDims; ++c) {
+    const int d = lane + 32 * c;
+    qd[c] = d < hs ? qr[d] * scale : 0.0f;
+    acc[c] = 0.0f;
+  }
+  const int n = visible_keys(i, Tk, q0, k0);
+  float m = -INFINITY, l = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const float* kr = kb + std::int64_t(j) * C2;
+    float s = 0.0f;
+    for (int c = 0; c < kMaxDims; ++c) {
+      const int d = lane + 32 * c;
+      if (d < hs) s += qd[c] * kr[d];
+    }
+    s = warp_sum(s);
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), p = expf(s - m_new);
+    l = l * corr + p;
+    for (int c = 0; c < kMaxDims; ++c) {
+      const int d = lane + 32 * c;
+      acc[c] = acc[c] * corr + (d < hs ? p * kr[C + d] : 0.0f);
+    }
+    m = m_new;
+  }
+  float* y = out + (std::int64_t(b) * q_batch + i) * C + h * hs;
+  float& li = lse[(std::int64_t(b) * NH + h) * q_batch + i];
+  const float lb = n > 0 ? m + logf(l) : -INFINITY;
+  const float old = li;  // every lane reads before lane 0 writes
+  __syncwarp();
+  if (!accumulate || old == -INFINITY) {
+    for (int c = 0; c < kMaxDims; ++c) {
+      const int d = lane + 32 * c;
+      if (d < hs) y[d] = n > 0 ? acc[c] / l : 0.0f;
+    }
+    if (lane == 0) li = lb;
+  } else if (n > 0) {
+    const float mx = fmaxf(old, lb);
+    const float merged = mx + logf(expf(old - mx) + expf(lb - mx));
+    const float a = expf(old - merged), f = expf(lb - merged) / l;
+    for (int c = 0; c < kMaxDims; ++c) {
+      const int d = lane + 32 * c;
+      if (d < hs) y[d] = y[d] * a + acc[c] * f;
+    }
+    if (lane == 0) li = merged;
+  }
+}
+
+// dq of one (b, h, i): sum over its visible keys of scale dS k, with
+// P = exp(s - lse) and dS = P (dout . v - D), D = dout . out.
+__global__ void block_backward_dq(float* dq, const float* dout, const float* q, const float* kv, const float* out,
+                                  const float* lse, int B, int Tq, int Tk, int C, int NH, std::int64_t q_batch,
+                                  std::int64_t kv_batch, int q0, int k0, float scale) {
+  const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
+  const int lane = threadIdx.x % 32;
+  if (w >= std::int64_t(B) * NH * Tq) return;
+  const int i = int(w % Tq), h = int((w / Tq) % NH), b = int(w / (std::int64_t(Tq) * NH));
+  const int hs = C / NH;
+  const std::int64_t C3 = 3 * std::int64_t(C), C2 = 2 * std::int64_t(C);
+  const std::int64_t row = std::int64_t(b) * q_batch + i;
+  const float* qr = q + row * C3 + h * hs;
+  const float* kb = kv + std::int64_t(b) * kv_batch * C2 + h * hs;
+  const float* dy = dout + row * C + h * hs;
+  const float* y = out + row * C + h * hs;
+  float qd[kMaxDims], od[kMaxDims], g[kMaxDims];
+  float D = 0.0f;
+  for (int c = 0; c < kMaxDims; ++c) {
+    const int d = lane + 32 * c;
+    qd[c] = d < hs ? qr[d] * scale : 0.0f;
+    od[c] = d < hs ? dy[d] : 0.0f;
+    D += d < hs ? od[c] * y[d] : 0.0f;
+    g[c] = 0.0f;
+  }
+  D = warp_sum(D);
+  const float li = lse[(std::int64_t(b) * NH + h) * q_batch + i];
+  const int n = visible_keys(i, Tk, q0, k0);
+  for (int j = 0; j < n; ++j) {
+    const float* kr = kb + std::int64_t(j) * C2;
+    float s = 0.0f, dp = 0.0f;
+    for (int c = 0; c < kMaxDims; ++c) {
+      const int d = lane + 32 * c;
+      if (d < hs) s += qd[c] * kr[d], dp += od[c] * kr[C + d];
+    }
+    s = warp_sum(s), dp = warp_sum(dp);
+    const float ds = expf(s - li) * (dp - D);
+    for (int c = 0; c < kMaxDims; ++c) {
+      const int d = lane + 32 * c;
+      if (d < hs) g[c] += ds * kr[d];
+    }
+  }
+  float* dqr = dq + row * C3 + h * hs;
+  for (int c = 0; c < kMaxDims; ++c) {
+    const int d = lane + 32 * c;
+    if (d < hs) dqr[d] += scale * g[c];
+  }
+}
+
+// dk and dv of one (b, h, key j): sums over the queries that see it.
+__global__ void block_backward_dkv(float* dkv, const float* dout, const float* q, const float* kv, const float* out,
+                                   const float* lse, int B, int Tq, int Tk, int C, int NH, std::int64_t q_batch,
+                                   std::int64_t kv_batch, int q0, int k0, float scale) {
+  const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
+  const int lane = threadIdx.x % 32;
+  if (w >= std::int64_t(B) * NH * Tk) return;
+  const int j = int(w % Tk), h = int((w / Tk) % NH), b = int(w / (std::int64_t(Tk) * NH));
+  const int hs = C / NH;
+  const std::int64_t C3 = 3 * std::int64_t(C), C2 = 2 * std::int64_t(C);
+  const float* kr = kv + (std::int64_t(b) * kv_batch + j) * C2 + h * hs;
+  float kd[kMaxDims], vd[kMaxDims], gk[kMaxDims], gv[kMaxDims];
+  for (int c = 0; c < kMaxDims; ++c) {
+    const int d = lane + 32 * c;
+    kd[c] = d < hs ? kr[d] : 0.0f;
+    vd[c] = d < hs ? kr[C + d] : 0.0f;
+    gk[c] = gv[c] = 0.0f;
+  }
+  // The queries that see key j: k0 + j <= q0 + i.
+  const int first = max(0, k0 + j - q0);
+  for (int i = first; i < Tq; ++i) {
+    const std::int64_t row = std::int64_t(b) * q_batch + i;
+    const float* qr = q + row * C3 + h * hs;
+    const float* dy = dout + row * C + h * hs;
+    const float* y = out + row * C + h * hs;
+    float s = 0.0f, dp = 0.0f, D = 0.0f;
+    for (int c = 0; c < kMaxDims; ++c) {
+      const int d = lane + 32 * c;
+      if (d < hs) s += qr[d] * scale * kd[c], dp += dy[d] * vd[c], D += dy[d] * y[d];
+    }
+    s = warp_sum(s), dp = warp_sum(dp), D = warp_sum(D);
+    const float p = expf(s - lse[(std::int64_t(b) * NH + h) * q_batch + i]);
+    const float ds = p * (dp - D);
+    for (int c = 0; c < kMaxDims; ++c) {
+      const int d = lane + 32 * c;
+      if (d < hs) gv[c] += p * dy[d], gk[c] += ds * scale * qr[d];
+    }
+  }
+  float* dk = dkv + (std::int64_t(b) * kv_batch + j) * C2 + h * hs;
+  for (int c = 0; c < kMaxDims; ++c) {
+    const int d = lane + 32 * c;
+    if (d < hs) dk[d] += gk[c], dk[C + d] += gv[c];
+  }
+}
+
+int warps_grid(std::int64_t warps) { return int((warps + kWarps - 1) / kWarps); }
+
+void check_head_size(int C, int NH) {
+  if (C / NH > 32 * kMaxDims)
+    throw std::runtime_error("ring attention blocks: head size " + std::to_string(C / NH) + " above " +
+                             std::to_string(32 * kMaxDims));
+}
+
+}  // namespace
+
+void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
+                             int NH, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
+  check_head_size(C, NH);
+  const std::int64_t warps = std::int64_t(B) * NH * Tq;
+  if (warps == 0) return;
+  block_forward<<<warps_grid(warps), 32 * kWarps>>>(out, lse, q, kv, B, Tq, Tk, C, NH, q_batch, kv_batch, q0, k0,
+                                                    accumulate, 1.0f / std::sqrt(float(C / NH)));
+  STRATA_CHECK_LAUNCH();
+}
+
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
+                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH,
+                              std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
+  check_head_size(C, NH);
+  const float scale = 1.0f / std::sqrt(float(C / NH));
+  if (std::int64_t(B) * NH * Tq > 0) {
+    block_backward_dq<<<warps_grid(std::int64_t(B) * NH * Tq), 32 * kWarps>>>(dq, dout, q, kv, out, lse, B, Tq, Tk, C,
+                                                                              NH, q_batch, kv_batch, q0, k0, scale);
+    STRATA_CHECK_LAUNCH();
+  }
+  if (std::int64_t(B) * NH * Tk > 0) {
+    block_backward_dkv<<<warps_grid(std::int64_t(B) * NH * Tk), 32 * kWarps>>>(dkv, dout, q, kv, out, lse, B, Tq, Tk,
+                                                                               C, NH, q_batch, kv_batch, q0, k0, scale);
+    STRATA_CHECK_LAUNCH();
+  }
+}
+
+void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
+               std::int64_t cols, bool add) {
+  if (rows <= 0 || cols <= 0) return;
+  if (!add) {
+    STRATA_CHECK_CUDA(cudaMemcpy2DAsync(dst, std::size_t(ld_dst) * sizeof(float), src,
+                                        std::size_t(ld_src) * sizeof(float), std::size_t(cols) * sizeof(float),
+                                        std::size_t(rows), cudaMemcpyDeviceToDevice));
+    return;
+  }
+  launch(rows * cols, [=] __device__(std::int64_t e) {
+    const std::int64_t r = e / cols, c = e % cols;
+    dst[r * ld_dst + c] += src[r * ld_src + c];
+  });
+}
+
+}  // namespace strata::kernels::cuda
