@@ -112,7 +112,7 @@ long double gpt_param_count(const GptConfig& c) {
 }
 
 std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, bool sp, GptStage stage,
-                                            bool split_backward) {
+                                            bool split_backward, const ContextSeam& cp) {
   stage = resolved(c, stage);
   // Per tensor-parallel rank: heads, hidden units and vocabulary are 1/tp;
   // with sequence parallelism the residual stream and norm statistics hold
@@ -120,7 +120,9 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
   // gradients of the linears that read them).
   // "encoded" is the stage's input: the embedding's output, or the previous
   // stage's activations; a stage without the head has no head buffers.
-  const std::int64_t L = stage.last - stage.first, C = c.d_model, F = c.ffn() / tp, T = c.seq_len,
+  // T: this rank's tokens of each sequence (all of them without context
+  // parallelism).
+  const std::int64_t L = stage.last - stage.first, C = c.d_model, F = c.ffn() / tp, T = c.seq_len / cp.size(),
                      NH = c.heads / tp, Ct = c.d_model / tp;
   // Recomputation keeps one block's worth of what it rebuilds (at least one
   // block on the stage): full, every per-block buffer but the block outputs;
@@ -134,8 +136,8 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
   const std::int64_t Ldr = c.recompute == Recompute::full ? std::min<std::int64_t>(Ld, 1) : Ld;
   const std::int64_t V = stage.head ? c.vocab / tp : 0, H = stage.head ? 1 : 0;
   const std::int64_t N = B * T, Nl = sp ? N / tp : N;
-  const std::int64_t att = kernels::attention_state_floats(c.fused_attention, int(B), int(NH), int(T));
-  const std::int64_t datt = kernels::attention_scratch_floats(c.fused_attention, int(B), int(NH), int(T));
+  const std::int64_t att = cp.state_floats(c.fused_attention, int(B), int(NH), int(T), int(Ct));
+  const std::int64_t datt = cp.scratch_floats(c.fused_attention, int(B), int(NH), int(T), int(Ct));
   const auto A = MemCategory::activations, W = MemCategory::workspace;
   std::vector<BufferPlan> plan = {
       {"encoded", Nl * C, A},
@@ -186,12 +188,12 @@ std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int B, int tp, b
   return plan;
 }
 
-std::vector<BufferPlan> gpt_moe_plan(const GptConfig& c, int B, GptStage stage) {
+std::vector<BufferPlan> gpt_moe_plan(const GptConfig& c, int B, GptStage stage, int cp_size) {
   stage = resolved(c, stage);
   std::vector<BufferPlan> plan;
   for (int l = stage.first; l < stage.last; ++l)
     if (c.is_moe(l))
-      for (auto& b : moe_buffer_plan(c.moe_layer(), B * c.seq_len)) plan.push_back(std::move(b));
+      for (auto& b : moe_buffer_plan(c.moe_layer(), B * (c.seq_len / cp_size))) plan.push_back(std::move(b));
   return plan;
 }
 
@@ -258,8 +260,8 @@ std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, GptSta
 }
 
 Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorSeam& tp, GptStage stage,
-         bool split_backward, ExpertSeam& ep)
-    : c_(config), B_(micro_batch), tp_(&tp), stage_(resolved(config, stage)),
+         bool split_backward, ExpertSeam& ep, ContextSeam& cp)
+    : c_(config), B_(micro_batch), tp_(&tp), cp_(&cp), T_(config.seq_len / cp.size()), stage_(resolved(config, stage)),
       reg_(gpt_registry(config, tp.size(), tp.rank(), stage_, ep.size(), ep.rank())), split_(split_backward) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
   STRATA_CHECK(kernels::is_meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
@@ -268,7 +270,8 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
   STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");
   STRATA_CHECK(c_.heads % tp_->size() == 0 && c_.vocab % tp_->size() == 0, "heads {} and vocab {} over tp {}",
                c_.heads, c_.vocab, tp_->size());
-  const std::int64_t N = std::int64_t(B_) * c_.seq_len;
+  STRATA_CHECK(c_.seq_len % cp_->size() == 0, "seq_len {} over cp {}", c_.seq_len, cp_->size());
+  const std::int64_t N = std::int64_t(B_) * T_;
   Nl_ = tp_->rows(N);
   r0_ = tp_->first_row(N);
   units_ = gpt_units(reg_, c_, stage_);
@@ -297,7 +300,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
     }
     layer_offsets_.push_back(o);
     if (moe) {
-      moe_.push_back(std::make_unique<MoeLayer>(c_.moe_layer(), B_ * c_.seq_len, tracker, ep));
+      moe_.push_back(std::make_unique<MoeLayer>(c_.moe_layer(), B_ * T_, tracker, ep));
     } else {
       moe_.push_back(nullptr);
     }
@@ -310,7 +313,7 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
     head_wte_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
   }
 
-  plan_ = gpt_activation_plan(c_, B_, tp_->size(), Nl_ < N, stage_, split_);
+  plan_ = gpt_activation_plan(c_, B_, tp_->size(), Nl_ < N, stage_, split_, *cp_);
   for (const auto& p : plan_) acts_.emplace_back(tracker, p.category, p.numel, p.name);
   encoded_ = act("encoded");
   ln1_ = act("ln1"), ln1_mean_ = act("ln1_mean"), ln1_rstd_ = act("ln1_rstd");
@@ -352,25 +355,61 @@ Gpt::LayerParams Gpt::layer_view(float* base, float* experts, int l) const {
           o[12] < 0 ? nullptr : base + o[12]};
 }
 
+namespace {
+
+// Runs of rows whose positions are consecutive: rows [first, first + n) of
+// the [B, T] local tokens (row = b T + t) at positions pos, pos + 1, ...
+template <typename F>
+void position_runs(const ContextSeam& cp, std::int64_t first, std::int64_t n, int T, int seq_len, F f) {
+  std::int64_t row = first;
+  while (row < first + n) {
+    const int t = int(row % T), pos = cp.position(t, seq_len);
+    std::int64_t len = 1;
+    while (row + len < first + n && (row + len) % T != 0 && cp.position(t + int(len), seq_len) == pos + len) ++len;
+    f(row - first, pos, len);
+    row += len;
+  }
+}
+
+}  // namespace
+
+void Gpt::add_positions(float* rows, const float* wpe) {
+  const int C = c_.d_model;
+  if (cp_->size() == 1) {
+    kernels::add_position_rows(rows, wpe, int(Nl_), C, T_, int(r0_));
+    return;
+  }
+  position_runs(*cp_, r0_, Nl_, T_, c_.seq_len, [&](std::int64_t i, int pos, std::int64_t len) {
+    kernels::add_inplace(rows + i * C, wpe + std::int64_t(pos) * C, len * C);
+  });
+}
+
+void Gpt::position_grads(float* dwpe, const float* drows) {
+  const int C = c_.d_model;
+  position_runs(*cp_, 0, std::int64_t(B_) * T_, T_, c_.seq_len, [&](std::int64_t i, int pos, std::int64_t len) {
+    kernels::add_inplace(dwpe + std::int64_t(pos) * C, drows + i * C, len * C);
+  });
+}
+
 Gpt::BlockActs Gpt::block_acts(int lb) const {
   // Full recomputation keeps one block's worth (slot 0) and rebuilds it in
   // the backward pass; selective keeps every block's but one attention
   // probability matrix.
-  const int B = B_, T = c_.seq_len, C = c_.d_model, tp = tp_->size();
+  const int B = B_, T = T_, C = c_.d_model, tp = tp_->size();
   const std::int64_t Ct = C / tp, Ft = c_.ffn() / tp, NHt = c_.heads / tp, N = std::int64_t(B) * T, Nl = Nl_;
   const std::int64_t k = c_.recompute == Recompute::full ? 0 : lb;
   const std::int64_t ka = c_.recompute == Recompute::none ? lb : 0;
   // The dense MLP's buffers, per dense block (a MoE block's point at the first, unused).
   const std::int64_t kd = c_.recompute == Recompute::full ? 0 : std::max(dense_index_[std::size_t(lb)], 0);
   return {ln1_ + k * N * C,  ln1_mean_ + k * Nl, ln1_rstd_ + k * Nl, qkv_ + k * N * 3 * Ct, atty_ + k * N * Ct,
-          att_ + ka * kernels::attention_state_floats(c_.fused_attention, B, int(NHt), T), res2_ + k * Nl * C, ln2_ + k * N * C, ln2_mean_ + k * Nl,
+          att_ + ka * cp_->state_floats(c_.fused_attention, B, int(NHt), T, int(Ct)), res2_ + k * Nl * C, ln2_ + k * N * C, ln2_mean_ + k * Nl,
           ln2_rstd_ + k * Nl, fch_ + kd * N * Ft, fch_gelu_ + kd * N * Ft};
 }
 
 void Gpt::norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
   // A norm over this rank's rows [Nl, C], its output [N, C] of all rows for
   // the column-parallel linear that reads it (f, gathered in place).
-  const int C = c_.d_model, N = B_ * c_.seq_len;
+  const int C = c_.d_model, N = B_ * T_;
   float* mine = out_all + r0_ * C;
   kernels::layernorm_forward(mine, mean, rstd, x, w, b, int(Nl_), C);
   tp_->gather(mine, out_all, N, C);
@@ -379,18 +418,20 @@ void Gpt::norm_rows(float* out_all, float* mean, float* rstd, const float* x, co
 void Gpt::residual_rows(float* out, const float* x, const float* bias) {
   // out[Nl, C] = x + (this rank's rows of the row-parallel partial sums in
   // dbuf_ [N, C], summed over ranks: g) + bias.
-  const int C = c_.d_model, N = B_ * c_.seq_len;
+  const int C = c_.d_model, N = B_ * T_;
   const float* sum = tp_->reduce(dbuf_, sp_rows_, N, C);
   kernels::residual_forward(out, x, sum, Nl_ * C);
   kernels::bias_add(out, bias, int(Nl_), C);
 }
 
 void Gpt::block_front(const BlockActs& a, const LayerParams& p, const float* x) {
-  const int B = B_, T = c_.seq_len, C = c_.d_model, tp = tp_->size(), N = B * T;
+  const int B = B_, T = T_, C = c_.d_model, tp = tp_->size(), N = B * T;
   const int Ct = C / tp, NHt = c_.heads / tp;
   norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);
   linear_forward(a.qkv, a.ln1, p.qkv_w, p.qkv_b, N, C, 3 * Ct);  // column-parallel: this rank's heads
-  kernels::attention_forward(a.atty, a.att, a.qkv, B, T, Ct, NHt);
+  // Over whole sequences: under context parallelism the ring brings the
+  // other ranks' keys and values (the backward scratch holds them).
+  cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B, T, Ct, NHt);
   // Row-parallel output projection: partial sums over this rank's heads,
   // summed over the ranks (g), then the bias and the residual, once.
   linear_forward(dbuf_, a.atty, p.proj_w, nullptr, N, Ct, C);
@@ -399,7 +440,7 @@ void Gpt::block_front(const BlockActs& a, const LayerParams& p, const float* x) 
 }
 
 void Gpt::mlp_front(const BlockActs& a, const LayerParams& p) {
-  const int N = B_ * c_.seq_len, C = c_.d_model, Ft = c_.ffn() / tp_->size();
+  const int N = B_ * T_, C = c_.d_model, Ft = c_.ffn() / tp_->size();
   linear_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, Ft);  // column-parallel
   kernels::gelu_forward(a.fch_gelu, a.fch, std::int64_t(N) * Ft);
 }
@@ -408,7 +449,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   // Local sizes: this tensor-parallel rank's MLP hidden units (Ft) and
   // vocabulary rows [v0, v0 + Vt); its Nl rows of the residual stream start
   // at row r0 (all of them, from 0, unless sequence parallel).
-  const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_->size();
+  const int B = B_, T = T_, C = c_.d_model, L = c_.layers, tp = tp_->size();
   const int Ft = c_.ffn() / tp, Vt = c_.vocab / tp, v0 = tp_->rank() * Vt;
   const int N = B * T, Nl = int(Nl_);
   const std::int64_t NlC = std::int64_t(Nl) * C;
@@ -424,7 +465,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
     kernels::embedding_forward(lookup, tokens, wte, nullptr, B, T, C, v0, Vt);
     const float* sum = tp_->reduce(lookup, encoded_, N, C);
     STRATA_CHECK(sum == encoded_, "the embedding's sum outside the stage input");
-    kernels::add_position_rows(encoded_, wpe, Nl, C, T, int(r0_));
+    add_positions(encoded_, wpe);
     st.release_params(kWpeUnit);
     st.release_params(kWteUnit);
   }
@@ -488,7 +529,7 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
 void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
                    prof::Timeline* tl, bool input_only) {
   STRATA_CHECK(!input_only || split_, "an input-only backward needs a model built with split_backward");
-  const int B = B_, T = c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_->size();
+  const int B = B_, T = T_, C = c_.d_model, L = c_.layers, tp = tp_->size();
   const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp, NHt = c_.heads / tp, v0 = tp_->rank() * Vt;
   const int N = B * T, Nl = int(Nl_);
   const std::int64_t NC = std::int64_t(N) * C, NlC = std::int64_t(Nl) * C;
@@ -612,9 +653,9 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
     // and k (Korthikanti et al.); atty gets the same values it holds.
     if (c_.recompute == Recompute::selective) {
       const prof::Recomputing again;
-      kernels::attention_forward(a.atty, a.att, a.qkv, B, T, Ct, NHt);
+      cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B, T, Ct, NHt);
     }
-    kernels::attention_backward(dqkv, dprobs_, dbuf_, qkv, atty, att, B, T, Ct, NHt);
+    cp_->attention_backward(dqkv, dprobs_, dbuf_, qkv, atty, att, B, T, Ct, NHt);
     linear_back(dbuf_, g.qkv_w, g.qkv_b, dqkv, ln1, p.qkv_w, C, 3 * Ct, dqkv);
     norm_back(x, p.ln1_w, a.ln1_mean, a.ln1_rstd, 0);
     float* gs[6] = {g.ln1_w, g.ln1_b, g.proj_b, g.ln2_w, g.ln2_b, g.fcproj_b};
@@ -627,7 +668,10 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
   // The embedding's backward needs no parameters, only the token ids; each
   // rank scatters into the vocabulary rows it holds. It runs in the
   // input-gradient half too: that is where dres_ is at hand.
-  kernels::embedding_backward(st.grads(kWteUnit), st.grads(kWpeUnit), dres_all(), tokens, B, T, C, v0, Vt);
+  const float* drows = dres_all();
+  kernels::embedding_backward(st.grads(kWteUnit), cp_->size() > 1 ? nullptr : st.grads(kWpeUnit), drows, tokens, B,
+                              T, C, v0, Vt);
+  if (cp_->size() > 1) position_grads(st.grads(kWpeUnit), drows);
   if (!input_only) {
     st.grads_done(kWpeUnit);
     st.grads_done(kWteUnit);
@@ -639,7 +683,7 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
 // gradient (kept by backward(input_only)). No parameter is read.
 void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
   STRATA_CHECK(split_, "backward_weight needs a model built with split_backward");
-  const int N = B_ * c_.seq_len, C = c_.d_model, L = c_.layers, tp = tp_->size();
+  const int N = B_ * T_, C = c_.d_model, L = c_.layers, tp = tp_->size();
   const int Ct = C / tp, Ft = c_.ffn() / tp, Vt = c_.vocab / tp;
   const std::int64_t NC = std::int64_t(N) * C;
   if (stage_.head) {

@@ -15,6 +15,7 @@
 #include "models/moe.hpp"
 #include "models/param_registry.hpp"
 #include "models/state.hpp"
+#include "models/context_seam.hpp"
 #include "models/tensor_seam.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
@@ -98,14 +99,16 @@ long double gpt_param_count(const GptConfig& c);
 
 // split_backward: the buffers that keep each linear's output gradient from
 // the input-gradient half of the backward pass to the weight-gradient half.
+// cp: the context seam (this rank's seq_len / cp.size() tokens of each
+// sequence, and attention's state and scratch).
 std::vector<BufferPlan> gpt_activation_plan(const GptConfig& c, int micro_batch, int tp_size = 1,
                                             bool sequence_parallel = false, GptStage stage = {},
-                                            bool split_backward = false);
+                                            bool split_backward = false, const ContextSeam& cp = whole_sequence());
 
 // The buffers the MoE layers of a stage allocate (each its own, from
 // moe_buffer_plan), beside the model's activation plan: the dry run's
 // estimate adds them.
-std::vector<BufferPlan> gpt_moe_plan(const GptConfig& c, int micro_batch, GptStage stage = {});
+std::vector<BufferPlan> gpt_moe_plan(const GptConfig& c, int micro_batch, GptStage stage = {}, int cp_size = 1);
 
 // Forward matmul FLOPs of one micro-batch of B sequences, per layer:
 // [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
@@ -138,9 +141,14 @@ class Gpt {
   // strategies/tp.cpp's tensor and sequence parallelism). It must outlive
   // the model. ep: where the MoE blocks' tokens meet the ranks holding the
   // other experts (models/expert_seam.hpp; one rank by default, or
-  // strategies/ep.cpp's all-to-all), which must outlive the model too.
+  // strategies/ep.cpp's all-to-all), which must outlive the model too. cp:
+  // where attention meets the ranks holding the rest of each sequence
+  // (models/context_seam.hpp; whole sequences by default, or
+  // strategies/cp.cpp's ring attention): the model runs on this rank's
+  // seq_len / cp.size() tokens of each sequence; it must outlive the model.
   Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, TensorSeam& tp = one_rank(),
-      GptStage stage = {}, bool split_backward = false, ExpertSeam& ep = one_expert_rank());
+      GptStage stage = {}, bool split_backward = false, ExpertSeam& ep = one_expert_rank(),
+      ContextSeam& cp = whole_sequence());
 
   const GptConfig& config() const { return c_; }
   int micro_batch() const { return B_; }
@@ -157,8 +165,8 @@ class Gpt {
   float* output_grad() { return dres_; }
   const float* input_grad() const { return dres_; }
 
-  // tokens and targets are [B, T]. Returns the mean cross-entropy over B*T
-  // (0 on a stage without the head).
+  // tokens and targets are [B, T] (T this rank's tokens of each sequence).
+  // Returns the mean cross-entropy over B*T (0 on a stage without the head).
   // Every forward is followed by a backward (the head's parameters stay
   // acquired from one to the other).
   // A MoE model adds its blocks' auxiliary losses (this stage's) to the result.
@@ -213,10 +221,19 @@ class Gpt {
   // (slot k: grads[k]), summed over the ranks where the rows are split,
   // added to their gradients.
   void finish_replicated(float* const* grads, int n);
+  // The position rows of this rank's rows [r0_, r0_ + Nl_) of the residual
+  // stream: added to `rows` (forward), or their gradient in `drows` (all N
+  // rows) added to dwpe (backward); under context parallelism the rows'
+  // positions come in runs (context_seam.hpp).
+  void add_positions(float* rows, const float* wpe);
+  void position_grads(float* dwpe, const float* drows);
 
   GptConfig c_;
   int B_;
   TensorSeam* tp_;
+  ContextSeam* cp_;
+  int T_;  // this rank's tokens of each sequence: seq_len / cp
+
   GptStage stage_;
   std::int64_t Nl_ = 0, r0_ = 0;  // this rank's rows of the residual stream, from row r0_
   int blocks_ = 0;               // blocks on this stage

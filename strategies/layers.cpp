@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "strategies/plan.hpp"
+#include "strategies/cp.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::strategies {
@@ -79,6 +80,7 @@ const std::vector<Row>& layer_rows() {
        check_ep,
        "expert parameters and state 1/ep (sharded by ZeRO over dp / ep); per MoE block and micro-batch an "
        "all-to-all of E int32 counts and all_to_allv of the routed rows out and back, each way"},
+      context_parallel_row(),
       {"recompute",
        "activation recomputation: selective rebuilds the attention probabilities from q and k in the backward "
        "pass (Korthikanti et al., 2022); full rebuilds each block's forward from its stored input",

@@ -13,7 +13,8 @@ namespace strata::comm {
 
 // The axes a rank's communicators are named by (src/mesh): the /comm
 // table's axis, and the per-axis columns of /steps.
-inline constexpr std::array<std::string_view, 9> kAxes{"world", "emb", "dp", "tp", "pp", "ep", "edp", "dp_shard", "dp_replica"};
+inline constexpr std::array<std::string_view, 11> kAxes{"world", "emb",      "dp",         "tp", "pp",   "ep",
+                                                         "edp",   "dp_shard", "dp_replica", "cp", "dp_cp"};
 // The index of `axis` in kAxes; kAxes.size() for a name not there.
 inline std::size_t axis_index(std::string_view axis) {
   std::size_t i = 0;

@@ -1,5 +1,6 @@
 // The process mesh: rank <-> (pp, dp, tp) with tp fastest, and one profiled
-// communicator per axis (and per split of dp: ep/edp, dp_shard/dp_replica) (MPI, staged MPI or NCCL, each on an MPI
+// communicator per axis (cp, dp x cp, and the splits of dp: ep/edp,
+// dp_shard/dp_replica) (MPI, staged MPI or NCCL, each on an MPI
 // communicator split from a private duplicate of the world, so the mesh's
 // traffic never matches messages of other code on the same world).
 #include "src/mesh/mesh.hpp"
@@ -18,7 +19,7 @@
 namespace strata::mesh {
 
 Layout layout_of(const plan::Plan& p) {
-  Layout l{p.parallel.pp, p.parallel.dp, p.parallel.tp, p.parallel.ep, p.parallel.dp_shard};
+  Layout l{p.parallel.pp, p.parallel.dp, p.parallel.tp, p.parallel.ep, p.parallel.dp_shard, p.parallel.cp};
   if (l.pp > 1) {
     const strategies::pp::Shape s{l.pp, p.micro_batches(), p.parallel.virtual_stages};
     const auto& place = *p.parallel.schedule->placement;
@@ -29,61 +30,75 @@ Layout layout_of(const plan::Plan& p) {
 }
 
 std::string describe(const Layout& l) {
-  return fmt::format("pp {} x dp {} x tp {}{}{}", l.pp, l.dp, l.tp, l.ep > 1 ? fmt::format(" (ep {})", l.ep) : "",
+  return fmt::format("pp {} x dp {} x {}tp {}{}{}", l.pp, l.dp, l.cp > 1 ? fmt::format("cp {} x ", l.cp) : "", l.tp,
+                     l.ep > 1 ? fmt::format(" (ep {})", l.ep) : "",
                      l.shard() < l.dp ? fmt::format(" (dp_shard {})", l.shard()) : "");
 }
 
 Coords coords_of(const Layout& l, int rank) {
   STRATA_CHECK(rank >= 0 && rank < l.world(), "rank {} outside a world of {}", rank, l.world());
-  return Coords{rank / (l.tp * l.dp), (rank / l.tp) % l.dp, rank % l.tp};
+  return Coords{rank / (l.tp * l.cp * l.dp), (rank / (l.tp * l.cp)) % l.dp, rank % l.tp, (rank / l.tp) % l.cp};
 }
 
 int rank_of(const Layout& l, const Coords& c) {
-  STRATA_CHECK(c.pp >= 0 && c.pp < l.pp && c.dp >= 0 && c.dp < l.dp && c.tp >= 0 && c.tp < l.tp,
-               "coordinates (pp {}, dp {}, tp {}) outside layout pp {} x dp {} x tp {}", c.pp, c.dp, c.tp, l.pp, l.dp,
-               l.tp);
-  return (c.pp * l.dp + c.dp) * l.tp + c.tp;
+  STRATA_CHECK(c.pp >= 0 && c.pp < l.pp && c.dp >= 0 && c.dp < l.dp && c.tp >= 0 && c.tp < l.tp && c.cp >= 0 &&
+                   c.cp < l.cp,
+               "coordinates (pp {}, dp {}, cp {}, tp {}) outside layout {}", c.pp, c.dp, c.cp, c.tp, describe(l));
+  return ((c.pp * l.dp + c.dp) * l.cp + c.cp) * l.tp + c.tp;
 }
 
 namespace {
 
-enum class Axis { dp, tp, pp, ep, edp, shard, replica };
+enum class Axis { dp, tp, pp, cp, dp_cp, ep, edp, shard, replica };
 
 // World ranks of the group along `axis` through `c`, in group-rank order.
 // ep and dp_shard cut each dp group into blocks of k consecutive ranks: the
 // block through c (ep, shard), or the ranks at c's place in every block
-// (edp, replica).
+// (edp, replica). dp_cp varies dp and cp, dp-major.
 std::vector<int> group_members(const Layout& l, Coords c, Axis axis) {
   std::vector<int> out;
   const bool block = axis == Axis::ep || axis == Axis::shard, across = axis == Axis::edp || axis == Axis::replica;
   const int k = axis == Axis::ep || axis == Axis::edp ? l.ep : l.shard();
-  const int n = axis == Axis::dp ? l.dp : axis == Axis::tp ? l.tp : axis == Axis::pp ? l.pp : block ? k : l.dp / k;
+  const int n = axis == Axis::dp      ? l.dp
+                : axis == Axis::tp    ? l.tp
+                : axis == Axis::pp    ? l.pp
+                : axis == Axis::cp    ? l.cp
+                : axis == Axis::dp_cp ? l.dp * l.cp
+                : block               ? k
+                                      : l.dp / k;
   const int base = c.dp / k * k, place = c.dp % k;
   for (int i = 0; i < n; ++i) {
     if (block)
       c.dp = base + i;
     else if (across)
       c.dp = i * k + place;
+    else if (axis == Axis::dp_cp)
+      c.dp = i / l.cp, c.cp = i % l.cp;
     else
-      (axis == Axis::dp ? c.dp : axis == Axis::tp ? c.tp : c.pp) = i;
+      (axis == Axis::dp ? c.dp : axis == Axis::tp ? c.tp : axis == Axis::cp ? c.cp : c.pp) = i;
     out.push_back(rank_of(l, c));
   }
   return out;
 }
 
+// The axes a mesh builds a communicator for, as group_ranks names them.
+struct Named {
+  const char* name;
+  Axis axis;
+};
+constexpr Named kGroups[] = {{"dp", Axis::dp},       {"tp", Axis::tp},          {"pp", Axis::pp},
+                             {"cp", Axis::cp},       {"dp_cp", Axis::dp_cp},    {"ep", Axis::ep},
+                             {"edp", Axis::edp},     {"dp_shard", Axis::shard}, {"dp_replica", Axis::replica}};
+
 }  // namespace
 
 std::vector<int> group_ranks(const Layout& l, const std::string& axis, int rank) {
   const Coords c = coords_of(l, rank);
-  if (axis == "dp") return group_members(l, c, Axis::dp);
-  if (axis == "tp") return group_members(l, c, Axis::tp);
-  if (axis == "pp") return group_members(l, c, Axis::pp);
-  if (axis == "ep") return group_members(l, c, Axis::ep);
-  if (axis == "edp") return group_members(l, c, Axis::edp);
-  if (axis == "dp_shard") return group_members(l, c, Axis::shard);
-  if (axis == "dp_replica") return group_members(l, c, Axis::replica);
+  for (const Named& g : kGroups)
+    if (axis == g.name) return group_members(l, c, g.axis);
   if (axis == "emb") {
-    const Coords first{l.emb_first, c.dp, c.tp}, last{l.last_stage_rank(), c.dp, c.tp};
+    Coords first = c, last = c;
+    first.pp = l.emb_first, last.pp = l.last_stage_rank();
     if (l.emb_first == l.last_stage_rank()) return {rank_of(l, first)};
     return {rank_of(l, first), rank_of(l, last)};
   }
@@ -126,56 +141,63 @@ void free_comm(MPI_Comm& c) {
 
 }  // namespace
 
-Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend backend)
-    : layout_(l), backend_(backend) {
-  int size = 0;
-  STRATA_CHECK_MPI(MPI_Comm_size(world, &size));
-  STRATA_CHECK_MPI(MPI_Comm_rank(world, &rank_));
-  // Every rank sees the same size and layout, so every rank throws here
-  // together and none is left waiting in the splits below.
-  if (l.pp < 1 || l.dp < 1 || l.tp < 1 || l.ep < 1)
-    core::runtime_error("mesh: layout pp {} x dp {} x tp {} (ep {}) has an axis below 1", l.pp, l.dp, l.tp, l.ep);
+std::vector<Mesh::Slot> Mesh::slots() {
+  return {{&dp_comm_, &dp_},         {&tp_comm_, &tp_},         {&pp_comm_, &pp_},
+          {&cp_comm_, &cp_},         {&dp_cp_comm_, &dp_cp_},   {&ep_comm_, &ep_},
+          {&edp_comm_, &edp_},       {&shard_comm_, &shard_},   {&replica_comm_, &replica_}};
+}
+
+namespace {
+
+// Checked the same on every rank (each sees the same layout), so that every
+// rank throws together and none is left waiting in a split.
+void check_layout(const Layout& l) {
+  if (l.pp < 1 || l.dp < 1 || l.tp < 1 || l.ep < 1 || l.cp < 1)
+    core::runtime_error("mesh: layout {} (ep {}) has an axis below 1", describe(l), l.ep);
   if (l.dp % l.ep != 0)
     core::runtime_error("mesh: ep {} does not divide dp {}: expert parallelism splits each data-parallel group", l.ep,
                         l.dp);
   if (l.dp_shard < 0 || l.dp % l.shard() != 0)
     core::runtime_error("mesh: dp_shard {} does not divide dp {}: hybrid sharding splits each data-parallel group",
                         l.dp_shard, l.dp);
+}
+
+}  // namespace
+
+Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend backend)
+    : layout_(l), backend_(backend) {
+  int size = 0;
+  STRATA_CHECK_MPI(MPI_Comm_size(world, &size));
+  STRATA_CHECK_MPI(MPI_Comm_rank(world, &rank_));
+  check_layout(l);
   if (l.world() != size)
-    core::runtime_error("mesh: layout pp {} x dp {} x tp {} = {} rank(s), but the world has {}: need pp*dp*tp == world",
-                        l.pp, l.dp, l.tp, l.world(), size);
+    core::runtime_error("mesh: layout {} = {} rank(s), but the world has {}: need pp*dp*cp*tp == world", describe(l),
+                        l.world(), size);
   if (!comm::backend_built(backend))
     core::runtime_error("mesh: communicator backend \"{}\" needs the CUDA backend, which this build lacks (configure "
                         "with -DSTRATA_WITH_CUDA=ON, or AUTO where nvcc is found)",
                         comm::describe_backend(backend));
   coords_ = coords_of(l, rank_);
-  const Coords& c = coords_;
   try {
     STRATA_CHECK_MPI(MPI_Comm_dup(world, &world_comm_));
     STRATA_CHECK_MPI(MPI_Comm_set_errhandler(world_comm_, MPI_ERRORS_RETURN));
-    dp_comm_ = split(world_comm_, c.pp * l.tp + c.tp, c.dp);
-    tp_comm_ = split(world_comm_, c.pp * l.dp + c.dp, c.tp);
-    pp_comm_ = split(world_comm_, c.dp * l.tp + c.tp, c.pp);
-    // The first and last pipeline stages of each (dp, tp) position: the two
-    // holders of the tied word embedding.
-    emb_comm_ = split(world_comm_, l.in_emb_group(c.pp) ? c.dp * l.tp + c.tp : MPI_UNDEFINED, c.pp);
-    // ep: the same (pp, tp) and dp / ep; edp: the same (pp, tp) and dp % ep.
-    const int groups = l.dp / l.ep;
-    ep_comm_ = split(world_comm_, (c.pp * groups + c.dp / l.ep) * l.tp + c.tp, c.dp % l.ep);
-    edp_comm_ = split(world_comm_, (c.pp * l.ep + c.dp % l.ep) * l.tp + c.tp, c.dp / l.ep);
-    // dp_shard: the same (pp, tp) and dp / S; dp_replica: the same (pp, tp) and dp % S.
-    const int S = l.shard();
-    shard_comm_ = split(world_comm_, (c.pp * (l.dp / S) + c.dp / S) * l.tp + c.tp, c.dp % S);
-    replica_comm_ = split(world_comm_, (c.pp * S + c.dp % S) * l.tp + c.tp, c.dp / S);
+    // Each group split by its first member's world rank (the same for every
+    // member, different between groups), each rank keyed by its place in
+    // the group: the group rank is the position group_ranks gives.
+    const std::vector<Slot> slot = slots();
+    for (std::size_t i = 0; i < slot.size(); ++i) {
+      const std::vector<int> m = group_ranks(l, kGroups[i].name, rank_);
+      const int key = int(std::find(m.begin(), m.end(), rank_) - m.begin());
+      *slot[i].comm = split(world_comm_, m.front(), key);
+    }
+    // The first and last pipeline stages of each (dp, cp, tp) position: the
+    // two holders of the tied word embedding.
+    const std::vector<int> emb = group_ranks(l, "emb", rank_);
+    emb_comm_ = split(world_comm_, l.in_emb_group(coords_.pp) ? emb.front() : MPI_UNDEFINED, coords_.pp);
     world_ = profiled(backend, world_comm_, "world", log);
     if (emb_comm_ != MPI_COMM_NULL) emb_ = profiled(backend, emb_comm_, "emb", log);
-    dp_ = profiled(backend, dp_comm_, "dp", log);
-    tp_ = profiled(backend, tp_comm_, "tp", log);
-    pp_ = profiled(backend, pp_comm_, "pp", log);
-    ep_ = profiled(backend, ep_comm_, "ep", log);
-    edp_ = profiled(backend, edp_comm_, "edp", log);
-    shard_ = profiled(backend, shard_comm_, "dp_shard", log);
-    replica_ = profiled(backend, replica_comm_, "dp_replica", log);
+    for (std::size_t i = 0; i < slot.size(); ++i)
+      *slot[i].group = profiled(backend, *slot[i].comm, kGroups[i].name, log);
   } catch (...) {
     // The destructor does not run for a half-built object.
     release();
@@ -184,33 +206,28 @@ Mesh::Mesh(MPI_Comm world, const Layout& l, comm::CommLog& log, comm::Backend ba
 }
 
 Mesh::Mesh(const Layout& l, int rank, comm::CommLog& log) : layout_(l), backend_(comm::Backend::meta), rank_(rank) {
-  if (l.pp < 1 || l.dp < 1 || l.tp < 1 || l.ep < 1 || l.dp % l.ep != 0 || l.dp_shard < 0 || l.dp % l.shard() != 0)
-    core::runtime_error("mesh: layout pp {} x dp {} x tp {} (ep {}, dp_shard {}) is not a mesh", l.pp, l.dp, l.tp,
-                        l.ep, l.dp_shard);
+  check_layout(l);
   coords_ = coords_of(l, rank);
-  const Coords& c = coords_;
   auto meta = [&](const char* axis, int size, int r) -> std::unique_ptr<comm::Communicator> {
     return std::make_unique<comm::ProfiledCommunicator>(std::make_unique<comm::MetaCommunicator>(axis, size, r), log);
   };
   world_ = meta("world", l.world(), rank);
-  if (l.in_emb_group(c.pp)) emb_ = meta("emb", 2, c.pp == l.emb_first ? 0 : 1);
-  dp_ = meta("dp", l.dp, c.dp);
-  tp_ = meta("tp", l.tp, c.tp);
-  pp_ = meta("pp", l.pp, c.pp);
-  ep_ = meta("ep", l.ep, c.dp % l.ep);
-  edp_ = meta("edp", l.dp / l.ep, c.dp / l.ep);
-  shard_ = meta("dp_shard", l.shard(), c.dp % l.shard());
-  replica_ = meta("dp_replica", l.dp / l.shard(), c.dp / l.shard());
+  if (l.in_emb_group(coords_.pp)) emb_ = meta("emb", 2, coords_.pp == l.emb_first ? 0 : 1);
+  const std::vector<Slot> slot = slots();
+  for (std::size_t i = 0; i < slot.size(); ++i) {
+    const std::vector<int> m = group_ranks(l, kGroups[i].name, rank);
+    *slot[i].group = meta(kGroups[i].name, int(m.size()), int(std::find(m.begin(), m.end(), rank) - m.begin()));
+  }
 }
 
 void Mesh::release() {
-  world_.reset(), dp_.reset(), tp_.reset(), pp_.reset(), emb_.reset(), ep_.reset(), edp_.reset(), shard_.reset(),
-      replica_.reset();
+  world_.reset(), emb_.reset();
+  for (const Slot& s : slots()) s.group->reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // the handles died with MPI
-  free_comm(replica_comm_), free_comm(shard_comm_), free_comm(edp_comm_), free_comm(ep_comm_);
-  free_comm(emb_comm_), free_comm(pp_comm_), free_comm(tp_comm_), free_comm(dp_comm_), free_comm(world_comm_);
+  for (const Slot& s : slots()) free_comm(*s.comm);
+  free_comm(emb_comm_), free_comm(world_comm_);
 }
 
 Mesh::~Mesh() { release(); }
@@ -242,6 +259,7 @@ std::string layout_table(const Layout& l, const std::vector<std::string>& hosts)
     Axis axis;
   };
   std::vector<Column> cols = {{"dp group", "dp", Axis::dp}, {"tp group", "tp", Axis::tp}, {"pp group", "pp", Axis::pp}};
+  if (l.cp > 1) cols.insert(cols.end(), {{"cp group", "cp", Axis::cp}, {"dp_cp group", "dp_cp", Axis::dp_cp}});
   if (l.ep > 1) cols.insert(cols.end(), {{"ep group", "ep", Axis::ep}, {"edp group", "edp", Axis::edp}});
   if (l.shard() < l.dp)
     cols.insert(cols.end(), {{"shard group", "dp_shard", Axis::shard}, {"replica group", "dp_replica", Axis::replica}});
@@ -257,21 +275,28 @@ std::string layout_table(const Layout& l, const std::vector<std::string>& hosts)
     if (!hosts.empty()) wh = std::max(wh, hosts[std::size_t(r)].size());
   }
   const std::size_t wr = std::max<std::size_t>(4, fmt::formatted_size("{}", n - 1));
-  const std::size_t wc = std::max<std::size_t>(2, fmt::formatted_size("{}", std::max({l.pp, l.dp, l.tp}) - 1));
-  auto line = [&](const std::string& rank, const std::string& host, const std::string& pp, const std::string& dp,
-                  const std::string& tp, const std::vector<std::string>& groups) {
-    std::string s = fmt::format("{:>{}}  {:<{}}  {:>{}}  {:>{}}  {:>{}}", rank, wr, host, wh, pp, wc, dp, wc, tp, wc);
+  const std::size_t wc =
+      std::max<std::size_t>(2, fmt::formatted_size("{}", std::max({l.pp, l.dp, l.tp, l.cp}) - 1));
+  // The coordinates: pp, dp, (cp,) tp.
+  auto line = [&](const std::string& rank, const std::string& host, const std::vector<std::string>& coords,
+                  const std::vector<std::string>& groups) {
+    std::string s = fmt::format("{:>{}}  {:<{}}", rank, wr, host, wh);
+    for (const std::string& x : coords) s += fmt::format("  {:>{}}", x, wc);
     for (std::size_t k = 0; k < groups.size(); ++k)
       s += k + 1 < groups.size() ? fmt::format("  {:<{}}", groups[k], width[k]) : "  " + groups[k];
     return s + "\n";
   };
   std::vector<std::string> headers;
   for (const Column& c : cols) headers.emplace_back(c.header);
-  std::string out = line("rank", "host", "pp", "dp", "tp", headers);
+  auto coords = [&](const std::string& pp, const std::string& dp, const std::string& cp, const std::string& tp) {
+    return l.cp > 1 ? std::vector<std::string>{pp, dp, cp, tp} : std::vector<std::string>{pp, dp, tp};
+  };
+  std::string out = line("rank", "host", coords("pp", "dp", "cp", "tp"), headers);
   for (int r = 0; r < n; ++r) {
     const Coords c = coords_of(l, r);
-    out += line(std::to_string(r), hosts.empty() ? "-" : hosts[std::size_t(r)], std::to_string(c.pp),
-                std::to_string(c.dp), std::to_string(c.tp), cells[std::size_t(r)]);
+    out += line(std::to_string(r), hosts.empty() ? "-" : hosts[std::size_t(r)],
+                coords(std::to_string(c.pp), std::to_string(c.dp), std::to_string(c.cp), std::to_string(c.tp)),
+                cells[std::size_t(r)]);
   }
   return out;
 }
@@ -279,13 +304,9 @@ std::string layout_table(const Layout& l, const std::vector<std::string>& hosts)
 MPI_Comm Mesh::mpi_comm(std::string_view axis) const {
   if (axis == "world") return world_comm_;
   if (axis == "emb") return emb_comm_;
-  if (axis == "dp") return dp_comm_;
-  if (axis == "tp") return tp_comm_;
-  if (axis == "pp") return pp_comm_;
-  if (axis == "ep") return ep_comm_;
-  if (axis == "edp") return edp_comm_;
-  if (axis == "dp_shard") return shard_comm_;
-  if (axis == "dp_replica") return replica_comm_;
+  const std::vector<Slot> slot = const_cast<Mesh*>(this)->slots();
+  for (std::size_t i = 0; i < slot.size(); ++i)
+    if (axis == kGroups[i].name) return *slot[i].comm;
   return MPI_COMM_NULL;
 }
 

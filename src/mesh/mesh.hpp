@@ -1,5 +1,8 @@
-// The process mesh: world = pp x dp x tp with tp varying fastest (tensor
-// parallel ranks are neighbours, so they share a node), then dp, then pp.
+// The process mesh: world = pp x dp x cp x tp with tp varying fastest
+// (tensor parallel ranks are neighbours, so they share a node), then cp (the
+// context-parallel ranks that split each sequence: next to share a node),
+// then dp, then pp. Parameter gradients are reduced over dp x cp (the dp_cp
+// group), whose every rank holds the same parameters.
 // Expert parallelism divides dp: the ep consecutive dp ranks of an ep group
 // hold different experts (ep coordinate dp % ep), and the dp / ep ranks that
 // hold the same experts form an expert-data-parallel (edp) group (edp
@@ -31,11 +34,12 @@ struct Layout {
   int pp = 1, dp = 1, tp = 1;
   int ep = 1;  // divides dp
   int dp_shard = 0;  // divides dp; 0: dp (ZeRO shards over the whole dp group)
+  int cp = 1;        // context-parallel ranks per sequence
   // The pipeline ranks holding the first and the last stage, whose two
   // copies of the tied word embedding form the emb group (-1: pp - 1). The
   // schedule's placement says which (layout_of).
   int emb_first = 0, emb_last = -1;
-  int world() const { return pp * dp * tp; }
+  int world() const { return pp * dp * cp * tp; }
   int shard() const { return dp_shard > 0 ? dp_shard : dp; }
   int last_stage_rank() const { return emb_last < 0 ? pp - 1 : emb_last; }
   // Whether pipeline rank `r` is in an emb group: the first or the last
@@ -46,7 +50,8 @@ struct Layout {
   }
 };
 
-// "pp 2 x dp 4 x tp 1", with " (ep E)" and " (dp_shard S)" where they split dp.
+// "pp 2 x dp 4 x tp 1", with " x cp C" when C > 1 and " (ep E)" and
+// " (dp_shard S)" where they split dp.
 std::string describe(const Layout& l);
 
 // The layout a plan asks for: its axes, and the ranks of its first and last
@@ -54,15 +59,15 @@ std::string describe(const Layout& l);
 Layout layout_of(const plan::Plan& p);
 
 struct Coords {
-  int pp = 0, dp = 0, tp = 0;
+  int pp = 0, dp = 0, tp = 0, cp = 0;
 };
 
 Coords coords_of(const Layout& l, int rank);
 int rank_of(const Layout& l, const Coords& c);
 
-// The world ranks of `rank`'s group along `axis` ("dp", "tp", "pp", "ep",
-// "edp", "dp_shard", "dp_replica", "emb"; anything else: the world), in
-// group-rank order.
+// The world ranks of `rank`'s group along `axis` ("dp", "tp", "pp", "cp",
+// "dp_cp", "ep", "edp", "dp_shard", "dp_replica", "emb"; anything else: the
+// world), in group-rank order (dp_cp: dp-major).
 std::vector<int> group_ranks(const Layout& l, const std::string& axis, int rank);
 
 // The mesh table of layout `l`: one line per rank with its host (hosts[r],
@@ -77,6 +82,7 @@ struct Groups {
   comm::Communicator* emb = nullptr;  // the first and last stage's (null on the others)
   comm::Communicator *ep = nullptr, *edp = nullptr;
   comm::Communicator *dp_shard = nullptr, *dp_replica = nullptr;
+  comm::Communicator *cp = nullptr, *dp_cp = nullptr;
 };
 
 class Mesh {
@@ -114,11 +120,18 @@ class Mesh {
   // dp / dp_shard); without it, a group equal to dp's and a group of one.
   comm::Communicator& dp_shard() { return *shard_; }
   comm::Communicator& dp_replica() { return *replica_; }
+  // The context-parallel group (size cp) and the dp x cp group the
+  // parameter gradients are reduced over (equal to dp's when cp = 1).
+  comm::Communicator& cp() { return *cp_; }
+  comm::Communicator& dp_cp() { return *dp_cp_; }
   // The first and last pipeline stages of this rank's (dp, tp) position,
   // which both hold the tied word embedding; null on the other stages.
   comm::Communicator* embedding() { return emb_.get(); }
   // Every group of this rank, as a trainer takes them.
-  Groups groups() { return {dp_.get(), tp_.get(), pp_.get(), emb_.get(), ep_.get(), edp_.get(), shard_.get(), replica_.get()}; }
+  Groups groups() {
+    return {dp_.get(),    tp_.get(),    pp_.get(),      emb_.get(), ep_.get(),
+            edp_.get(),   shard_.get(), replica_.get(), cp_.get(),  dp_cp_.get()};
+  }
 
   // Collective. The table --dry-run prints: one line per rank with its host,
   // coordinates and the world ranks of each group it belongs to. Every rank
@@ -130,6 +143,14 @@ class Mesh {
 
  private:
   void release();
+  // Each group's MPI communicator and profiled communicator, in the order
+  // mesh.cpp lists the axes (dp, tp, pp, cp, dp_cp, ep, edp, dp_shard,
+  // dp_replica).
+  struct Slot {
+    MPI_Comm* comm;
+    std::unique_ptr<comm::Communicator>* group;
+  };
+  std::vector<Slot> slots();
 
   Layout layout_;
   comm::Backend backend_;
@@ -137,8 +158,9 @@ class Mesh {
   int rank_ = 0;
   MPI_Comm world_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL, tp_comm_ = MPI_COMM_NULL, pp_comm_ = MPI_COMM_NULL,
            emb_comm_ = MPI_COMM_NULL, ep_comm_ = MPI_COMM_NULL, edp_comm_ = MPI_COMM_NULL,
-           shard_comm_ = MPI_COMM_NULL, replica_comm_ = MPI_COMM_NULL;
-  std::unique_ptr<comm::Communicator> world_, dp_, tp_, pp_, emb_, ep_, edp_, shard_, replica_;
+           shard_comm_ = MPI_COMM_NULL, replica_comm_ = MPI_COMM_NULL, cp_comm_ = MPI_COMM_NULL,
+           dp_cp_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<comm::Communicator> world_, dp_, tp_, pp_, emb_, ep_, edp_, shard_, replica_, cp_, dp_cp_;
 };
 
 }  // namespace strata::mesh

@@ -243,9 +243,14 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
     r.wait += s.clock - from;
     r.peer_wait += peer_wait;
   };
+  // Point-to-point messages: between stages on the pp axis; on any other
+  // axis (context parallelism's ring) between ranks of one stage, which all
+  // do the same, so a stage's own send stands for the one its peer sends it
+  // at the same moment: kept in the stage's mirror box (from -1 - stage).
+  auto sender = [](int me, const prof::TraceComm& c) { return c.axis == "pp" ? c.peer : -1 - me; };
   // A receive of `c` on stage `me`: false while its message has not been sent.
   auto receive = [&](int me, const prof::TraceComm& c, double* arrival, double* sent) {
-    auto& q = mail[{c.peer, me, c.tag}];
+    auto& q = mail[{sender(me, c), me, c.tag}];
     if (q.empty()) return false;
     *arrival = q.front().arrival;
     *sent = q.front().sent;
@@ -275,12 +280,14 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
           const double now = s.clock;
           if (c.op == "send") {
             // Leaves when the link to the peer is free; arrives after its transfer.
-            const std::vector<int> pair = {s.out.rank, mesh::rank_of(l, {c.peer, 0, 0})};
+            const bool ring = c.axis != "pp";
+            const std::vector<int> pair = {s.out.rank, ring ? group(s, c.axis)[std::size_t(c.peer)]
+                                                             : mesh::rank_of(l, {c.peer, 0, 0})};
             Channel& link = channel(s, c.axis + ">" + std::to_string(c.peer));
             const double start = std::max(now, link.last);
             const double t = comm_time(m, "send", pair, double(c.bytes));
             link.last = start + t;
-            mail[{si, c.peer, c.tag}].push_back({start, start + t});
+            mail[{ring ? -1 - si : si, ring ? si : c.peer, c.tag}].push_back({start, start + t});
             const std::size_t i = record(s, c, now, start + t, t);
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];

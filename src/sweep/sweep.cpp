@@ -352,14 +352,14 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
         p.reason = fmt::format("filtered out by where \"{}\"", clause);
         break;
       }
-    const int world = value("parallel.dp") * value("parallel.tp") * value("parallel.pp");
+    const int world = value("parallel.dp") * value("parallel.cp") * value("parallel.tp") * value("parallel.pp");
     if (p.reason.empty() && !s.worlds.empty() && std::find(s.worlds.begin(), s.worlds.end(), world) == s.worlds.end())
       p.reason = fmt::format("needs {} ranks, not in sweep.world", world);
     if (p.reason.empty()) {
       try {
         const deck::Deck d = deck::load_deck(deck_path, all);
         const auto& par = d.config.parallel;
-        p.world = par.dp * par.tp * par.pp;
+        p.world = par.world();
         p.valid = true;
       } catch (const core::Error& e) {
         p.reason = one_line(e.what());

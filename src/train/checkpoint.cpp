@@ -351,9 +351,9 @@ std::string model_section(const std::string& resolved) {
 }  // namespace
 
 std::string CheckpointLayout::describe() const {
-  return fmt::format("{} rank(s): pp {} x dp {} x tp {}, ep {}, zero {}{}, virtual_stages {}, {}", world, pp, dp,
-                     tp, ep, zero, dp_shard < dp ? fmt::format(" over groups of {}", dp_shard) : "", virtual_stages,
-                     precision);
+  return fmt::format("{} rank(s): pp {} x dp {}{} x tp {}, ep {}, zero {}{}, virtual_stages {}, {}", world, pp, dp,
+                     cp > 1 ? fmt::format(" x cp {}", cp) : "", tp, ep, zero,
+                     dp_shard < dp ? fmt::format(" over groups of {}", dp_shard) : "", virtual_stages, precision);
 }
 
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, const CheckpointLayout& layout,
@@ -405,6 +405,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
     l.insert("zero", int64_t(layout.zero));
     l.insert("virtual_stages", int64_t(layout.virtual_stages));
     l.insert("dp_shard", int64_t(layout.dp_shard));
+    l.insert("cp", int64_t(layout.cp));
     l.insert("precision", layout.precision);
     l.insert("run_name", layout.run_name);
     m.insert("layout", std::move(l));
@@ -580,6 +581,7 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
     saved.world = get("world"), saved.pp = get("pp"), saved.dp = get("dp"), saved.tp = get("tp");
     saved.ep = get("ep"), saved.zero = get("zero"), saved.virtual_stages = get("virtual_stages");
     saved.dp_shard = (*l).contains("dp_shard") ? get("dp_shard") : saved.dp;  // before hybrid sharding: dp
+    saved.cp = (*l).contains("cp") ? get("cp") : 1;                           // before context parallelism: 1
     saved.precision = (*l)["precision"].value_or(std::string("fp32"));
     scale = m["loss_scale"]["scale"].value_or(1.0);
     good = int(m["loss_scale"]["good_steps"].value_or(int64_t(0)));

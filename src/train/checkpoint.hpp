@@ -41,9 +41,10 @@ struct CheckpointLayout {
   std::string resolved_deck;  // the deck the run resolved to (for the record)
   std::string precision = "fp32";
   int dp_shard = 1;  // the ranks ZeRO shards over (dp, or hybrid sharding's groups)
+  int cp = 1;        // context-parallel ranks (ZeRO shards over dp x cp)
   bool operator==(const CheckpointLayout& o) const {
     return world == o.world && pp == o.pp && dp == o.dp && tp == o.tp && ep == o.ep && zero == o.zero &&
-           virtual_stages == o.virtual_stages && precision == o.precision && dp_shard == o.dp_shard;
+           virtual_stages == o.virtual_stages && precision == o.precision && dp_shard == o.dp_shard && cp == o.cp;
   }
   std::string describe() const;
 };

@@ -59,9 +59,12 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
     if (tp > machine.devices_per_node || b.model.heads % tp != 0) continue;  // tp stays inside a node
     for (int pp : divisors(N / tp)) {
       if (pp > b.model.layers) continue;
-      const int dp = N / tp / pp;
+      // Context parallelism splits each sequence into 2 cp chunks.
+      for (int cp : divisors(N / tp / pp)) {
+      if (b.model.seq_len % (2 * cp) != 0 && cp > 1) continue;
+      const int dp = N / tp / pp / cp;
       if (b.data.global_batch % dp != 0) continue;
-      for (int ep : moe ? divisors(dp) : std::vector<int>{1}) {
+      for (int ep : moe ? (cp > 1 ? std::vector<int>{1} : divisors(dp)) : std::vector<int>{1}) {
         if (moe && b.model.moe_experts % ep != 0) continue;
         struct Sched {
           const char* name;
@@ -77,7 +80,7 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
         // ZeRO over the whole dp group, or (hybrid sharding) over the dp
         // ranks of one node, replicated across nodes.
         const int node_dp = std::max(1, machine.devices_per_node / tp);
-        const bool hybrid = !moe && node_dp > 1 && node_dp < dp && dp % node_dp == 0;
+        const bool hybrid = !moe && cp == 1 && node_dp > 1 && node_dp < dp && dp % node_dp == 0;
         for (int zero = 0; zero <= 3; ++zero)
           for (int shard : zero > 0 && hybrid ? std::vector<int>{0, node_dp} : std::vector<int>{0})
           for (const Sched& sc : scheds)
@@ -89,7 +92,8 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
                     fmt::format("parallel.dp={}", dp), fmt::format("parallel.tp={}", tp),
                     fmt::format("parallel.pp={}", pp), fmt::format("parallel.zero={}", zero),
                     fmt::format("parallel.schedule=\"{}\"", sc.name), fmt::format("parallel.virtual_stages={}", sc.v),
-                    fmt::format("data.micro_batch={}", mb), fmt::format("parallel.sequence_parallel={}", sp)};
+                    fmt::format("data.micro_batch={}", mb), fmt::format("parallel.sequence_parallel={}", sp),
+                    fmt::format("parallel.cp={}", cp)};
                 if (moe) layout.push_back(fmt::format("parallel.ep={}", ep));
                 if (shard > 0) layout.push_back(fmt::format("parallel.dp_shard={}", shard));
                 // The least recomputation and offload that fits.
@@ -103,7 +107,8 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
                     over.push_back(fmt::format("parallel.offload=\"{}\"", offload));
                     Candidate c;
                     c.overrides = join(over);
-                    c.label = fmt::format("dp {} tp {}{} pp {} {}{} zero {}{} mb {}{}{}", dp, tp, sp ? " sp" : "", pp,
+                    c.label = fmt::format("dp {}{} tp {}{} pp {} {}{} zero {}{} mb {}{}{}", dp,
+                                          cp > 1 ? fmt::format(" cp {}", cp) : "", tp, sp ? " sp" : "", pp,
                                           pp > 1 ? sc.name : "", sc.v > 1 ? fmt::format(" v {}", sc.v) : "", zero,
                                           shard > 0 ? fmt::format(" shard {}", shard) : "", mb,
                                           moe ? fmt::format(" ep {}", ep) : "",
@@ -146,6 +151,7 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
               }
             }
       }
+      }
     }
   }
 
@@ -168,7 +174,7 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
     f.set_attr("/", "machine_path", machine.path);
     f.set_attr("/", "world_size", std::int64_t(N));
     f.set_attr("/", "memory_limit", limit);
-    f.set_attr("/", "axes", std::string("dp x tp x pp = world; ep; zero; dp_shard (dp, or one node's dp ranks); schedule; "
+    f.set_attr("/", "axes", std::string("dp x cp x tp x pp = world; ep; zero; dp_shard (dp, or one node's dp ranks); schedule; "
                                         "micro_batch; sequence_parallel; "
                                         "the least recompute and offload that fits"));
     f.set_attr("/", "where", std::string(""));

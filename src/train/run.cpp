@@ -69,14 +69,14 @@ void check_slurm_world(int world) {
                     tasks, world);
 }
 
-// The layout must use every rank: dp x tp x pp == world.
+// The layout must use every rank: dp x cp x tp x pp == world.
 void check_world(const plan::Plan& c, int world) {
   const auto& p = c.parallel;
-  const int needed = p.dp * p.tp * p.pp;
+  const int needed = p.world();
   if (needed != world)
-    core::input_error("parallel layout dp {} x tp {} x pp {} = {} rank(s), but the job has {} rank(s); "
+    core::input_error("parallel layout dp {}{} x tp {} x pp {} = {} rank(s), but the job has {} rank(s); "
                       "launch with mpiexec -n {} or change [parallel]",
-                      p.dp, p.tp, p.pp, needed, world, needed);
+                      p.dp, p.cp > 1 ? fmt::format(" x cp {}", p.cp) : "", p.tp, p.pp, needed, world, needed);
 }
 
 // The dry run's estimate, printed: per class of ranks with identical
@@ -164,7 +164,8 @@ void check_host_holds_parameters(const plan::Plan& cfg, const models::GptConfig&
   if (cfg.backend.device == kernels::Device::cpu && cfg.backend.memory_limit == 0 && !cfg.offload.params) {
     const auto& p = cfg.parallel;
     // A lower bound: the experts' share is smaller still (1/ep).
-    const double share = double(p.tp) * p.pp * (p.zero >= 3 ? p.dp : 1) * (cfg.model.moe_experts > 0 ? p.ep : 1);
+    const double share =
+        double(p.tp) * p.pp * (p.zero >= 3 ? p.dp * p.cp : 1) * (cfg.model.moe_experts > 0 ? p.ep : 1);
     need = 4.0 * double(models::gpt_param_count(gc)) / share * on_node;
     have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   }
@@ -327,10 +328,7 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       print_estimate(deck, e, params);
       const mesh::Layout layout = mesh::layout_of(cfg);
       if (layout.world() <= 64)
-        fmt::print("process mesh (pp {} x dp {} x tp {}{}{}):\n{}", layout.pp, layout.dp, layout.tp,
-                   layout.ep > 1 ? fmt::format(", ep {} within dp", layout.ep) : "",
-                   layout.shard() < layout.dp ? fmt::format(", ZeRO shards over {} of dp", layout.shard()) : "",
-                   mesh::layout_table(layout));
+        fmt::print("process mesh ({}):\n{}", mesh::describe(layout), mesh::layout_table(layout));
       if (!options.output.empty()) {
         write_estimate_report(deck, options, e, params);
         fmt::print("estimate report: {}\n", options.output);
@@ -405,6 +403,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                              cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml,
                              core::precision_name(cfg.backend.precision)};
   ck_layout.dp_shard = layout.shard();
+  ck_layout.cp = layout.cp;
   CheckpointRef resume;
   if (!options.resume.empty()) {
     resume = find_checkpoint(comm, options.resume, ck_layout);
@@ -608,7 +607,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       if (due || (stopping && options.checkpoint_every > 0)) {
         const std::string path =
             write_checkpoint(comm, checkpoint_dir, s + 1, ck_layout, trainer.strategy(), trainer.registry(),
-                             mesh.coords().dp / layout.ep == 0, trainer.scaler());
+                             mesh.coords().dp / layout.ep == 0 && mesh.coords().cp == 0, trainer.scaler());
         if (rank == 0) fmt::print("checkpoint: {}\n", path);
       }
       if (stopping) {

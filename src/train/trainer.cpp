@@ -6,6 +6,7 @@
 
 #include "kernels/kernels.hpp"
 #include "strategies/registry.hpp"
+#include "strategies/cp.hpp"
 #include "strategies/ep.hpp"
 #include "strategies/tp.hpp"
 #include "kernels/foundation/error.hpp"
@@ -36,7 +37,13 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     dp_rank_ = dp_->rank();
   }
   const auto gc = gpt_config(cfg_);
-  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len;
+  cp_seam_ = strategies::make_context_seam(g.cp);
+  local_T_ = cfg_.model.seq_len / cp_seam_->size();
+  // Under context parallelism the loss and the gradients are summed over
+  // dp x cp: every one of those ranks holds the same parameters.
+  comm::Communicator* same_params = cp_seam_->size() > 1 ? g.dp_cp : dp_;
+  loss_group_ = same_params != nullptr && same_params->size() > 1 ? same_params : nullptr;
+  const int B = cfg_.data.micro_batch, T = local_T_;
   STRATA_CHECK(cfg_.data.global_batch % (dp_size_ * B) == 0, "global batch {} over dp {} x micro-batch {}",
                cfg_.data.global_batch, dp_size_, B);
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
@@ -56,7 +63,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
                                                models::gpt_stage(gc, stage, shape.p * shape.v,
                                                                  cfg_.parallel.first_stage_layers,
                                                                  cfg_.parallel.last_stage_layers),
-                                               split, *ep_seam_);
+                                               split, *ep_seam_, *cp_seam_);
         });
     pipeline_->lay_out(registry_, units_);
     mb_tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
@@ -64,7 +71,8 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                              std::size_t(micro_batches_) * B * T, "targets of the step");
   } else {
-    model_ = std::make_unique<models::Gpt>(gc, B, tracker, *tp_seam_, models::GptStage{}, false, *ep_seam_);
+    model_ = std::make_unique<models::Gpt>(gc, B, tracker, *tp_seam_, models::GptStage{}, false, *ep_seam_,
+                                           *cp_seam_);
     registry_ = model_->registry();
     units_ = model_->units();
   }
@@ -82,7 +90,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   sc.precision = precision_;
   // Hybrid sharding: the state is sharded over the shard group and its
   // gradients all-reduced over the replica group.
-  comm::Communicator* state_group = dp_;
+  comm::Communicator* state_group = same_params;
   if (g.dp_replica != nullptr && g.dp_replica->size() > 1) state_group = g.dp_shard, sc.replica = g.dp_replica;
   strategy_ = strategies::make_state_strategy(sc, registry_, units_, state_group, tracker, ep_, edp_);
   if (pipeline_) pipeline_->use_state(*strategy_);
@@ -126,7 +134,7 @@ void Trainer::sum_tied_embedding() {
 }
 
 StepRecord Trainer::step(int step) {
-  const int T = cfg_.model.seq_len;
+  const int T = cfg_.model.seq_len;  // the whole sequence: the step's tokens
   const double t0 = prof::now_seconds();
   StepRecord r;
   r.step = step;
@@ -135,7 +143,7 @@ StepRecord Trainer::step(int step) {
   // The mean loss over the global batch: every micro-batch's mean weighs
   // 1 / (micro-batches x dp), and the dp ranks' gradients are summed. The
   // backward pass also carries fp16's loss scale.
-  const float mean_weight = 1.0f / float(micro_batches_ * dp_size_);
+  const float mean_weight = 1.0f / float(micro_batches_ * (loss_group_ != nullptr ? loss_group_->size() : 1));
   const double scale = scaler_.scale;
   const float backward_scale = scale == 1.0 ? mean_weight : float(scale * double(mean_weight));
   r.loss_scale = scale;
@@ -146,7 +154,7 @@ StepRecord Trainer::step(int step) {
   experts_.clear();
   r.loss = (pp_ != nullptr ? run_pipeline(step, backward_scale) : run_micro_batches(step, backward_scale)) *
            mean_weight;
-  if (dp_size_ > 1) dp_->all_reduce(&r.loss, 1, comm::DType::f64, comm::ReduceOp::sum);
+  if (loss_group_ != nullptr) loss_group_->all_reduce(&r.loss, 1, comm::DType::f64, comm::ReduceOp::sum);
 
   {
     prof::ScopedSpan span(timeline_, -1, prof::Phase::optimizer);
@@ -205,7 +213,7 @@ void StepRecord::set_time(double seconds, double peak_flops) {
 }
 
 double Trainer::run_micro_batches(int step, float loss_scale) {
-  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len;
+  const int B = cfg_.data.micro_batch, T = local_T_;
   models::ParamState& state = strategy_->state();
   double loss_sum = 0;
   for (int mb = 0; mb < micro_batches_; ++mb) {
@@ -222,11 +230,21 @@ double Trainer::run_micro_batches(int step, float loss_scale) {
 }
 
 void Trainer::load_batch(std::int64_t first, int B, int T, std::int32_t* tokens, std::int32_t* targets) {
-  // Drawn on the host, then copied to where the kernels read them.
-  const std::size_t n = std::size_t(B) * std::size_t(T);
-  host_tokens_.resize(n);
-  host_targets_.resize(n);
-  fill_batch(*data_, first, B, T, host_tokens_.data(), host_targets_.data());
+  // Drawn on the host, then copied to where the kernels read them: under
+  // context parallelism this rank's T tokens of each sequence, at the
+  // positions its seam gives.
+  const int S = cfg_.model.seq_len;
+  const std::size_t whole = std::size_t(B) * std::size_t(S), n = std::size_t(B) * std::size_t(T);
+  host_tokens_.resize(whole);
+  host_targets_.resize(whole);
+  fill_batch(*data_, first, B, S, host_tokens_.data(), host_targets_.data());
+  if (T < S)
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const std::size_t from = std::size_t(b) * S + std::size_t(cp_seam_->position(t, S)), to = std::size_t(b) * T + t;
+        host_tokens_[to] = host_tokens_[from];  // to <= from: the rows already moved are not read again
+        host_targets_[to] = host_targets_[from];
+      }
   kernels::copy_bytes(tokens, host_tokens_.data(), n * sizeof(std::int32_t));
   kernels::copy_bytes(targets, host_targets_.data(), n * sizeof(std::int32_t));
 }
@@ -269,7 +287,7 @@ void Trainer::finish_routing(StepRecord& r) {
 }
 
 double Trainer::run_pipeline(int step, float loss_scale) {
-  const int B = cfg_.data.micro_batch, T = cfg_.model.seq_len;
+  const int B = cfg_.data.micro_batch, T = local_T_;
   if (pipeline_->holds_embedding() || pipeline_->holds_head())
     for (int mb = 0; mb < micro_batches_; ++mb) {
       const std::int64_t s0 = std::int64_t(step) * cfg_.data.global_batch +

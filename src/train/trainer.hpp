@@ -91,7 +91,9 @@ class Trainer {
   // emb (the group of the first and last stage, null on other stages) run
   // the model cut into parallel.pp stages under parallel.schedule; ep and
   // edp hold a MoE model's experts (parallel.ep > 1); dp_shard and
-  // dp_replica hold the ZeRO state under hybrid sharding (parallel.dp_shard).
+  // dp_replica hold the ZeRO state under hybrid sharding (parallel.dp_shard);
+  // cp splits each sequence (parallel.cp), and dp_cp, the ranks holding the
+  // same parameters then, reduces their gradients.
   Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
           const mesh::Groups& g = {});
 
@@ -150,6 +152,10 @@ class Trainer {
   comm::Communicator* emb_ = nullptr;
   std::unique_ptr<models::TensorSeam> tp_seam_;  // the layer seam of tp, for every stage model
   std::unique_ptr<models::ExpertSeam> ep_seam_;  // the layer seam of ep, for every MoE layer
+  std::unique_ptr<models::ContextSeam> cp_seam_;  // the layer seam of cp, for every stage model
+  // The ranks holding the same parameters, over which the loss is averaged
+  // (dp, or dp x cp under context parallelism).
+  comm::Communicator* loss_group_ = nullptr;
   comm::Communicator* ep_ = nullptr;
   comm::Communicator* edp_ = nullptr;
   std::unique_ptr<models::Gpt> model_;                      // without a pipeline
@@ -162,6 +168,7 @@ class Trainer {
   models::OffloadStats offload_;      // this step's
   std::unique_ptr<models::NvmeFile> nvme_;  // parallel.offload = "nvme"
   int dp_size_ = 1, dp_rank_ = 0;
+  int local_T_;        // this rank's tokens of each sequence: seq_len / cp
   int micro_batches_;  // per rank and step
   core::Precision precision_;
   ScalerState scaler_;

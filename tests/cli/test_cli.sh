@@ -217,9 +217,25 @@ assert np.all(p["tokens_per_s"][st == "complete"] > 0)
 assert all(len(r) > 0 for r in p["reason"][st == "skipped"])
 for o in p["overrides"]:  # every candidate uses the 4 devices
     kv = dict(x.split("=") for x in o.decode().split())
-    assert int(kv["parallel.dp"]) * int(kv["parallel.tp"]) * int(kv["parallel.pp"]) == 4, o
+    assert int(kv["parallel.dp"]) * int(kv["parallel.cp"]) * int(kv["parallel.tp"]) * int(kv["parallel.pp"]) == 4, o
+assert any(b"parallel.cp=2" in o for o in p["overrides"]), "context parallelism is searched"
 PY
 then ok "plan: every layout of 4 devices, the fitting ones ranked"; else bad "plan"; cat plan.log plancheck.log; fi
+# Context parallelism on 2 ranks: each sequence split in two, the ring's
+# exchanges on the cp axis; the dry run prints the cp groups.
+if mpiexec -n 2 "$strata" run tiny.toml --set run.steps=2 --set parallel.cp=2 --output out/cp.h5 > cp.log 2>&1 \
+   && "$strata" run tiny.toml --dry-run --set parallel.cp=2 > cpdry.log 2>&1 && grep -q "cp group" cpdry.log \
+   && "$strata" simulate tiny.toml --machine h100-80gb --set parallel.cp=2 --output out/simcp.h5 > simcp.log 2>&1 \
+   && "$py" - <<'PY' > cpcheck.log 2>&1
+import h5py, numpy as np
+for path in ("out/cp.h5", "out/simcp.h5"):
+    f = h5py.File(path)
+    c = f["comm"][:]
+    ring = c[c["axis"] == b"cp"]
+    assert len(ring) > 0 and set(ring["op"]) <= {b"send", b"recv"}, (path, set(ring["op"]))
+    assert "cp 2" in f["summary"]["layout"][()].decode(), f["summary"]["layout"][()]
+PY
+then ok "context parallelism: a 2-rank run and its simulation over the cp ring"; else bad "context parallelism run"; cat cp.log cpdry.log simcp.log cpcheck.log; fi
 # Hybrid sharding on 4 ranks: ZeRO-3 over two groups of two, each shard's
 # gradients all-reduced over its replica pair; the dry run names the groups.
 if mpiexec -n 4 "$strata" run tiny.toml --set run.steps=2 --set data.micro_batch=1 --set parallel.dp=4 \

@@ -1,0 +1,158 @@
+#include "strategies/cp.hpp"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "kernels/kernels.hpp"
+#include "strategies/plan.hpp"
+
+namespace strata::strategies {
+
+namespace {
+
+using plan::key, plan::Plan, plan::ParallelSection;
+
+// Tags of the ring's two exchanges on the cp communicator.
+constexpr int kKvTag = 31, kGradTag = 32;
+
+std::int64_t kv_floats(int B, int Tl, int C) { return 2 * std::int64_t(B) * Tl * C; }
+
+// Chunk c of 2 cp: the first half of rank r's tokens is chunk r, the second
+// chunk 2 cp - 1 - r.
+int chunk_of(int half, int rank, int cp) { return half == 0 ? rank : 2 * cp - 1 - rank; }
+
+void check_cp(const Plan& p, PlanChecks& checks) {
+  const int cp = p.parallel.cp;
+  if (cp == 1) return;
+  if (p.model.seq_len % (2 * cp) != 0)
+    checks.error({"model.seq_len", "parallel.cp"},
+                 fmt::format("{} is not a multiple of 2 x {}: context parallelism cuts each sequence into 2 cp "
+                             "chunks, two per rank",
+                             checks.show("model.seq_len"), checks.show("parallel.cp")));
+  else if (p.parallel.sequence_parallel && (p.model.seq_len / cp) % p.parallel.tp != 0)
+    checks.error({"model.seq_len", "parallel.cp", "parallel.tp", "parallel.sequence_parallel"},
+                 fmt::format("{} / {} is not a multiple of {}: sequence parallelism splits each rank's tokens over "
+                             "tp ranks",
+                             checks.show("model.seq_len"), checks.show("parallel.cp"), checks.show("parallel.tp")));
+  if (p.parallel.ep > 1)
+    checks.error({"parallel.cp", "parallel.ep"},
+                 fmt::format("{} with {}: expert parallelism's groups do not span context-parallel ranks; use one "
+                             "or the other",
+                             checks.show("parallel.cp"), checks.show("parallel.ep")));
+  if (p.parallel.dp_shard != 0 && p.parallel.dp_shard != p.parallel.dp)
+    checks.error({"parallel.cp", "parallel.dp_shard"},
+                 fmt::format("{} with {}: ZeRO shards over dp x cp under context parallelism; hybrid sharding "
+                             "does not cut that group (dp_shard = 0)",
+                             checks.show("parallel.cp"), checks.show("parallel.dp_shard")));
+}
+
+}  // namespace
+
+const Row& context_parallel_row() {
+  static const Row row{
+      "cp",
+      "context parallelism (ring attention): each sequence split over cp ranks as 2 cp chunks, two per rank; keys "
+      "and values passed around the ring while each block is computed; parameter gradients reduced over dp x cp",
+      {key<&Plan::parallel, &ParallelSection::cp>(
+           "parallel", "cp", "context-parallel ranks splitting each sequence (ring attention); seq_len a multiple of 2 cp")
+           .at_least(1)},
+      {"cp", "dp_cp"},
+      check_cp,
+      "activations 1/cp (every buffer holds seq_len / cp tokens of each sequence; attention keeps the rows' "
+      "log-sum-exp, B NH T / cp floats); workspace four key-value blocks 8 B (T / cp) C / tp floats; per block and "
+      "micro-batch cp - 1 sends of 2 B (T / cp) C / tp floats forward, 2 (cp - 1) + 1 backward (keys and values, "
+      "then their gradients)"};
+  return row;
+}
+
+int RingAttention::position(int t, int T) const {
+  const int Tc = T / (2 * size());
+  return t < Tc ? rank() * Tc + t : chunk_of(1, rank(), size()) * Tc + (t - Tc);
+}
+
+std::int64_t RingAttention::state_floats(bool, int B, int NH, int Tl, int) const {
+  return std::int64_t(B) * NH * Tl;
+}
+
+std::int64_t RingAttention::scratch_floats(bool, int B, int, int Tl, int C) const { return 4 * kv_floats(B, Tl, C); }
+
+void RingAttention::attention_forward(float* out, float* lse, float* scratch, const float* qkv, int B, int Tl, int C,
+                                      int NH) {
+  const int p = size(), r = rank(), Tc = Tl / 2;
+  const std::int64_t n = kv_floats(B, Tl, C), C2 = 2 * std::int64_t(C), C3 = 3 * std::int64_t(C);
+  float* kv[2] = {scratch, scratch + n};
+  kernels::copy_rows(kv[0], C2, qkv + C, C3, std::int64_t(B) * Tl, C2, false);
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  bool first[2] = {true, true};  // a query chunk's first block sets its rows, the rest merge into them
+  for (int s = 0; s < p; ++s) {
+    // The next block travels while this one is computed.
+    std::vector<comm::RequestPtr> ring;
+    if (s + 1 < p) {
+      ring.push_back(cp_.isend(kv[s % 2], n, comm::DType::f32, next, kKvTag));
+      ring.push_back(cp_.irecv(kv[(s + 1) % 2], n, comm::DType::f32, prev, kKvTag));
+    }
+    const int src = (r + p - s) % p;  // whose keys and values these are
+    for (int qh = 0; qh < 2; ++qh)
+      for (int kh = 0; kh < 2; ++kh) {
+        const int cq = chunk_of(qh, r, p), ck = chunk_of(kh, src, p);
+        if (ck > cq) continue;  // the keys all come after the queries
+        kernels::attention_block_forward(out + std::int64_t(qh) * Tc * C, lse + std::int64_t(qh) * Tc,
+                                         qkv + std::int64_t(qh) * Tc * C3, kv[s % 2] + std::int64_t(kh) * Tc * C2, B,
+                                         Tc, Tc, C, NH, Tl, Tl, cq * Tc, ck * Tc, !first[qh]);
+        first[qh] = false;
+      }
+    for (auto& q : ring) q->wait();
+  }
+}
+
+void RingAttention::attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                       const float* out, const float* lse, int B, int Tl, int C, int NH) {
+  const int p = size(), r = rank(), Tc = Tl / 2;
+  const std::int64_t n = kv_floats(B, Tl, C), C2 = 2 * std::int64_t(C), C3 = 3 * std::int64_t(C);
+  float* kv[2] = {scratch, scratch + n};
+  float* dkv_mine = scratch + 2 * n;  // this step's gradient of the block in hand, plus what came with it
+  float* dkv_in = scratch + 3 * n;    // the gradient of the same block from the ranks before
+  kernels::copy_rows(kv[0], C2, qkv + C, C3, std::int64_t(B) * Tl, C2, false);
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  // One receive of a block's gradient is always posted before any send is
+  // waited for, so the ring cannot wait on itself.
+  comm::RequestPtr incoming = cp_.irecv(dkv_in, n, comm::DType::f32, prev, kGradTag);
+  for (int s = 0; s < p; ++s) {
+    std::vector<comm::RequestPtr> ring;
+    if (s + 1 < p) {
+      ring.push_back(cp_.isend(kv[s % 2], n, comm::DType::f32, next, kKvTag));
+      ring.push_back(cp_.irecv(kv[(s + 1) % 2], n, comm::DType::f32, prev, kKvTag));
+    }
+    const int src = (r + p - s) % p;
+    kernels::fill_zero(dkv_mine, n);
+    for (int qh = 0; qh < 2; ++qh)
+      for (int kh = 0; kh < 2; ++kh) {
+        const int cq = chunk_of(qh, r, p), ck = chunk_of(kh, src, p);
+        if (ck > cq) continue;
+        kernels::attention_block_backward(dqkv + std::int64_t(qh) * Tc * C3, dkv_mine + std::int64_t(kh) * Tc * C2,
+                                          dout + std::int64_t(qh) * Tc * C, qkv + std::int64_t(qh) * Tc * C3,
+                                          kv[s % 2] + std::int64_t(kh) * Tc * C2, out + std::int64_t(qh) * Tc * C,
+                                          lse + std::int64_t(qh) * Tc, B, Tc, Tc, C, NH, Tl, Tl, cq * Tc, ck * Tc);
+      }
+    if (s > 0) {
+      incoming->wait();
+      kernels::add_inplace(dkv_mine, dkv_in, n);
+      incoming = cp_.irecv(dkv_in, n, comm::DType::f32, prev, kGradTag);
+    }
+    // On to the next rank, which meets this block at the next step; after
+    // the last step the next rank is the block's owner.
+    comm::RequestPtr sent = cp_.isend(dkv_mine, n, comm::DType::f32, next, kGradTag);
+    for (auto& q : ring) q->wait();
+    sent->wait();
+  }
+  incoming->wait();  // this rank's own keys and values' gradient, summed over the ring
+  kernels::copy_rows(dqkv + C, C3, dkv_in, C2, std::int64_t(B) * Tl, C2, true);
+}
+
+std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp) {
+  if (cp == nullptr || cp->size() == 1) return std::make_unique<models::WholeSequence>();
+  return std::make_unique<RingAttention>(*cp);
+}
+
+}  // namespace strata::strategies
