@@ -60,7 +60,7 @@ const Row& context_parallel_row() {
       {"cp", "dp_cp"},
       check_cp,
       "activations 1/cp (every buffer holds seq_len / cp tokens of each sequence; attention keeps the rows' "
-      "log-sum-exp, B NH T / cp floats); workspace four key-value blocks 8 B (T / cp) C / tp floats; per block and "
+      "log-sum-exp, B NH T / cp floats); workspace five key-value blocks 10 B (T / cp) C / tp floats; per block and "
       "micro-batch cp - 1 sends of 2 B (T / cp) C / tp floats forward, 2 (cp - 1) + 1 backward (keys and values, "
       "then their gradients)"};
   return row;
@@ -75,7 +75,7 @@ std::int64_t RingAttention::state_floats(bool, int B, int NH, int Tl, int) const
   return std::int64_t(B) * NH * Tl;
 }
 
-std::int64_t RingAttention::scratch_floats(bool, int B, int, int Tl, int C) const { return 4 * kv_floats(B, Tl, C); }
+std::int64_t RingAttention::scratch_floats(bool, int B, int, int Tl, int C) const { return 5 * kv_floats(B, Tl, C); }
 
 void RingAttention::attention_forward(float* out, float* lse, float* scratch, const float* qkv, int B, int Tl, int C,
                                       int NH) {
@@ -111,13 +111,16 @@ void RingAttention::attention_backward(float* dqkv, float* scratch, const float*
   const int p = size(), r = rank(), Tc = Tl / 2;
   const std::int64_t n = kv_floats(B, Tl, C), C2 = 2 * std::int64_t(C), C3 = 3 * std::int64_t(C);
   float* kv[2] = {scratch, scratch + n};
-  float* dkv_mine = scratch + 2 * n;  // this step's gradient of the block in hand, plus what came with it
-  float* dkv_in = scratch + 3 * n;    // the gradient of the same block from the ranks before
+  // This step's gradient of the block in hand, plus what came with it: two,
+  // so that one travels on while the next step computes into the other.
+  float* dkv_mine[2] = {scratch + 2 * n, scratch + 3 * n};
+  float* dkv_in = scratch + 4 * n;  // the gradient of the same block from the ranks before
   kernels::copy_rows(kv[0], C2, qkv + C, C3, std::int64_t(B) * Tl, C2, false);
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   // One receive of a block's gradient is always posted before any send is
   // waited for, so the ring cannot wait on itself.
   comm::RequestPtr incoming = cp_.irecv(dkv_in, n, comm::DType::f32, prev, kGradTag);
+  comm::RequestPtr sent[2];
   for (int s = 0; s < p; ++s) {
     std::vector<comm::RequestPtr> ring;
     if (s + 1 < p) {
@@ -125,27 +128,30 @@ void RingAttention::attention_backward(float* dqkv, float* scratch, const float*
       ring.push_back(cp_.irecv(kv[(s + 1) % 2], n, comm::DType::f32, prev, kKvTag));
     }
     const int src = (r + p - s) % p;
-    kernels::fill_zero(dkv_mine, n);
+    float* mine = dkv_mine[s % 2];
+    if (sent[s % 2]) sent[s % 2]->wait();  // two steps ago's gradient has left this buffer
+    kernels::fill_zero(mine, n);
     for (int qh = 0; qh < 2; ++qh)
       for (int kh = 0; kh < 2; ++kh) {
         const int cq = chunk_of(qh, r, p), ck = chunk_of(kh, src, p);
         if (ck > cq) continue;
-        kernels::attention_block_backward(dqkv + std::int64_t(qh) * Tc * C3, dkv_mine + std::int64_t(kh) * Tc * C2,
+        kernels::attention_block_backward(dqkv + std::int64_t(qh) * Tc * C3, mine + std::int64_t(kh) * Tc * C2,
                                           dout + std::int64_t(qh) * Tc * C, qkv + std::int64_t(qh) * Tc * C3,
                                           kv[s % 2] + std::int64_t(kh) * Tc * C2, out + std::int64_t(qh) * Tc * C,
                                           lse + std::int64_t(qh) * Tc, B, Tc, Tc, C, NH, Tl, Tl, cq * Tc, ck * Tc);
       }
     if (s > 0) {
       incoming->wait();
-      kernels::add_inplace(dkv_mine, dkv_in, n);
+      kernels::add_inplace(mine, dkv_in, n);
       incoming = cp_.irecv(dkv_in, n, comm::DType::f32, prev, kGradTag);
     }
     // On to the next rank, which meets this block at the next step; after
     // the last step the next rank is the block's owner.
-    comm::RequestPtr sent = cp_.isend(dkv_mine, n, comm::DType::f32, next, kGradTag);
+    sent[s % 2] = cp_.isend(mine, n, comm::DType::f32, next, kGradTag);
     for (auto& q : ring) q->wait();
-    sent->wait();
   }
+  for (auto& q : sent)
+    if (q) q->wait();
   incoming->wait();  // this rank's own keys and values' gradient, summed over the ring
   kernels::copy_rows(dqkv + C, C3, dkv_in, C2, std::int64_t(B) * Tl, C2, true);
 }

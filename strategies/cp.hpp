@@ -21,8 +21,8 @@ namespace strata::strategies {
 // log-sum-exp). Of the four chunk pairs a step meets, the causal ones run:
 // three at s = 0 (two diagonal), two at every other step. Backward, the same
 // ring: each step's key and value gradients, added to what the ranks before
-// computed for the same block, travel on with it, and after cp steps reach
-// the block's owner.
+// computed for the same block, travel on with it (while the next step
+// computes), and after cp steps reach the block's owner.
 class RingAttention final : public models::ContextSeam {
  public:
   explicit RingAttention(comm::Communicator& cp) : cp_(cp) {}
@@ -31,8 +31,9 @@ class RingAttention final : public models::ContextSeam {
   int rank() const override { return cp_.rank(); }
   int position(int t, int T) const override;
   // The rows' log-sum-exp [B, NH, Tl]; scratch: two key-value blocks
-  // [B, Tl, 2C] forward, four backward (the block in use, the next one, this
-  // rank's gradient of it and the gradient arriving).
+  // [B, Tl, 2C] forward, five backward (the block in use, the next one, two
+  // of this rank's gradient of a block, one leaving while the other fills,
+  // and the gradient arriving).
   std::int64_t state_floats(bool fused, int B, int NH, int Tl, int C) const override;
   std::int64_t scratch_floats(bool fused, int B, int NH, int Tl, int C) const override;
   void attention_forward(float* out, float* state, float* scratch, const float* qkv, int B, int Tl, int C,

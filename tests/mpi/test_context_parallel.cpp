@@ -126,7 +126,7 @@ TEST(ContextParallel, ComposesWithPipelines) {
 // the same model: every token-sized activation halves, and attention's
 // state becomes the rows' log-sum-exp (the CPU backend's whole-sequence
 // kernel keeps the T x T probabilities), so the activations fall by more
-// than half; the ring's four key-value blocks are workspace.
+// than half; the ring's five key-value blocks are workspace.
 TEST(ContextParallel, ActivationsPerRankFallWithCp) {
   const int n = parity::world_size();
   if (n != 2) return;
