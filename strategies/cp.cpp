@@ -35,11 +35,11 @@ void check_cp(const Plan& p, PlanChecks& checks) {
                  fmt::format("{} / {} is not a multiple of {}: sequence parallelism splits each rank's tokens over "
                              "tp ranks",
                              checks.show("model.seq_len"), checks.show("parallel.cp"), checks.show("parallel.tp")));
-  if (p.parallel.ep > 1)
-    checks.error({"parallel.cp", "parallel.ep"},
-                 fmt::format("{} with {}: expert parallelism's groups do not span context-parallel ranks; use one "
-                             "or the other",
-                             checks.show("parallel.cp"), checks.show("parallel.ep")));
+  if (p.model.moe_experts > 0)
+    checks.error({"parallel.cp", "model.moe_experts"},
+                 fmt::format("{} with a Mixture-of-Experts model ({}): a MoE layer routes, caps and balances the "
+                             "tokens of a micro-batch, which context parallelism would split; use cp = 1",
+                             checks.show("parallel.cp"), checks.show("model.moe_experts")));
   if (p.parallel.dp_shard != 0 && p.parallel.dp_shard != p.parallel.dp)
     checks.error({"parallel.cp", "parallel.dp_shard"},
                  fmt::format("{} with {}: ZeRO shards over dp x cp under context parallelism; hybrid sharding "

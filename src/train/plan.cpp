@@ -61,10 +61,10 @@ int plan_deck(const std::string& deck_path, const std::string& text, const std::
       if (pp > b.model.layers) continue;
       // Context parallelism splits each sequence into 2 cp chunks.
       for (int cp : divisors(N / tp / pp)) {
-      if (b.model.seq_len % (2 * cp) != 0 && cp > 1) continue;
+      if (cp > 1 && (moe || b.model.seq_len % (2 * cp) != 0)) continue;
       const int dp = N / tp / pp / cp;
       if (b.data.global_batch % dp != 0) continue;
-      for (int ep : moe ? (cp > 1 ? std::vector<int>{1} : divisors(dp)) : std::vector<int>{1}) {
+      for (int ep : moe ? divisors(dp) : std::vector<int>{1}) {
         if (moe && b.model.moe_experts % ep != 0) continue;
         struct Sched {
           const char* name;

@@ -140,8 +140,9 @@ StepRecord Trainer::step(int step) {
   r.step = step;
   r.warmup = step < cfg_.run.warmup_steps;
 
-  // The mean loss over the global batch: every micro-batch's mean weighs
-  // 1 / (micro-batches x dp), and the dp ranks' gradients are summed. The
+  // The mean loss over the global batch: every micro-batch's mean (of this
+  // rank's tokens) weighs 1 / (micro-batches x dp x cp), and the gradients
+  // of those ranks are summed. The
   // backward pass also carries fp16's loss scale.
   const float mean_weight = 1.0f / float(micro_batches_ * (loss_group_ != nullptr ? loss_group_->size() : 1));
   const double scale = scaler_.scale;

@@ -362,6 +362,22 @@ TEST_F(DeckTest, HybridShardingIsChecked) {
   load_error(batch + "[parallel]\ndp = 4\nzero = 1\ndp_shard = -1\n", {"parallel.dp_shard", "-1"});
 }
 
+TEST_F(DeckTest, ContextParallelismIsChecked) {
+  const std::string batch = "[data]\nglobal_batch = 8\nmicro_batch = 2\n";
+  EXPECT_NO_THROW(load("[model]\nseq_len = 16\n" + batch + "[parallel]\ncp = 4\n"));
+  EXPECT_NO_THROW(load("[model]\nseq_len = 16\n" + batch + "[parallel]\ncp = 2\ntp = 2\nsequence_parallel = true\n"));
+  load_error("[model]\nseq_len = 12\n" + batch + "[parallel]\ncp = 4\n",
+             {"model.seq_len = 12", "not a multiple of 2 x parallel.cp = 4", "2 cp chunks"});
+  load_error("[model]\nseq_len = 24\nheads = 4\nd_model = 16\n" + batch +
+                 "[parallel]\ncp = 4\ntp = 4\nsequence_parallel = true\n",
+             {"model.seq_len = 24", "parallel.cp = 4", "not a multiple of parallel.tp = 4"});
+  load_error("[model]\nseq_len = 16\nkind = \"moe\"\nmoe_experts = 4\n" + batch + "[parallel]\ncp = 2\n",
+             {"parallel.cp = 2", "Mixture-of-Experts", "use cp = 1"});
+  load_error("[model]\nseq_len = 16\n[data]\nglobal_batch = 8\nmicro_batch = 1\n[parallel]\ncp = 2\ndp = 2\nzero = 3\n"
+             "dp_shard = 1\n",
+             {"parallel.cp = 2", "parallel.dp_shard = 1", "dp_shard = 0"});
+}
+
 TEST_F(DeckTest, ExpertParallelLayoutsAreChecked) {
   const std::string moe = "[model]\nkind = \"moe\"\nmoe_experts = 4\nheads = 4\nvocab = 256\n";
   const std::string batch = "[data]\nglobal_batch = 16\nmicro_batch = 2\n";
