@@ -148,3 +148,30 @@ TEST(ContextParallel, ActivationsPerRankFallWithCp) {
   EXPECT_GT(act[1], 0u);
   EXPECT_GT(ws[1], 0u);
 }
+
+// ZeRO shards over dp x cp (every one of those ranks holds the same
+// parameters): ZeRO-3 holds 16 Psi_p / N bytes of state per rank, N = dp cp,
+// Psi_p the units padded to multiples of N; and its collectives run on the
+// dp_cp axis.
+TEST(ContextParallel, ZeroShardsOverDpTimesCp) {
+  const int n = parity::world_size();
+  const Layout l{2, n / 2, 1, 1, 3};
+  const auto c = config(l, 16, 1);
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::layout_of(c), log);
+  core::MemoryTracker tracker;
+  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  t.step(0);
+  std::uint64_t psi_p = 0;
+  for (const auto& u : t.units()) psi_p += std::uint64_t((u.size() + n - 1) / n) * std::uint64_t(n);
+  const std::uint64_t state = tracker.current(MemCategory::params) + tracker.current(MemCategory::grads) +
+                              tracker.current(MemCategory::optimizer);
+  EXPECT_EQ(state, 16 * psi_p / std::uint64_t(n));
+  for (const auto& r : log.records()) {
+    const std::string op(r.op), axis(r.axis);
+    if (op == "reduce_scatter" || op == "all_gather") {
+      EXPECT_EQ(axis, "dp_cp");
+      EXPECT_EQ(r.group_size, n);
+    }
+  }
+}
