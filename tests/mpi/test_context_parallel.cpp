@@ -2,8 +2,8 @@
 // mpiexec: each sequence split over cp ranks as 2 cp chunks, alone and
 // composed with data, tensor and sequence parallelism, pipelines and every
 // ZeRO stage, with and without recomputation. The loss trajectory of 10
-// steps within 1e-5 relative, every parameter tensor within 3e-5 norm-wise
-// of the single-rank run's (why 3e-5: check()), and the dry run's estimate equal to what the run
+// steps within 1e-5 relative, every parameter tensor within 5e-5 norm-wise
+// of the single-rank run's (why 5e-5: check()), and the dry run's estimate equal to what the run
 // measured, memory and communication. And what it is for: the activations
 // of a long sequence divided over the cp ranks.
 #include <gtest/gtest.h>
@@ -82,7 +82,7 @@ void check(const Layout& l) {
   for (const auto& r : log.records())
     if (std::string(r.axis) == "cp") ring += r.bytes;
   EXPECT_GT(ring, 0);
-  // Parameters norm-wise per tensor within 3e-5 (losses: 1e-5). The ring
+  // Parameters norm-wise per tensor within 5e-5 (losses: 1e-5). The ring
   // computes each row's softmax block by block, merged through the
   // log-sum-exp, so every activation after the first attention differs from
   // the single-rank run's by rounding (a data-parallel layout computes each
@@ -90,12 +90,15 @@ void check(const Layout& l) {
   // Gradient elements near AdamW's eps (1e-8) then differ relatively by up
   // to 1e-4 and move their parameters by up to 7e-6 in the first step
   // (measured, cp 4); over 10 steps at lr 1e-2 the worst tensor reached
-  // 2.1e-5 (cp 4, h.0.mlp.fc.weight). A lost or doubled contribution moves
-  // a tensor by 1e-2 or more.
+  // 2.1e-5 in the release build and 3.2e-5 in the sanitized debug build,
+  // whose arithmetic rounds differently (cp 4, an MLP weight of the first
+  // block). With eps 1e-6 instead, where fewer elements sit in that region,
+  // the worst is 1.3e-5: the gap is Adam's amplification, not a lost term.
+  // A lost or doubled contribution moves a tensor by 1e-2 or more.
   double key_abs = 0;
   EXPECT_LE(parity::params_error(t.registry(), t.strategy().full_params(), ref.registry(),
                                  ref.strategy().full_params(), &key_abs),
-            3e-5);
+            5e-5);
   EXPECT_LE(key_abs, 1e-4);
 }
 

@@ -758,7 +758,7 @@ TEST(Elementwise, CopyRowsSetsAndAdds) {
   for (int r = 0; r < 5; ++r)
     for (int c = 0; c < 9; ++c) {
       const bool in = c >= 1 && c < 5;
-      const float x = src[std::size_t(r) * 7 + 2 + c - 1];
+      const float x = in ? src[std::size_t(r) * 7 + 2 + c - 1] : 0.0f;
       EXPECT_EQ(dst[std::size_t(r) * 9 + c], in ? x : base[std::size_t(r) * 9 + c]);
       EXPECT_EQ(added[std::size_t(r) * 9 + c], in ? x + x : base[std::size_t(r) * 9 + c]);
     }
