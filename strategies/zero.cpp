@@ -112,6 +112,7 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
   }
   unit_grads_.resize(units_.size());
   gathered_.resize(units_.size());
+  if (replica_ != nullptr) replica_requests_.resize(units_.size());
   if (cfg.offload.params && cfg.offload.nvme != nullptr) {
     STRATA_CHECK(stage_ == 3, "parameter offload needs ZeRO stage 3, not {}", stage_);
     nvme_ = cfg.offload.nvme;
@@ -306,7 +307,7 @@ void Zero::pop_front() {
 void Zero::complete(Pending& p) {
   if (p.request) p.request->wait();
   const auto& s = us_[p.unit];
-  STRATA_CHECK(replica_requests_.empty() || !replica_requests_[std::size_t(p.unit)],
+  STRATA_CHECK(replica_ == nullptr || !replica_requests_[std::size_t(p.unit)],
                "unit {}'s gradients reduced after its replica all-reduce was launched", p.unit);
   if (stage_ == 1)
     kernels::copy_bytes(own_grads(p.unit), p.output.at(0), p.output.bytes());
@@ -319,7 +320,6 @@ void Zero::complete(Pending& p) {
 }
 
 void Zero::launch_replica_all_reduce(int u) {
-  if (replica_requests_.empty()) replica_requests_.resize(us_.size());
   replica_requests_[std::size_t(u)] =
       replica_->iall_reduce(own_grads(u), us_[u].shard, grads_store().dtype(), comm::ReduceOp::sum);
 }
@@ -343,7 +343,6 @@ void Zero::finish_gradients() {
   // sums were launched as their last reduce-scatter completed; the rest
   // (a split backward's units, whose last reduction is not known before the
   // step ends) start here.
-  if (replica_requests_.empty()) replica_requests_.resize(us_.size());
   for (std::size_t u = 0; u < us_.size(); ++u)
     if (!replica_requests_[u]) launch_replica_all_reduce(int(u));
   for (auto& r : replica_requests_) {
