@@ -32,13 +32,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 pack_dir=.gpu
-programs=(strata tests/test_cuda_kernels tests/test_cuda_attention tests/test_gpu_training tests/test_nccl
+programs=(strata tests/test_backend_ops tests/test_cuda_attention tests/test_gpu_training tests/test_nccl
           bench/gpu_kernels)
 
 pack() {
   set -e
   cmake --preset cuda >/dev/null
-  cmake --build --preset cuda -j "$(nproc)" --target strata test_cuda_kernels test_cuda_attention \
+  cmake --build --preset cuda -j "$(nproc)" --target strata test_backend_ops test_cuda_attention \
     test_gpu_training test_nccl gpu_kernels strata_cuda strata_cuda_comm
   rm -rf "$pack_dir/stage" && mkdir -p "$pack_dir/stage/bin" "$pack_dir/stage/lib"
   for p in "${programs[@]}"; do cp "build-cuda/$p" "$pack_dir/stage/bin/"; done
@@ -93,7 +93,7 @@ run() {
     if ! timeout "$limit" "$@" 2>&1 | tee -a "$log" "/tmp/gpu/$name.log"; then failed+=("$name"); fi
   }
   # About 9 minutes at most in all, within one call's 10.
-  step kernels 60 test_cuda_kernels --gtest_brief=1
+  step kernels 60 test_backend_ops --gtest_brief=1 '--gtest_filter=*_cuda:BackendOpsList.*'
   step attention 45 test_cuda_attention --gtest_brief=1
   step parity 90 test_gpu_training --gtest_brief=1
   step nccl 30 test_nccl --gtest_brief=1

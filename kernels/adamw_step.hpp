@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(__HIPCC__)
 #define STRATA_HOST_DEVICE __host__ __device__
 #else
 #define STRATA_HOST_DEVICE

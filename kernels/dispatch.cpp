@@ -20,28 +20,51 @@
 #include "kernels/meta/meta_kernels.hpp"
 #include "kernels/foundation/error.hpp"
 #include "kernels/foundation/module.hpp"
-#include "kernels/cuda/backend_table.hpp"
+#include "kernels/backend_table.hpp"
 
 namespace strata::kernels {
 
 namespace {
 Device g_device = Device::cpu;
 int g_ordinal = 0;
-// The CUDA module's table (kernels/cuda/backend_table.hpp), set by
-// use_device(Device::cuda) before the device is.
-const CudaBackend* g_cuda = nullptr;
-bool on_gpu() { return g_device == Device::cuda; }
 
-// The CUDA module, loaded on the first call; a runtime error if this build
-// has none or it does not load.
-const CudaBackend& cuda_backend() {
-  if (!cuda_built())
-    core::runtime_error(
-        "backend.device = \"cuda\" needs a build with the CUDA backend (STRATA_WITH_CUDA=ON or AUTO with nvcc "
-        "found); this build has the CPU backend only");
-  static const CudaBackend& table = core::module_table<CudaBackend>("cuda", kCudaBackendEntry, kCudaBackendAbi);
-  return table;
+// The device backends, each a module (kernels/backend_table.hpp): the one
+// list of them. Adding a backend is adding a row (and its folder).
+struct BackendRow {
+  Device device;
+  const char* module;  // libstrata_<module>.so
+  bool built;          // this build has it
+  const char* how;     // how to get a build that has it
+};
+constexpr BackendRow kBackends[] = {
+    {Device::cuda, "cuda", STRATA_HAVE_CUDA != 0, "STRATA_WITH_CUDA=ON, or AUTO with nvcc found"},
+    {Device::kokkos, "kokkos", STRATA_HAVE_KOKKOS != 0, "STRATA_WITH_KOKKOS=ON, or AUTO with Kokkos found"},
+};
+
+const BackendRow* backend_row(Device d) {
+  for (const BackendRow& r : kBackends)
+    if (r.device == d) return &r;
+  return nullptr;
 }
+
+// Device `d`'s module table, loaded on the first call; a runtime error if
+// this build has none or it does not load.
+const DeviceBackend& backend_table(Device d) {
+  const BackendRow& r = *backend_row(d);
+  if (!r.built)
+    core::runtime_error("backend.device = \"{}\" needs a build with that backend ({}); this build has {}",
+                        device_name(d), r.how, built_devices());
+  static std::mutex mutex;
+  static std::map<Device, const DeviceBackend*> tables;
+  std::lock_guard lock(mutex);
+  const DeviceBackend*& t = tables[d];
+  if (t == nullptr) t = &core::module_table<DeviceBackend>(r.module, backend_entry(r.module).c_str(), kBackendAbi);
+  return *t;
+}
+
+// The selected device's table; null on the CPU and the meta device.
+const DeviceBackend* g_backend = nullptr;
+bool on_device() { return g_backend != nullptr; }
 
 bool on_meta() { return g_device == Device::meta; }
 
@@ -81,10 +104,10 @@ class OpenGuard {
 
 // On the meta device an operation only counts its cost (kernels/meta/) and
 // returns its type's zero.
-#define STRATA_DISPATCH(op, ...)               \
-  if (on_meta()) return meta::op(__VA_ARGS__); \
-  if (on_gpu()) return g_cuda->op(__VA_ARGS__); \
-  const OpenGuard open_guard;                  \
+#define STRATA_DISPATCH(op, ...)                      \
+  if (on_meta()) return meta::op(__VA_ARGS__);        \
+  if (on_device()) return g_backend->op(__VA_ARGS__); \
+  const OpenGuard open_guard;                         \
   return cpu::op(__VA_ARGS__)
 
 namespace {
@@ -132,7 +155,7 @@ void reset_meta_costs() {
 }
 
 void guard_device_memory(void* base, std::size_t bytes) {
-  STRATA_CHECK(!on_gpu(), "guard_device_memory stands in for a GPU on the CPU backend");
+  STRATA_CHECK(!on_device(), "guard_device_memory stands in for a device on the CPU backend");
   std::lock_guard lock(g_guard.mutex);
   if (g_guard.base != nullptr) protect(PROT_READ | PROT_WRITE);
   g_guard.base = bytes > 0 ? static_cast<char*>(base) : nullptr;
@@ -141,19 +164,38 @@ void guard_device_memory(void* base, std::size_t bytes) {
   if (g_guard.base != nullptr) protect(PROT_NONE);
 }
 
-const char* device_name(Device d) { return d == Device::cuda ? "cuda" : d == Device::meta ? "meta" : "cpu"; }
+const char* device_name(Device d) {
+  switch (d) {
+    case Device::cpu: return "cpu";
+    case Device::cuda: return "cuda";
+    case Device::kokkos: return "kokkos";
+    case Device::meta: return "meta";
+  }
+  return "?";
+}
 
 bool cuda_built() { return STRATA_HAVE_CUDA != 0; }
 
+bool kokkos_built() { return STRATA_HAVE_KOKKOS != 0; }
+
+std::string built_devices() {
+  std::string out = "cpu";
+  for (const BackendRow& r : kBackends)
+    if (r.built) out += std::string(", ") + device_name(r.device);
+  return out;
+}
+
 void use_device(Device d, int ordinal) {
-  if (d == Device::cuda) {
-    const CudaBackend& cuda = cuda_backend();
-    const int n = cuda.device_count();
+  const DeviceBackend* table = nullptr;
+  if (backend_row(d) != nullptr) {
+    table = &backend_table(d);
+    const int n = table->device_count();
     if (ordinal < 0 || ordinal >= n)
-      core::runtime_error("backend.device = \"cuda\": GPU {} asked for, {}", ordinal, cuda.describe_devices());
-    cuda.use_device(ordinal);
-    g_cuda = &cuda;
+      core::runtime_error("backend.device = \"{}\": device {} asked for, {}", device_name(d), ordinal,
+                          table->describe_devices());
+    table->use_device(ordinal);
   }
+  g_backend = table;
   g_device = d;
   g_ordinal = ordinal;
 }
@@ -164,56 +206,69 @@ int device_ordinal() { return g_ordinal; }
 
 bool is_meta() { return on_meta(); }
 
-int gpu_count() { return cuda_built() ? cuda_backend().device_count() : 0; }
+bool host_memory() { return !on_device() || g_backend->host_accessible(); }
 
-std::string describe_gpus() {
-  return cuda_built() ? cuda_backend().describe_devices() : "this build has no CUDA backend";
+int device_count(Device d) {
+  const BackendRow* r = backend_row(d);
+  if (r == nullptr) return d == Device::cpu ? 1 : 0;
+  return r->built ? backend_table(d).device_count() : 0;
 }
+
+std::string describe_devices(Device d) {
+  const BackendRow* r = backend_row(d);
+  if (r == nullptr) return device_name(d);
+  return r->built ? backend_table(d).describe_devices()
+                  : fmt::format("this build has no {} backend", device_name(d));
+}
+
+int gpu_count() { return device_count(Device::cuda); }
+
+std::string describe_gpus() { return cuda_built() ? describe_devices(Device::cuda) : "this build has no CUDA backend"; }
 
 std::string cpu_blas_version();  // kernels/cpu/runtime.cpp
 
 std::string library_versions() {
-  if (on_gpu()) return g_cuda->describe_versions();
+  if (on_device()) return g_backend->describe_versions();
   return cpu_blas_version();
 }
 
-const char* backend_name() { return on_gpu() ? "cuda/cublas" : on_meta() ? "meta" : "cpu/openblas-openmp"; }
+const char* backend_name() { return on_device() ? g_backend->backend_name() : on_meta() ? "meta" : "cpu/openblas-openmp"; }
 
 void* device_alloc(std::size_t bytes) {
   STRATA_CHECK(!on_meta(), "device memory on the meta device, which has none");
-  if (on_gpu()) return g_cuda->malloc_device(bytes);
+  if (on_device()) return g_backend->malloc_device(bytes);
   void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (p == nullptr) core::runtime_error("out of host memory: {} bytes", bytes);
   return p;
 }
 
 void device_free(void* p) {
-  if (on_gpu()) return g_cuda->free_device(p);
+  if (on_device()) return g_backend->free_device(p);
   std::free(p);
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (on_meta()) return count_meta_cost("copy_bytes", 0, 0, 2.0 * double(bytes));
-  if (on_gpu()) return g_cuda->copy_bytes(dst, src, bytes);
+  if (on_device()) return g_backend->copy_bytes(dst, src, bytes);
   const OpenGuard open_guard;
   if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
 }
 
 void zero_bytes(void* p, std::size_t bytes) {
   if (on_meta()) return count_meta_cost("zero_bytes", 0, 0, double(bytes));
-  if (on_gpu()) return g_cuda->zero_bytes(p, bytes);
+  if (on_device()) return g_backend->zero_bytes(p, bytes);
   const OpenGuard open_guard;
   if (bytes > 0) std::memset(p, 0, bytes);
 }
 
 void synchronize() {
-  if (on_gpu()) g_cuda->synchronize();
+  if (on_device()) g_backend->synchronize();
 }
 
 DeviceMemory device_memory() {
   DeviceMemory m;
-  if (on_gpu()) {
-    g_cuda->memory_info(&m.free, &m.total);
+  if (on_device()) {
+    g_backend->memory_info(&m.free, &m.total);
     return m;
   }
   const long page = sysconf(_SC_PAGESIZE);
@@ -224,12 +279,12 @@ DeviceMemory device_memory() {
 
 void set_gemm_precision(core::Precision p) {
   // The CPU computes in fp32 whatever p is.
-  if (on_gpu()) g_cuda->set_gemm_precision(p);
+  if (on_device()) g_backend->set_gemm_precision(p);
 }
 
 double measure_gemm_flops(int n, int reps, core::Precision p) {
   if (on_meta()) return 0;
-  if (on_gpu()) return g_cuda->measure_gemm_flops(n, reps, p);
+  if (on_device()) return g_backend->measure_gemm_flops(n, reps, p);
   std::vector<float> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
   for (std::size_t i = 0; i < a.size(); ++i) {
     a[i] = float(i % 13) * 0.01f;

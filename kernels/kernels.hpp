@@ -29,30 +29,48 @@
 namespace strata::kernels {
 
 // ---- the device ----
+// cuda and kokkos: the device backends, each a module loaded by the first
+// call that needs it (kernels/backend_table.hpp), so a CPU run never loads
+// their libraries. kokkos runs the operations on Kokkos' default execution
+// space (kernels/kokkos: Serial, OpenMP, CUDA, HIP, SYCL, whichever the
+// Kokkos it was built against has).
 // meta: the device a dry run executes a step on (as PyTorch's meta tensors):
 // buffers have no memory behind them, kernels and copies do nothing and
 // reductions return 0. What a step allocates and communicates on it is what
 // the same step allocates and communicates on a real device, because it is
 // the same code.
-enum class Device { cpu, cuda, meta };
-// "cpu" | "cuda" | "meta"
+enum class Device { cpu, cuda, kokkos, meta };
+// "cpu" | "cuda" | "kokkos" | "meta"
 const char* device_name(Device d);
-// True when this build has the CUDA backend (STRATA_WITH_CUDA). It is the
-// module libstrata_cuda.so, loaded by the first call that needs a GPU
-// (use_device(Device::cuda), gpu_count(), describe_gpus()): a CPU run never
-// loads the CUDA libraries (kernels/cuda/backend_table.hpp).
+// True when this build has the CUDA backend (STRATA_WITH_CUDA): the module
+// libstrata_cuda.so, loaded by the first call that needs a GPU
+// (use_device(Device::cuda), gpu_count(), describe_gpus()).
 bool cuda_built();
+// True when this build has the Kokkos backend (STRATA_WITH_KOKKOS): the
+// module libstrata_kokkos.so.
+bool kokkos_built();
+// The devices this build can run on: "cpu, cuda, kokkos".
+std::string built_devices();
 // Selects where every kernel of strata::kernels runs, for the whole process.
-// cuda: GPU `ordinal` (a runtime error naming what is missing when the build
-// has no CUDA backend, its module does not load, or there is no such GPU).
+// cuda, kokkos: device `ordinal` (a runtime error naming what is missing when
+// the build has no such backend, its module does not load, or there is no
+// such device).
 void use_device(Device d, int ordinal = 0);
 Device device();
 // The ordinal use_device() selected (the GPU of a cuda process).
 int device_ordinal();
 // device() == Device::meta: host values need not be computed for it.
 bool is_meta();
+// True when the selected device's memory is host memory (the CPU, and a
+// Kokkos backend whose memory space the host can read): host code and MPI
+// may then touch buffers directly; otherwise copies go through copy_bytes.
+bool host_memory();
 // GPUs this process can use (0 without the CUDA backend, a driver or a GPU).
 int gpu_count();
+// The same for any device: the devices of backend d this process can use
+// (1 for the CPU), and why there are none.
+int device_count(Device d);
+std::string describe_devices(Device d);
 // The GPUs as the driver sees them, or why there are none ("no usable CUDA
 // device: ..."), for messages.
 std::string describe_gpus();

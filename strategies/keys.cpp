@@ -134,7 +134,7 @@ const std::vector<KeySpec>& global_keys() {
       key<&Plan::optim, &OptimSection::eps>("optim", "eps", "AdamW denominator epsilon").above(0),
       key<&Plan::optim, &OptimSection::grad_clip>("optim", "grad_clip", "clip the global gradient norm to this; 0: no clipping").at_least(0),
       // [backend]
-      key<&Plan::backend, &BackendSection::device>("backend", "device", "where kernels run: the CPU, or one GPU per rank (the CUDA backend)"),
+      key<&Plan::backend, &BackendSection::device>("backend", "device", "where kernels run: the CPU, one GPU per rank (the CUDA backend), or Kokkos' default execution space (the Kokkos backend)"),
       key<&Plan::backend, &BackendSection::comm>("backend", "comm", "collectives: auto (nccl on cuda, mpi on cpu), mpi (device buffers staged through the host), nccl (cuda only)"),
       key<&Plan::backend, &BackendSection::precision>("backend", "precision", "fp32, or mixed precision: 16-bit parameters, gradients and collectives, fp32 master weights and optimizer"),
       key<&Plan::backend, &BackendSection::loss_scale>("backend", "loss_scale", "fp16: initial dynamic loss scale (halved on overflow, the step skipped)").at_least(1),

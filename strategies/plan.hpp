@@ -49,7 +49,7 @@ inline constexpr std::array<std::string_view, 2> kOnDivergence{"stop", "continue
 inline constexpr std::array<std::string_view, 3> kCommChoices{"auto", "mpi", "nccl"};
 inline constexpr std::array<std::string_view, 3> kRecomputes{"none", "selective", "full"};
 inline constexpr std::array<std::string_view, 3> kPrecisions{"fp32", "bf16", "fp16"};
-inline constexpr std::array<std::string_view, 2> kDevices{"cpu", "cuda"};  // a deck never names the meta device
+inline constexpr std::array<std::string_view, 3> kDevices{"cpu", "cuda", "kokkos"};  // a deck never names the meta device
 template <> struct Choice<ModelKind> : EnumChoice<ModelKind, kModelKinds> {};
 template <> struct Choice<DataSource> : EnumChoice<DataSource, kDataSources> {};
 template <> struct Choice<Offload> : EnumChoice<Offload, kOffloads> {};

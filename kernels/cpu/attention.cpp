@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
-#include "kernels/cpu/vec_math.hpp"
+#include "kernels/vec_math.hpp"
 
 namespace strata::kernels::cpu {
 namespace {
 
-using cpu::exp_vec;
+using kernels::exp_vec;
 
 // Rows of S are produced in blocks; block [r0, r1) only needs keys 0..r1-1,
 // so the products skip most of the (all-zero) upper triangle: about half the

@@ -6,12 +6,12 @@
 #include <cstdint>
 
 #include "kernels/cpu/cpu_kernels.hpp"
-#include "kernels/cpu/vec_math.hpp"
+#include "kernels/vec_math.hpp"
 
 namespace strata::kernels::cpu {
 namespace {
 
-using cpu::exp_vec;
+using kernels::exp_vec;
 
 float max_of(const float* x, int V) {
   float m = x[0];

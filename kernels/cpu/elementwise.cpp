@@ -9,12 +9,12 @@
 #include <cstdint>
 
 #include "kernels/cpu/cpu_kernels.hpp"
-#include "kernels/cpu/vec_math.hpp"
+#include "kernels/vec_math.hpp"
 
 namespace strata::kernels::cpu {
 namespace {
 
-using cpu::exp_vec;
+using kernels::exp_vec;
 
 // Below this many elements a parallel region costs more than the loop.
 constexpr std::int64_t kParallelMin = 1 << 16;

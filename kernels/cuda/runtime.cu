@@ -8,6 +8,11 @@
 
 namespace strata::kernels::cuda {
 
+const char* backend_name() { return "cuda/cublas"; }
+
+// Device memory is the GPU's, out of the host's reach.
+bool host_accessible() { return false; }
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -20,7 +20,7 @@
 
 // As in kernels/adamw_step.hpp (same definition, so either may come first).
 #ifndef STRATA_HOST_DEVICE
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(__HIPCC__)
 #define STRATA_HOST_DEVICE __host__ __device__
 #else
 #define STRATA_HOST_DEVICE

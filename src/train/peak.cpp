@@ -77,10 +77,11 @@ Peak measure_or_read(const plan::Plan& cfg) {
   std::string how;
   if (const double f = path.empty() ? 0 : read_cache(path, &how); f > 0)
     return {f, fmt::format("cached: {} ({})", path, how)};
-  const bool gpu = kernels::device() == kernels::Device::cuda;
+  const bool gpu = !kernels::host_memory();
   // A GPU needs large products to reach its rate; the CPU's is reached at 1024.
   const int n = gpu ? 8192 : 1024, reps = 5;
-  const char* what = !gpu                                             ? "sgemm"
+  const char* what = kernels::device() == kernels::Device::kokkos     ? "KokkosBlas sgemm"
+                     : !gpu                                           ? "sgemm"
                      : cfg.backend.precision == core::Precision::bf16 ? "cuBLAS bf16 GEMM"
                      : cfg.backend.precision == core::Precision::fp16 ? "cuBLAS fp16 GEMM"
                                                                       : "cuBLAS sgemm";

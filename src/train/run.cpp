@@ -179,24 +179,44 @@ void check_host_holds_parameters(const plan::Plan& cfg, const models::GptConfig&
 
 // backend.device = "cuda": rank r of a node takes GPU r mod the node's GPU
 // count (ranks share a GPU only when there are more of them than GPUs).
-// Returns how many ranks share this rank's GPU (1 on the CPU).
+// "kokkos": the same over the devices of Kokkos' default execution space
+// (one, the host, for a host-side Kokkos). Returns how many ranks share this
+// rank's device (1 on the CPU).
 int select_device(const plan::Plan& cfg, MPI_Comm comm) {
-  if (cfg.backend.device != kernels::Device::cuda) return 1;
-  if (!kernels::cuda_built())
+  const kernels::Device device = cfg.backend.device;
+  if (device == kernels::Device::cpu) return 1;
+  const char* name = kernels::device_name(device);
+  if (device == kernels::Device::cuda && !kernels::cuda_built())
     core::input_error("backend.device = \"cuda\": this build has the CPU backend only; build with the CUDA backend "
                       "(cmake --preset cuda, or STRATA_WITH_CUDA=AUTO where nvcc is found)");
+  if (device == kernels::Device::kokkos && !kernels::kokkos_built())
+    core::input_error("backend.device = \"kokkos\": this build has no Kokkos backend (it has {}); build with "
+                      "STRATA_WITH_KOKKOS=ON or AUTO where find_package(Kokkos) finds one (-DKokkos_ROOT=...)",
+                      kernels::built_devices());
   const auto [local, on_node] = comm::node_place(comm);
-  const int gpus = kernels::gpu_count();
-  if (gpus == 0)
-    core::runtime_error("backend.device = \"cuda\" but this node has no usable GPU ({})", kernels::describe_gpus());
+  const int devices = kernels::device_count(device);
+  if (devices == 0)
+    core::runtime_error("backend.device = \"{}\" but this node has no usable {} ({})", name,
+                        device == kernels::Device::cuda ? "GPU" : "device", kernels::describe_devices(device));
   // NCCL refuses two ranks of one communicator on one GPU: say so before it does.
-  if (on_node > gpus && cfg.backend.comm != plan::CommChoice::mpi)
+  if (device == kernels::Device::cuda && on_node > devices && cfg.backend.comm != plan::CommChoice::mpi)
     core::runtime_error("{} ranks on this node but {} GPU(s): NCCL cannot share a GPU between ranks; start at most "
                         "{} rank(s) per node, or set backend.comm = \"mpi\" (device buffers staged through the host)",
-                        on_node, gpus, gpus);
-  kernels::use_device(kernels::Device::cuda, local % gpus);
+                        on_node, devices, devices);
+  kernels::use_device(device, local % devices);
+  // Device buffers other than a GPU's move through MPI only when the host can
+  // read them: staging is the CUDA communicators' (cudaMemcpy).
+  int refused = device == kernels::Device::kokkos && !kernels::host_memory() ? 1 : 0;
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, comm));
+  int world = 1;
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
+  if (refused && world > 1)
+    core::runtime_error("backend.device = \"kokkos\" on {} ranks: this Kokkos' memory space ({}) is not host "
+                        "memory, and MPI is handed host memory only; run one rank, or use a host-side Kokkos "
+                        "(Serial, OpenMP) or backend.device = \"cuda\"",
+                        world, kernels::backend_name());
   kernels::set_gemm_precision(cfg.backend.precision);
-  return on_node / gpus + (local % gpus < on_node % gpus ? 1 : 0);
+  return on_node / devices + (local % devices < on_node % devices ? 1 : 0);
 }
 
 // The device arena: one region of the GPU for every tracked buffer, sized
@@ -384,7 +404,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   // backend.comm: NCCL on the GPU unless told otherwise; MPI with device
   // buffers stages them through host memory (Debian's MPICH is not
   // CUDA-aware).
-  const bool gpu = kernels::device() == kernels::Device::cuda;
+  const bool gpu = !kernels::host_memory();
   const comm::Backend comm_backend = !gpu                              ? comm::Backend::mpi
                                      : cfg.backend.comm == plan::CommChoice::mpi ? comm::Backend::mpi_staged
                                                                        : comm::Backend::nccl;
@@ -500,7 +520,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     write_comm_summary(to, {{rank, comm_figures}});
     write_pipeline_summary(to, {{rank, bubble}});
     write_summary(to, summary, prov);
-    if (kernels::device() == kernels::Device::cuda) {
+    if (!kernels::host_memory()) {
       // The driver's view beside the tracker's: the arena, the context,
       // cuBLAS and NCCL together.
       const kernels::DeviceMemory m = kernels::device_memory();
@@ -521,7 +541,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   bool agreed = false;  // every rank threw the same error at the same point
 
   try {
-    if (kernels::device() == kernels::Device::cuda) {
+    if (!kernels::host_memory()) {
       // Inside: a GPU without room on one rank is a failure like any other.
       timeline.set_fence(kernels::synchronize);
       arena.open(cfg.backend.memory_limit, tracker, sharing_gpu, comm);

@@ -320,6 +320,36 @@ TEST(CudaModule, LoadsOnFirstUse) {
   }
 }
 
+// The Kokkos kernels' module likewise: not loaded until the kokkos device
+// is asked for, then whole, reporting Kokkos' default execution space.
+TEST(KokkosModule, LoadsOnFirstUse) {
+  if (!k::kokkos_built()) {
+    EXPECT_EQ(k::device_count(k::Device::kokkos), 0);
+    EXPECT_EQ(k::describe_devices(k::Device::kokkos), "this build has no kokkos backend");
+    EXPECT_EQ(k::built_devices().find("kokkos"), std::string::npos);
+    return;
+  }
+  EXPECT_EQ(strata::core::module_path("kokkos"), "");
+  EXPECT_NE(k::built_devices().find("kokkos"), std::string::npos) << k::built_devices();
+  EXPECT_GE(k::device_count(k::Device::kokkos), 1);
+  const std::string path = strata::core::module_path("kokkos");
+  EXPECT_NE(path.find("libstrata_kokkos.so"), std::string::npos) << path;
+  k::use_device(k::Device::kokkos);
+  EXPECT_EQ(std::string(k::backend_name()).rfind("kokkos/", 0), 0u) << k::backend_name();
+  EXPECT_NE(k::library_versions().find("Kokkos "), std::string::npos) << k::library_versions();
+  // A buffer of the device, written and read back through the interface.
+  float* d = static_cast<float*>(k::device_alloc(4 * sizeof(float)));
+  const float in[4] = {1, 2, 3, 4};
+  float out[4] = {};
+  k::copy_bytes(d, in, sizeof in);
+  k::scale_inplace(d, 2.0f, 4);
+  k::copy_bytes(out, d, sizeof out);
+  k::device_free(d);
+  k::use_device(k::Device::cpu);
+  EXPECT_EQ(out[3], 8.0f);
+  EXPECT_STREQ(k::backend_name(), "cpu/openblas-openmp");
+}
+
 TEST(Runtime, ThreadsAndName) {
   const int before = k::num_threads();
   k::set_num_threads(3);

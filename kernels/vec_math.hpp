@@ -1,10 +1,13 @@
-// Vector-friendly math shared by the CPU kernels (internal to kernels/cpu).
+// Vector-friendly math shared by the host-side kernels: the CPU backend's, and
+// the Kokkos backend's (on any execution space: the functions are host and
+// device functions).
 #pragma once
 
-#include <bit>
 #include <cstdint>
 
-namespace strata::kernels::cpu {
+#include "kernels/foundation/precision.hpp"
+
+namespace strata::kernels {
 
 // exp(x) to within 2 ulp, vectorisable. glibc's expf stays scalar without
 // -ffast-math (about 9x slower here), so the loops that need exp use this
@@ -14,12 +17,12 @@ namespace strata::kernels::cpu {
 // for smaller values); the clamp works on the bit pattern because GCC will not
 // vectorise a float compare-and-select under the default -ftrapping-math.
 // NaN stays NaN.
-inline float exp_vec(float x) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
+STRATA_HOST_DEVICE inline float exp_vec(float x) {
+  const std::uint32_t bits = core::bits_as<std::uint32_t>(x);
   std::uint32_t mag = bits & 0x7fffffffu;
   constexpr std::uint32_t kLimit = 0x42ae0000u;  // 87.0f
   mag = (mag > 0x7f800000u || mag < kLimit) ? mag : kLimit;
-  x = std::bit_cast<float>((bits & 0x80000000u) | mag);
+  x = core::bits_as<float>((bits & 0x80000000u) | mag);
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float n = (x * 1.44269504088896341f + kRound) - kRound;
   float r = x - n * 0.693359375f;  // ln2 split in two so that n * hi is exact
@@ -32,7 +35,7 @@ inline float exp_vec(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   const std::int32_t two_n = (static_cast<std::int32_t>(n) + 127) << 23;
-  return p * std::bit_cast<float>(two_n);
+  return p * core::bits_as<float>(two_n);
 }
 
-}  // namespace strata::kernels::cpu
+}  // namespace strata::kernels
