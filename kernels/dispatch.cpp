@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/meta/meta_kernels.hpp"
@@ -290,16 +290,9 @@ double measure_gemm_flops(int n, int reps, core::Precision p) {
     a[i] = float(i % 13) * 0.01f;
     b[i] = float(i % 7) * 0.02f;
   }
-  auto gemm = [&] { cpu::matmul(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
-  gemm();  // warm-up
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    gemm();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * double(n) * n * n / dt);
-  }
-  return best;
+  return prof::best_rate(2.0 * double(n) * n * n, reps, [&] {
+    cpu::matmul(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  });
 }
 
 std::int64_t attention_state_floats(bool fused, int B, int NH, int T) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/sum_squares_tensors.hpp"
 
 namespace strata::kernels::cpu {
 
@@ -41,13 +42,7 @@ double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
 
 double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const double* divisors, int count,
                            Precision p) {
-  double s = 0;
-  for (int k = 0; k < count; ++k) {
-    const double part = p == Precision::fp32 ? sum_squares(static_cast<const float*>(xs[k]), ns[k])
-                                             : sum_squares_half(static_cast<const std::uint16_t*>(xs[k]), ns[k], p);
-    s += part / divisors[k];
-  }
-  return s;
+  return sum_squares_tensors_each(xs, ns, divisors, count, p, sum_squares, sum_squares_half);
 }
 
 }  // namespace strata::kernels::cpu

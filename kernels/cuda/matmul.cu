@@ -9,9 +9,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/gemm.hpp"
 
@@ -102,16 +102,11 @@ double measure_gemm_flops(int n, int reps, core::Precision p) {
                                      n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                         "cublasGemmEx");
   };
-  gemm();  // warm-up: the handle's workspace and the kernel's first launch
-  synchronize();
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
+  // The first call (untimed) makes the handle's workspace and the kernel's first launch.
+  const double best = prof::best_rate(2.0 * double(n) * double(n) * double(n), reps, [&] {
     gemm();
     synchronize();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * double(n) * double(n) * double(n) / dt);
-  }
+  });
   free_device(a);
   free_device(b);
   free_device(c);

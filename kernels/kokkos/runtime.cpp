@@ -5,13 +5,13 @@
 #include <KokkosBlas3_gemm.hpp>
 #include <KokkosKernels_config.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "kernels/foundation/clock.hpp"
 #include "kernels/foundation/error.hpp"
 #include "kernels/kokkos/kokkos_kernels.hpp"
 #include "kernels/kokkos/views.hpp"
@@ -156,19 +156,10 @@ double measure_gemm_flops(int n, int reps, core::Precision) {
         a(i, j) = float((i * n + j) % 13) * 0.01f;
         b(i, j) = float((i * n + j) % 7) * 0.02f;
       });
-  auto gemm = [&] {
+  return prof::best_rate(2.0 * double(n) * n * n, reps, [&] {
     KokkosBlas::gemm("N", "N", 1.0f, a, b, 0.0f, c);
     Kokkos::fence();
-  };
-  gemm();  // warm-up
-  double best = 0;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    gemm();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * double(n) * n * n / dt);
-  }
-  return best;
+  });
 }
 
 }  // namespace strata::kernels::kokkos
