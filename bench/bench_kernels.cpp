@@ -1,10 +1,14 @@
 // Google Benchmark microbenchmarks of the CPU kernels: compute-bound kernels
 // report FLOP/s, memory-bound ones bytes/s (the bytes each call must move at
 // least), both as raw rates in the JSON output so that calibration can read
-// them directly. Threads: OMP_NUM_THREADS, as in a run.
+// them directly. Threads: OMP_NUM_THREADS, as in a run. STRATA_BENCH_DEVICE=kokkos
+// runs them on the Kokkos backend instead (a host-side Kokkos, whose memory
+// the host vectors here are), to set its kernels beside the CPU's.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -190,6 +194,14 @@ BENCHMARK(BM_AdamW)->ArgNames({"n"})->Arg(10'000'000)->UseRealTime();
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (const char* d = std::getenv("STRATA_BENCH_DEVICE"); d != nullptr && std::string(d) == "kokkos") {
+    k::use_device(k::Device::kokkos);
+    if (!k::host_memory()) {
+      std::fprintf(stderr, "STRATA_BENCH_DEVICE=kokkos needs a host-side Kokkos (this one's memory is %s's)\n",
+                   k::backend_name());
+      return 2;
+    }
+  }
   benchmark::AddCustomContext("kernels", k::backend_name());
   benchmark::AddCustomContext("kernel_threads", std::to_string(k::num_threads()));
   benchmark::RunSpecifiedBenchmarks();

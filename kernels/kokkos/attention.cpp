@@ -49,18 +49,11 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
         const std::int64_t r = m.league_rank();
         const int t = int(r % T), n = t + 1;
         float* row = probs + r * T;
-        float mx = row[0];
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(m, n), [&](int j, float& v) { v = row[j] > v ? row[j] : v; },
-            Kokkos::Max<float>(mx));
-        float sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(m, n),
-            [&](int j, float& s) {
-              row[j] = exp_vec(row[j] - mx);
-              s += row[j];
-            },
-            sum);
+        const float mx = team_max(m, row, n);
+        const float sum = team_sum<float>(m, n, [&](int j) {
+          row[j] = exp_vec(row[j] - mx);
+          return row[j];
+        });
         m.team_barrier();
         const float inv = 1.0f / sum;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, T), [&](int j) { row[j] = j < n ? row[j] * inv : 0.0f; });
@@ -98,8 +91,7 @@ void attention_backward(float* dqkv, float* dprobs, const float* dout, const flo
         const int n = int(r % T) + 1;
         const float* p = probs + r * T;
         float* d = dprobs + r * T;
-        float dot = 0;
-        Kokkos::parallel_reduce(Kokkos::TeamThreadRange(m, n), [&](int j, float& s) { s += d[j] * p[j]; }, dot);
+        const float dot = team_sum<float>(m, n, [&](int j) { return d[j] * p[j]; });
         m.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, T), [&](int j) { d[j] = j < n ? p[j] * (d[j] - dot) : 0.0f; });
       });
@@ -125,9 +117,7 @@ KOKKOS_INLINE_FUNCTION int visible_keys(int i, int Tk, int q0, int k0) {
 
 // The dot product of two rows of hs floats, over the team.
 KOKKOS_INLINE_FUNCTION float team_dot(const Member& m, const float* a, const float* b, int hs) {
-  float s = 0;
-  Kokkos::parallel_reduce(Kokkos::TeamThreadRange(m, hs), [&](int d, float& acc) { acc += a[d] * b[d]; }, s);
-  return s;
+  return team_sum<float>(m, hs, [&](int d) { return a[d] * b[d]; });
 }
 
 }  // namespace

@@ -12,18 +12,9 @@ namespace strata::kernels::kokkos {
 
 namespace {
 
-KOKKOS_INLINE_FUNCTION float team_max(const Member& m, const float* x, int V) {
-  float mx = x[0];
-  Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(m, V), [&](int i, float& v) { v = x[i] > v ? x[i] : v; }, Kokkos::Max<float>(mx));
-  return mx;
-}
-
+// sum_i exp(x[i] - mx), in double over the team (team_sum's groups of eight).
 KOKKOS_INLINE_FUNCTION double team_exp_sum(const Member& m, const float* x, float mx, int V) {
-  double s = 0;
-  Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(m, V), [&](int i, double& acc) { acc += double(exp_vec(x[i] - mx)); }, s);
-  return s;
+  return team_sum<double>(m, V, [&](int i) { return double(exp_vec(x[i] - mx)); });
 }
 
 }  // namespace

@@ -25,14 +25,16 @@ void bias_add(float* out, const float* bias, int N, int C) {
 }
 
 void bias_backward(float* dbias, const float* dout, int N, int C) {
-  // A thread per column, summing its N rows in double (as the CPU backend).
+  // Blocks of columns, each summing its N rows in double (as the CPU backend).
   const Mat<const float> dy(dout, N, C);
   const Vec<float> db(dbias, C);
   Kokkos::parallel_for(
-      "strata::bias_backward", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
-        double acc = 0;
-        for (int n = 0; n < N; ++n) acc += dy(n, c);
-        db(c) += float(acc);
+      "strata::bias_backward", column_blocks(C), KOKKOS_LAMBDA(std::int64_t blk) {
+        const int c0 = int(blk) * kColumnBlock, width = C - c0 < kColumnBlock ? C - c0 : kColumnBlock;
+        double acc[kColumnBlock] = {};
+        for (int n = 0; n < N; ++n)
+          for (int l = 0; l < width; ++l) acc[l] += dy(n, c0 + l);
+        for (int l = 0; l < width; ++l) db(c0 + l) += float(acc[l]);
       });
 }
 
@@ -85,11 +87,16 @@ void fill_zero(float* x, std::int64_t n) {
 }
 
 double sum_squares(const float* x, std::int64_t n) {
+  // In groups of eight (views.hpp): the sum's chain one add per group.
   const Vec<const float> xv(x, n);
   double acc = 0;
   Kokkos::parallel_reduce(
-      "strata::sum_squares", Range(0, n),
-      KOKKOS_LAMBDA(std::int64_t i, double& s) { s += double(xv(i)) * double(xv(i)); }, acc);
+      "strata::sum_squares", Range(0, (n + 7) / 8), KOKKOS_LAMBDA(std::int64_t g, double& s) {
+        fold_group(
+            g, n, [&](std::int64_t i) { return double(xv(i)) * double(xv(i)); },
+            [](double a, double b) { return a + b; }, s);
+      },
+      acc);
   return acc;
 }
 

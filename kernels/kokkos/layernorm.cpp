@@ -1,10 +1,9 @@
 // LayerNorm over the last dimension, with the CPU backend's arithmetic: mean,
 // then the biased variance of the deviations (two passes, no cancellation),
-// rstd saved for the backward pass. The row sums are taken in double: a
-// team's sum may run in one thread, in order, where a float sum of a
-// thousand values near 100 drifts by 1e-6 (the CPU's eight vector lanes
-// drift less). A team per row; dweight and dbias by
-// column, summed over the rows in double.
+// rstd saved for the backward pass. A team per row, its sums in groups of
+// eight (team_sum: a float sum of a thousand values near 100 taken one by
+// one drifts by 1e-6, in groups as little as the CPU's vector lanes); dweight
+// and dbias by blocks of columns, summed over the rows in double.
 #include <cmath>
 
 #include "kernels/kokkos/kokkos_kernels.hpp"
@@ -21,13 +20,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   Kokkos::parallel_for(
       "strata::layernorm_forward", rows_policy(N), KOKKOS_LAMBDA(const Member& m) {
         const int n = m.league_rank();
-        double sum = 0;
-        Kokkos::parallel_reduce(Kokkos::TeamThreadRange(m, C), [&](int c, double& s) { s += x(n, c); }, sum);
-        const float mn = float(sum / C);
-        double var = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(m, C), [&](int c, double& s) { s += (x(n, c) - mn) * (x(n, c) - mn); }, var);
-        const float s = 1.0f / kmath::sqrt(float(var / C) + eps);
+        const float mn = team_sum<float>(m, C, [&](int c) { return x(n, c); }) / C;
+        const float var = team_sum<float>(m, C, [&](int c) { return (x(n, c) - mn) * (x(n, c) - mn); }) / C;
+        const float s = 1.0f / kmath::sqrt(var + eps);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, C), [&](int c) { y(n, c) = (x(n, c) - mn) * s * w(c) + b(c); });
         Kokkos::single(Kokkos::PerTeam(m), [&] {
           mu(n) = mn;
@@ -46,13 +41,9 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       "strata::layernorm_backward_dx", rows_policy(N), KOKKOS_LAMBDA(const Member& m) {
         const int n = m.league_rank();
         const float mn = mu(n), s = rs(n);
-        double dnorm_sum = 0, dnorm_norm_sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(m, C), [&](int c, double& a) { a += dy(n, c) * w(c); }, dnorm_sum);
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(m, C), [&](int c, double& a) { a += dy(n, c) * w(c) * ((x(n, c) - mn) * s); },
-            dnorm_norm_sum);
-        const float dnorm_mean = float(dnorm_sum / C), dnorm_norm_mean = float(dnorm_norm_sum / C);
+        const float dnorm_mean = team_sum<float>(m, C, [&](int c) { return dy(n, c) * w(c); }) / C;
+        const float dnorm_norm_mean =
+            team_sum<float>(m, C, [&](int c) { return dy(n, c) * w(c) * ((x(n, c) - mn) * s); }) / C;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, C), [&](int c) {
           const float norm = (x(n, c) - mn) * s;
           dx(n, c) += (dy(n, c) * w(c) - dnorm_mean - norm * dnorm_norm_mean) * s;
@@ -60,14 +51,18 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       });
   const Vec<float> dw(dweight, C), db(dbias, C);
   Kokkos::parallel_for(
-      "strata::layernorm_backward_dw", Range(0, C), KOKKOS_LAMBDA(std::int64_t c) {
-        double sw = 0, sb = 0;
-        for (int n = 0; n < N; ++n) {
-          sw += double((x(n, c) - mu(n)) * rs(n) * dy(n, c));
-          sb += double(dy(n, c));
+      "strata::layernorm_backward_dw", column_blocks(C), KOKKOS_LAMBDA(std::int64_t blk) {
+        const int c0 = int(blk) * kColumnBlock, width = C - c0 < kColumnBlock ? C - c0 : kColumnBlock;
+        double sw[kColumnBlock] = {}, sb[kColumnBlock] = {};
+        for (int n = 0; n < N; ++n)
+          for (int l = 0; l < width; ++l) {
+            sw[l] += double((x(n, c0 + l) - mu(n)) * rs(n) * dy(n, c0 + l));
+            sb[l] += double(dy(n, c0 + l));
+          }
+        for (int l = 0; l < width; ++l) {
+          dw(c0 + l) += float(sw[l]);
+          db(c0 + l) += float(sb[l]);
         }
-        dw(c) += float(sw);
-        db(c) += float(sb);
       });
 }
 
