@@ -238,6 +238,10 @@ struct DeviceArena {
     STRATA_CHECK_MPI(MPI_Barrier(comm));
     const kernels::DeviceMemory m = kernels::device_memory();
     STRATA_CHECK_MPI(MPI_Barrier(comm));
+    if (m.total == 0 && limit == 0)
+      core::runtime_error("{} does not report its device's memory: set backend.memory_limit (the bytes each rank's "
+                          "arena takes)",
+                          kernels::backend_name());
     const std::size_t reserve = std::max<std::size_t>(std::size_t(2) << 30, m.total / 20);
     const std::size_t room = (m.free > reserve ? m.free - reserve : 0) / std::size_t(sharing);
     if (limit > room)
