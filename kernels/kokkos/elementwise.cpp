@@ -87,17 +87,7 @@ void fill_zero(float* x, std::int64_t n) {
 }
 
 double sum_squares(const float* x, std::int64_t n) {
-  // In groups of eight (views.hpp): the sum's chain one add per group.
-  const Vec<const float> xv(x, n);
-  double acc = 0;
-  Kokkos::parallel_reduce(
-      "strata::sum_squares", Range(0, (n + 7) / 8), KOKKOS_LAMBDA(std::int64_t g, double& s) {
-        fold_group(
-            g, n, [&](std::int64_t i) { return double(xv(i)) * double(xv(i)); },
-            [](double a, double b) { return a + b; }, s);
-      },
-      acc);
-  return acc;
+  return range_sum<double>("strata::sum_squares", n, KOKKOS_LAMBDA(std::int64_t i) { return double(x[i]) * double(x[i]); });
 }
 
 void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,

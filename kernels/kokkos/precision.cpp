@@ -31,15 +31,10 @@ void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, Precisio
 }
 
 double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
-  double acc = 0;
-  Kokkos::parallel_reduce(
-      "strata::sum_squares_half", Range(0, n),
-      KOKKOS_LAMBDA(std::int64_t i, double& s) {
-        const double v = core::half_to_float(x[i], p);
-        s += v * v;
-      },
-      acc);
-  return acc;
+  return range_sum<double>("strata::sum_squares_half", n, KOKKOS_LAMBDA(std::int64_t i) {
+    const double v = core::half_to_float(x[i], p);
+    return v * v;
+  });
 }
 
 // xs, ns and divisors are host arrays (of device pointers).

@@ -5,6 +5,7 @@
 #include <KokkosBlas3_gemm.hpp>
 #include <KokkosKernels_config.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -88,15 +89,16 @@ void synchronize() { Kokkos::fence(); }
 bool host_accessible() { return kHostMemory; }
 
 void* malloc_device(std::size_t bytes) {
-  const std::size_t rounded = (bytes + 255) / 256 * 256;
+  // 256-byte blocks (cudaMalloc's alignment), at least one.
+  const std::size_t rounded = std::max<std::size_t>(256, (bytes + 255) / 256 * 256);
   void* p = nullptr;
   try {
-    p = Mem().allocate(rounded == 0 ? 256 : rounded);
+    p = Mem().allocate(rounded);
   } catch (const std::exception& e) {
     core::runtime_error("out of {} memory: {} bytes ({})", Mem::name(), bytes, e.what());
   }
   std::lock_guard lock(g_blocks.mutex);
-  g_blocks.sizes[static_cast<const char*>(p)] = rounded == 0 ? 256 : rounded;
+  g_blocks.sizes[static_cast<const char*>(p)] = rounded;
   return p;
 }
 

@@ -75,6 +75,17 @@ KOKKOS_INLINE_FUNCTION T team_sum(const Member& m, int n, const F& f) {
   return s;
 }
 
+// The sum over i in [0, n) of f(i) (a device function), over the execution
+// space: a kernel of its own, in the same groups.
+template <class T, class F>
+T range_sum(const char* label, std::int64_t n, const F& f) {
+  T s = 0;
+  Kokkos::parallel_reduce(
+      label, Range(0, (n + 7) / 8),
+      KOKKOS_LAMBDA(std::int64_t g, T& acc) { fold_group(g, n, f, [](T a, T b) { return a + b; }, acc); }, s);
+  return s;
+}
+
 // The largest of x[0, n), n >= 1, over the team.
 KOKKOS_INLINE_FUNCTION float team_max(const Member& m, const float* x, int n) {
   float mx = x[0];

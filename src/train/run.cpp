@@ -205,12 +205,11 @@ int select_device(const plan::Plan& cfg, MPI_Comm comm) {
                         on_node, devices, devices);
   kernels::use_device(device, local % devices);
   // Device buffers other than a GPU's move through MPI only when the host can
-  // read them: staging is the CUDA communicators' (cudaMemcpy).
-  int refused = device == kernels::Device::kokkos && !kernels::host_memory() ? 1 : 0;
-  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_MAX, comm));
+  // read them: staging is the CUDA communicators' (cudaMemcpy). Every rank
+  // runs the same build, so every rank decides alike.
   int world = 1;
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
-  if (refused && world > 1)
+  if (device == kernels::Device::kokkos && !kernels::host_memory() && world > 1)
     core::runtime_error("backend.device = \"kokkos\" on {} ranks: this Kokkos' memory space ({}) is not host "
                         "memory, and MPI is handed host memory only; run one rank, or use a host-side Kokkos "
                         "(Serial, OpenMP) or backend.device = \"cuda\"",
