@@ -47,6 +47,23 @@ void check_cp(const Plan& p, PlanChecks& checks) {
                              checks.show("parallel.cp"), checks.show("parallel.dp_shard")));
 }
 
+// The cp dim (between dp and tp: the ring's neighbours share a node after
+// tp's), its ring, and dp x cp, the ranks holding the same parameters.
+void cp_axes(const Plan& p, mesh::Layout& l) {
+  const bool on = p.parallel.cp > 1;
+  mesh::add_dim(l, {.name = "cp", .size = p.parallel.cp, .nest = 300, .doc = "context-parallel index", .shown = on});
+  mesh::add_group(l, {.name = "cp", .dims = {"cp"}, .same_params = true, .shown = on,
+                      .doc = "context parallelism's ring: send and recv of key-value blocks and their gradients"});
+  mesh::add_group(l, {.name = "dp_cp", .dims = {"dp", "cp"}, .shown = on,
+                      .doc = "dp x cp under context parallelism: the gradient and ZeRO traffic, and the loss"});
+}
+
+void cp_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
+  comm::Communicator* cp = several(mesh.group("cp"));
+  out.cp = make_context_seam(cp);
+  if (cp != nullptr) out.same_params = mesh.group("dp_cp");
+}
+
 }  // namespace
 
 const Row& context_parallel_row() {
@@ -57,12 +74,13 @@ const Row& context_parallel_row() {
       {key<&Plan::parallel, &ParallelSection::cp>(
            "parallel", "cp", "context-parallel ranks splitting each sequence (ring attention); seq_len a multiple of 2 cp")
            .at_least(1)},
-      {"cp", "dp_cp"},
+      cp_axes,
       check_cp,
       "activations 1/cp (every buffer holds seq_len / cp tokens of each sequence; attention keeps the rows' "
       "log-sum-exp, B NH T / cp floats); workspace five key-value blocks 10 B (T / cp) C / tp floats; per block and "
       "micro-batch cp - 1 sends of 2 B (T / cp) C / tp floats forward, 2 (cp - 1) + 1 backward (keys and values, "
-      "then their gradients)"};
+      "then their gradients)",
+      cp_parts};
   return row;
 }
 

@@ -7,6 +7,7 @@
 #include "kernels/kernels.hpp"
 #include "models/state.hpp"
 #include "strategies/plan.hpp"
+#include "strategies/registry.hpp"
 
 namespace strata::strategies {
 
@@ -30,6 +31,18 @@ std::unique_ptr<StateStrategy> make_dp(const StateConfig& cfg, const models::Par
   return std::make_unique<DataParallel>(cfg, reg, std::move(units), group, tracker);
 }
 
+// The dp dim and its group, which every state strategy works over (ZeRO's
+// hybrid sharding and expert parallelism cut it).
+void dp_axes(const plan::Plan& p, mesh::Layout& l) {
+  mesh::add_dim(l, {.name = "dp", .size = p.parallel.dp, .nest = 200, .doc = "data-parallel index"});
+  mesh::add_group(l, {.name = "dp", .dims = {"dp"}, .doc = "the data-parallel replicas: the gradient reduction"});
+}
+
+void dp_parts(const plan::Plan&, const MeshGroups& mesh, Parallel& out) {
+  out.data = several(mesh.group("dp"));
+  out.same_params = out.data;
+}
+
 }  // namespace
 
 const StateRow& data_parallel_row() {
@@ -42,10 +55,11 @@ const StateRow& data_parallel_row() {
             "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO holds at most this much in "
             "reduce-scatter buffers (one more while it waits)")
             .above(0)},
-       {"dp"},
+       dp_axes,
        check_dp,
        "params 4 Psi, grads 4 Psi, optimizer 8 Psi (mixed precision 2 + 2 + 12 Psi); all-reduce of 4 Psi (2 Psi) "
-       "per step, in buckets"},
+       "per step, in buckets",
+       dp_parts},
       [](const plan::Plan& p) { return p.parallel.zero == 0; },
       make_dp};
   return row;

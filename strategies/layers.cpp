@@ -9,7 +9,9 @@
 
 #include "strategies/plan.hpp"
 #include "strategies/cp.hpp"
+#include "strategies/ep.hpp"
 #include "strategies/registry.hpp"
+#include "strategies/tp.hpp"
 
 namespace strata::strategies {
 
@@ -56,6 +58,36 @@ void check_ep(const Plan& p, PlanChecks& checks) {
                              checks.show("model.moe_experts"), checks.show("parallel.ep")));
 }
 
+void tp_axes(const Plan& p, mesh::Layout& l) {
+  mesh::add_dim(l, {.name = "tp", .size = p.parallel.tp, .nest = 400, .doc = "tensor-parallel index"});
+  mesh::add_group(l, {.name = "tp", .dims = {"tp"}, .doc = "tensor (and sequence) parallelism's collectives"});
+}
+
+void tp_parts(const Plan& p, const MeshGroups& mesh, Parallel& out) {
+  comm::Communicator* tp = several(mesh.group("tp"));
+  out.tp = make_tensor_seam(tp, p.parallel.sequence_parallel);
+  if (tp != nullptr) out.norm.push_back(tp);
+}
+
+// The ep ranks of each dp group hold different experts; the dp / ep ranks
+// at the same place in each ep group hold the same ones.
+void ep_axes(const Plan& p, mesh::Layout& l) {
+  using Cut = mesh::Group::Cut;
+  const int ep = p.parallel.ep;
+  mesh::add_group(l, {.name = "ep", .dims = {"dp"}, .cut = Cut::within, .block = ep, .shown = ep > 1,
+                      .doc = "the ranks holding different experts: the MoE all-to-alls"});
+  mesh::add_group(l, {.name = "edp", .dims = {"dp"}, .cut = Cut::across, .block = ep, .same_params = true,
+                      .shown = ep > 1, .doc = "the ranks holding the same experts: their gradient and ZeRO traffic"});
+}
+
+void ep_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
+  comm::Communicator* ep = several(mesh.group("ep"));
+  out.ep = make_expert_seam(ep);
+  if (ep == nullptr) return;
+  out.experts = ep;
+  out.expert_data = mesh.group("edp");
+}
+
 }  // namespace
 
 const std::vector<Row>& layer_rows() {
@@ -66,20 +98,22 @@ const std::vector<Row>& layer_rows() {
        {key<&Plan::parallel, &ParallelSection::tp>("parallel", "tp", "tensor-parallel ranks per layer").at_least(1),
         key<&Plan::parallel, &ParallelSection::sequence_parallel>(
             "parallel", "sequence_parallel", "shard norm and dropout activations along the sequence over tp ranks")},
-       {"tp"},
+       tp_axes,
        check_tp,
        "parameters, gradients and optimizer state of the split tensors 1/tp; per block two all-reduces of b s h "
-       "forward and two backward (with sequence parallelism, all-gather and reduce-scatter pairs of the same bytes)"},
+       "forward and two backward (with sequence parallelism, all-gather and reduce-scatter pairs of the same bytes)",
+       tp_parts},
       {"ep",
        "expert parallelism (GShard): the experts of each MoE block split over ep ranks of each dp group, tokens "
        "dispatched and combined by all-to-all; expert state kept over the expert-data-parallel group",
        {key<&Plan::parallel, &ParallelSection::ep>(
             "parallel", "ep", "expert-parallel ranks: divides dp; each holds experts / ep of every MoE block")
             .at_least(1)},
-       {"ep", "edp"},
+       ep_axes,
        check_ep,
        "expert parameters and state 1/ep (sharded by ZeRO over dp / ep); per MoE block and micro-batch an "
-       "all-to-all of E int32 counts and all_to_allv of the routed rows out and back, each way"},
+       "all-to-all of E int32 counts and all_to_allv of the routed rows out and back, each way",
+       ep_parts},
       context_parallel_row(),
       {"recompute",
        "activation recomputation: selective rebuilds the attention probabilities from q and k in the backward "
@@ -88,7 +122,7 @@ const std::vector<Row>& layer_rows() {
             "model", "recompute",
             "activation recomputation: none; selective (attention probabilities rebuilt in the backward pass); full "
             "(each block's forward rebuilt from its input)")},
-       {},
+       nullptr,
        nullptr,
        "selective: (L - 1) 4 B NH T^2 bytes of activations fewer per stage; full: besides, one block's worth of "
        "every activation but the block outputs; hardware FLOPs add the forward work recomputed"},

@@ -42,7 +42,7 @@ const Row& offload_row() {
            .above(0),
        key<&Plan::offload, &OffloadSection::params>(
            "offload", "params", "with parallel.offload = \"nvme\" and zero = 3: the parameter shard in the file too")},
-      {},
+      nullptr,
       check_offload,
       "host: the optimizer's 8 bytes per element (mixed precision 12, with the master weights) move to the host "
       "arena with 4 + 4 (2 + 2) of staging; nvme: those in the file, two chunk buffers in the arena; the device "

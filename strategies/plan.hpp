@@ -130,7 +130,6 @@ struct ParallelSection {
   int zero = 0;
   int dp_shard = 0;  // ZeRO's shard group: dp_shard consecutive dp ranks (0: all dp)
   int cp = 1;        // context-parallel ranks splitting each sequence
-  int world() const { return pp * dp * cp * tp; }
   double bucket_mb = 25.0;  // MiB, as PyTorch DDP's bucket_cap_mb
   Schedule schedule = &strategies::pp::find_schedule("1f1b");
   int virtual_stages = 1;

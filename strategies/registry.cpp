@@ -25,19 +25,34 @@ const StateRow& chosen_state(const plan::Plan& p) {
   return *found;
 }
 
-namespace {
-
-// Every row, in the order their keys are listed within a section.
-std::vector<const Row*> all_rows() {
-  std::vector<const Row*> rows;
-  for (const StateRow& r : state_rows()) rows.push_back(&r);
-  for (const Row& r : layer_rows()) rows.push_back(&r);
-  rows.push_back(&pipeline_row());
-  rows.push_back(&offload_row());
+const std::vector<const Row*>& all_rows() {
+  static const std::vector<const Row*> rows = [] {
+    std::vector<const Row*> out;
+    for (const StateRow& r : state_rows()) out.push_back(&r);
+    for (const Row& r : layer_rows()) out.push_back(&r);
+    out.push_back(&pipeline_row());
+    out.push_back(&offload_row());
+    return out;
+  }();
   return rows;
 }
 
-}  // namespace
+mesh::Layout layout_of(const plan::Plan& p, const std::vector<const Row*>& rows) {
+  mesh::Layout l;
+  for (const Row* r : rows)
+    if (r->axes != nullptr) r->axes(p, l);
+  return l;
+}
+
+mesh::Layout layout_of(const plan::Plan& p) { return layout_of(p, all_rows()); }
+
+Parallel parallelize(const plan::Plan& p, const MeshGroups* mesh) {
+  const NoGroups none;
+  Parallel out;
+  for (const Row* r : all_rows())
+    if (r->compose != nullptr) r->compose(p, mesh != nullptr ? *mesh : none, out);
+  return out;
+}
 
 void check_plan(const plan::Plan& p, PlanChecks& checks) {
   for (const Row* r : all_rows())

@@ -24,19 +24,27 @@
 #include <vector>
 
 #include "models/nvme.hpp"
+#include "strategies/axes.hpp"
 #include "strategies/keys.hpp"
+#include "strategies/parallelize.hpp"
 #include "strategies/plan_checks.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::strategies {
 
 struct Row {
-  std::string_view name;
-  std::string_view doc;
-  std::vector<plan::KeySpec> keys;     // the deck keys it owns
-  std::vector<std::string_view> axes;  // the mesh axes it works over
-  PlanCheck check = nullptr;           // constraints between its keys and the plan
-  std::string_view costs;              // what it holds and moves, for people
+  std::string_view name = {};
+  std::string_view doc = {};
+  std::vector<plan::KeySpec> keys = {};  // the deck keys it owns
+  // The mesh dims and groups it works over, at the plan's sizes
+  // (strategies/axes.hpp): declared whatever the plan chooses, so every
+  // layout has every axis (of one rank where a strategy is off).
+  void (*axes)(const plan::Plan&, mesh::Layout&) = nullptr;
+  PlanCheck check = nullptr;  // constraints between its keys and the plan
+  std::string_view costs = {};  // what it holds and moves, for people
+  // What it adds to a run's parallel pieces (strategies/parallelize.hpp):
+  // its seam, its groups' parts in the state and the loss.
+  void (*compose)(const plan::Plan&, const MeshGroups&, Parallel&) = nullptr;
 };
 
 // A state strategy: where parameters, gradients and optimizer state live.
@@ -64,7 +72,15 @@ struct OffloadSetup {
 };
 OffloadSetup open_offload(const plan::Plan& p, core::MemoryTracker& host, models::OffloadStats* stats);
 
+// Every row, in the order their keys, axes and parts are listed.
+const std::vector<const Row*>& all_rows();
+
 // Every row's checks on a resolved plan.
 void check_plan(const plan::Plan& p, PlanChecks& checks);
+
+// The mesh a plan asks for: every row's dims and groups (Row::axes), in the
+// rows' order; or those of `rows` (a test's own beside the registry's).
+mesh::Layout layout_of(const plan::Plan& p);
+mesh::Layout layout_of(const plan::Plan& p, const std::vector<const Row*>& rows);
 
 }  // namespace strata::strategies

@@ -8,6 +8,7 @@
 #include "models/nvme.hpp"
 #include "kernels/foundation/error.hpp"
 #include "strategies/plan.hpp"
+#include "strategies/registry.hpp"
 
 namespace strata::strategies {
 
@@ -35,6 +36,25 @@ void check_zero(const plan::Plan& p, PlanChecks& checks) {
                              checks.show("parallel.dp_shard"), checks.show("parallel.ep")));
 }
 
+// Hybrid sharding's cut of dp: shard groups of dp_shard consecutive dp
+// ranks, and the replica groups of those at the same place in each.
+void zero_axes(const plan::Plan& p, mesh::Layout& l) {
+  const int s = p.parallel.dp_shard > 0 ? p.parallel.dp_shard : p.parallel.dp;
+  const bool hybrid = s < p.parallel.dp;
+  using Cut = mesh::Group::Cut;
+  mesh::add_group(l, {.name = "dp_shard", .dims = {"dp"}, .cut = Cut::within, .block = s, .shown = hybrid,
+                      .doc = "hybrid sharding's shard group: its ZeRO traffic"});
+  mesh::add_group(l, {.name = "dp_replica", .dims = {"dp"}, .cut = Cut::across, .block = s, .shown = hybrid,
+                      .doc = "the ranks holding the same shard in the other shard groups: the all-reduce of its "
+                             "gradients"});
+}
+
+void zero_parts(const plan::Plan&, const MeshGroups& mesh, Parallel& out) {
+  if (several(mesh.group("dp_replica")) == nullptr) return;
+  out.shard = mesh.group("dp_shard");
+  out.replica = mesh.group("dp_replica");
+}
+
 }  // namespace
 
 const StateRow& zero_row() {
@@ -49,13 +69,14 @@ const StateRow& zero_row() {
             "hybrid sharding: ZeRO shards over groups of dp_shard consecutive dp ranks and replicates across the "
             "dp / dp_shard groups, whose shards' gradients are all-reduced once a step; 0 (or dp): one group")
             .at_least(0)},
-       {"dp", "dp_shard", "dp_replica"},
+       zero_axes,
        check_zero,
        "held per rank, N the ranks sharing the state (dp, or dp_shard), Psi_p = N x sum over units of "
        "ceil(unit / N): stage 1 8 Psi_p + 8 Psi_p / N, stage 2 4 Psi_p + 12 Psi_p / N, stage 3 16 Psi_p / N (mixed "
        "precision 4 + 12 / N, 2 + 14 / N, 16 / N); while in use, gathered units (stage 3) and at most bucket_mb of "
        "reduce-scatter buffers; hybrid sharding adds an all-reduce of each shard (Psi_p / N elements) over "
-       "dp / dp_shard ranks a step"},
+       "dp / dp_shard ranks a step",
+       zero_parts},
       [](const plan::Plan& p) { return p.parallel.zero > 0; },
       [](const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
          comm::Communicator* group, core::MemoryTracker& tracker) -> std::unique_ptr<StateStrategy> {

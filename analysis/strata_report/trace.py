@@ -32,32 +32,48 @@ def lanes(events):
     return out
 
 
+def mesh_dims(ranks):
+    """The mesh's dims, in nesting order: /ranks' columns besides the rank
+    and its host (pp, dp, cp, tp, and any other a layout declares)."""
+    if len(ranks) == 0:
+        return []
+    return [n for n in ranks.dtype.names if n not in ("rank", "host")]
+
+
 def rank_names(rep):
-    """{rank: "rank 3 (pp 1, dp 0, tp 1) on node07"} from /ranks (older
-    reports: "rank 3")."""
+    """{rank: "rank 3 (pp 1, dp 0, cp 0, tp 1) on node07"} from /ranks, one
+    coordinate per dim of the mesh (reports without /ranks: "rank 3")."""
     rk = rep.array("ranks")
+    dims = mesh_dims(rk)
     names = {r: f"rank {r}" for r in range(rep.world)}
     for row in rk:
         r = int(row["rank"])
-        names[r] = f"rank {r} (pp {int(row['pp'])}, dp {int(row['dp'])}, tp {int(row['tp'])}) on {text(row['host'])}"
+        where = ", ".join(f"{d} {int(row[d])}" for d in dims)
+        names[r] = f"rank {r} ({where}) on {text(row['host'])}"
     return names
 
 
 def pipeline_flows(cm, ranks):
-    """[(send row, recv row)]: the k-th pp send from stage a to stage b with a
-    tag, with the k-th pp receive at b from a with that tag (MPI's order),
-    for ranks of the same dp and tp."""
+    """[(send row, recv row)]: the k-th pp send from a rank to its peer
+    stage with a tag, with the k-th pp receive there from it with that tag
+    (MPI's order). The peer is the rank whose coordinates equal the
+    sender's but along pp (every dim the report's /ranks has)."""
     if len(cm) == 0 or "peer" not in cm.dtype.names or len(ranks) == 0:
         return []
-    coords = {int(r["rank"]): (int(r["pp"]), int(r["dp"]), int(r["tp"])) for r in ranks}
+    dims = mesh_dims(ranks)
+    if "pp" not in dims:
+        return []
+    at = dims.index("pp")
+    coords = {int(r["rank"]): tuple(int(r[d]) for d in dims) for r in ranks}
     world = {v: k for k, v in coords.items()}
     sends, recvs = {}, {}
     for c in cm:
         if text(c["axis"]) != "pp" or int(c["peer"]) < 0:
             continue
         me = int(c["rank"])
-        pp, dp, tp = coords[me]
-        other = world.get((int(c["peer"]), dp, tp))
+        there = list(coords[me])
+        there[at] = int(c["peer"])
+        other = world.get(tuple(there))
         if other is None:
             continue
         op, tag = text(c["op"]), int(c["tag"]) if "tag" in c.dtype.names else -1

@@ -3,7 +3,6 @@
 // writes the records as the /comm table and aggregates them per axis and op.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <string_view>
 #include <string>
@@ -11,22 +10,11 @@
 
 namespace strata::comm {
 
-// The axes a rank's communicators are named by (src/mesh): the /comm
-// table's axis, and the per-axis columns of /steps.
-inline constexpr std::array<std::string_view, 11> kAxes{"world", "emb",      "dp",         "tp", "pp",   "ep",
-                                                         "edp",   "dp_shard", "dp_replica", "cp", "dp_cp"};
-// The index of `axis` in kAxes; kAxes.size() for a name not there.
-inline std::size_t axis_index(std::string_view axis) {
-  std::size_t i = 0;
-  while (i < kAxes.size() && kAxes[i] != axis) ++i;
-  return i;
-}
-
 struct CommRecord {
   std::int32_t step;
   std::string op;        // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all",
                          // "all_to_allv", "send", "recv", "barrier"
-  std::string axis;      // the communicator's axis
+  std::string axis;      // the communicator's axis: the name of its group in the layout (strategies/axes.hpp)
   std::int32_t group_size;
   std::int64_t bytes;    // see docs/report-schema.md: all_reduce the buffer; reduce_scatter the
                          // whole input; all_gather the whole output; all_to_all(v) what this rank sends

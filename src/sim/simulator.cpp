@@ -94,7 +94,9 @@ double transfer_time(const Machine& m, const std::string& axis, double bytes) {
 
 namespace {
 
-bool spans_stages(const std::string& axis) { return axis == "pp" || axis == "emb" || axis == "world"; }
+
+// Offload's copies and file I/O: a rank's own channels, not a mesh group.
+bool offload_axis(const std::string& axis) { return axis == "host" || axis == "nvme"; }
 
 // A non-blocking call in flight.
 struct Pending {
@@ -124,6 +126,7 @@ struct Stage {
   std::map<std::string, int> crossing_calls;               // per axis spanning stages: calls done
   std::map<int, Pending> pending;                          // non-blocking calls by trace index
   std::map<std::string, std::vector<int>> groups;          // per axis: world ranks
+  std::map<std::string, std::vector<int>> stages;          // per axis: the stages its group spans
   StageTiming out;
 
   // Moves the channel's calls on to `until` at `rate`; with `target`, stops
@@ -191,12 +194,13 @@ struct Message {
 
 StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof::Trace*>& traces, const Machine& m,
                              core::Precision precision) {
-  const int p = l.pp;
+  // The pipeline's stages: one trace each, that of the stage's first rank.
+  const int p = l.size("pp");
   STRATA_CHECK(int(traces.size()) == p, "simulate_step: {} traces for {} stages", traces.size(), p);
   std::vector<Stage> st(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) {
     st[s].trace = traces[s];
-    st[s].out.rank = mesh::rank_of(l, {s, 0, 0});
+    st[s].out.rank = mesh::rank_at(l, {{"pp", s}});
   }
   auto group = [&](Stage& s, const std::string& axis) -> const std::vector<int>& {
     auto it = s.groups.find(axis);
@@ -209,20 +213,20 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
       it = s.channels.emplace(axis, Channel{}).first;
       it->second.last = s.clock;
       // Offload's copies and file I/O run on threads of their own.
-      it->second.share = (axis == "host" || axis == "nvme") ? 1.0 : m.overlap;
+      it->second.share = offload_axis(axis) ? 1.0 : m.overlap;
     }
     return it->second;
   };
-  // Which stages meet in a call spanning stages.
-  auto members = [&](const std::string& axis) {
+  // The stages whose ranks meet in a call on `axis` from stage s: more
+  // than s's own when the group spans stages (pp, emb, world).
+  auto stages_of = [&](Stage& s, const std::string& axis) -> const std::vector<int>& {
+    auto it = s.stages.find(axis);
+    if (it != s.stages.end()) return it->second;
     std::vector<int> out;
-    if (axis == "emb") {
-      out = {l.emb_first, l.last_stage_rank()};
-      if (out[0] == out[1]) out.pop_back();
-    } else {
-      for (int s = 0; s < p; ++s) out.push_back(s);
-    }
-    return out;
+    for (int r : group(s, axis)) out.push_back(mesh::coord(l, r, "pp"));
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return s.stages.emplace(axis, std::move(out)).first->second;
   };
   std::map<std::pair<std::string, int>, Meeting> meetings;
   std::map<std::tuple<int, int, int>, std::deque<Message>> mail;  // (from, to, tag)
@@ -243,11 +247,18 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
     r.wait += s.clock - from;
     r.peer_wait += peer_wait;
   };
-  // Point-to-point messages: between stages on the pp axis; on any other
-  // axis (context parallelism's ring) between ranks of one stage, which all
-  // do the same, so a stage's own send stands for the one its peer sends it
-  // at the same moment: kept in the stage's mirror box (from -1 - stage).
-  auto sender = [](int me, const prof::TraceComm& c) { return c.axis == "pp" ? c.peer : -1 - me; };
+  // Point-to-point messages: between stages where the peer is on another
+  // (the pipeline's); else between ranks of one stage (context
+  // parallelism's ring), which all do the same, so a stage's own send stands
+  // for the one its peer sends it at the same moment: kept in the stage's
+  // mirror box (from -1 - stage).
+  auto peer_stage = [&](Stage& s, const prof::TraceComm& c) {
+    return mesh::coord(l, group(s, c.axis)[std::size_t(c.peer)], "pp");
+  };
+  auto sender = [&](int me, const prof::TraceComm& c) {
+    const int other = peer_stage(st[std::size_t(me)], c);
+    return other != me ? other : -1 - me;
+  };
   // A receive of `c` on stage `me`: false while its message has not been sent.
   auto receive = [&](int me, const prof::TraceComm& c, double* arrival, double* sent) {
     auto& q = mail[{sender(me, c), me, c.tag}];
@@ -280,14 +291,14 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
           const double now = s.clock;
           if (c.op == "send") {
             // Leaves when the link to the peer is free; arrives after its transfer.
-            const bool ring = c.axis != "pp";
-            const std::vector<int> pair = {s.out.rank, ring ? group(s, c.axis)[std::size_t(c.peer)]
-                                                             : mesh::rank_of(l, {c.peer, 0, 0})};
+            const int to = peer_stage(s, c);
+            const bool ring = to == si;
+            const std::vector<int> pair = {s.out.rank, group(s, c.axis)[std::size_t(c.peer)]};
             Channel& link = channel(s, c.axis + ">" + std::to_string(c.peer));
             const double start = std::max(now, link.last);
             const double t = comm_time(m, "send", pair, double(c.bytes));
             link.last = start + t;
-            mail[{ring ? -1 - si : si, ring ? si : c.peer, c.tag}].push_back({start, start + t});
+            mail[{ring ? -1 - si : si, ring ? si : to, c.tag}].push_back({start, start + t});
             const std::size_t i = record(s, c, now, start + t, t);
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];
@@ -307,8 +318,8 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             const std::size_t i = record(s, c, now, now, -1);
             s.block_until(arrival);
             blocked(s, i, now, std::max(0.0, std::min(s.clock, sent) - now));
-          } else if (spans_stages(c.axis) && l.pp > 1) {
-            const std::vector<int> who = members(c.axis);
+          } else if (!offload_axis(c.axis) && stages_of(s, c.axis).size() > 1) {
+            const std::vector<int>& who = stages_of(s, c.axis);
             Meeting& mt = meetings[{c.axis, s.crossing_calls[c.axis]}];
             if (mt.arrive.empty()) mt.arrive.assign(std::size_t(p), -1);
             if (mt.arrive[si] < 0) mt.arrive[si] = s.clock, ++mt.arrived;
@@ -330,7 +341,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             }
           } else {
             // Inside the stage: after the axis's calls in flight, in order.
-            const bool offload = c.axis == "host" || c.axis == "nvme";
+            const bool offload = offload_axis(c.axis);
             const double t = offload ? transfer_time(m, c.axis, double(c.bytes))
                                      : comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
             Channel& ch = channel(s, c.axis);

@@ -22,6 +22,7 @@
 #include "kernels/foundation/median.hpp"
 #include "src/deck/deck.hpp"
 #include "strategies/keys.hpp"
+#include "strategies/registry.hpp"
 #include "src/report/h5file.hpp"
 #include "src/report/h5read.hpp"
 #include "src/report/points.hpp"
@@ -223,6 +224,31 @@ Val from_literal(const plan::KeySpec& k, const std::string& lit) {
   return Val{false, std::stod(lit), ""};
 }
 
+// The ranks a point's layout needs (the product of its mesh's dims): the
+// base deck's plan with the point's axis values, before the deck's checks
+// (a value its key refuses is left at the base's: the checks refuse the
+// point later).
+int point_world(plan::Plan p, const std::vector<std::pair<std::string, std::vector<std::string>>>& axes,
+                const std::vector<std::string>& values) {
+  for (std::size_t a = 0; a < axes.size(); ++a) {
+    const plan::KeySpec* k = key_of(axes[a].first);
+    if (k == nullptr) continue;
+    const Val v = from_literal(*k, values[a].substr(axes[a].first.size() + 1));
+    plan::Value typed;
+    switch (k->type) {
+      case plan::KeyType::integer: typed = std::int64_t(v.num); break;
+      case plan::KeyType::unsigned_:
+      case plan::KeyType::bytes: typed = std::uint64_t(v.num); break;
+      case plan::KeyType::floating: typed = v.num; break;
+      case plan::KeyType::boolean: typed = v.num != 0; break;
+      case plan::KeyType::string: typed = v.str; break;
+    }
+    if (v.is_str != (k->type == plan::KeyType::string) || plan::check_value(*k, typed)) continue;
+    k->set(p, typed);
+  }
+  return strategies::layout_of(p).world();
+}
+
 std::string literal(const toml::node& v) {
   if (auto x = v.as_integer()) return std::to_string(x->get());
   if (auto x = v.as_floating_point()) return plan::toml_literal(plan::Value(x->get()));
@@ -346,20 +372,18 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
         if (s.axes[a].first == key) return from_literal(k, axis_values[a].substr(key.size() + 1));
       return from_value(k.get(base.config));
     };
-    auto value = [&](const char* key) { return int(lookup(*key_of(key), key).num); };
     for (const auto& clause : s.where)
       if (Where(clause, &lookup).eval().num == 0) {
         p.reason = fmt::format("filtered out by where \"{}\"", clause);
         break;
       }
-    const int world = value("parallel.dp") * value("parallel.cp") * value("parallel.tp") * value("parallel.pp");
+    const int world = point_world(base.config, s.axes, axis_values);
     if (p.reason.empty() && !s.worlds.empty() && std::find(s.worlds.begin(), s.worlds.end(), world) == s.worlds.end())
       p.reason = fmt::format("needs {} ranks, not in sweep.world", world);
     if (p.reason.empty()) {
       try {
         const deck::Deck d = deck::load_deck(deck_path, all);
-        const auto& par = d.config.parallel;
-        p.world = par.world();
+        p.world = strategies::layout_of(d.config).world();
         p.valid = true;
       } catch (const core::Error& e) {
         p.reason = one_line(e.what());

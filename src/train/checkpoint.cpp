@@ -351,9 +351,24 @@ std::string model_section(const std::string& resolved) {
 }  // namespace
 
 std::string CheckpointLayout::describe() const {
-  return fmt::format("{} rank(s): pp {} x dp {}{} x tp {}, ep {}, zero {}{}, virtual_stages {}, {}", world, pp, dp,
-                     cp > 1 ? fmt::format(" x cp {}", cp) : "", tp, ep, zero,
-                     dp_shard < dp ? fmt::format(" over groups of {}", dp_shard) : "", virtual_stages, precision);
+  std::string sizes = text;
+  if (sizes.empty())
+    for (const auto& [name, n] : axes) sizes += fmt::format("{}{} {}", sizes.empty() ? "" : ", ", name, n);
+  return fmt::format("{} rank(s): {}, zero {}, virtual_stages {}, {}", world, sizes, zero, virtual_stages, precision);
+}
+
+CheckpointLayout checkpoint_layout(const mesh::Layout& l, const plan::Plan& p, const std::string& resolved_deck) {
+  CheckpointLayout c;
+  c.world = l.world();
+  c.zero = p.parallel.zero;
+  c.virtual_stages = l.size("pp") > 1 ? p.parallel.virtual_stages : 1;
+  for (const mesh::Dim& d : l.dims) c.axes[d.name] = d.size;
+  for (const mesh::Group& g : l.groups) c.axes[g.name] = l.group_size(g.name);
+  c.text = mesh::describe(l);
+  c.run_name = p.run.name;
+  c.resolved_deck = resolved_deck;
+  c.precision = core::precision_name(p.backend.precision);
+  return c;
 }
 
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, const CheckpointLayout& layout,
@@ -398,14 +413,11 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
     m.insert("step", int64_t(step));
     toml::table l;
     l.insert("world", int64_t(layout.world));
-    l.insert("pp", int64_t(layout.pp));
-    l.insert("dp", int64_t(layout.dp));
-    l.insert("tp", int64_t(layout.tp));
-    l.insert("ep", int64_t(layout.ep));
     l.insert("zero", int64_t(layout.zero));
     l.insert("virtual_stages", int64_t(layout.virtual_stages));
-    l.insert("dp_shard", int64_t(layout.dp_shard));
-    l.insert("cp", int64_t(layout.cp));
+    // Every other integer of [layout] is an axis's size.
+    for (const auto& [name, n] : layout.axes) l.insert(name, int64_t(n));
+    l.insert("text", layout.text);
     l.insert("precision", layout.precision);
     l.insert("run_name", layout.run_name);
     m.insert("layout", std::move(l));
@@ -578,10 +590,11 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
     step = int(m["step"].value_or(int64_t(-1)));
     CheckpointLayout saved;
     auto get = [&](const char* k) { return int((*l)[k].value_or(int64_t(-1))); };
-    saved.world = get("world"), saved.pp = get("pp"), saved.dp = get("dp"), saved.tp = get("tp");
-    saved.ep = get("ep"), saved.zero = get("zero"), saved.virtual_stages = get("virtual_stages");
-    saved.dp_shard = (*l).contains("dp_shard") ? get("dp_shard") : saved.dp;  // before hybrid sharding: dp
-    saved.cp = (*l).contains("cp") ? get("cp") : 1;                           // before context parallelism: 1
+    saved.world = get("world"), saved.zero = get("zero"), saved.virtual_stages = get("virtual_stages");
+    for (const auto& [key, value] : *l)
+      if (value.is_integer() && key != "world" && key != "zero" && key != "virtual_stages")
+        saved.axes[std::string(key.str())] = int(value.value_or(int64_t(0)));
+    saved.text = (*l)["text"].value_or(std::string());
     saved.precision = (*l)["precision"].value_or(std::string("fp32"));
     scale = m["loss_scale"]["scale"].value_or(1.0);
     good = int(m["loss_scale"]["good_steps"].value_or(int64_t(0)));

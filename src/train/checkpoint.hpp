@@ -22,38 +22,46 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "models/param_registry.hpp"
+#include "strategies/axes.hpp"
 #include "src/train/trainer.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::train {
 
-// What a checkpoint's manifest records of the run that wrote it; a resume
-// needs the same layout (re-sharding onto another one is not built).
-// The precision belongs to it: 16-bit parameters and fp32 master weights
-// are other state tensors than fp32 parameters.
+// What a checkpoint's manifest records of the run that wrote it: a resume on
+// the same layout loads each rank's own file, on another it re-shards
+// through the global files. The precision belongs to it: 16-bit parameters
+// and fp32 master weights are other state tensors than fp32 parameters.
 struct CheckpointLayout {
-  int world = 1, pp = 1, dp = 1, tp = 1, ep = 1, zero = 0, virtual_stages = 1;
+  int world = 1, zero = 0, virtual_stages = 1;
+  // The size of every dim and group of the mesh, by name
+  // (strategies/axes.hpp): which ranks hold what.
+  std::map<std::string, int> axes;
+  std::string text;           // the layout described, for messages
   std::string run_name;
   std::string resolved_deck;  // the deck the run resolved to (for the record)
   std::string precision = "fp32";
-  int dp_shard = 1;  // the ranks ZeRO shards over (dp, or hybrid sharding's groups)
-  int cp = 1;        // context-parallel ranks (ZeRO shards over dp x cp)
+  // An axis one of them lacks counts as different (a re-shard is always right).
   bool operator==(const CheckpointLayout& o) const {
-    return world == o.world && pp == o.pp && dp == o.dp && tp == o.tp && ep == o.ep && zero == o.zero &&
-           virtual_stages == o.virtual_stages && precision == o.precision && dp_shard == o.dp_shard && cp == o.cp;
+    return world == o.world && zero == o.zero && virtual_stages == o.virtual_stages && precision == o.precision &&
+           axes == o.axes;
   }
   std::string describe() const;
 };
+
+// The checkpoint layout of a run of `p` on `l`.
+CheckpointLayout checkpoint_layout(const mesh::Layout& l, const plan::Plan& p, const std::string& resolved_deck);
 
 // Collective over `comm`. Writes the state after `step` completed steps to
 // `dir`/step-NNNNNN (creating `dir`); returns that path. Each rank's file is
 // fsync'ed before the manifest is written, the manifest before the rename.
 // `global_writer`: this rank also writes the layout-independent full state
-// of its registry `reg` (one rank per distinct registry: edp coordinate 0).
+// of its registry `reg` (one rank per distinct registry: mesh::first_copy).
 // `scaler`: the loss scaler's state after `step` (the manifest keeps it).
 std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, const CheckpointLayout& layout,
                              strategies::StateStrategy& strategy, const models::ParamRegistry& reg,

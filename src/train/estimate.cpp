@@ -7,6 +7,7 @@
 #include "kernels/foundation/clock.hpp"
 #include "kernels/kernels.hpp"
 #include "src/train/trainer.hpp"
+#include "strategies/registry.hpp"
 
 namespace strata::train {
 
@@ -45,12 +46,12 @@ RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume
                          std::vector<kernels::WorkCost>* compute, prof::Trace* trace) {
   const OnMeta meta;
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(mesh::layout_of(cfg), rank, log);
+  mesh::Mesh mesh(strategies::layout_of(cfg), rank, log);
   core::MemoryTracker tracker;
   tracker.count_only();
   // Records nothing: it only carries the micro-batch and chunk into the trace's spans.
   prof::Timeline positions(false);
-  Trainer t(cfg, tracker, &positions, 0.0, mesh.groups());
+  Trainer t(cfg, tracker, &positions, 0.0, strategies::parallelize(cfg, &mesh));
   // As run_deck measures: peaks restart with each step.
   for (int s = 0; s < 2; ++s) {
     log.set_step(s);
@@ -65,13 +66,13 @@ RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume
 }
 
 Estimate estimate(const plan::Plan& cfg, bool with_traces) {
-  const mesh::Layout l = mesh::layout_of(cfg);
+  const mesh::Layout l = strategies::layout_of(cfg);
   Estimate e;
   e.world = l.world();
-  for (int pp = 0; pp < l.pp; ++pp) {
-    std::vector<int> stage;
-    for (int dp = 0; dp < l.dp; ++dp)
-      for (int tp = 0; tp < l.tp; ++tp) stage.push_back(mesh::rank_of(l, {pp, dp, tp}));
+  // A pipeline stage's ranks are alike but for their shards and experts.
+  std::vector<std::vector<int>> stages(std::size_t(l.size("pp")));
+  for (int r = 0; r < l.world(); ++r) stages[std::size_t(mesh::coord(l, r, "pp"))].push_back(r);
+  for (const std::vector<int>& stage : stages) {
     std::vector<CommVolume> comm;
     std::vector<kernels::WorkCost> compute;
     prof::Trace trace;

@@ -34,6 +34,7 @@
 #include "src/train/run_control.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
+#include "strategies/registry.hpp"
 
 namespace strata::train {
 
@@ -69,14 +70,13 @@ void check_slurm_world(int world) {
                     tasks, world);
 }
 
-// The layout must use every rank: dp x cp x tp x pp == world.
-void check_world(const plan::Plan& c, int world) {
-  const auto& p = c.parallel;
-  const int needed = p.world();
+// The layout must use every rank: the product of its dims is the world.
+void check_world(const mesh::Layout& l, int world) {
+  const int needed = l.world();
   if (needed != world)
-    core::input_error("parallel layout dp {}{} x tp {} x pp {} = {} rank(s), but the job has {} rank(s); "
-                      "launch with mpiexec -n {} or change [parallel]",
-                      p.dp, p.cp > 1 ? fmt::format(" x cp {}", p.cp) : "", p.tp, p.pp, needed, world, needed);
+    core::input_error("parallel layout {} = {} rank(s), but the job has {} rank(s); launch with mpiexec -n {} or "
+                      "change [parallel]",
+                      mesh::describe(l), needed, world, needed);
 }
 
 // The dry run's estimate, printed: per class of ranks with identical
@@ -349,7 +349,7 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       const std::int64_t params = models::gpt_registry(gpt_config(cfg)).numel();  // the whole model
       const Estimate e = estimate(cfg);
       print_estimate(deck, e, params);
-      const mesh::Layout layout = mesh::layout_of(cfg);
+      const mesh::Layout layout = strategies::layout_of(cfg);
       if (layout.world() <= 64)
         fmt::print("process mesh ({}):\n{}", mesh::describe(layout), mesh::layout_table(layout));
       if (!options.output.empty()) {
@@ -382,7 +382,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &world));
   check_slurm_world(world);
-  check_world(cfg, world);
+  const mesh::Layout layout = strategies::layout_of(cfg);
+  check_world(layout, world);
 
   if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
   const int sharing_gpu = select_device(cfg, comm);
@@ -390,7 +391,6 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   check_host_holds_parameters(cfg, gc, comm);
   const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
 
-  const mesh::Layout layout = mesh::layout_of(cfg);
   // One time base for every rank's records, so that a send and its receive
   // compare: on one node the clock is shared and rank 0's origin is every
   // rank's; across nodes each takes its own as it leaves a barrier.
@@ -412,6 +412,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
                                      : cfg.backend.comm == plan::CommChoice::mpi ? comm::Backend::mpi_staged
                                                                        : comm::Backend::nccl;
   mesh::Mesh mesh(comm, layout, log, comm_backend);
+  const std::vector<std::string> axes = layout.axis_names();
 
   // The paths this run writes: checked and claimed before any work.
   const std::string out_path = report_path(deck, options);
@@ -421,12 +422,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   check_output_paths(comm, out_path, checkpoint_dir, checkpoints, deck.path,
                      cfg.data.source == plan::DataSource::text ? cfg.data.path : "");
 
-  const int chunks = layout.pp > 1 ? cfg.parallel.virtual_stages : 1;  // model chunks per pipeline rank
-  CheckpointLayout ck_layout{world,  layout.pp, layout.dp,    layout.tp,          layout.ep,
-                             cfg.parallel.zero, chunks,    cfg.run.name, deck.resolved_toml,
-                             core::precision_name(cfg.backend.precision)};
-  ck_layout.dp_shard = layout.shard();
-  ck_layout.cp = layout.cp;
+  const int stages = layout.size("pp");
+  const int chunks = stages > 1 ? cfg.parallel.virtual_stages : 1;  // model chunks per pipeline rank
+  const CheckpointLayout ck_layout = checkpoint_layout(layout, cfg, deck.resolved_toml);
   CheckpointRef resume;
   if (!options.resume.empty()) {
     resume = find_checkpoint(comm, options.resume, ck_layout);
@@ -511,15 +509,12 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     take_largest_rank_memory(summary, together);
     const auto axis_comm = [&](std::string_view axis) { return mesh.mpi_comm(axis); };
     const bool all_completed = std::string_view(status) != "failed";
-    if (all_completed) share_progress_with_group(log, axis_comm);
+    if (all_completed) share_progress_with_group(log, axes, axis_comm);
     comm_figures = aggregate_comm(log, cfg.run.warmup_steps);
-    if (all_completed) take_group_transfer_times(comm_figures, axis_comm);
-    bubble = measure_bubble(timeline, steps, mesh.coords().pp, layout.pp, micro_batches,
-                            chunks, *cfg.parallel.schedule);
-    write_tables(to,
-                 {{rank, &steps, &experts, cfg.run.profile ? &timeline : nullptr, &log, host_name, mesh.coords().pp,
-                   mesh.coords().dp, mesh.coords().tp}},
-                 memory);
+    if (all_completed) take_group_transfer_times(comm_figures, axes, axis_comm);
+    bubble = measure_bubble(timeline, steps, mesh.coord("pp"), stages, micro_batches, chunks, *cfg.parallel.schedule);
+    write_tables(to, layout,
+                 {{rank, &steps, &experts, cfg.run.profile ? &timeline : nullptr, &log, host_name}}, memory);
     write_comm_summary(to, {{rank, comm_figures}});
     write_pipeline_summary(to, {{rank, bubble}});
     write_summary(to, summary, prov);
@@ -551,7 +546,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       file.set_attr("/", "device_arena_bytes", std::int64_t(arena.capacity));
       file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
     }
-    Trainer trainer(cfg, tracker, &timeline, job_peak, mesh.groups());
+    Trainer trainer(cfg, tracker, &timeline, job_peak, strategies::parallelize(cfg, &mesh));
     // Room for every record up front: a growing log would pay page faults
     // inside the measured calls. Per micro-batch a unit has at most a gather,
     // a prefetch and a reduce-scatter; per step, buckets and a few scalars.
@@ -602,9 +597,11 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       for (const auto& m : memory_records(rank, s, rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file()), cfg))
         memory.push_back(m);
       StepRecord& r = steps.back();
+      r.exposed_comm.assign(axes.size(), 0.0);
       for (std::size_t i = first_record; i < log.records().size(); ++i) {
         const comm::CommRecord& c = log.records()[i];
-        if (const std::size_t a = comm::axis_index(c.axis); a < r.exposed_comm.size()) r.exposed_comm[a] += c.wait;
+        const auto a = std::find(axes.begin(), axes.end(), c.axis);
+        if (a != axes.end()) r.exposed_comm[std::size_t(a - axes.begin())] += c.wait;
       }
       // The step boundary: signals, divergence and the step's time, agreed.
       // An fp16 overflow that the loss scale skipped is not divergence; its
@@ -630,7 +627,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       if (due || (stopping && options.checkpoint_every > 0)) {
         const std::string path =
             write_checkpoint(comm, checkpoint_dir, s + 1, ck_layout, trainer.strategy(), trainer.registry(),
-                             mesh.coords().dp / layout.ep == 0 && mesh.coords().cp == 0, trainer.scaler());
+                             mesh::first_copy(layout, rank), trainer.scaler());
         if (rank == 0) fmt::print("checkpoint: {}\n", path);
       }
       if (stopping) {
@@ -702,7 +699,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   const Summary& s = summary;
   print_memory_per_rank(comm, memory, steps.empty() ? -1 : steps.back().step);
-  if (layout.pp > 1 && cfg.run.profile) print_bubbles(comm, bubble, cfg.parallel.schedule->formula);
+  if (stages > 1 && cfg.run.profile) print_bubbles(comm, bubble, cfg.parallel.schedule->formula);
   if (rank == 0) {
     fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%{}\n",
                s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu,

@@ -150,15 +150,17 @@ void write_provenance(report::H5File& f, const Provenance& p) {
   f.set_attr("/", "status", "running");
 }
 
-void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const std::vector<MemoryRecord>& memory) {
-  report::Table rk("ranks", "one row per rank: where it ran and its place in the process mesh");
+void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vector<RankRows>& ranks,
+                  const std::vector<MemoryRecord>& memory) {
+  report::Table rk("ranks", "one row per rank: where it ran and its coordinate along each dim of the process mesh");
   rk.col_i64("rank", "1", "MPI rank in the world communicator")
-      .col_str("host", 64, "", "the processor name of the rank's node (MPI_Get_processor_name; \"simulated\" in a simulation)")
-      .col_i64("pp", "1", "pipeline stage")
-      .col_i64("dp", "1", "data-parallel index")
-      .col_i64("tp", "1", "tensor-parallel index");
-  for (const RankRows& rr : ranks)
-    rk.add_row({std::int64_t(rr.rank), rr.host.substr(0, 64), std::int64_t(rr.pp), std::int64_t(rr.dp), std::int64_t(rr.tp)});
+      .col_str("host", 64, "", "the processor name of the rank's node (MPI_Get_processor_name; \"simulated\" in a simulation)");
+  for (const mesh::Dim& d : layout.dims) rk.col_i64(d.name, "1", d.doc);
+  for (const RankRows& rr : ranks) {
+    std::vector<report::Cell> row{std::int64_t(rr.rank), rr.host.substr(0, 64)};
+    for (int x : mesh::coords_of(layout, rr.rank)) row.push_back(std::int64_t(x));
+    rk.add_row(row);
+  }
   f.write_table(rk);
 
   report::Table st("steps", "one row per optimizer step and rank");
@@ -195,7 +197,8 @@ void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const s
                "MoE: this rank's auxiliary losses, summed over its MoE blocks, mean over micro-batches (in loss)")
       .col_f64("load_imbalance", "1", "MoE: max over this rank's MoE blocks of max / mean assignments per expert")
       .col_f64("drop_rate", "1", "MoE: share of this rank's assignments dropped past an expert's capacity");
-  for (const std::string_view axis : comm::kAxes)
+  const std::vector<std::string> axes = layout.axis_names();
+  for (const std::string& axis : axes)
     st.col_f64(fmt::format("exposed_comm_{}", axis), "s",
                fmt::format("time this rank was blocked in {} communication during the step (not hidden by compute)",
                            axis));
@@ -208,6 +211,8 @@ void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const s
           r.offload.copy_time, r.offload.copy_wait_time, r.offload.update_time, r.offload.nvme_bytes_read,
           r.offload.nvme_bytes_written, r.offload.nvme_io_time, r.offload.nvme_wait_time, r.loss_scale,
           std::int64_t(r.skipped), r.moe_aux, r.load_imbalance, r.drop_rate};
+      STRATA_CHECK(r.exposed_comm.size() == axes.size(), "a step record of {} axes for a layout of {}",
+                   r.exposed_comm.size(), axes.size());
       row.insert(row.end(), r.exposed_comm.begin(), r.exposed_comm.end());
       st.add_row(row);
     }
@@ -356,9 +361,9 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
   return out;
 }
 
-void take_group_transfer_times(std::vector<CommAggregate>& rows,
+void take_group_transfer_times(std::vector<CommAggregate>& rows, const std::vector<std::string>& axes,
                                const std::function<MPI_Comm(std::string_view)>& comm_of) {
-  for (const std::string_view axis : comm::kAxes) {
+  for (const std::string& axis : axes) {
     const MPI_Comm c = comm_of(axis);
     if (c == MPI_COMM_NULL) continue;
     std::vector<CommAggregate*> mine;
@@ -410,10 +415,11 @@ bool is_collective(const comm::CommRecord& r) { return r.op != "send" && r.op !=
 
 }  // namespace
 
-void share_progress_with_group(comm::CommLog& log, const std::function<MPI_Comm(std::string_view)>& comm_of) {
+void share_progress_with_group(comm::CommLog& log, const std::vector<std::string>& axes,
+                               const std::function<MPI_Comm(std::string_view)>& comm_of) {
   const comm::HostProgress& progress = log.progress();
   const comm::Intervals inside = comm::merged(progress.inside);
-  for (const std::string_view axis : comm::kAxes) {
+  for (const std::string& axis : axes) {
     const MPI_Comm c = comm_of(axis);
     if (c == MPI_COMM_NULL) continue;
     std::map<std::size_t, double> busy;  // record -> its refined share

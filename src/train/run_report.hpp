@@ -17,6 +17,7 @@
 #include "src/report/h5file.hpp"
 #include "src/train/memory_figures.hpp"
 #include "src/train/trainer.hpp"
+#include "strategies/axes.hpp"
 
 namespace strata::train {
 
@@ -106,11 +107,13 @@ struct RankRows {
   const prof::Timeline* timeline = nullptr;            // null: none
   const comm::CommLog* comm = nullptr;                 // null: none
   std::string host;                                    // where the rank ran (/ranks)
-  int pp = 0, dp = 0, tp = 0;                          // its mesh coordinates
 };
-// /ranks, /steps, /experts, /memory, /timeline and /comm. A run passes its own rank's
-// rows (every rank calls it, collectively); a simulation every rank's.
-void write_tables(report::H5File& f, const std::vector<RankRows>& ranks, const std::vector<MemoryRecord>& memory);
+// /ranks, /steps, /experts, /memory, /timeline and /comm of a run on
+// `layout`: /ranks has a column per dim, /steps one of exposed
+// communication per axis. A run passes its own rank's rows (every rank
+// calls it, collectively); a simulation every rank's.
+void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vector<RankRows>& ranks,
+                  const std::vector<MemoryRecord>& memory);
 
 // Per axis, op, group size and message-size class over this rank's records:
 // what /summary/comm holds. The class keeps an 8-byte scalar all-reduce out
@@ -136,18 +139,21 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
 // A collective's transfer is done only when every member has done its part
 // (on the host a member's share progresses only while it is inside MPI,
 // and a peer may do part of it meanwhile), so the group's transfer time for
-// a row of collectives is the largest of its members'. Collective over each
-// axis's communicator, `comm_of(axis)`: only after a run whose collectives
-// all completed (a failed run keeps each rank's own).
-void take_group_transfer_times(std::vector<CommAggregate>& rows, const std::function<MPI_Comm(std::string_view)>& comm_of);
+// a row of collectives is the largest of its members'. Collective over the
+// communicator of each of `axes`, `comm_of(axis)`: only after a run whose
+// collectives all completed (a failed run keeps each rank's own).
+void take_group_transfer_times(std::vector<CommAggregate>& rows, const std::vector<std::string>& axes,
+                               const std::function<MPI_Comm(std::string_view)>& comm_of);
 // Refines the host estimate of each non-blocking collective's transfer
 // (comm::HostProgress): of the shares of time inside MPI the call was given,
 // only the parts during which every member of its group was inside MPI too
 // count, for a rank alone inside MPI moves little of a collective. Rewrites
 // the records' transfer_start (transfer_end stays when the call was seen
-// complete). Collective over each axis's communicator, `comm_of(axis)`: only
-// after a run whose collectives all completed, and before aggregate_comm.
-void share_progress_with_group(comm::CommLog& log, const std::function<MPI_Comm(std::string_view)>& comm_of);
+// complete). Collective over the communicator of each of `axes`,
+// `comm_of(axis)`: only after a run whose collectives all completed, and
+// before aggregate_comm.
+void share_progress_with_group(comm::CommLog& log, const std::vector<std::string>& axes,
+                               const std::function<MPI_Comm(std::string_view)>& comm_of);
 void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std::vector<CommAggregate>>>& per_rank);
 
 // The pipeline bubble of this rank over the measured steps: pipeline time =

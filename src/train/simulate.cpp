@@ -14,6 +14,7 @@
 #include "src/train/run.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
+#include "strategies/registry.hpp"
 
 namespace strata::train {
 
@@ -26,12 +27,12 @@ constexpr int kEveryRankRows = 64;
 }  // namespace
 
 Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
-  const mesh::Layout l = mesh::layout_of(cfg);
+  const mesh::Layout l = strategies::layout_of(cfg);
   Prediction out;
   out.estimate = estimate(cfg, true);
-  std::vector<const prof::Trace*> traces(std::size_t(l.pp), nullptr);
-  for (int s = 0; s < l.pp; ++s) {
-    const int r = mesh::rank_of(l, {s, 0, 0});
+  std::vector<const prof::Trace*> traces(std::size_t(l.size("pp")), nullptr);
+  for (int s = 0; s < l.size("pp"); ++s) {
+    const int r = mesh::rank_at(l, {{"pp", s}});
     for (const RankClass& k : out.estimate.classes)
       if (std::find(k.ranks.begin(), k.ranks.end(), r) != k.ranks.end()) traces[std::size_t(s)] = &k.trace;
   }
@@ -55,12 +56,12 @@ Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
   step.mfu = out.mfu;
   step.hardware_flops = out.hardware_flops;
   step.hfu = out.hfu;
-  const int chunks = l.pp > 1 ? cfg.parallel.virtual_stages : 1;
+  const int stages = l.size("pp"), chunks = stages > 1 ? cfg.parallel.virtual_stages : 1;
   for (std::size_t s = 0; s < out.step.stages.size(); ++s) {
     prof::Timeline& tl = out.timelines.emplace_back(false);
     for (const auto& sp : out.step.stages[s].spans) tl.add(sp);
     out.bubbles.push_back(
-        measure_bubble(tl, {step}, int(s), l.pp, cfg.micro_batches(), chunks, *cfg.parallel.schedule));
+        measure_bubble(tl, {step}, int(s), stages, cfg.micro_batches(), chunks, *cfg.parallel.schedule));
   }
   return out;
 }
@@ -70,7 +71,7 @@ namespace {
 void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::Machine& machine, const Prediction& pr,
                   const std::string& path) {
   const plan::Plan& cfg = deck.config;
-  const mesh::Layout l = mesh::layout_of(cfg);
+  const mesh::Layout l = strategies::layout_of(cfg);
   const models::GptConfig gc = gpt_config(cfg);
   report::H5File file(MPI_COMM_SELF, path);
   Provenance prov;
@@ -105,7 +106,6 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
 
   // Every rank's memory, step and summaries; the timeline and calls of each
   // stage's simulated rank, copied to the stage's other ranks when few.
-  const std::vector<StepRecord> steps = {pr.step_record};
   std::vector<MemoryRecord> memory, rank0;
   for (const RankClass& k : pr.estimate.classes)
     for (int r : k.ranks)
@@ -113,6 +113,8 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   memory.insert(memory.end(), rank0.begin(), rank0.end());
   std::sort(memory.begin(), memory.end(), [](const MemoryRecord& a, const MemoryRecord& b) { return a.rank < b.rank; });
 
+  std::vector<StepRecord> steps = {pr.step_record};
+  steps[0].exposed_comm.assign(l.axis_names().size(), 0.0);
   std::vector<comm::CommLog> logs(pr.step.stages.size(), comm::CommLog(0.0));
   std::vector<std::vector<CommAggregate>> aggregates;
   for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
@@ -123,15 +125,13 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   std::vector<std::pair<int, std::vector<CommAggregate>>> comm_figures;
   std::vector<std::pair<int, Bubble>> bubbles;
   for (int r = 0; r < l.world(); ++r) {
-    const std::size_t s = std::size_t(mesh::coords_of(l, r).pp);
+    const std::size_t s = std::size_t(mesh::coord(l, r, "pp"));
     const bool spans = every || r == pr.step.stages[s].rank;
-    const mesh::Coords c = mesh::coords_of(l, r);
-    rows.push_back({r, &steps, nullptr, spans ? &pr.timelines[s] : nullptr, spans ? &logs[s] : nullptr, "simulated",
-                    c.pp, c.dp, c.tp});
+    rows.push_back({r, &steps, nullptr, spans ? &pr.timelines[s] : nullptr, spans ? &logs[s] : nullptr, "simulated"});
     comm_figures.push_back({r, aggregates[s]});
     bubbles.push_back({r, pr.bubbles[s]});
   }
-  write_tables(file, rows, memory);
+  write_tables(file, l, rows, memory);
   write_comm_summary(file, comm_figures);
   write_pipeline_summary(file, bubbles);
   Summary summary = summarise(steps, rank0, pr.model_flops, pr.hardware_flops, pr.peak_flops);
@@ -157,15 +157,15 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
 int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   const plan::Plan& cfg = deck.config;
   const sim::Machine machine = sim::load_machine(o.machine);
-  const mesh::Layout l = mesh::layout_of(cfg);
+  const mesh::Layout l = strategies::layout_of(cfg);
   const Prediction pr = predict(cfg, machine);
   const std::string path = !o.output.empty() ? o.output : "results/" + cfg.run.name + "-sim.h5";
   write_report(deck, o, machine, pr, path);
   if (o.quiet) return 0;
 
-  fmt::print("strata simulate | {} | machine {} ({} device(s) per node) | {} rank(s): pp {} x dp {} x tp {}{} | {}\n",
-             deck.path, machine.name, machine.devices_per_node, l.world(), l.pp, l.dp, l.tp,
-             l.ep > 1 ? fmt::format(" (ep {})", l.ep) : "", core::precision_name(cfg.backend.precision));
+  fmt::print("strata simulate | {} | machine {} ({} device(s) per node) | {} rank(s): {} | {}\n", deck.path,
+             machine.name, machine.devices_per_node, l.world(), mesh::describe(l),
+             core::precision_name(cfg.backend.precision));
   fmt::print("predicted step {:.4f} s | {:.0f} tokens/s | MFU {:.1f}% | HFU {:.1f}% | {:.1f} TFLOP/s per device "
              "(model), {:.1f} (hardware)\n",
              pr.step.step_time, pr.tokens_per_s, 100 * pr.mfu, 100 * pr.hfu,

@@ -24,46 +24,36 @@ models::GptConfig gpt_config(const plan::Plan& cfg) {
 }
 
 Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
-                 double peak_flops, const mesh::Groups& g)
-    : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), dp_(g.dp),
-      tp_(g.tp != nullptr && g.tp->size() > 1 ? g.tp : nullptr),
-      pp_(g.pp != nullptr && g.pp->size() > 1 ? g.pp : nullptr),
-      host_tracker_(config.backend.host_memory_limit),
-      precision_(config.backend.precision) {
+                 double peak_flops, strategies::Parallel parts)
+    : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), parts_(std::move(parts)),
+      host_tracker_(config.backend.host_memory_limit), precision_(config.backend.precision) {
   if (precision_ == core::Precision::fp16) scaler_.scale = config.backend.loss_scale;
   if (kernels::is_meta()) host_tracker_.count_only();  // a dry run: the host arena is counted, not taken
-  if (dp_ != nullptr) {
-    dp_size_ = dp_->size();
-    dp_rank_ = dp_->rank();
+  if (parts_.data != nullptr) {
+    dp_size_ = parts_.data->size();
+    dp_rank_ = parts_.data->rank();
   }
   const auto gc = gpt_config(cfg_);
-  cp_seam_ = strategies::make_context_seam(g.cp);
-  local_T_ = cfg_.model.seq_len / cp_seam_->size();
-  // Under context parallelism the loss and the gradients are summed over
-  // dp x cp: every one of those ranks holds the same parameters.
-  comm::Communicator* same_params = cp_seam_->size() > 1 ? g.dp_cp : dp_;
-  loss_group_ = same_params != nullptr && same_params->size() > 1 ? same_params : nullptr;
+  const models::Seams seams = parts_.seams();
+  local_T_ = cfg_.model.seq_len / seams.cp->size();
   const int B = cfg_.data.micro_batch, T = local_T_;
   STRATA_CHECK(cfg_.data.global_batch % (dp_size_ * B) == 0, "global batch {} over dp {} x micro-batch {}",
                cfg_.data.global_batch, dp_size_, B);
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
   hardware_flops_per_step_ = models::gpt_hardware_flops(gc, cfg_.data.global_batch);
-  tp_seam_ = strategies::make_tensor_seam(tp_, cfg_.parallel.sequence_parallel);
-  ep_seam_ = strategies::make_expert_seam(g.ep);
-  if (ep_seam_->size() > 1) ep_ = g.ep, edp_ = g.edp;
-  if (pp_ != nullptr) {
+  if (parts_.pp != nullptr) {
     // This rank's chunks of the pipeline, placed and counted by the schedule's row.
-    emb_ = g.emb != nullptr && g.emb->size() > 1 ? g.emb : nullptr;
-    const strategies::pp::Shape shape{pp_->size(), micro_batches_, cfg_.parallel.virtual_stages};
-    const std::int64_t rows = tp_seam_->rows(std::int64_t(B) * T);
+    const strategies::pp::Shape shape{parts_.pp->size(), micro_batches_, cfg_.parallel.virtual_stages};
+    const std::int64_t rows = seams.tp->rows(std::int64_t(B) * T);
     pipeline_ = std::make_unique<strategies::pp::Executor>(
-        *cfg_.parallel.schedule, shape, pp_->rank(), *pp_, rows * cfg_.model.d_model, [&](int stage, bool split) {
-          return std::make_unique<models::Gpt>(gc, B, tracker, *tp_seam_,
+        *cfg_.parallel.schedule, shape, parts_.pp->rank(), *parts_.pp, rows * cfg_.model.d_model,
+        [&](int stage, bool split) {
+          return std::make_unique<models::Gpt>(gc, B, tracker, *seams.tp,
                                                models::gpt_stage(gc, stage, shape.p * shape.v,
                                                                  cfg_.parallel.first_stage_layers,
                                                                  cfg_.parallel.last_stage_layers),
-                                               split, *ep_seam_, *cp_seam_);
+                                               split, *seams.ep, *seams.cp);
         });
     pipeline_->lay_out(registry_, units_);
     mb_tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
@@ -71,8 +61,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                              std::size_t(micro_batches_) * B * T, "targets of the step");
   } else {
-    model_ = std::make_unique<models::Gpt>(gc, B, tracker, *tp_seam_, models::GptStage{}, false, *ep_seam_,
-                                           *cp_seam_);
+    model_ = std::make_unique<models::Gpt>(gc, B, tracker, *seams.tp, models::GptStage{}, false, *seams.ep, *seams.cp);
     registry_ = model_->registry();
     units_ = model_->units();
   }
@@ -83,16 +72,14 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   sc.adamw = {float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;
-  sc.tp_size = tp_seam_->size();
+  sc.tp_size = seams.tp->size();
   strategies::OffloadSetup offload = strategies::open_offload(cfg_, host_tracker_, &offload_);
   sc.offload = offload.offload;
   nvme_ = std::move(offload.file);
   sc.precision = precision_;
-  // Hybrid sharding: the state is sharded over the shard group and its
-  // gradients all-reduced over the replica group.
-  comm::Communicator* state_group = same_params;
-  if (g.dp_replica != nullptr && g.dp_replica->size() > 1) state_group = g.dp_shard, sc.replica = g.dp_replica;
-  strategy_ = strategies::make_state_strategy(sc, registry_, units_, state_group, tracker, ep_, edp_);
+  sc.replica = parts_.replica;
+  strategy_ = strategies::make_state_strategy(sc, registry_, units_, parts_.state(), tracker, parts_.experts,
+                                              parts_.expert_data);
   if (pipeline_) pipeline_->use_state(*strategy_);
   data_ = make_data_source(cfg_);
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");
@@ -107,7 +94,7 @@ void Trainer::sum_tied_embedding() {
   // wte (the first stage's, and the last stage's copy) is a unit of its own,
   // sharded alike on both stages: each part sums with its twin's. A rank
   // whose chunks hold both stages (ZB-V's V puts them on rank 0) holds both
-  // copies and sums them here; ranks holding one sum over `emb_`.
+  // copies and sums them here; ranks holding one sum over the emb group.
   std::vector<strategies::GradSpan> copies;
   for (const models::ParamSpec& spec : registry_.specs()) {
     if (spec.name != "wte") continue;
@@ -129,8 +116,8 @@ void Trainer::sum_tied_embedding() {
     kernels::copy_bytes(b.data, a.data, std::size_t(a.count) * comm::dtype_size(a.dtype));
     return;
   }
-  if (emb_ == nullptr || copies.empty()) return;
-  emb_->all_reduce(copies[0].data, copies[0].count, copies[0].dtype, comm::ReduceOp::sum);
+  if (parts_.emb == nullptr || copies.empty()) return;
+  parts_.emb->all_reduce(copies[0].data, copies[0].count, copies[0].dtype, comm::ReduceOp::sum);
 }
 
 StepRecord Trainer::step(int step) {
@@ -144,7 +131,8 @@ StepRecord Trainer::step(int step) {
   // rank's tokens) weighs 1 / (micro-batches x dp x cp), and the gradients
   // of those ranks are summed. The
   // backward pass also carries fp16's loss scale.
-  const float mean_weight = 1.0f / float(micro_batches_ * (loss_group_ != nullptr ? loss_group_->size() : 1));
+  comm::Communicator* same = parts_.same_params;
+  const float mean_weight = 1.0f / float(micro_batches_ * (same != nullptr ? same->size() : 1));
   const double scale = scaler_.scale;
   const float backward_scale = scale == 1.0 ? mean_weight : float(scale * double(mean_weight));
   r.loss_scale = scale;
@@ -153,9 +141,8 @@ StepRecord Trainer::step(int step) {
   host_tracker_.reset_peaks();
   routing_.clear();
   experts_.clear();
-  r.loss = (pp_ != nullptr ? run_pipeline(step, backward_scale) : run_micro_batches(step, backward_scale)) *
-           mean_weight;
-  if (loss_group_ != nullptr) loss_group_->all_reduce(&r.loss, 1, comm::DType::f64, comm::ReduceOp::sum);
+  r.loss = (pipeline_ ? run_pipeline(step, backward_scale) : run_micro_batches(step, backward_scale)) * mean_weight;
+  if (same != nullptr) same->all_reduce(&r.loss, 1, comm::DType::f64, comm::ReduceOp::sum);
 
   {
     prof::ScopedSpan span(timeline_, -1, prof::Phase::optimizer);
@@ -166,8 +153,7 @@ StepRecord Trainer::step(int step) {
     // Summed over every group, so every rank sees the same norm: an
     // overflow anywhere (fp16) makes it infinite everywhere.
     double sq = strategy_->grad_norm_sq();
-    if (tp_ != nullptr) tp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
-    if (pp_ != nullptr) pp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
+    for (comm::Communicator* g : parts_.norm) g->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
     r.grad_norm = std::sqrt(sq) / scale;
     r.lr = learning_rate(cfg_.optim, step, cfg_.run.steps);
     if (precision_ == core::Precision::fp16 && !std::isfinite(sq)) {
@@ -242,7 +228,7 @@ void Trainer::load_batch(std::int64_t first, int B, int T, std::int32_t* tokens,
   if (T < S)
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < T; ++t) {
-        const std::size_t from = std::size_t(b) * S + std::size_t(cp_seam_->position(t, S)), to = std::size_t(b) * T + t;
+        const std::size_t from = std::size_t(b) * S + std::size_t(parts_.cp->position(t, S)), to = std::size_t(b) * T + t;
         host_tokens_[to] = host_tokens_[from];  // to <= from: the rows already moved are not read again
         host_targets_[to] = host_targets_[from];
       }

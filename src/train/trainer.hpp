@@ -17,8 +17,8 @@
 #include "strategies/plan.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "src/comm/comm_log.hpp"
-#include "src/mesh/mesh.hpp"
 #include "src/train/data.hpp"
+#include "strategies/parallelize.hpp"
 #include "strategies/pp/executor.hpp"
 #include "strategies/state_strategy.hpp"
 
@@ -53,9 +53,10 @@ struct StepRecord {
   double moe_aux = 0;
   double load_imbalance = 0;
   double drop_rate = 0;
-  // Time this rank was blocked in communication over the step, per axis
-  // (comm::kAxes): the communication its compute did not hide.
-  std::array<double, comm::kAxes.size()> exposed_comm{};
+  // Time this rank was blocked in communication over the step, per axis of
+  // its layout (mesh::Layout::axis_names()): the communication its compute
+  // did not hide.
+  std::vector<double> exposed_comm;
 
   // The step's time and the rates that follow from it.
   void set_time(double seconds, double peak_flops);
@@ -86,16 +87,11 @@ struct ScalerState {
 
 class Trainer {
  public:
-  // g: the mesh's groups (none on a single rank). Each dp rank takes
-  // global_batch / dp sequences of every step. tp splits each layer; pp and
-  // emb (the group of the first and last stage, null on other stages) run
-  // the model cut into parallel.pp stages under parallel.schedule; ep and
-  // edp hold a MoE model's experts (parallel.ep > 1); dp_shard and
-  // dp_replica hold the ZeRO state under hybrid sharding (parallel.dp_shard);
-  // cp splits each sequence (parallel.cp), and dp_cp, the ranks holding the
-  // same parameters then, reduces their gradients.
+  // parts: the run's parallel pieces, strategies::parallelize(config,
+  // mesh) (one rank's by default): the layer seams every stage model is
+  // built with, the groups the state, the loss and the pipeline work over.
   Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
-          const mesh::Groups& g = {});
+          strategies::Parallel parts = {});
 
   // Runs 0-based optimizer step `step` and returns its record.
   StepRecord step(int step);
@@ -146,18 +142,7 @@ class Trainer {
   std::map<int, Routing> routing_;  // per global MoE block, this step
   std::vector<ExpertRecord> experts_;
 
-  comm::Communicator* dp_;
-  comm::Communicator* tp_;
-  comm::Communicator* pp_ = nullptr;
-  comm::Communicator* emb_ = nullptr;
-  std::unique_ptr<models::TensorSeam> tp_seam_;  // the layer seam of tp, for every stage model
-  std::unique_ptr<models::ExpertSeam> ep_seam_;  // the layer seam of ep, for every MoE layer
-  std::unique_ptr<models::ContextSeam> cp_seam_;  // the layer seam of cp, for every stage model
-  // The ranks holding the same parameters, over which the loss is averaged
-  // (dp, or dp x cp under context parallelism).
-  comm::Communicator* loss_group_ = nullptr;
-  comm::Communicator* ep_ = nullptr;
-  comm::Communicator* edp_ = nullptr;
+  strategies::Parallel parts_;
   std::unique_ptr<models::Gpt> model_;                      // without a pipeline
   std::unique_ptr<strategies::pp::Executor> pipeline_;      // with one: this rank's chunks and actions
   models::ParamRegistry registry_;

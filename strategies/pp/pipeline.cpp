@@ -66,6 +66,29 @@ void check_pipeline(const Plan& c, PlanChecks& checks) {
   if (schedule.check != nullptr) schedule.check(c, checks);
 }
 
+// The pp dim (slowest: stages span nodes), its group, and the emb group of
+// the ranks holding the first and the last stage, which both hold the tied
+// word embedding; the schedule's placement says which ranks those are.
+void pp_axes(const Plan& c, mesh::Layout& l) {
+  mesh::add_dim(l, {.name = "pp", .size = c.parallel.pp, .nest = 100, .doc = "pipeline stage"});
+  mesh::add_group(l, {.name = "pp", .dims = {"pp"}, .doc = "the pipeline's sends and receives"});
+  int first = 0, last = 0;
+  if (c.parallel.pp > 1) {
+    const pp::Shape s{c.parallel.pp, c.micro_batches(), c.parallel.virtual_stages};
+    first = c.parallel.schedule->placement->rank_of(s, 0);
+    last = c.parallel.schedule->placement->rank_of(s, s.p * s.v - 1);
+  }
+  mesh::add_group(l, {.name = "emb", .dims = {"pp"}, .only = {first, last}, .shown = false,
+                      .doc = "the first and last pipeline stage, which both hold the tied embedding"});
+}
+
+void pp_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
+  out.pp = several(mesh.group("pp"));
+  if (out.pp == nullptr) return;
+  out.norm.push_back(out.pp);
+  out.emb = several(mesh.group("emb"));
+}
+
 }  // namespace
 
 const Row& pipeline_row() {
@@ -86,11 +109,12 @@ const Row& pipeline_row() {
            "parallel", "last_stage_layers",
            "transformer blocks on the last pipeline stage (beside the head and loss); -1: as many as every stage")
            .at_least(-1)},
-      {"pp", "emb"},
+      pp_axes,
       check_pipeline,
       "each rank its stages' parameters and one stage model (activations and scratch) per (chunk, micro-batch) "
       "its schedule keeps live (strategies/pp/liveness.hpp); sends and receives of b s h activations and "
-      "gradients per micro-batch and stage boundary"};
+      "gradients per micro-batch and stage boundary",
+      pp_parts};
   return row;
 }
 

@@ -30,7 +30,7 @@ inline void begin_step(core::MemoryTracker& tracker, comm::CommLog* log, int ste
 // (a reference run, which every rank makes).
 inline void expect_estimate_is_measured(const plan::Plan& c, const core::MemoryTracker& tracker,
                                         const train::Trainer& t, const comm::CommLog* log = nullptr, int step = 0) {
-  const bool alone = c.parallel.world() == 1;
+  const bool alone = strategies::layout_of(c).world() == 1;
   const int rank = alone ? 0 : mpi_test::world_rank();
   std::vector<train::CommVolume> want_comm;
   const train::RankMemory want = train::estimate_rank(c, rank, &want_comm);

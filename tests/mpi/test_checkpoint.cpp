@@ -26,6 +26,7 @@
 #include "src/train/checkpoint.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi/parity.hpp"
+#include "tests/mpi/mpi_world.hpp"
 
 using namespace strata;
 namespace fs = std::filesystem;
@@ -59,9 +60,8 @@ deck::Deck make_deck(const Layout& l) {
   return deck::parse_deck("test.toml", text, {});
 }
 
-train::CheckpointLayout layout_of(const Layout& l, const deck::Deck& d) {
-  return {l.pp * l.dp * l.tp, l.pp, l.dp, l.tp, l.ep, l.zero, 1, "test", d.resolved_toml, l.precision,
-          l.dp_shard > 0 ? l.dp_shard : l.dp};
+train::CheckpointLayout layout_of(const Layout&, const deck::Deck& d) {
+  return train::checkpoint_layout(strategies::layout_of(d.config), d.config, d.resolved_toml);
 }
 
 std::string temp_dir() {
@@ -84,9 +84,9 @@ void check(const Layout& l) {
   const deck::Deck d = make_deck(l);
   const auto& c = d.config;
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep, l.dp_shard}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep, l.dp_shard), log);
   auto trainer = [&](core::MemoryTracker& t) {
-    return std::make_unique<train::Trainer>(c, t, nullptr, 0.0, mesh.groups());
+    return std::make_unique<train::Trainer>(c, t, nullptr, 0.0, strategies::parallelize(c, &mesh));
   };
   core::MemoryTracker t0, t1, t2;
   auto whole = trainer(t0);
@@ -107,7 +107,7 @@ void check(const Layout& l) {
     auto first = trainer(t1);
     for (int s = 0; s < k; ++s) EXPECT_EQ(first->step(s).loss, losses[s]);
     train::write_checkpoint(MPI_COMM_WORLD, dir, k, layout_of(l, d), first->strategy(), first->registry(),
-                            mesh.coords().dp / l.ep == 0, first->scaler());
+                            mesh::first_copy(mesh.layout(), mesh.rank()), first->scaler());
   }
   auto resumed = trainer(t2);
   const train::CheckpointRef ref = train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(l, d));
@@ -169,19 +169,19 @@ void check_reshard(const Layout& from, const Layout& to) {
   std::vector<double> losses;
   {
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{from.pp, from.dp, from.tp, from.ep, from.dp_shard}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(from.pp, from.dp, from.tp, from.ep, from.dp_shard), log);
     core::MemoryTracker t0, t1;
-    train::Trainer whole(a.config, t0, nullptr, 0.0, mesh.groups());
+    train::Trainer whole(a.config, t0, nullptr, 0.0, strategies::parallelize(a.config, &mesh));
     for (int s = 0; s < a.config.run.steps; ++s) losses.push_back(whole.step(s).loss);
-    train::Trainer first(a.config, t1, nullptr, 0.0, mesh.groups());
+    train::Trainer first(a.config, t1, nullptr, 0.0, strategies::parallelize(a.config, &mesh));
     for (int s = 0; s < k; ++s) first.step(s);
     train::write_checkpoint(MPI_COMM_WORLD, dir, k, layout_of(from, a), first.strategy(), first.registry(),
-                            mesh.coords().dp / from.ep == 0);
+                            mesh::first_copy(mesh.layout(), mesh.rank()));
   }
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{to.pp, to.dp, to.tp, to.ep, to.dp_shard}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(to.pp, to.dp, to.tp, to.ep, to.dp_shard), log);
   core::MemoryTracker t2;
-  train::Trainer resumed(b.config, t2, nullptr, 0.0, mesh.groups());
+  train::Trainer resumed(b.config, t2, nullptr, 0.0, strategies::parallelize(b.config, &mesh));
   const auto ref = train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(to, b));
   EXPECT_TRUE(ref.reshard);
   train::load_checkpoint(MPI_COMM_WORLD, ref, resumed.strategy(), resumed.registry());
@@ -220,13 +220,13 @@ TEST(Checkpoint, PartialAndCorruptCheckpointsAreNotLoaded) {
   const Layout l{1, n};
   const deck::Deck d = make_deck(l);
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   core::MemoryTracker tracker;
-  train::Trainer t(d.config, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(d.config, tracker, nullptr, 0.0, strategies::parallelize(d.config, &mesh));
   t.step(0);
   const std::string dir = temp_dir();
   train::write_checkpoint(MPI_COMM_WORLD, dir, 1, layout_of(l, d), t.strategy(), t.registry(),
-                          mesh.coords().dp == 0);
+                          mesh::first_copy(mesh.layout(), mesh.rank()));
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {

@@ -32,6 +32,7 @@ using comm::DType;
 using comm::ReduceOp;
 
 using strata::mpi_test::DupWorld;
+using strata::mpi_test::grid;
 
 // Small integers, different per seed, rank and index: sums of a few of them
 // are exact in float, so results compare with ==.
@@ -42,7 +43,7 @@ std::vector<mesh::Layout> layouts_of(int n) {
   std::vector<mesh::Layout> out;
   for (int pp = 1; pp <= n; ++pp)
     for (int dp = 1; dp <= n; ++dp)
-      if (n % (pp * dp) == 0) out.push_back(mesh::Layout{pp, dp, n / (pp * dp)});
+      if (n % (pp * dp) == 0) out.push_back(grid(pp, dp, n / (pp * dp)));
   return out;
 }
 
@@ -219,26 +220,32 @@ void check_collectives(comm::Communicator& c, int seed) {
 }
 
 TEST(Mesh, CoordsRoundTrip) {
-  for (const mesh::Layout l : {mesh::Layout{1, 1, 1}, mesh::Layout{1, 1, 4}, mesh::Layout{4, 1, 1},
-                               mesh::Layout{1, 4, 1}, mesh::Layout{2, 3, 4}, mesh::Layout{3, 1, 2},
-                               mesh::Layout{2, 2, 2}}) {
+  for (const mesh::Layout& l : {grid(1, 1, 1), grid(1, 1, 4), grid(4, 1, 1), grid(1, 4, 1), grid(2, 3, 4), grid(3, 1, 2),
+                               grid(2, 2, 2), grid(2, 2, 2, 1, 0, 3)}) {
     std::vector<int> seen(l.world(), 0);
     for (int r = 0; r < l.world(); ++r) {
-      const mesh::Coords c = mesh::coords_of(l, r);
-      EXPECT_TRUE(c.pp >= 0 && c.pp < l.pp && c.dp >= 0 && c.dp < l.dp && c.tp >= 0 && c.tp < l.tp);
+      const std::vector<int> c = mesh::coords_of(l, r);
+      ASSERT_EQ(c.size(), l.dims.size());
+      for (std::size_t d = 0; d < c.size(); ++d) EXPECT_TRUE(c[d] >= 0 && c[d] < l.dims[d].size);
       EXPECT_EQ(mesh::rank_of(l, c), r);
-      for (int pp = 0; pp < l.pp; ++pp)
-        for (int dp = 0; dp < l.dp; ++dp)
-          for (int tp = 0; tp < l.tp; ++tp) seen[mesh::rank_of(l, mesh::Coords{pp, dp, tp})]++;
+      seen[mesh::rank_of(l, c)]++;
     }
-    for (int r = 0; r < l.world(); ++r) EXPECT_EQ(seen[r], l.world());  // a bijection
+    for (int r = 0; r < l.world(); ++r) EXPECT_EQ(seen[r], 1);  // a bijection
   }
-  // tp varies fastest, then dp, then pp.
-  const mesh::Layout l{2, 3, 4};
-  const mesh::Coords c1 = mesh::coords_of(l, 1), c4 = mesh::coords_of(l, 4), c12 = mesh::coords_of(l, 12);
-  EXPECT_TRUE(c1.tp == 1 && c1.dp == 0 && c1.pp == 0);
-  EXPECT_TRUE(c4.tp == 0 && c4.dp == 1 && c4.pp == 0);
-  EXPECT_TRUE(c12.tp == 0 && c12.dp == 0 && c12.pp == 1);
+  // The rows nest pp, dp, cp, tp: tp varies fastest, then cp, dp and pp.
+  const mesh::Layout l = grid(2, 3, 4);
+  ASSERT_EQ(l.dims.size(), 4u);
+  EXPECT_EQ(l.dims[0].name, "pp");
+  EXPECT_EQ(l.dims[1].name, "dp");
+  EXPECT_EQ(l.dims[2].name, "cp");
+  EXPECT_EQ(l.dims[3].name, "tp");
+  auto at = [&](int r) {
+    return std::vector<int>{mesh::coord(l, r, "pp"), mesh::coord(l, r, "dp"), mesh::coord(l, r, "tp")};
+  };
+  EXPECT_EQ(at(1), (std::vector<int>{0, 0, 1}));
+  EXPECT_EQ(at(4), (std::vector<int>{0, 1, 0}));
+  EXPECT_EQ(at(12), (std::vector<int>{1, 0, 0}));
+  EXPECT_EQ(mesh::rank_at(l, {{"pp", 1}, {"tp", 2}}), 14);
   EXPECT_THROW(mesh::coords_of(l, 24), core::Error);
 }
 
@@ -334,58 +341,50 @@ TEST(Comm, MpiErrorsBecomeExceptions) {
 TEST(Mesh, AxesCollectives) {
   const int n = world_size(), me = world_rank();
   for (const mesh::Layout& l : layouts_of(n)) {
-    SCOPED_TRACE(testing::Message() << "layout pp " << l.pp << " dp " << l.dp << " tp " << l.tp);
+    SCOPED_TRACE(testing::Message() << "layout " << mesh::describe(l));
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh m(MPI_COMM_WORLD, l, log);
-    const mesh::Coords c = mesh::coords_of(l, me);
     EXPECT_EQ(m.rank(), me);
-    EXPECT_TRUE(m.coords().pp == c.pp && m.coords().dp == c.dp && m.coords().tp == c.tp);
-    EXPECT_EQ(m.dp().size(), l.dp);
-    EXPECT_EQ(m.tp().size(), l.tp);
-    EXPECT_EQ(m.pp().size(), l.pp);
+    EXPECT_EQ(m.coords(), mesh::coords_of(l, me));
     EXPECT_EQ(m.world().size(), n);
-    EXPECT_EQ(m.dp().rank(), c.dp);
-    EXPECT_EQ(m.tp().rank(), c.tp);
-    EXPECT_EQ(m.pp().rank(), c.pp);
     EXPECT_EQ(m.world().rank(), me);
+    // Along a dim's own group, the group rank is the coordinate.
+    for (const char* dim : {"dp", "tp", "pp"}) {
+      EXPECT_EQ(m.axis(dim).size(), l.size(dim)) << dim;
+      EXPECT_EQ(m.axis(dim).rank(), m.coord(dim)) << dim;
+    }
 
-    // Group membership: the world ranks of each group, in group-rank order.
-    struct Axis {
-      comm::Communicator& comm;
-      const char* name;
-    };
-    for (Axis a : {Axis{m.world(), "world"}, Axis{m.dp(), "dp"}, Axis{m.tp(), "tp"}, Axis{m.pp(), "pp"}}) {
-      EXPECT_EQ(a.comm.axis(), a.name);
-      const int g = a.comm.size();
+    // Group membership: the world ranks of each group, in group-rank order:
+    // the other coordinates fixed, this one varying.
+    for (const char* name : {"world", "dp", "tp", "pp"}) {
+      comm::Communicator& a = m.axis(name);
+      EXPECT_EQ(a.axis(), name);
+      const int g = a.size();
       std::vector<std::int32_t> members(g, -1);
       std::int32_t self = me;
-      a.comm.all_gather(&self, members.data(), 1, DType::i32);
+      a.all_gather(&self, members.data(), 1, DType::i32);
       std::vector<std::int32_t> want(g);
       for (int i = 0; i < g; ++i) {
-        mesh::Coords x = c;
-        if (a.name == std::string("dp")) x.dp = i;
-        if (a.name == std::string("tp")) x.tp = i;
-        if (a.name == std::string("pp")) x.pp = i;
-        want[i] = a.name == std::string("world") ? i : mesh::rank_of(l, x);
+        std::vector<int> x = m.coords();
+        if (name != std::string("world")) x[std::size_t(l.dim_index(name))] = i;
+        want[i] = name == std::string("world") ? i : mesh::rank_of(l, x);
       }
-      EXPECT_EQ(members, want) << "members of " << a.name;
-      check_collectives(a.comm, 3);
+      EXPECT_EQ(members, want) << "members of " << name;
+      EXPECT_EQ(std::vector<int>(members.begin(), members.end()), mesh::group_ranks(l, name, me)) << name;
+      check_collectives(a, 3);
     }
     // Every call went into the log, under the axis it was issued on.
     std::size_t dp = 0, tp = 0, pp = 0, world = 0;
     for (const comm::CommRecord& rec : log.records()) {
       dp += rec.axis == "dp", tp += rec.axis == "tp", pp += rec.axis == "pp", world += rec.axis == "world";
-      EXPECT_EQ(rec.group_size, rec.axis == "dp"   ? l.dp
-                                : rec.axis == "tp" ? l.tp
-                                : rec.axis == "pp" ? l.pp
-                                                   : n);
+      EXPECT_EQ(rec.group_size, l.group_size(rec.axis));
     }
     // Per axis: 16 calls in check_collectives plus the membership gather, and
     // the ring's 4 where the group has more than one rank.
     auto calls = [](int g) { return std::size_t(17 + (g > 1 ? 4 : 0)); };
-    EXPECT_EQ(dp, calls(l.dp));
-    EXPECT_EQ(tp, calls(l.tp));
-    EXPECT_EQ(pp, calls(l.pp));
+    EXPECT_EQ(dp, calls(l.size("dp")));
+    EXPECT_EQ(tp, calls(l.size("tp")));
+    EXPECT_EQ(pp, calls(l.size("pp")));
     EXPECT_EQ(world, calls(n));
     EXPECT_EQ(log.records().size(), dp + tp + pp + world);
   }
@@ -395,36 +394,38 @@ TEST(Mesh, AxesCollectives) {
 // edp group the dp ranks ep apart; both keep pp and tp fixed.
 TEST(Mesh, ExpertGroupsSplitEachDataParallelGroup) {
   const int n = world_size(), me = world_rank();
-  for (mesh::Layout l : layouts_of(n)) {
-    for (int ep = 2; ep <= l.dp; ++ep) {
-      if (l.dp % ep != 0) continue;
-      l.ep = ep;
-      SCOPED_TRACE(testing::Message() << "pp " << l.pp << " dp " << l.dp << " tp " << l.tp << " ep " << ep);
+  for (const mesh::Layout& base : layouts_of(n)) {
+    const int dp = base.size("dp");
+    for (int ep = 2; ep <= dp; ++ep) {
+      if (dp % ep != 0) continue;
+      const mesh::Layout l = grid(base.size("pp"), dp, base.size("tp"), ep);
+      SCOPED_TRACE(testing::Message() << mesh::describe(l));
       comm::CommLog log(prof::now_seconds());
       mesh::Mesh m(MPI_COMM_WORLD, l, log);
-      const mesh::Coords c = mesh::coords_of(l, me);
+      const std::vector<int> c = mesh::coords_of(l, me);
+      const std::size_t d = std::size_t(l.dim_index("dp"));
       for (bool expert : {true, false}) {
-        comm::Communicator& g = expert ? m.ep() : m.edp();
+        comm::Communicator& g = m.axis(expert ? "ep" : "edp");
         EXPECT_EQ(g.axis(), expert ? "ep" : "edp");
-        EXPECT_EQ(g.size(), expert ? ep : l.dp / ep);
+        EXPECT_EQ(g.size(), expert ? ep : dp / ep);
         std::vector<std::int32_t> members(std::size_t(g.size()), -1);
         std::int32_t self = me;
         g.all_gather(&self, members.data(), 1, DType::i32);
         for (int i = 0; i < g.size(); ++i) {
-          mesh::Coords x = c;
-          x.dp = expert ? c.dp / ep * ep + i : i * ep + c.dp % ep;
+          std::vector<int> x = c;
+          x[d] = expert ? c[d] / ep * ep + i : i * ep + c[d] % ep;
           EXPECT_EQ(members[std::size_t(i)], mesh::rank_of(l, x)) << (expert ? "ep" : "edp") << " member " << i;
         }
       }
     }
   }
   comm::CommLog log(0.0);
-  EXPECT_THROW(mesh::Mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1, n + 1}, log), core::Error) << "ep must divide dp";
+  EXPECT_THROW(mesh::Mesh(MPI_COMM_WORLD, grid(1, n, 1, n + 1), log), core::Error) << "ep must divide dp";
 }
 
 TEST(Mesh, Table) {
   const int n = world_size(), me = world_rank();
-  const mesh::Layout l = n % 2 == 0 ? mesh::Layout{1, n / 2, 2} : mesh::Layout{n, 1, 1};
+  const mesh::Layout l = n % 2 == 0 ? grid(1, n / 2, 2) : grid(n, 1, 1);
   comm::CommLog log(0.0);
   mesh::Mesh m(MPI_COMM_WORLD, l, log);
   const std::string t = m.table();
@@ -449,12 +450,12 @@ TEST(Mesh, LayoutNotMatchingTheWorldThrowsEverywhere) {
   comm::CommLog log(0.0);
   std::string msg;
   try {
-    mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, 1, n + 1}, log);
+    mesh::Mesh m(MPI_COMM_WORLD, grid(1, 1, n + 1), log);
   } catch (const core::Error& e) {
     msg = e.what();
   }
   EXPECT_NE(msg.find("world"), std::string::npos) << msg;
-  EXPECT_THROW(mesh::Mesh(MPI_COMM_WORLD, mesh::Layout{0, 1, n}, log), core::Error);
+  EXPECT_THROW(mesh::Mesh(MPI_COMM_WORLD, grid(0, 1, n), log), core::Error);
   EXPECT_TRUE(log.records().empty());
   MPI_Barrier(MPI_COMM_WORLD);  // every rank got here: nobody hangs in a split
 }
@@ -655,7 +656,7 @@ TEST(Mesh, Backends) {
   const int n = world_size();
   comm::CommLog log(prof::now_seconds());
   {
-    mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+    mesh::Mesh m(MPI_COMM_WORLD, grid(1, n, 1), log);
     EXPECT_EQ(m.backend(), comm::Backend::mpi);
   }
 #if STRATA_HAVE_CUDA
@@ -666,17 +667,17 @@ TEST(Mesh, Backends) {
   EXPECT_EQ(core::module_path("cuda_comm"), "");
   EXPECT_NE(comm::library_versions(comm::Backend::nccl).find("; NCCL "), std::string::npos);
   EXPECT_NE(core::module_path("cuda_comm").find("libstrata_cuda_comm.so"), std::string::npos);
-  mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log, comm::Backend::mpi_staged);
+  mesh::Mesh m(MPI_COMM_WORLD, grid(1, n, 1), log, comm::Backend::mpi_staged);
   EXPECT_EQ(m.backend(), comm::Backend::mpi_staged);
   check_collectives(m.world(), 7);
-  check_collectives(m.dp(), 8);
+  check_collectives(m.axis("dp"), 8);
   EXPECT_FALSE(log.records().empty());
 #else
   for (comm::Backend b : {comm::Backend::nccl, comm::Backend::mpi_staged}) {
     EXPECT_FALSE(comm::backend_built(b));
     std::string msg;
     try {
-      mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log, b);
+      mesh::Mesh m(MPI_COMM_WORLD, grid(1, n, 1), log, b);
     } catch (const core::Error& e) {
       msg = e.what();
     }

@@ -21,6 +21,7 @@
 #include "src/train/trainer.hpp"
 #include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
+#include "strategies/registry.hpp"
 
 using namespace strata;
 using core::MemCategory;
@@ -65,9 +66,9 @@ void check(const Layout& l) {
 
   const auto c = config(l);
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::layout_of(c), log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, &log, s);
@@ -139,9 +140,9 @@ TEST(ContextParallel, ActivationsPerRankFallWithCp) {
     plan::Plan c = config({cp}, T, 1);
     if (cp == 1) c.parallel.dp = 2, c.data.global_batch *= 2;  // the same 2 ranks, each whole sequences
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::layout_of(c), log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     tracker.reset_peaks();
     t.step(0);
     act[cp - 1] = tracker.peak(MemCategory::activations);
@@ -161,9 +162,9 @@ TEST(ContextParallel, ZeroShardsOverDpTimesCp) {
   const Layout l{2, n / 2, 1, 1, 3};
   const auto c = config(l, 16, 1);
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::layout_of(c), log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   t.step(0);
   std::uint64_t psi_p = 0;
   for (const auto& u : t.units()) psi_p += std::uint64_t((u.size() + n - 1) / n) * std::uint64_t(n);

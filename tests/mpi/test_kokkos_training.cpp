@@ -22,6 +22,7 @@
 #include "src/mesh/mesh.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi/parity.hpp"
+#include "tests/mpi/mpi_world.hpp"
 
 using namespace strata;
 using core::MemCategory;
@@ -55,9 +56,9 @@ Trajectory train_on(kernels::Device d, int zero) {
   Trajectory r;
   {
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     for (int s = 0; s < c.run.steps; ++s) {
       const train::StepRecord step = t.step(s);
       r.losses.push_back(step.loss);

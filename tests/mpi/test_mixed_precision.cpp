@@ -22,6 +22,7 @@
 #include "src/train/trainer.hpp"
 #include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
+#include "tests/mpi/mpi_world.hpp"
 
 using namespace strata;
 using core::MemCategory;
@@ -31,7 +32,11 @@ namespace {
 // The state-strategy tests' tiny GPT (d_model 16: units divisible by 4;
 // 6: shards padded), on text so that the loss can fall, with a mesh and a
 // precision; MoE when experts > 0.
-plan::Plan config(mesh::Layout l, int zero, int d_model, int global_batch, int micro_batch, int steps,
+struct Sizes {
+  int pp = 1, dp = 1, tp = 1, ep = 1;
+};
+
+plan::Plan config(Sizes l, int zero, int d_model, int global_batch, int micro_batch, int steps,
                     const std::string& precision, int experts = 0) {
   std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 21\n"
@@ -57,7 +62,7 @@ Trajectory run(const plan::Plan& c, mesh::Mesh* mesh) {
   if (mesh == nullptr)
     t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0);
   else
-    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, mesh->groups());
+    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, strategies::parallelize(c, mesh));
   Trajectory r;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, nullptr, s);
@@ -120,7 +125,7 @@ TEST(MixedPrecision, DataParallelAndZeroTrackFp32) {
   const int n = parity::world_size(), mb = 2, G = 2 * mb * n;
   const Trajectory ref = run(config({1, 1, 1}, 0, 16, G, mb, 10, "fp32"), nullptr);
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   for (const std::string precision : {"bf16", "fp16"})
     for (int zero = 0; zero <= 3; ++zero) {
       const Trajectory r = run(config({1, n, 1}, zero, 16, G, mb, 10, precision), &mesh);
@@ -136,18 +141,18 @@ TEST(MixedPrecision, TensorPipelineAndExpertLayoutsTrackFp32) {
   const int n = parity::world_size();
   {
     const Trajectory ref = run(config({1, 1, 1}, 0, 16, 8, 2, 10, "fp32"), nullptr);
-    const mesh::Layout l{2, 1, n / 2};
+    const Sizes l{2, 1, n / 2};
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, l, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp), log);
     auto c = config(l, 0, 16, 8, 2, 10, "bf16");
     c.parallel.sequence_parallel = l.tp > 1;
     expect_close(run(c, &mesh), ref, fmt::format("bf16 pp 2 x tp {}", l.tp));
   }
   {
     const Trajectory ref = run(config({1, 1, 1}, 0, 16, 8, 2, 10, "fp32", 4), nullptr);
-    const mesh::Layout l{1, n, 1, 2};
+    const Sizes l{1, n, 1, 2};
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, l, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
     expect_close(run(config(l, 2, 16, 8, 2, 10, "bf16", 4), &mesh), ref, fmt::format("bf16 MoE dp {} x ep 2, zero 2", n), 5e-2, 0.3);
   }
 }
@@ -159,14 +164,14 @@ TEST(MixedPrecision, TensorPipelineAndExpertLayoutsTrackFp32) {
 TEST(MixedPrecision, PerRankBytesAreZerosMixedPrecisionFigures) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   for (const std::string precision : {"bf16", "fp16"})
     for (int d_model : {16, 6})
       for (int zero = 0; zero <= 3; ++zero) {
         SCOPED_TRACE(fmt::format("{} d_model {} zero {}", precision, d_model, zero));
         const auto c = config({1, n, 1}, zero, d_model, 2 * n, 2, 1, precision);
         core::MemoryTracker tracker;
-        train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+        train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
         const std::size_t workspace_before = tracker.current(MemCategory::workspace);
         t.step(0);
         const std::uint64_t psi = std::uint64_t(t.registry().numel());
@@ -194,12 +199,12 @@ TEST(MixedPrecision, PerRankBytesAreZerosMixedPrecisionFigures) {
 TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingSteps) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   auto c = config({1, n, 1}, 2, 16, 2 * n, 2, 20, "fp16");
   c.backend.loss_scale = std::ldexp(1.0, 20);
   c.backend.loss_scale_window = 3;
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   std::vector<float> before = t.strategy().full_params();
   double scale = c.backend.loss_scale;
   int skipped = 0, good = 0;

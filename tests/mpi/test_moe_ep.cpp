@@ -24,6 +24,7 @@
 #include "src/train/trainer.hpp"
 #include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
+#include "tests/mpi/mpi_world.hpp"
 
 using namespace strata;
 
@@ -99,10 +100,10 @@ void check(const Layout& l) {
   }
 
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
   const auto c = config(l, G);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   for (const auto& s : t.registry().specs()) {
     if (s.expert) {
       EXPECT_EQ(s.shape[0] * l.ep, kExperts) << s.name << ": experts split over ep";
@@ -191,11 +192,11 @@ TEST(ExpertParallel, AllToAllBytesEqualTheRoutedTokens) {
   const Layout l{2, n};
   const int G = 2 * kMicroBatch * l.dp;
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
   const auto c = config(l, G, 3);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
-  const int me = mesh.ep().rank(), El = kExperts / l.ep;
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
+  const int me = mesh.axis("ep").rank(), El = kExperts / l.ep;
   for (int s = 0; s < c.run.steps; ++s) {
     log.set_step(s);
     t.step(s);
@@ -203,7 +204,7 @@ TEST(ExpertParallel, AllToAllBytesEqualTheRoutedTokens) {
     // over this step's micro-batches and blocks.
     std::vector<std::int64_t> kept(std::size_t(kExperts), 0), all(std::size_t(kExperts * l.ep));
     for (const auto& r : t.expert_records()) kept[std::size_t(r.expert)] += r.routed - r.dropped;
-    mesh.ep().all_gather(kept.data(), all.data(), kExperts, comm::DType::i64);
+    mesh.axis("ep").all_gather(kept.data(), all.data(), kExperts, comm::DType::i64);
     std::int64_t out = 0, back = 0;
     for (int e = 0; e < kExperts; ++e) out += kept[std::size_t(e)];
     for (int p = 0; p < l.ep; ++p)
@@ -230,10 +231,10 @@ TEST(ExpertParallel, ZeroHoldsEachKindOverItsGroup) {
     SCOPED_TRACE(fmt::format("zero {}", zero));
     const Layout l{2, 4, 1, 1, zero};
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp, l.ep}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
     const auto c = config(l, 2 * kMicroBatch * l.dp, 1);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     t.step(0);
     std::uint64_t params = 0, grads = 0, optimizer = 0, expert_elements = 0;
     for (const auto& u : t.units()) {

@@ -409,18 +409,18 @@ TEST_F(Gpu, MeshBackends) {
     }
     SCOPED_TRACE(comm::describe_backend(b));
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh m(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log, b);
+    mesh::Mesh m(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log, b);
     EXPECT_EQ(m.backend(), b);
     DupWorld w;
     comm::MpiCommunicator ref(w.c, "world");
-    compare_collectives(m.dp(), ref, DType::f32, as_f32, 11);  // dp is the world here, in the same order
+    compare_collectives(m.axis("dp"), ref, DType::f32, as_f32, 11);  // dp is the world here, in the same order
     check_point_to_point(m.world(), DType::f32, as_f32, 12);
     check_host_buffers(m.world());
     // Axes of one rank work too.
     std::vector<float> one(3, 2.f);
     DeviceVec<float> d(one);
-    m.tp().all_reduce(d.p, 3, DType::f32, ReduceOp::sum);
-    m.pp().all_reduce(d.p, 3, DType::f32, ReduceOp::sum);
+    m.axis("tp").all_reduce(d.p, 3, DType::f32, ReduceOp::sum);
+    m.axis("pp").all_reduce(d.p, 3, DType::f32, ReduceOp::sum);
     EXPECT_EQ(d.get(), one);
     // Recorded like any other communicator's calls.
     std::size_t dp = 0;
@@ -453,7 +453,7 @@ TEST(NoGpu, NcclRefusedOnEveryRank) {
   EXPECT_NE(msg.find("NCCL communicator 'world'"), std::string::npos) << msg;
   comm::CommLog log(0.0);
   const int size = mpi_test::world_size();
-  EXPECT_THROW(mesh::Mesh(MPI_COMM_WORLD, mesh::Layout{1, size, 1}, log, comm::Backend::nccl), core::Error);
+  EXPECT_THROW(mesh::Mesh(MPI_COMM_WORLD, mpi_test::grid(1, size, 1), log, comm::Backend::nccl), core::Error);
   comm::HostStagedCommunicator staged(std::make_unique<comm::MpiCommunicator>(w.c, "world"));
   check_host_buffers(staged);
   MPI_Barrier(MPI_COMM_WORLD);

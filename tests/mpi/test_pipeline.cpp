@@ -25,6 +25,7 @@
 #include "strategies/pp/schedule.hpp"
 #include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
+#include "tests/mpi/mpi_world.hpp"
 
 using namespace strata;
 
@@ -73,9 +74,9 @@ void check(const Layout& l) {
 
   comm::CommLog log(prof::now_seconds());
   const auto c = config(l, layers, G, mb);
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::layout_of(c), log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, &log, s);
@@ -189,12 +190,12 @@ TEST(Pipeline, OneFOneBAndZeroBubbleHoldFewerActivationsThanGPipe) {
   std::map<std::string, std::size_t> slots;
   for (const char* schedule : {"gpipe", "1f1b", "zb-h1", "zb-v"}) {
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{n, 1, 1}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(n, 1, 1), log);
     const int v = chunks_of(schedule);
     // One model for all: as many layers as ZB-V's 2p chunks need.
     const auto c = config({n, 1, 1, false, schedule, 0, v}, std::max(4, 2 * n), m, 1, 2);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     t.step(0);
     t.step(1);
     peak[schedule] = tracker.peak(core::MemCategory::activations);

@@ -55,7 +55,7 @@ TEST(RunFigures, CollectiveRowsTakeTheGroupsLargestTime) {
   const int r = world_rank();
   std::vector<train::CommAggregate> rows = {row("dp", "all_reduce", 0.001 * (r + 1)),
                                             row("dp", "send", 0.5 + r), row("dp", "all_gather", 0.010 - 0.001 * r)};
-  train::take_group_transfer_times(rows, [](std::string_view axis) {
+  train::take_group_transfer_times(rows, {"world", "dp", "tp"}, [](std::string_view axis) {
     return axis == "dp" ? MPI_COMM_WORLD : MPI_COMM_NULL;
   });
   EXPECT_DOUBLE_EQ(rows[0].group_time, 0.001 * world_size());
@@ -70,7 +70,7 @@ TEST(RunFigures, RowsThatDoNotPairUpKeepTheirOwnTime) {
   // Rank 0 has one more collective row than the others: nothing is paired.
   std::vector<train::CommAggregate> rows = {row("dp", "all_reduce", 1.0 + r)};
   if (r == 0) rows.push_back(row("dp", "broadcast", 7.0));
-  train::take_group_transfer_times(rows, [](std::string_view axis) {
+  train::take_group_transfer_times(rows, {"world", "dp", "tp"}, [](std::string_view axis) {
     return axis == "dp" ? MPI_COMM_WORLD : MPI_COMM_NULL;
   });
   EXPECT_DOUBLE_EQ(rows[0].group_time, 1.0 + r);
@@ -100,7 +100,7 @@ TEST(RunFigures, HostEstimatesCountOnlyTimeEveryMemberWasInsideMpi) {
   p.in_flight.push_back({b, 1.0, 0.0});
   p.spent(100.0, 101.0 + r);
   p.complete(b);
-  train::share_progress_with_group(log, [](std::string_view axis) {
+  train::share_progress_with_group(log, {"world", "dp", "tp"}, [](std::string_view axis) {
     return axis == "dp" ? MPI_COMM_WORLD : MPI_COMM_NULL;
   });
   // Call 0: [10(n-1), 40] of every member's; call 1: [100, 101].

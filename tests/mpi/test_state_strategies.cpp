@@ -24,6 +24,7 @@
 #include "strategies/zero.hpp"
 #include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
+#include "tests/mpi/mpi_world.hpp"
 
 using namespace strata;
 using core::MemCategory;
@@ -78,10 +79,10 @@ TEST_P(Parity, LossAndParametersMatchOneRank) {
     const int mb = 2, G = 2 * mb * n;
     const Trajectory ref = run_single(config(1, 0, d_model, G, mb));
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
     const auto c = config(n, zero, d_model, G, mb);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     int clipped = 0;
     for (int s = 0; s < c.run.steps; ++s) {
       estimate_check::begin_step(tracker, &log, s);
@@ -109,10 +110,10 @@ TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
   for (int d_model : {16, 6}) {
     for (int zero = 0; zero <= 3; ++zero) {
       comm::CommLog log(prof::now_seconds());
-      mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+      mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
       const auto c = config(n, zero, d_model, 2 * n, 2, 2);
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       t.step(0);
       const std::uint64_t psi = std::uint64_t(t.model().registry().numel());
       const std::uint64_t S = std::uint64_t(shard_elems(t.model(), n)), psi_p = S * n;
@@ -153,11 +154,11 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
     SCOPED_TRACE(precision);
     const std::int64_t e = precision == "fp32" ? 4 : 2;
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
     auto c = config(n, zero, 6, 2 * n, 2, 1);
     c.backend.precision = plan::choose<core::Precision>(precision);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     log.set_step(0);
     const std::size_t before = log.records().size();
     t.step(0);
@@ -206,10 +207,10 @@ TEST_P(HybridParity, LossAndParametersMatchOneRank) {
     const int mb = 2, G = 2 * mb * n;
     const Trajectory ref = run_single(config(1, 0, d_model, G, mb));
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1, 1, S}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1, 1, S), log);
     const auto c = hybrid(config(n, zero, d_model, G, mb));
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     EXPECT_EQ(t.strategy().padding_elements(), S * shard_elems(t.model(), S) - t.model().registry().numel())
         << "units padded to a multiple of the shard group, not of dp";
     for (int s = 0; s < c.run.steps; ++s) {
@@ -234,10 +235,10 @@ TEST(Hybrid, MemoryIsTheZeroFiguresOverTheShardGroup) {
   const int n = parity::world_size(), S = hybrid_shard();
   for (int zero = 1; zero <= 3; ++zero) {
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1, 1, S}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1, 1, S), log);
     const auto c = hybrid(config(n, zero, 6, 2 * n, 2, 2));
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     t.step(0);
     const std::uint64_t sh = std::uint64_t(shard_elems(t.model(), S)), psi_p = sh * S;
     const std::uint64_t params = tracker.current(MemCategory::params), grads = tracker.current(MemCategory::grads),
@@ -256,10 +257,10 @@ TEST(Hybrid, BytesPerStepAreTheShardAndReplicaVolumes) {
   const int n = parity::world_size(), S = hybrid_shard();
   for (int zero = 1; zero <= 3; ++zero) {
     comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1, 1, S}, log);
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1, 1, S), log);
     const auto c = hybrid(config(n, zero, 6, 2 * n, 2, 1));
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     log.set_step(0);
     const std::size_t before = log.records().size();
     t.step(0);
@@ -288,10 +289,10 @@ TEST(Hybrid, BytesPerStepAreTheShardAndReplicaVolumes) {
 TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   const auto c = config(n, 0, 16, 2 * n, 2, 1);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   t.step(0);
   int nonblocking = 0;
   for (const auto& r : log.records())
@@ -320,7 +321,7 @@ TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
 TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("strata-nvme-{}", ::getpid())).string();
   for (const std::string precision : {"fp32", "bf16"})
   for (int zero : {0, 1, 2, 3}) {
@@ -339,13 +340,13 @@ TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
       c.offload.chunk_mb = 1.0 / 256;
       c.backend.precision = plan::choose<core::Precision>(precision);
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       // Elements this rank updates, per optimizer: its shard of every unit
       // (dp: one optimizer for all).
       std::int64_t own = 0, padded = 0, nvme_bytes = 0;
       for (const auto& u : t.units()) {
         const std::int64_t shard = zero == 0 ? u.size() : (u.size() + n - 1) / n;
-        const int r = mesh.dp().rank();
+        const int r = mesh.axis("dp").rank();
         const std::int64_t k = zero == 0 ? u.size() : std::max<std::int64_t>(0, std::min(u.size() - r * shard, shard));
         own += k;
         padded += shard;
@@ -401,7 +402,7 @@ TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
 TEST(StateStrategies, ParameterOffloadToNvmeIsExact) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, n, 1}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("strata-nvmep-{}", ::getpid())).string();
   for (const std::string precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
@@ -418,11 +419,11 @@ TEST(StateStrategies, ParameterOffloadToNvmeIsExact) {
         c.offload.params = true;
       }
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       std::int64_t written = 0;
       for (const auto& u : t.units()) {
         const std::int64_t shard = (u.size() + n - 1) / n;
-        const std::int64_t k = std::max<std::int64_t>(0, std::min(u.size() - mesh.dp().rank() * shard, shard));
+        const std::int64_t k = std::max<std::int64_t>(0, std::min(u.size() - mesh.axis("dp").rank() * shard, shard));
         if (k > 0) written += (shard * e + 4095) / 4096 * 4096 + (k + 1023) / 1024 * chunk_bytes;
       }
       for (int s = 0; s < c.run.steps; ++s) {

@@ -20,6 +20,7 @@
 #include "src/train/trainer.hpp"
 #include "tests/mpi/estimate_check.hpp"
 #include "tests/mpi/parity.hpp"
+#include "tests/mpi/mpi_world.hpp"
 
 using namespace strata;
 
@@ -58,10 +59,10 @@ void check_layout(int dp, int tp, int zero, bool sp) {
   const int mb = 2, G = 2 * mb * dp;
   const Reference ref = single_rank(config(1, 1, 0, G, mb));
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, dp, tp}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, dp, tp), log);
   const auto c = config(dp, tp, zero, G, mb, 10, sp);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, &log, s);
@@ -100,10 +101,10 @@ TEST(TensorParallel, WithDataParallelAndZeroMatchOneRank) {
 TEST(TensorParallel, CommunicationVolumeIsMegatrons) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, 1, n}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, 1, n), log);
   const auto c = config(1, n, 0, 2, 2, 1);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   t.step(0);
   const std::int64_t N = std::int64_t(c.data.micro_batch) * c.model.seq_len, bsh = 4 * N * c.model.d_model;
   int big = 0, rows = 0, scalars = 0;
@@ -131,10 +132,10 @@ TEST(TensorParallel, CommunicationVolumeIsMegatrons) {
 TEST(TensorParallel, SequenceParallelVolume) {
   const int n = parity::world_size();
   comm::CommLog log(prof::now_seconds());
-  mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{1, 1, n}, log);
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, 1, n), log);
   const auto c = config(1, n, 0, 2, 2, 1, true);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   t.step(0);
   const std::int64_t N = std::int64_t(c.data.micro_batch) * c.model.seq_len, h = c.model.d_model, bsh = 4 * N * h;
   const int L = c.model.layers;
@@ -168,7 +169,7 @@ TEST(TensorParallel, RecomputationIsExactOnEveryLayout) {
     std::map<std::string, std::vector<double>> loss;
     for (const char* mode : {"none", "selective", "full"}) {
       comm::CommLog log(prof::now_seconds());
-      mesh::Mesh mesh(MPI_COMM_WORLD, mesh::Layout{l.pp, l.dp, l.tp}, log);
+      mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp), log);
       const std::string text = fmt::format(
           "[run]\nsteps = 4\nwarmup_steps = 0\nseed = 5\n"
           "[model]\nlayers = 4\nd_model = 16\nheads = 4\nvocab = 32\nseq_len = 8\nrecompute = \"{}\"\n"
@@ -178,7 +179,7 @@ TEST(TensorParallel, RecomputationIsExactOnEveryLayout) {
           mode, 4 * l.dp, l.pp, l.dp, l.tp, l.sp, l.schedule);
       const auto c = deck::parse_deck("test.toml", text, {}).config;
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, mesh.groups());
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       for (int s = 0; s < c.run.steps; ++s) {
         estimate_check::begin_step(tracker, &log, s);
         loss[mode].push_back(t.step(s).loss);

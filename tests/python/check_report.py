@@ -14,7 +14,7 @@ import numpy as np
 ROOT_ATTRS = ["schema", "schema_version", "strata_version", "git_commit", "command_line", "start_time", "hosts",
               "world_size", "deck", "resolved_config", "status"]
 TABLES = {
-    "ranks": ["rank", "host", "pp", "dp", "tp"],
+    "ranks": ["rank", "host", "pp", "dp", "cp", "tp"],
     "steps": ["rank", "step", "loss", "lr", "grad_norm", "step_time", "rank_step_time", "tokens_per_s", "model_flops",
               "mfu", "moe_aux_loss", "load_imbalance", "drop_rate", "exposed_comm_dp", "exposed_comm_tp",
               "exposed_comm_pp"],

@@ -63,6 +63,10 @@ def reports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reports")
     (tmp / "deck.toml").write_text(DECK)
     strata(tmp, "--set", "parallel.pp=2", "--set", 'parallel.schedule="zb-h1"', "--output", "pp.h5", ranks=2)
+    # Context parallelism inside a pipeline: two ranks of each stage share
+    # their (pp, dp, tp) coordinates and differ in cp.
+    strata(tmp, "--set", "parallel.pp=2", "--set", "parallel.cp=2", "--set", "run.steps=2", "--output", "cppp.h5",
+           ranks=4)
     strata(tmp, "--output", "one.h5")
     # A MoE model with its 4 experts over ep 2 of dp 2, tokens dropped.
     strata(tmp, "--set", 'model.kind="moe"', "--set", "model.moe_experts=4", "--set", "model.moe_capacity_factor=1.0",
@@ -198,7 +202,7 @@ def test_trace_names_ranks_marks_steps_counts_memory_and_links_sends(reports, tm
     rep = Report(str(reports / "pp.h5"))
     host = rep.table("ranks")["host"][0]
     procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
-    assert procs == {0: f"rank 0 (pp 0, dp 0, tp 0) on {host}", 1: f"rank 1 (pp 1, dp 0, tp 0) on {host}"}
+    assert procs == {0: f"rank 0 (pp 0, dp 0, cp 0, tp 0) on {host}", 1: f"rank 1 (pp 1, dp 0, cp 0, tp 0) on {host}"}
     marks = [e for e in ev if e["ph"] == "i"]
     assert sorted((e["pid"], e["name"]) for e in marks) == sorted((r, f"step {s}") for r in (0, 1) for s in range(4))
     counters = [e for e in ev if e["ph"] == "C"]
@@ -212,6 +216,36 @@ def test_trace_names_ranks_marks_steps_counts_memory_and_links_sends(reports, tm
     assert len(sends) > 0 and len(starts) == len(ends) == len(sends)
     for i, s in starts.items():
         assert ends[i]["pid"] != s["pid"] and ends[i]["ts"] >= s["ts"]
+
+
+def test_trace_of_cp_within_a_pipeline_keeps_ranks_apart_and_links_the_right_ones(reports, tmp_path):
+    # cp 2 x pp 2: the ranks of a stage differ in cp alone. Each rank is its
+    # own process track, named by every coordinate of /ranks, and each
+    # pipeline flow runs from a send to the receive of the rank at the
+    # sender's cp (and dp, tp) on the other stage, never its cp neighbour's.
+    out = tmp_path / "trace.json"
+    tool(str(reports / "cppp.h5"), "--trace", str(out))
+    ev = json.loads(out.read_text())["traceEvents"]
+    rep = Report(str(reports / "cppp.h5"))
+    ranks = rep.table("ranks")
+    assert list(ranks.columns[2:]) == ["pp", "dp", "cp", "tp"]
+    coords = {int(r["rank"]): (int(r["pp"]), int(r["dp"]), int(r["cp"]), int(r["tp"])) for _, r in ranks.iterrows()}
+    assert sorted(coords.values()) == [(p, 0, c, 0) for p in (0, 1) for c in (0, 1)]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(procs) == [0, 1, 2, 3] and len(set(procs.values())) == 4
+    for r, (p, d, c, t) in coords.items():
+        assert procs[r].startswith(f"rank {r} (pp {p}, dp {d}, cp {c}, tp {t}) on ")
+    comm = rep.table("comm")
+    sends = comm[(comm["axis"] == "pp") & (comm["op"] == "send")]
+    recvs = comm[(comm["axis"] == "pp") & (comm["op"] == "recv")]
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert len(sends) > 0 and len(starts) == len(ends) == len(sends) == len(recvs)
+    for i, s in starts.items():
+        a, b = coords[s["pid"]], coords[ends[i]["pid"]]
+        assert a[0] != b[0] and a[1:] == b[1:], (a, b)
+    # Every rank both sends and receives: no two ranks' messages were merged.
+    assert {s["pid"] for s in starts.values()} == set(coords) == {e["pid"] for e in ends.values()}
 
 
 def test_trace_per_rank_carries_distributed_info(reports, tmp_path):

@@ -14,11 +14,23 @@
 #include "src/sim/machine.hpp"
 #include "src/sim/pipeline_sim.hpp"
 #include "src/sim/simulator.hpp"
+#include "strategies/registry.hpp"
 #include "src/train/estimate.hpp"
 #include "src/train/simulate.hpp"
 #include "strategies/pp/schedule.hpp"
 
 using namespace strata;
+
+namespace {
+
+// The mesh of pp x dp ranks, as the registry's rows declare it.
+mesh::Layout grid(int pp, int dp) {
+  plan::Plan q;
+  q.parallel.pp = pp, q.parallel.dp = dp;
+  return strategies::layout_of(q);
+}
+
+}  // namespace
 
 namespace {
 
@@ -202,8 +214,7 @@ TEST(Simulator, ReplaysEverySchedulesListAsTheUnitCostExecutorDoes) {
       const auto traces = schedule_traces(sched);
       std::vector<const prof::Trace*> ptrs;
       for (const auto& t : traces) ptrs.push_back(&t);
-      mesh::Layout l;
-      l.pp = p;
+      const mesh::Layout l = grid(p, 1);
       const sim::StepSimulation s = sim::simulate_step(l, ptrs, m, core::Precision::fp32);
       const sim::PipelineRun unit = sim::simulate(sched);
       EXPECT_DOUBLE_EQ(s.step_time, unit.makespan) << row.name << " p " << p;
@@ -228,8 +239,7 @@ TEST(Simulator, NonBlockingCallsOverlapByTheMachinesShare) {
   sim::Machine m = unit_machine();
   m.launch_latency = 1;
   m.node.latency = 1, m.node.bandwidth = 1e30;  // 2(n-1) = 2 steps: 2 units
-  mesh::Layout l;
-  l.dp = 2;
+  const mesh::Layout l = grid(1, 2);
   for (double share : {1.0, 0.5, 0.0}) {
     m.overlap = share;
     const auto s = sim::simulate_step(l, {&t}, m, core::Precision::fp32);
@@ -261,8 +271,7 @@ TEST(Simulator, CallsOnOneAxisRunOneAfterAnother) {
   m.launch_latency = 1;
   m.node.latency = 1, m.node.bandwidth = 1e30;
   m.overlap = 0.5;
-  mesh::Layout l;
-  l.dp = 2;
+  const mesh::Layout l = grid(1, 2);
   const auto s = sim::simulate_step(l, {&t}, m, core::Precision::fp32);
   EXPECT_DOUBLE_EQ(s.step_time, 6.0);
   EXPECT_DOUBLE_EQ(s.stages[0].comms[0].end, 4.0);
