@@ -35,16 +35,6 @@ void check_cp(const Plan& p, PlanChecks& checks) {
                  fmt::format("{} / {} is not a multiple of {}: sequence parallelism splits each rank's tokens over "
                              "tp ranks",
                              checks.show("model.seq_len"), checks.show("parallel.cp"), checks.show("parallel.tp")));
-  if (p.model.moe_experts > 0)
-    checks.error({"parallel.cp", "model.moe_experts"},
-                 fmt::format("{} with a Mixture-of-Experts model ({}): a MoE layer routes, caps and balances the "
-                             "tokens of a micro-batch, which context parallelism would split; use cp = 1",
-                             checks.show("parallel.cp"), checks.show("model.moe_experts")));
-  if (p.parallel.dp_shard != 0 && p.parallel.dp_shard != p.parallel.dp)
-    checks.error({"parallel.cp", "parallel.dp_shard"},
-                 fmt::format("{} with {}: ZeRO shards over dp x cp under context parallelism; hybrid sharding "
-                             "does not cut that group (dp_shard = 0)",
-                             checks.show("parallel.cp"), checks.show("parallel.dp_shard")));
 }
 
 // The cp dim (between dp and tp: the ring's neighbours share a node after
@@ -64,6 +54,14 @@ void cp_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
   if (cp != nullptr) out.same_params = mesh.group("dp_cp");
 }
 
+// cp ranks each taking two of the 2 cp chunks of a sequence.
+std::vector<std::string> cp_sizes(const Space& s, const Plan& p) {
+  std::vector<std::string> out;
+  for (int cp : divisors(devices_left(s, p)))
+    if (p.model.seq_len % (2 * cp) == 0) out.push_back(std::to_string(cp));
+  return out;
+}
+
 }  // namespace
 
 const Row& context_parallel_row() {
@@ -80,7 +78,8 @@ const Row& context_parallel_row() {
       "log-sum-exp, B NH T / cp floats); workspace five key-value blocks 10 B (T / cp) C / tp floats; per block and "
       "micro-batch cp - 1 sends of 2 B (T / cp) C / tp floats forward, 2 (cp - 1) + 1 backward (keys and values, "
       "then their gradients)",
-      cp_parts};
+      cp_parts,
+      {{30, "parallel.cp", cp_sizes, false, "cp", "1"}}};
   return row;
 }
 

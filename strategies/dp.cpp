@@ -43,6 +43,13 @@ void dp_parts(const plan::Plan&, const MeshGroups& mesh, Parallel& out) {
   out.same_params = out.data;
 }
 
+// The devices the other dims leave, when each then takes whole sequences.
+std::vector<std::string> dp_sizes(const Space& s, const plan::Plan& p) {
+  const int dp = devices_left(s, p);
+  if (dp == 0 || p.data.global_batch % dp != 0) return {};
+  return {std::to_string(dp)};
+}
+
 }  // namespace
 
 const StateRow& data_parallel_row() {
@@ -59,7 +66,8 @@ const StateRow& data_parallel_row() {
        check_dp,
        "params 4 Psi, grads 4 Psi, optimizer 8 Psi (mixed precision 2 + 2 + 12 Psi); all-reduce of 4 Psi (2 Psi) "
        "per step, in buckets",
-       dp_parts},
+       dp_parts,
+       {{40, "parallel.dp", dp_sizes, false, "dp"}}},
       [](const plan::Plan& p) { return p.parallel.zero == 0; },
       make_dp};
   return row;

@@ -284,6 +284,18 @@ std::string toml_quote(std::string_view text) {
   return out;
 }
 
+Value value_of(const KeySpec& key, const std::string& text) {
+  switch (key.type) {
+    case KeyType::integer: return std::int64_t(std::stoll(text));
+    case KeyType::unsigned_:
+    case KeyType::bytes: return std::uint64_t(std::stoull(text));
+    case KeyType::floating: return std::stod(text);
+    case KeyType::boolean: return text == "true";
+    case KeyType::string: break;
+  }
+  return text;
+}
+
 std::string toml_literal(const Value& value) {
   return std::visit(
       [](const auto& v) -> std::string {

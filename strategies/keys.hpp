@@ -146,6 +146,11 @@ std::optional<std::string> check_value(const KeySpec& key, const Value& value);
 // whole byte. Returns why the text is refused when it is not a size.
 std::variant<std::uint64_t, std::string> parse_bytes(std::string_view text);
 
+// A key's value from its plain text ("4", "true", "1f1b"; bytes as a count):
+// what the layout search's rows offer. The text must be one (a program's
+// own value, not input): check_value judges it afterwards.
+Value value_of(const KeySpec& key, const std::string& text);
+
 // The value as a TOML literal (strings quoted and escaped, floats always with a
 // '.' or an exponent so they stay floats).
 std::string toml_literal(const Value& value);

@@ -43,10 +43,6 @@ void check_tp(const Plan& p, PlanChecks& checks) {
 // holds experts / ep whole experts.
 void check_ep(const Plan& p, PlanChecks& checks) {
   const int ep = p.parallel.ep, experts = p.model.moe_experts;
-  if (ep > 1 && experts == 0)
-    checks.error({"parallel.ep", "model.moe_experts"},
-                 fmt::format("{} needs a Mixture-of-Experts model (model.kind = \"moe\", model.moe_experts >= 1); {}",
-                             checks.show("parallel.ep"), checks.show("model.moe_experts")));
   if (p.parallel.dp % ep != 0)
     checks.error({"parallel.ep", "parallel.dp"},
                  fmt::format("{} does not divide {}: the ep ranks holding different experts are a part of each "
@@ -88,6 +84,32 @@ void ep_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
   out.expert_data = mesh.group("edp");
 }
 
+// tp inside a node, dividing the heads and the vocabulary; sequence
+// parallelism with it or not.
+std::vector<std::string> tp_sizes(const Space& s, const Plan& p) {
+  std::vector<std::string> out;
+  for (int tp : divisors(devices_left(s, p)))
+    if (tp <= s.per_node && p.model.heads % tp == 0 && p.model.vocab % tp == 0) out.push_back(std::to_string(tp));
+  return out;
+}
+std::vector<std::string> sp_choices(const Space&, const Plan& p) {
+  if (p.parallel.tp == 1) return {"false"};
+  return {"false", "true"};
+}
+
+// Expert parallelism for a MoE model: each ep rank whole experts.
+std::vector<std::string> ep_sizes(const Space&, const Plan& p) {
+  if (p.model.moe_experts == 0) return {"1"};
+  std::vector<std::string> out;
+  for (int ep : divisors(p.parallel.dp))
+    if (p.model.moe_experts % ep == 0) out.push_back(std::to_string(ep));
+  return out;
+}
+
+std::vector<std::string> recompute_choices(const Space&, const Plan&) {
+  return {"none", "selective", "full"};
+}
+
 }  // namespace
 
 const std::vector<Row>& layer_rows() {
@@ -102,7 +124,9 @@ const std::vector<Row>& layer_rows() {
        check_tp,
        "parameters, gradients and optimizer state of the split tensors 1/tp; per block two all-reduces of b s h "
        "forward and two backward (with sequence parallelism, all-gather and reduce-scatter pairs of the same bytes)",
-       tp_parts},
+       tp_parts,
+       {{10, "parallel.tp", tp_sizes, false, "tp"},
+        {95, "parallel.sequence_parallel", sp_choices, false, "sp", "false"}}},
       {"ep",
        "expert parallelism (GShard): the experts of each MoE block split over ep ranks of each dp group, tokens "
        "dispatched and combined by all-to-all; expert state kept over the expert-data-parallel group",
@@ -113,7 +137,8 @@ const std::vector<Row>& layer_rows() {
        check_ep,
        "expert parameters and state 1/ep (sharded by ZeRO over dp / ep); per MoE block and micro-batch an "
        "all-to-all of E int32 counts and all_to_allv of the routed rows out and back, each way",
-       ep_parts},
+       ep_parts,
+       {{50, "parallel.ep", ep_sizes, false, "ep", "1"}}},
       context_parallel_row(),
       {"recompute",
        "activation recomputation: selective rebuilds the attention probabilities from q and k in the backward "
@@ -125,7 +150,9 @@ const std::vector<Row>& layer_rows() {
        nullptr,
        nullptr,
        "selective: (L - 1) 4 B NH T^2 bytes of activations fewer per stage; full: besides, one block's worth of "
-       "every activation but the block outputs; hardware FLOPs add the forward work recomputed"},
+       "every activation but the block outputs; hardware FLOPs add the forward work recomputed",
+       nullptr,
+       {{210, "model.recompute", recompute_choices, true, "recompute", "none"}}},
   };
   return rows;
 }

@@ -27,6 +27,10 @@ void check_offload(const Plan& c, PlanChecks& checks) {
                              checks.show("parallel.offload"), checks.show("parallel.zero")));
 }
 
+std::vector<std::string> offload_choices(const Space&, const Plan&) {
+  return {"none", "host"};
+}
+
 }  // namespace
 
 const Row& offload_row() {
@@ -46,7 +50,9 @@ const Row& offload_row() {
       check_offload,
       "host: the optimizer's 8 bytes per element (mixed precision 12, with the master weights) move to the host "
       "arena with 4 + 4 (2 + 2) of staging; nvme: those in the file, two chunk buffers in the arena; the device "
-      "sends 8 (2) and receives 4 (2) bytes per element per step"};
+      "sends 8 (2) and receives 4 (2) bytes per element per step",
+      nullptr,
+      {{200, "parallel.offload", offload_choices, true, "offload", "none"}}};
   return row;
 }
 

@@ -4,9 +4,9 @@
 // plan, so the deck's central validator keeps only what is truly global.
 #pragma once
 
-#include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace strata::plan {
 struct Plan;
@@ -21,7 +21,7 @@ class PlanChecks {
   virtual std::string show(std::string_view key) const = 0;
   // A violated constraint between `keys`; the message is placed at the first
   // of them the deck sets (else at the deck).
-  virtual void error(std::initializer_list<std::string_view> keys, std::string message) = 0;
+  virtual void error(const std::vector<std::string_view>& keys, std::string message) = 0;
 };
 
 using PlanCheck = void (*)(const plan::Plan&, PlanChecks&);

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include <fmt/args.h>
+#include <fmt/format.h>
+
 #include "kernels/foundation/error.hpp"
 #include "strategies/dp.hpp"
 #include "strategies/plan.hpp"
@@ -57,6 +60,32 @@ Parallel parallelize(const plan::Plan& p, const MeshGroups* mesh) {
 void check_plan(const plan::Plan& p, PlanChecks& checks) {
   for (const Row* r : all_rows())
     if (r->check != nullptr) r->check(p, checks);
+  for (const Conflict& c : conflicts()) {
+    if (!c.when(p)) continue;
+    fmt::dynamic_format_arg_store<fmt::format_context> shown;
+    for (std::string_view k : c.keys) shown.push_back(checks.show(k));
+    checks.error(c.keys, fmt::vformat(c.message, shown));
+  }
+}
+
+int devices_left(const Space& s, const plan::Plan& p) {
+  const int used = layout_of(p).world();
+  return s.world % used == 0 ? s.world / used : 0;
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+std::vector<const Search*> searches() {
+  std::vector<const Search*> out;
+  for (const Row* r : all_rows())
+    for (const Search& s : r->search) out.push_back(&s);
+  std::stable_sort(out.begin(), out.end(), [](const Search* a, const Search* b) { return a->order < b->order; });
+  return out;
 }
 
 }  // namespace strata::strategies

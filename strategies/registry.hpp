@@ -1,10 +1,11 @@
 // The registry: one table of rows per seam (layer, schedule, state), each
-// row one strategy. A row names the strategy, the deck keys it owns (type,
-// range or allowed values, default, doc: strategies/keys.hpp), the checks
-// between them and the rest of the plan, the mesh axes it works over, and
-// what it costs, for people. The deck's key table and cross-key checks are
-// the global ones and the rows' (src/deck); the trainer builds a state
-// strategy with its row's factory and a pipeline from its schedule's row.
+// row one strategy, and everything the strategy is, declared by its row:
+// its name, the deck keys it owns (type, range or allowed values, default,
+// doc: strategies/keys.hpp), the checks between them and the rest of the
+// plan, the mesh dims and groups it works over (strategies/axes.hpp), what
+// it adds to a run's parallel pieces (strategies/parallelize.hpp), what
+// `strata plan` may vary of it, and what it costs, for people. The pairs
+// that do not compose stand in one table beside the rows (conflicts()).
 //
 // Costs are declared once, by the code: the buffers a strategy allocates and
 // the collectives it issues are its declaration, and the dry run measures
@@ -32,6 +33,27 @@
 
 namespace strata::strategies {
 
+// What `strata plan` may vary: one key of a row, and the values to try for
+// it given the candidate built so far on `world` devices, `per_node` to a
+// node (the keys of earlier searches set, every later one at a default
+// Plan's value). A row offers only values its own constraints allow; the
+// deck's checks and the conflicts judge the candidate. Searches run in
+// `order`; a `fit` search's values are tried in turn, the least costly
+// first, until the candidate fits (recomputation, offload).
+struct Space {
+  int world = 1;
+  int per_node = 1;
+};
+struct Search {
+  int order = 0;
+  std::string_view key;  // "parallel.tp"
+  std::vector<std::string> (*values)(const Space&, const plan::Plan& so_far) = nullptr;  // plan::value_of's text
+  bool fit = false;
+  // How a candidate's label shows it ("tp"), and the value it leaves unsaid.
+  std::string_view label = {};
+  std::string_view unsaid = {};
+};
+
 struct Row {
   std::string_view name = {};
   std::string_view doc = {};
@@ -45,7 +67,20 @@ struct Row {
   // What it adds to a run's parallel pieces (strategies/parallelize.hpp):
   // its seam, its groups' parts in the state and the loss.
   void (*compose)(const plan::Plan&, const MeshGroups&, Parallel&) = nullptr;
+  std::vector<Search> search = {};  // what `strata plan` may vary of it
 };
+
+// Strategies (and model features) that do not compose: each pair once, the
+// keys that choose them, when a plan chooses both, and the message, whose
+// {0}, {1}, ... show those keys with where their values came from. Checked
+// with every row's own checks (check_plan).
+struct Conflict {
+  std::string_view a, b;
+  std::vector<std::string_view> keys;
+  bool (*when)(const plan::Plan&) = nullptr;
+  std::string_view message;
+};
+const std::vector<Conflict>& conflicts();
 
 // A state strategy: where parameters, gradients and optimizer state live.
 // The plan chooses exactly one (`chosen`); `make` builds it over a group.
@@ -75,8 +110,17 @@ OffloadSetup open_offload(const plan::Plan& p, core::MemoryTracker& host, models
 // Every row, in the order their keys, axes and parts are listed.
 const std::vector<const Row*>& all_rows();
 
-// Every row's checks on a resolved plan.
+// Every row's checks, then the conflicts, on a resolved plan.
 void check_plan(const plan::Plan& p, PlanChecks& checks);
+
+// Every row's searches, in their order.
+std::vector<const Search*> searches();
+
+// The devices of `p`'s layout not yet given to a dim: `world` over the
+// product of its dims (a search's share before it divides them).
+int devices_left(const Space& s, const plan::Plan& p);
+// The divisors of n.
+std::vector<int> divisors(int n);
 
 // The mesh a plan asks for: every row's dims and groups (Row::axes), in the
 // rows' order; or those of `rows` (a test's own beside the registry's).

@@ -15,8 +15,7 @@ namespace strata::strategies {
 namespace {
 
 // Hybrid sharding cuts each dp group into groups of dp_shard ranks, and
-// shards what ZeRO shards: it needs a stage, and the experts' own groups
-// (ep) are not cut.
+// shards what ZeRO shards: it needs a stage.
 void check_zero(const plan::Plan& p, PlanChecks& checks) {
   const auto& q = p.parallel;
   if (q.dp_shard == 0 || q.dp_shard == q.dp) return;
@@ -29,11 +28,6 @@ void check_zero(const plan::Plan& p, PlanChecks& checks) {
     checks.error({"parallel.dp_shard", "parallel.zero"},
                  fmt::format("{} shards ZeRO's state, but {}: set parallel.zero to 1, 2 or 3, or dp_shard to 0",
                              checks.show("parallel.dp_shard"), checks.show("parallel.zero")));
-  if (q.ep > 1)
-    checks.error({"parallel.dp_shard", "parallel.ep"},
-                 fmt::format("{} with {}: hybrid sharding does not cut the expert-data-parallel groups; use "
-                             "dp_shard = 0 with expert parallelism",
-                             checks.show("parallel.dp_shard"), checks.show("parallel.ep")));
 }
 
 // Hybrid sharding's cut of dp: shard groups of dp_shard consecutive dp
@@ -47,6 +41,18 @@ void zero_axes(const plan::Plan& p, mesh::Layout& l) {
   mesh::add_group(l, {.name = "dp_replica", .dims = {"dp"}, .cut = Cut::across, .block = s, .shown = hybrid,
                       .doc = "the ranks holding the same shard in the other shard groups: the all-reduce of its "
                              "gradients"});
+}
+
+std::vector<std::string> zero_stages(const Space&, const plan::Plan&) {
+  return {"0", "1", "2", "3"};
+}
+
+// ZeRO over the whole dp group, or (hybrid sharding, with a stage) over the
+// dp ranks of one node, replicated across nodes.
+std::vector<std::string> shard_sizes(const Space& s, const plan::Plan& p) {
+  const int dp = p.parallel.dp, node = std::max(1, s.per_node / p.parallel.tp);
+  if (p.parallel.zero > 0 && node > 1 && node < dp && dp % node == 0) return {"0", std::to_string(node)};
+  return {"0"};
 }
 
 void zero_parts(const plan::Plan&, const MeshGroups& mesh, Parallel& out) {
@@ -76,7 +82,8 @@ const StateRow& zero_row() {
        "precision 4 + 12 / N, 2 + 14 / N, 16 / N); while in use, gathered units (stage 3) and at most bucket_mb of "
        "reduce-scatter buffers; hybrid sharding adds an all-reduce of each shard (Psi_p / N elements) over "
        "dp / dp_shard ranks a step",
-       zero_parts},
+       zero_parts,
+       {{60, "parallel.zero", zero_stages, false, "zero"}, {70, "parallel.dp_shard", shard_sizes, false, "shard", "0"}}},
       [](const plan::Plan& p) { return p.parallel.zero > 0; },
       [](const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
          comm::Communicator* group, core::MemoryTracker& tracker) -> std::unique_ptr<StateStrategy> {

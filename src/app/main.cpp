@@ -28,7 +28,7 @@
 #include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"
 #include "src/sim/calibrate.hpp"
-#include "src/train/plan.hpp"
+#include "src/train/search.hpp"
 #include "src/train/simulate.hpp"
 #include "strategies/keys.hpp"
 
@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
       ->required();
   simulate->add_option("--set", sets, "override a deck key: --set section.key=value (repeatable)");
   simulate->add_option("--output,-o", so.output, "report path (default: results/<run.name>-sim.h5)");
-  strata::train::PlanOptions po;
+  strata::train::SearchOptions po;
   po.command_line = command_line;
   std::string memory_limit;
   CLI::App* plan = app.add_subcommand(
@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
           strata::core::input_error("--memory-limit {}: {}", memory_limit, *why);
         po.memory_limit = std::get<std::uint64_t>(bytes);
       }
-      status = strata::train::plan_deck(deck_path, read_deck_on_root(deck_path, MPI_COMM_WORLD), sets, po);
+      status = strata::train::search_layouts(deck_path, read_deck_on_root(deck_path, MPI_COMM_WORLD), sets, po);
     }
     if (*simulate) {
       if (world > 1) strata::core::input_error("strata simulate runs in one process: start it without mpiexec or srun");

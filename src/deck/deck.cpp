@@ -150,7 +150,7 @@ class Resolver : public strategies::PlanChecks {
   }
   // The place to start a message about several keys ("deck.toml:7" or the
   // --set text): the first of them that was set explicitly, else the file.
-  std::string primary(std::initializer_list<std::string_view> keys) const {
+  std::string primary(const std::vector<std::string_view>& keys) const {
     for (std::string_view k : keys)
       if (auto it = origin_.find(std::string(k)); it != origin_.end()) return it->second.where;
     return path_;
@@ -164,7 +164,7 @@ class Resolver : public strategies::PlanChecks {
   std::string show(const char* key) const { return show(std::string_view(key)); }
   void error(std::string msg) { add_error(kCrossPhase, cross_count_++, 0, std::move(msg)); }
   // A registry row's finding, placed at the first of its keys the deck sets.
-  void error(std::initializer_list<std::string_view> keys, std::string message) override {
+  void error(const std::vector<std::string_view>& keys, std::string message) override {
     error(primary(keys) + ": " + message);
   }
 

@@ -5,7 +5,7 @@ namespace strata::report {
 Table points_table(const std::string& doc, const PointColumns& what) {
   Table t("points", doc);
   t.col_i64("point", "1", what.point)
-      .col_str("overrides", 256, "", what.overrides)
+      .col_str("overrides", kOverridesWidth, "", what.overrides)
       .col_i64("world", "1", what.world)
       .col_str("status", 16, "", what.status)
       .col_str("reason", 512, "", what.reason)

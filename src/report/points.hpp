@@ -17,7 +17,10 @@ struct PointColumns {
   std::string tokens_per_s, mfu, step_time, peak_bytes, final_loss;
 };
 
-// The table "points" with the shared columns: point (i64), overrides (256),
+// The width of the overrides column: a layout search names a dozen keys.
+inline constexpr int kOverridesWidth = 1024;
+
+// The table "points" with the shared columns: point (i64), overrides (1024),
 // world (i64), status (16), reason (512), report (256), then tokens_per_s,
 // mfu, step_time, peak_bytes and final_loss (f64).
 Table points_table(const std::string& doc, const PointColumns& what);

@@ -63,7 +63,6 @@ void check_pipeline(const Plan& c, PlanChecks& checks) {
   const std::string problem = pp::check_shape(schedule, {par.pp, c.micro_batches(), par.virtual_stages});
   if (!problem.empty())
     checks.error({"parallel.schedule", "parallel.pp"}, fmt::format("{}: {}", checks.show("parallel.schedule"), problem));
-  if (schedule.check != nullptr) schedule.check(c, checks);
 }
 
 // The pp dim (slowest: stages span nodes), its group, and the emb group of
@@ -87,6 +86,24 @@ void pp_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
   if (out.pp == nullptr) return;
   out.norm.push_back(out.pp);
   out.emb = several(mesh.group("emb"));
+}
+
+// No more stages than blocks; every registered schedule with pp > 1, two
+// chunks a rank where its row runs virtual stages.
+std::vector<std::string> pp_sizes(const Space& s, const Plan& p) {
+  std::vector<std::string> out;
+  for (int pp : divisors(devices_left(s, p)))
+    if (pp <= p.model.layers) out.push_back(std::to_string(pp));
+  return out;
+}
+std::vector<std::string> schedule_choices(const Space&, const Plan& p) {
+  if (p.parallel.pp == 1) return {"1f1b"};
+  std::vector<std::string> out;
+  for (const auto& row : pp::schedules()) out.push_back(row.name);
+  return out;
+}
+std::vector<std::string> chunk_counts(const Space&, const Plan& p) {
+  return {p.parallel.pp > 1 && p.parallel.schedule->virtual_stages ? "2" : "1"};
 }
 
 }  // namespace
@@ -114,7 +131,10 @@ const Row& pipeline_row() {
       "each rank its stages' parameters and one stage model (activations and scratch) per (chunk, micro-batch) "
       "its schedule keeps live (strategies/pp/liveness.hpp); sends and receives of b s h activations and "
       "gradients per micro-batch and stage boundary",
-      pp_parts};
+      pp_parts,
+      {{20, "parallel.pp", pp_sizes, false, "pp"},
+       {80, "parallel.schedule", schedule_choices, false, "", "1f1b"},
+       {81, "parallel.virtual_stages", chunk_counts, false, "v", "1"}}};
   return row;
 }
 

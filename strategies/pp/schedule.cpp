@@ -166,33 +166,22 @@ std::string interleaved_shape(const Shape& s) {
   return "";
 }
 
-// ZB-H1's weight halves read every block's activations after later blocks
-// ran, which recomputation would have overwritten.
-void zb_h1_check(const plan::Plan& p, PlanChecks& checks) {
-  if (p.model.recompute != models::Recompute::none)
-    checks.error({"model.recompute", "parallel.schedule"},
-                 fmt::format("{} with {}: the zero-bubble schedule keeps every block's activations until the weight "
-                             "half of its backward, which recomputation would have overwritten; use another schedule "
-                             "or recompute = \"none\"",
-                             checks.show("model.recompute"), checks.show("parallel.schedule")));
-}
-
 }  // namespace
 
 const std::vector<ScheduleInfo>& schedules() {
   static const std::vector<ScheduleInfo> all = {
       {"1f1b", one_f_one_b, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, "(p-1)/(m+p-1)",
-       false, &kInterleaved, at_least_p, nullptr, "p - rank micro-batches' activations"},
+       false, &kInterleaved, at_least_p, false, "p - rank micro-batches' activations"},
       {"gpipe", gpipe, [](const Shape& s) { return double(s.p - 1) / (s.m + s.p - 1); }, "(p-1)/(m+p-1)", false,
-       &kInterleaved, nullptr, nullptr, "every micro-batch's activations until the backward passes: m on every rank"},
+       &kInterleaved, nullptr, false, "every micro-batch's activations until the backward passes: m on every rank"},
       {"interleaved", interleaved_1f1b, [](const Shape& s) { return double(s.p - 1) / (s.v * s.m + s.p - 1); },
-       "(p-1)/(v m+p-1)", true, &kInterleaved, interleaved_shape, nullptr,
+       "(p-1)/(v m+p-1)", true, &kInterleaved, interleaved_shape, false,
        "per chunk, the pairs its liveness counts (the first rank's first chunk the most)"},
       {"zb-h1", zb_h1, [](const Shape& s) { return double(s.p - 1) / (3 * s.m + s.p - 1); }, "(p-1)/(3m+p-1)",
-       false, &kInterleaved, at_least_p, zb_h1_check,
+       false, &kInterleaved, at_least_p, true,
        "p micro-batches' activations on every rank (weight halves postponed to the first rank's 1F1B depth)"},
       {"zb-v", zb_v, zb_v_bubble, "1 - 6m/T, T its unit-cost makespan (list-scheduled)", true, &kV, zb_v_shape,
-       zb_h1_check, "at most 2p chunks' activations per rank from F to W: 1F1B's first-rank peak"},
+       true, "at most 2p chunks' activations per rank from F to W: 1F1B's first-rank peak"},
   };
   return all;
 }

@@ -99,9 +99,11 @@ struct ScheduleInfo {
   // Its constraints on (p, m, v) beyond each >= 1 and v == 1 without
   // virtual stages: what is wrong, or "".
   std::string (*shape_problem)(const Shape& s) = nullptr;
-  // Its constraints against the rest of a plan (zb-h1: no recomputation),
-  // checked when the deck chooses it with pp > 1.
-  PlanCheck check = nullptr;
+  // Its backward runs in two halves, input then weight gradients (the
+  // zero-bubble schedules): stage models keep each linear's output gradient
+  // between them (models/gpt.hpp), which recomputation does not compose
+  // with (strategies/conflicts.cpp).
+  bool split_backward = false;
   // What its stage models hold, for people (the liveness of its lists).
   const char* memory = "";
 };

@@ -151,6 +151,18 @@ TEST(Schedules, LivenessCountsPairsFromFirstToLastAction) {
     }
 }
 
+// A row says its backward is split exactly when its lists run backward
+// halves (the conflicts table refuses recomputation with those).
+TEST(Schedules, SplitBackwardRowsRunBackwardHalves) {
+  for (const auto& row : strategies::pp::schedules()) {
+    const Shape s{3, 6, row.virtual_stages ? 2 : 1};
+    bool halves = false;
+    for (const auto& list : strategies::pp::make_schedule(row, s))
+      for (const Action& a : list) halves = halves || a.op == Op::backward_input;
+    EXPECT_EQ(row.split_backward, halves) << row.name;
+  }
+}
+
 // ZB-V: both chunks of a rank placed as a V, so rank 0 holds the first and
 // the last stage; with m >= 2p micro-batches its unit-cost bubble is below
 // ZB-H1's (a third of 1F1B's), and no rank holds more than 2p chunks'
