@@ -1,6 +1,6 @@
 // The layer seam of context parallelism: where a block's attention meets the
 // ranks holding the other parts of its sequences. Every other layer works
-// on each token alone, so the model (models/gpt.cpp) runs on this rank's
+// on each token alone, so a model (models/gpt/gpt.cpp) runs on this rank's
 // tokens only and asks the seam where they sit in the sequence and how
 // attention is computed over the whole of it. The plain form is one rank
 // holding whole sequences (the whole-sequence kernels); the parallel form,

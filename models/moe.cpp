@@ -16,7 +16,7 @@ int moe_capacity(const MoeConfig& c, int tokens) {
   return std::min(tokens, int(std::ceil(c.capacity_factor * double(tokens) * c.top_k / c.experts)));
 }
 
-std::vector<BufferPlan> moe_buffer_plan(const MoeConfig& c, int tokens) {
+std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens) {
   const std::int64_t N = tokens, E = c.experts, C = c.d_model, F = c.ffn, slots = E * moe_capacity(c, tokens);
   // A rank's local experts take up to ep x capacity rows each: E x capacity
   // slots on every layout.
@@ -44,7 +44,7 @@ MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker,
   STRATA_CHECK(c.capacity_factor > 0, "capacity factor {}", c.capacity_factor);
   STRATA_CHECK(c.experts % ep_->size() == 0, "{} experts over ep {}", c.experts, ep_->size());
   El_ = c.experts / ep_->size();
-  for (const auto& b : moe_buffer_plan(c, tokens)) bufs_.emplace_back(tracker, b.category, b.numel, b.name);
+  for (const auto& b : moe_buffers(c, tokens)) bufs_.emplace_back(tracker, b.category, b.numel, b.name);
   float** ptrs[] = {&probs_, &send_, &recv_, &yback_, &xin_, &hpre_, &h_, &yout_, &dyout_, &dh_, &dhpre_, &dxin_,
                     &dlogits_};
   for (std::size_t i = 0; i < bufs_.size(); ++i) *ptrs[i] = bufs_[i].data();

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "models/buffer_plan.hpp"
+#include "models/buffers.hpp"
 #include "models/expert_seam.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
@@ -51,7 +51,7 @@ int moe_capacity(const MoeConfig& c, int tokens);
 // hidden activations and outputs, and the backward scratch. Each holds E x
 // capacity rows on every ep layout: a rank's E/ep experts take up to
 // capacity rows from each of the ep ranks.
-std::vector<BufferPlan> moe_buffer_plan(const MoeConfig& c, int tokens);
+std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens);
 
 // Parameter views: the router [E, C] and this rank's experts' weights laid
 // out expert after expert ([E/ep, F, C], [E/ep, F], [E/ep, C, F], [E/ep, C]),
@@ -119,7 +119,7 @@ class MoeLayer {
   std::vector<double> mass_, first_share_; // per expert
   int dropped_ = 0;
   float aux_ = 0;
-  // See moe_buffer_plan: probs [N, E]; packed rows sent and received and the
+  // See moe_buffers: probs [N, E]; packed rows sent and received and the
   // outputs that came back (slots x C); the local experts' input rows, hidden
   // pre- and post-GELU and outputs; backward scratch of the same shapes.
   std::vector<core::Buffer<float>> bufs_;

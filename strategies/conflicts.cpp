@@ -2,7 +2,7 @@
 // another (or of a model feature) is here, not in either's checks, so that
 // it is stated once and read by everything that checks a plan (the deck,
 // and through it `strata plan`).
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::strategies {
@@ -34,7 +34,7 @@ const std::vector<Conflict>& conflicts() {
        "parallelism"},
       {"a zero-bubble schedule", "recompute", {"model.recompute", "parallel.schedule"},
        [](const Plan& p) {
-         return p.parallel.pp > 1 && p.parallel.schedule->split_backward && p.model.recompute != models::Recompute::none;
+         return p.parallel.pp > 1 && p.parallel.schedule->split_backward && p.model.recompute != plan::Recompute::none;
        },
        "{0} with {1}: the zero-bubble schedule keeps every block's activations until the weight half of its "
        "backward, which recomputation would have overwritten; use another schedule or recompute = \"none\""},

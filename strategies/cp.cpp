@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 
 namespace strata::strategies {
 

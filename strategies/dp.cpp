@@ -6,7 +6,7 @@
 
 #include "kernels/kernels.hpp"
 #include "models/state.hpp"
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::strategies {

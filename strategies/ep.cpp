@@ -18,7 +18,7 @@ ExpertParallelState::ExpertParallelState(const StateConfig& cfg, const models::P
                                          core::MemoryTracker& tracker, Make make)
     : units_(std::move(units)), ep_(ep) {
   // A unit is an expert unit when its parameters are experts' (a MoE
-  // block's experts are a unit of their own, models::gpt_units).
+  // layer's experts are a unit of their own).
   std::vector<models::Unit> dense_units, expert_units;
   for (const auto& u : units_) {
     int experts = 0, params = 0;

@@ -1,13 +1,13 @@
 // The layer seam's rows: how a layer computes across ranks. Tensor and
 // sequence parallelism (Megatron-LM), expert parallelism (GShard), and
 // activation recomputation, which trades a layer's memory for its forward
-// work again. The layers themselves are in models/gpt.cpp and models/moe.cpp
-// (written once against the layer seams, models/tensor_seam.hpp and
-// models/expert_seam.hpp); their parallel forms are strategies/tp.cpp and
+// work again. The layers themselves are the model families' (models/gpt/)
+// and models/moe.cpp, written once against the layer seams
+// (models/seams.hpp); their parallel forms are strategies/tp.cpp and
 // strategies/ep.cpp.
 #include <fmt/format.h>
 
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "strategies/cp.hpp"
 #include "strategies/ep.hpp"
 #include "strategies/registry.hpp"

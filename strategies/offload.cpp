@@ -6,7 +6,7 @@
 // their checks, and opens what the optimizers take.
 #include <fmt/format.h>
 
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::strategies {

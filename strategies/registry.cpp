@@ -7,7 +7,8 @@
 
 #include "kernels/foundation/error.hpp"
 #include "strategies/dp.hpp"
-#include "strategies/plan.hpp"
+#include "models/model.hpp"
+#include "plan/plan.hpp"
 #include "strategies/zero.hpp"
 
 namespace strata::strategies {
@@ -97,13 +98,31 @@ const std::vector<KeySpec>& key_table() {
   // row's keys go to the end of their section, in row order.
   static const std::vector<KeySpec> table = [] {
     static constexpr std::string_view kOrder[] = {"run", "model", "data", "parallel", "optim", "backend", "offload"};
-    std::vector<KeySpec> all = global_keys();
+    // model.kind first, then the keys of the whole run, the model families'
+    // and every row's.
+    const std::vector<KeySpec> models = models::model_keys();
+    std::vector<KeySpec> all = {models.front()};
+    for (const KeySpec& k : global_keys()) all.push_back(k);
+    all.insert(all.end(), models.begin() + 1, models.end());
     for (const strategies::Row* r : strategies::all_rows()) all.insert(all.end(), r->keys.begin(), r->keys.end());
     auto rank = [](const KeySpec& k) { return std::find(std::begin(kOrder), std::end(kOrder), k.section) - kOrder; };
     std::stable_sort(all.begin(), all.end(), [&](const KeySpec& a, const KeySpec& b) { return rank(a) < rank(b); });
     return all;
   }();
   return table;
+}
+
+std::vector<std::string_view> section_names() {
+  std::vector<std::string_view> out;
+  for (const KeySpec& k : key_table())
+    if (std::find(out.begin(), out.end(), k.section) == out.end()) out.push_back(k.section);
+  return out;
+}
+
+const KeySpec* find_key(std::string_view section, std::string_view name) {
+  for (const KeySpec& k : key_table())
+    if (k.section == section && k.name == name) return &k;
+  return nullptr;
 }
 
 std::vector<std::string_view> Choice<Schedule>::names() {

@@ -26,12 +26,16 @@
 
 #include "models/nvme.hpp"
 #include "strategies/axes.hpp"
-#include "strategies/keys.hpp"
+#include "plan/keys.hpp"
 #include "strategies/parallelize.hpp"
-#include "strategies/plan_checks.hpp"
+#include "strategies/pp/schedule.hpp"
+#include "plan/checks.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::strategies {
+
+using plan::PlanCheck;
+using plan::PlanChecks;
 
 // What `strata plan` may vary: one key of a row, and the values to try for
 // it given the candidate built so far on `world` devices, `per_node` to a

@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "models/gpt.hpp"
+#include "models/param_registry.hpp"
+#include "models/state.hpp"
 #include "models/optimizer.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"

@@ -7,7 +7,7 @@
 #include "kernels/kernels.hpp"
 #include "models/nvme.hpp"
 #include "kernels/foundation/error.hpp"
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::strategies {

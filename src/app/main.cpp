@@ -30,7 +30,7 @@
 #include "src/sim/calibrate.hpp"
 #include "src/train/search.hpp"
 #include "src/train/simulate.hpp"
-#include "strategies/keys.hpp"
+#include "plan/keys.hpp"
 
 namespace {
 

@@ -17,8 +17,8 @@
 
 #include "kernels/foundation/error.hpp"
 #include "kernels/foundation/memory.hpp"
-#include "models/gpt.hpp"
-#include "strategies/keys.hpp"
+#include "models/model.hpp"
+#include "plan/keys.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::deck {
@@ -128,7 +128,7 @@ std::vector<std::string> sections_with_key(std::string_view name) {
 
 // Builds a Plan from defaults, the deck and overrides, collecting every error
 // so that one run of the tool reports all the mistakes in a deck at once.
-class Resolver : public strategies::PlanChecks {
+class Resolver : public plan::PlanChecks {
  public:
   explicit Resolver(std::string path) : path_(std::move(path)) {}
 
@@ -309,25 +309,20 @@ void Resolver::apply_override(const std::string& text, int index) {
 // Sizes in long double before any is computed in integers: a deck whose
 // counts would overflow them (or that no machine could hold) is bad input
 // now, not a std::bad_alloc or a wrapped size later.
+// Sizes in long double before any is computed in integers: a deck whose
+// counts would overflow them (or that no machine could hold) is bad input
+// now, not a std::bad_alloc or a wrapped size later.
 void Resolver::check_sizes() {
   const Plan& c = config;
   using R = long double;
-  const R F = R(c.model.ffn_mult) * c.model.d_model;
-  if (F > R(std::numeric_limits<int>::max()))
-    error(fmt::format("{}: the MLP width {} x {} = {:.4g} exceeds {}", primary({"model.ffn_mult", "model.d_model"}),
-                      show("model.ffn_mult"), show("model.d_model"), double(F), std::numeric_limits<int>::max()));
-  models::GptConfig g;
-  g.layers = c.model.layers, g.d_model = c.model.d_model, g.ffn_mult = c.model.ffn_mult, g.vocab = c.model.vocab;
-  g.seq_len = c.model.seq_len, g.moe.experts = c.model.moe_experts, g.moe.every = c.model.moe_every;
-  const R params = models::gpt_param_count(g);
+  const R params = models::family(c).parameters(c);
   // 2^53: counted exactly in a double; a thousand times the largest models
   // trained. Beyond it a deck is a typo, and int64 products of it overflow.
   constexpr R kMaxParams = R(std::uint64_t(1) << 53);
   if (params > kMaxParams)
-    error(fmt::format("{}: the model would have {:.3g} parameters ({}, {}, {}): more than 2^53, the most Strata "
-                      "counts",
+    error(fmt::format("{}: the model would have {:.3g} parameters ({}, {}): more than 2^53, the most Strata counts",
                       primary({"model.layers", "model.d_model"}), double(params), show("model.layers"),
-                      show("model.d_model"), show("model.ffn_mult")));
+                      show("model.d_model")));
   // The largest buffer of a micro-batch: the attention scores B x heads x T x T.
   const R scores = R(c.data.micro_batch) * c.model.heads * c.model.seq_len * c.model.seq_len;
   if (scores > kMaxParams)
@@ -353,23 +348,17 @@ void Resolver::check_cross_keys() {
                       "of the CUDA backend take head sizes up to 128",
                       primary({"backend.device", "model.d_model", "model.heads"}), show("backend.device"),
                       c.model.d_model / c.model.heads));
-  if (c.model.kind == ModelKind::moe && c.model.moe_experts == 0)
-    error(fmt::format("{}: {} needs model.moe_experts >= 1 ({})", primary({"model.kind", "model.moe_experts"}),
-                      show("model.kind"), show("model.moe_experts")));
-  if (c.model.kind != ModelKind::moe && c.model.moe_experts > 0)
-    error(fmt::format("{}: {} needs model.kind = \"moe\" ({})", primary({"model.moe_experts", "model.kind"}),
-                      show("model.moe_experts"), show("model.kind")));
-  if (c.model.moe_experts > 0 && c.model.moe_top_k > c.model.moe_experts)
-    error(fmt::format("{}: {} exceeds {}: a token is routed to top_k distinct experts",
-                      primary({"model.moe_top_k", "model.moe_experts"}), show("model.moe_top_k"),
-                      show("model.moe_experts")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "
                       "step must remain",
                       primary({"run.warmup_steps", "run.steps"}), show("run.warmup_steps"), show("run.steps")));
   if (c.data.source == DataSource::text) check_text_source();
-  check_sizes();
-  // The strategies' own constraints, each from its registry row.
+  // The model family's own constraints, then the size checks its
+  // parameter count makes, then the strategies' (each from its row).
+  const models::Family& family = models::family(c);
+  const std::size_t before = errors_.size();
+  if (family.check != nullptr) family.check(c, *this);
+  if (errors_.size() == before) check_sizes();
   strategies::check_plan(c, *this);
 }
 

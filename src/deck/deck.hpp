@@ -12,7 +12,7 @@
 
 #include <toml++/toml.h>
 
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 
 namespace strata::deck {
 

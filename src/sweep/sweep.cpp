@@ -21,7 +21,7 @@
 #include "kernels/foundation/error.hpp"
 #include "kernels/foundation/median.hpp"
 #include "src/deck/deck.hpp"
-#include "strategies/keys.hpp"
+#include "plan/keys.hpp"
 #include "strategies/registry.hpp"
 #include "src/report/h5file.hpp"
 #include "src/report/h5read.hpp"

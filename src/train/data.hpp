@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 
 namespace strata::train {
 

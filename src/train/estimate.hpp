@@ -23,7 +23,7 @@
 #include "kernels/foundation/trace.hpp"
 #include "kernels/kernels.hpp"
 #include "src/comm/comm_log.hpp"
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "src/mesh/mesh.hpp"
 #include "src/train/memory_figures.hpp"
 

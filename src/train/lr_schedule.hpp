@@ -2,7 +2,7 @@
 // with a linear warm-up over optim.warmup steps.
 #pragma once
 
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 
 namespace strata::train {
 

@@ -17,7 +17,7 @@
 
 #include <string>
 
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 
 namespace strata::train {
 

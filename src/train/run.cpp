@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 
 #include "kernels/kernels.hpp"
-#include "models/gpt.hpp"
+#include "models/model.hpp"
 #include "src/comm/abort.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/comm/backend.hpp"
@@ -158,7 +158,7 @@ InjectedFailure injected_failure() {
 // memory: when their fp32 parameters alone exceed it, the run is refused
 // before anything is allocated (instead of a std::bad_alloc or the kernel's
 // OOM killer later). Agreed: nodes may differ.
-void check_host_holds_parameters(const plan::Plan& cfg, const models::GptConfig& gc, MPI_Comm comm) {
+void check_host_holds_parameters(const plan::Plan& cfg, MPI_Comm comm) {
   double need = 0, have = 0;
   const int on_node = comm::node_place(comm).size;  // collective: every rank calls it
   if (cfg.backend.device == kernels::Device::cpu && cfg.backend.memory_limit == 0 && !cfg.offload.params) {
@@ -166,7 +166,7 @@ void check_host_holds_parameters(const plan::Plan& cfg, const models::GptConfig&
     // A lower bound: the experts' share is smaller still (1/ep).
     const double share =
         double(p.tp) * p.pp * (p.zero >= 3 ? p.dp * p.cp : 1) * (cfg.model.moe_experts > 0 ? p.ep : 1);
-    need = 4.0 * double(models::gpt_param_count(gc)) / share * on_node;
+    need = 4.0 * double(models::family(cfg).parameters(cfg)) / share * on_node;
     have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
   }
   double worst[2] = {need > have ? need : 0.0, need > have ? have : 0.0};
@@ -346,7 +346,7 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
         check_output_paths(MPI_COMM_SELF, options.output, "", false, deck.path,
                            cfg.data.source == plan::DataSource::text ? cfg.data.path : "");
       if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
-      const std::int64_t params = models::gpt_registry(gpt_config(cfg)).numel();  // the whole model
+      const std::int64_t params = models::parameter_count(cfg);
       const Estimate e = estimate(cfg);
       print_estimate(deck, e, params);
       const mesh::Layout layout = strategies::layout_of(cfg);
@@ -387,9 +387,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
 
   if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
   const int sharing_gpu = select_device(cfg, comm);
-  const models::GptConfig gc = gpt_config(cfg);
-  check_host_holds_parameters(cfg, gc, comm);
-  const std::int64_t params = models::gpt_registry(gc).numel();  // the whole model
+  check_host_holds_parameters(cfg, comm);
+  const std::int64_t params = models::parameter_count(cfg);
 
   // One time base for every rank's records, so that a send and its receive
   // compare: on one node the clock is shared and rank 0's origin is every
@@ -504,8 +503,9 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   // The records so far, and the status, into a report: every rank's rows
   // into the run's report, or one failing rank's alone into its own.
   auto finish = [&](report::H5File& to, const char* status, MPI_Comm together) {
-    summary = summarise(steps, memory, models::gpt_model_flops(gc, cfg.data.global_batch),
-                        models::gpt_hardware_flops(gc, cfg.data.global_batch), job_peak);
+    const models::Family& family = models::family(cfg);
+    summary = summarise(steps, memory, family.model_flops(cfg, cfg.data.global_batch),
+                        family.hardware_flops(cfg, cfg.data.global_batch), job_peak);
     take_largest_rank_memory(summary, together);
     const auto axis_comm = [&](std::string_view axis) { return mesh.mpi_comm(axis); };
     const bool all_completed = std::string_view(status) != "failed";

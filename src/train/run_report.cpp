@@ -157,8 +157,11 @@ void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vect
       .col_str("host", 64, "", "the processor name of the rank's node (MPI_Get_processor_name; \"simulated\" in a simulation)");
   for (const mesh::Dim& d : layout.dims) rk.col_i64(d.name, "1", d.doc);
   for (const RankRows& rr : ranks) {
-    std::vector<report::Cell> row{std::int64_t(rr.rank), rr.host.substr(0, 64)};
-    for (int x : mesh::coords_of(layout, rr.rank)) row.push_back(std::int64_t(x));
+    const std::vector<int> at = mesh::coords_of(layout, rr.rank);
+    std::vector<report::Cell> row(2 + at.size());
+    row[0] = std::int64_t(rr.rank);
+    row[1] = rr.host.substr(0, 64);
+    for (std::size_t d = 0; d < at.size(); ++d) row[2 + d] = std::int64_t(at[d]);
     rk.add_row(row);
   }
   f.write_table(rk);

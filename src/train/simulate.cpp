@@ -9,7 +9,7 @@
 
 #include "kernels/kernels.hpp"
 #include "src/comm/backend.hpp"
-#include "models/gpt.hpp"
+#include "models/model.hpp"
 #include "src/report/h5file.hpp"
 #include "src/train/run.hpp"
 #include "src/train/run_report.hpp"
@@ -37,10 +37,10 @@ Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
       if (std::find(k.ranks.begin(), k.ranks.end(), r) != k.ranks.end()) traces[std::size_t(s)] = &k.trace;
   }
   out.step = sim::simulate_step(l, traces, machine, cfg.backend.precision);
-  const models::GptConfig gc = gpt_config(cfg);
+  const models::Family& family = models::family(cfg);
   const double t = out.step.step_time;
-  out.model_flops = models::gpt_model_flops(gc, cfg.data.global_batch);
-  out.hardware_flops = models::gpt_hardware_flops(gc, cfg.data.global_batch);
+  out.model_flops = family.model_flops(cfg, cfg.data.global_batch);
+  out.hardware_flops = family.hardware_flops(cfg, cfg.data.global_batch);
   out.peak_flops = machine.peak(cfg.backend.precision) * l.world();
   out.tokens_per_s = t > 0 ? double(cfg.data.global_batch) * cfg.model.seq_len / t : 0;
   out.mfu = t > 0 && out.peak_flops > 0 ? out.model_flops / t / out.peak_flops : 0;
@@ -72,7 +72,6 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
                   const std::string& path) {
   const plan::Plan& cfg = deck.config;
   const mesh::Layout l = strategies::layout_of(cfg);
-  const models::GptConfig gc = gpt_config(cfg);
   report::H5File file(MPI_COMM_SELF, path);
   Provenance prov;
   prov.command_line = o.command_line;
@@ -84,7 +83,7 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   prov.resolved_config = deck.resolved_toml;
   prov.backend = fmt::format("simulated: {}", machine.name);
   prov.threads = 1;
-  prov.parameters = models::gpt_registry(gc).numel();
+  prov.parameters = models::parameter_count(cfg);
   describe_software(prov, comm::library_versions(comm::Backend::meta), "simulated: none run");
   prov.peak_flops = pr.peak_flops;
   prov.peak_flops_per_device = machine.peak(cfg.backend.precision);

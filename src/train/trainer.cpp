@@ -15,14 +15,6 @@
 
 namespace strata::train {
 
-models::GptConfig gpt_config(const plan::Plan& cfg) {
-  const plan::ModelSection& m = cfg.model;
-  models::GptMoe moe{m.moe_experts,          m.moe_every,       m.moe_top_k,          m.moe_capacity_factor,
-                     m.moe_drop_tokens,      m.moe_renormalize, float(m.moe_aux_coef)};
-  return models::GptConfig{m.layers, m.d_model, m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
-                           cfg.backend.device == kernels::Device::cuda};
-}
-
 Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
                  double peak_flops, strategies::Parallel parts)
     : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), parts_(std::move(parts)),
@@ -33,15 +25,16 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     dp_size_ = parts_.data->size();
     dp_rank_ = parts_.data->rank();
   }
-  const auto gc = gpt_config(cfg_);
+  const models::Family& family = models::family(cfg_);
   const models::Seams seams = parts_.seams();
   local_T_ = cfg_.model.seq_len / seams.cp->size();
   const int B = cfg_.data.micro_batch, T = local_T_;
   STRATA_CHECK(cfg_.data.global_batch % (dp_size_ * B) == 0, "global batch {} over dp {} x micro-batch {}",
                cfg_.data.global_batch, dp_size_, B);
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
-  model_flops_per_step_ = models::gpt_model_flops(gc, cfg_.data.global_batch);
-  hardware_flops_per_step_ = models::gpt_hardware_flops(gc, cfg_.data.global_batch);
+  model_flops_per_step_ = family.model_flops(cfg_, cfg_.data.global_batch);
+  hardware_flops_per_step_ = family.hardware_flops(cfg_, cfg_.data.global_batch);
+  const models::Build build{B, &tracker, seams};
   if (parts_.pp != nullptr) {
     // This rank's chunks of the pipeline, placed and counted by the schedule's row.
     const strategies::pp::Shape shape{parts_.pp->size(), micro_batches_, cfg_.parallel.virtual_stages};
@@ -49,11 +42,11 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     pipeline_ = std::make_unique<strategies::pp::Executor>(
         *cfg_.parallel.schedule, shape, parts_.pp->rank(), *parts_.pp, rows * cfg_.model.d_model,
         [&](int stage, bool split) {
-          return std::make_unique<models::Gpt>(gc, B, tracker, *seams.tp,
-                                               models::gpt_stage(gc, stage, shape.p * shape.v,
-                                                                 cfg_.parallel.first_stage_layers,
-                                                                 cfg_.parallel.last_stage_layers),
-                                               split, *seams.ep, *seams.cp);
+          models::Build b = build;
+          b.stage = models::stage_of(cfg_.model.layers, stage, shape.p * shape.v, cfg_.parallel.first_stage_layers,
+                                     cfg_.parallel.last_stage_layers);
+          b.split_backward = split;
+          return family.make(cfg_, b);
         });
     pipeline_->lay_out(registry_, units_);
     mb_tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
@@ -61,7 +54,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
     mb_targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations,
                                              std::size_t(micro_batches_) * B * T, "targets of the step");
   } else {
-    model_ = std::make_unique<models::Gpt>(gc, B, tracker, *seams.tp, models::GptStage{}, false, *seams.ep, *seams.cp);
+    model_ = family.make(cfg_, build);
     registry_ = model_->registry();
     units_ = model_->units();
   }
@@ -85,7 +78,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");
   targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "targets");
   if (timeline_ != nullptr && timeline_->enabled())
-    timeline_->reserve(std::size_t(cfg_.run.steps) * (micro_batches_ * 3 * (gc.layers + 2) + 1));
+    timeline_->reserve(std::size_t(cfg_.run.steps) * (micro_batches_ * 3 * (cfg_.model.layers + 2) + 1));
 }
 
 std::size_t Trainer::pipeline_slots() const { return pipeline_ ? pipeline_->stage_models() : 1; }
@@ -236,22 +229,19 @@ void Trainer::load_batch(std::int64_t first, int B, int T, std::int32_t* tokens,
   kernels::copy_bytes(targets, host_targets_.data(), n * sizeof(std::int32_t));
 }
 
-void Trainer::record_routing(const models::Gpt& g) {
-  const models::GptStage& st = g.stage();
-  for (int l = st.first; l < st.last; ++l) {
-    const models::MoeLayer* m = g.moe_layer(l);
-    if (m == nullptr) continue;
-    Routing& r = routing_[l];
-    const std::size_t E = m->routed().size();
+void Trainer::record_routing(const models::Model& m) {
+  for (const auto& [layer, moe] : m.routers()) {
+    Routing& r = routing_[layer];
+    const std::size_t E = moe->routed().size();
     r.routed.resize(E, 0);
     r.kept.resize(E, 0);
     r.mass.resize(E, 0.0);
     for (std::size_t e = 0; e < E; ++e) {
-      r.routed[e] += m->routed()[e];
-      r.kept[e] += m->kept()[e];
-      r.mass[e] += m->prob_mass()[e];
+      r.routed[e] += moe->routed()[e];
+      r.kept[e] += moe->kept()[e];
+      r.mass[e] += moe->prob_mass()[e];
     }
-    r.aux += m->aux();
+    r.aux += moe->aux();
   }
 }
 
@@ -283,7 +273,7 @@ double Trainer::run_pipeline(int step, float loss_scale) {
       load_batch(s0, B, T, mb_tokens_.data() + at, mb_targets_.data() + at);
     }
   return pipeline_->run(step, loss_scale, mb_tokens_.data(), mb_targets_.data(), std::int64_t(B) * T, timeline_,
-                        [&](const models::Gpt& g) { record_routing(g); });
+                        [&](const models::Model& m) { record_routing(m); });
 }
 
 }  // namespace strata::train

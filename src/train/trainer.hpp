@@ -10,11 +10,11 @@
 #include <memory>
 #include <vector>
 
-#include "models/gpt.hpp"
+#include "models/model.hpp"
 #include "models/nvme.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "src/comm/comm_log.hpp"
 #include "src/train/data.hpp"
@@ -70,8 +70,6 @@ struct ExpertRecord {
   double prob_mass = 0;      // router probability summed over the tokens
 };
 
-models::GptConfig gpt_config(const plan::Plan& cfg);
-
 // fp16's dynamic loss scaling (as PyTorch's GradScaler and DeepSpeed do):
 // the backward pass runs on the loss times `scale`, so that small gradients
 // survive fp16's range; a step whose gradients overflow is skipped and the
@@ -100,7 +98,7 @@ class Trainer {
   std::size_t pipeline_slots() const;
 
   // The first chunk's first stage model (the whole model without a pipeline).
-  models::Gpt& model() { return pipeline_ ? pipeline_->model(0) : *model_; }
+  models::Model& model() { return pipeline_ ? pipeline_->model(0) : *model_; }
   // This rank's parameters, every chunk's in turn, and their units: the
   // layout of the strategy's flat buffers.
   const models::ParamRegistry& registry() const { return registry_; }
@@ -132,7 +130,7 @@ class Trainer {
   // Adds the routing of the MoE blocks of `g`'s last forward to the step's.
   // Samples first .. first + B - 1 into tokens and targets (device memory).
   void load_batch(std::int64_t first, int B, int T, std::int32_t* tokens, std::int32_t* targets);
-  void record_routing(const models::Gpt& g);
+  void record_routing(const models::Model& m);
   void finish_routing(StepRecord& r);
   struct Routing {
     std::vector<std::int64_t> routed, kept;
@@ -143,7 +141,7 @@ class Trainer {
   std::vector<ExpertRecord> experts_;
 
   strategies::Parallel parts_;
-  std::unique_ptr<models::Gpt> model_;                      // without a pipeline
+  std::unique_ptr<models::Model> model_;                    // without a pipeline
   std::unique_ptr<strategies::pp::Executor> pipeline_;      // with one: this rank's chunks and actions
   models::ParamRegistry registry_;
   std::vector<models::Unit> units_;

@@ -29,7 +29,7 @@ std::size_t Executor::stage_models() const {
 
 void Executor::lay_out(models::ParamRegistry& reg, std::vector<models::Unit>& units) {
   for (Chunk& ch : chunks_) {
-    const models::Gpt& m = *ch.slots[0];
+    const models::Model& m = *ch.slots[0];
     const std::int64_t base = reg.numel();
     ch.first_unit = int(units.size());
     reg.append(m.registry());
@@ -52,7 +52,7 @@ models::ParamState& Executor::state_of(int chunk) {
 
 double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all, const std::int32_t* targets_all,
                      std::int64_t batch, prof::Timeline* timeline,
-                     const std::function<void(const models::Gpt&)>& on_forward) {
+                     const std::function<void(const models::Model&)>& on_forward) {
   STRATA_CHECK(strategy_ != nullptr, "a pipeline run before its state strategy");
   const int m = shape_.m;
   constexpr int kActTag = 1, kGradTag = 2;
@@ -99,7 +99,7 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
     models::ParamState& state = state_of(a.chunk);
     const std::int32_t* tokens = tokens_all + std::int64_t(a.mb) * batch;
     const std::int32_t* targets = targets_all + std::int64_t(a.mb) * batch;
-    models::Gpt* g = ch.of_mb[std::size_t(a.mb)];
+    models::Model* g = ch.of_mb[std::size_t(a.mb)];
     auto& sent = sends[std::size_t(a.chunk * m + a.mb)];
     switch (a.op) {
       case Op::recv_act:

@@ -24,7 +24,7 @@
 
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/timeline.hpp"
-#include "models/gpt.hpp"
+#include "models/model.hpp"
 #include "strategies/pp/liveness.hpp"
 #include "strategies/pp/schedule.hpp"
 #include "strategies/state_strategy.hpp"
@@ -34,14 +34,14 @@ namespace strata::strategies::pp {
 class Executor {
  public:
   // A stage model of global stage `stage`, split backward or not.
-  using MakeModel = std::function<std::unique_ptr<models::Gpt>(int stage, bool split_backward)>;
+  using MakeModel = std::function<std::unique_ptr<models::Model>(int stage, bool split_backward)>;
   // Rank `rank` of `shape` under `row`, its transfers of `activation_floats`
   // floats each way on `pp`.
   Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp,
            std::int64_t activation_floats, const MakeModel& make);
 
   int chunks() const { return int(chunks_.size()); }
-  models::Gpt& model(int chunk) { return *chunks_[std::size_t(chunk)].slots[0]; }
+  models::Model& model(int chunk) { return *chunks_[std::size_t(chunk)].slots[0]; }
   // Whether this rank holds the first stage (the embedding reads the batch)
   // or the last (the loss reads the targets).
   bool holds_embedding() const { return chunks_.front().slots[0]->stage().embedding; }
@@ -62,15 +62,15 @@ class Executor {
   // Returns the loss summed over the step's micro-batches (all-reduced over
   // the pipeline: only the last stage computes it).
   double run(int step, float loss_scale, const std::int32_t* tokens, const std::int32_t* targets, std::int64_t batch,
-             prof::Timeline* timeline, const std::function<void(const models::Gpt&)>& on_forward);
+             prof::Timeline* timeline, const std::function<void(const models::Model&)>& on_forward);
 
  private:
   struct Chunk {
     int first_unit = 0;                          // of the chunk's units in the rank's state
     std::unique_ptr<models::ShiftedState> view;  // the chunk's units, when the rank has several chunks
-    std::vector<std::unique_ptr<models::Gpt>> slots;
-    std::vector<models::Gpt*> free;
-    std::vector<models::Gpt*> of_mb;             // the stage model holding each micro-batch of the step
+    std::vector<std::unique_ptr<models::Model>> slots;
+    std::vector<models::Model*> free;
+    std::vector<models::Model*> of_mb;             // the stage model holding each micro-batch of the step
   };
   models::ParamState& state_of(int chunk);
 

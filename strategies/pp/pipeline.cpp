@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::strategies {

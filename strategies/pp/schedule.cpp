@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "kernels/foundation/error.hpp"
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 
 namespace strata::strategies::pp {
 

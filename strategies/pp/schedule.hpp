@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "strategies/plan_checks.hpp"
 
 namespace strata::strategies::pp {
 
@@ -101,7 +100,7 @@ struct ScheduleInfo {
   std::string (*shape_problem)(const Shape& s) = nullptr;
   // Its backward runs in two halves, input then weight gradients (the
   // zero-bubble schedules): stage models keep each linear's output gradient
-  // between them (models/gpt.hpp), which recomputation does not compose
+  // between them (models/model.hpp), which recomputation does not compose
   // with (strategies/conflicts.cpp).
   bool split_backward = false;
   // What its stage models hold, for people (the liveness of its lists).

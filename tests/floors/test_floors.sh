@@ -28,16 +28,19 @@ check() {
 }
 foundation=kernels/foundation/memory.hpp
 kernels=kernels/kernels.hpp
+plan=plan/keys.hpp
 models=models/param_registry.hpp
 strategies=strategies/pp/schedule.hpp
 harness=src/deck/deck.hpp
 check strata_foundation $foundation compiles
-for h in $kernels $models $strategies $harness; do check strata_foundation $h refused; done
+for h in $kernels $plan $models $strategies $harness; do check strata_foundation $h refused; done
 check strata_kernels $foundation compiles
 check strata_kernels $kernels compiles
-for h in $models $strategies $harness; do check strata_kernels $h refused; done
-for h in $foundation $kernels $models; do check strata_models $h compiles; done
+for h in $plan $models $strategies $harness; do check strata_kernels $h refused; done
+for h in $foundation $kernels $plan; do check strata_plan $h compiles; done
+for h in $models $strategies $harness; do check strata_plan $h refused; done
+for h in $foundation $kernels $plan $models; do check strata_models $h compiles; done
 for h in $strategies $harness; do check strata_models $h refused; done
-for h in $foundation $kernels $models $strategies; do check strata_strategies $h compiles; done
+for h in $foundation $kernels $plan $models $strategies; do check strata_strategies $h compiles; done
 check strata_strategies $harness refused
 exit $fail

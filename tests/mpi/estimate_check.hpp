@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "src/comm/comm_log.hpp"
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 #include "src/train/estimate.hpp"
 #include "src/train/trainer.hpp"
 #include "tests/mpi/mpi_world.hpp"

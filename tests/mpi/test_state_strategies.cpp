@@ -62,7 +62,7 @@ Trajectory run_single(const plan::Plan& c) {
 }
 
 // Elements per rank of the per-unit shards, and the padding they add.
-std::int64_t shard_elems(const models::Gpt& m, int n) {
+std::int64_t shard_elems(const models::Model& m, int n) {
   std::int64_t s = 0;
   for (const auto& u : m.units()) s += (u.size() + n - 1) / n;
   return s;

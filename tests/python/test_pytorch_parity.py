@@ -52,7 +52,7 @@ def parse_config(text):
 
 
 class Gpt:
-    """The GPT of models/gpt.cpp, written with torch ops over named tensors.
+    """The GPT of models/gpt/gpt.cpp, written with torch ops over named tensors.
     With `moe` (a dict of the deck's moe_* keys), every moe_every-th block's
     MLP is the Mixture-of-Experts layer of models/moe.cpp, its routing
     written here from the same rules."""

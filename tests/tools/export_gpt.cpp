@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
 
     core::MemoryTracker tracker;
     train::Trainer trainer(c, tracker, nullptr, 0.0);
-    models::Gpt& m = trainer.model();
+    models::Model& m = trainer.model();
     const auto& reg = m.registry();
     const int B = c.data.micro_batch, T = c.model.seq_len, G = c.data.global_batch;
 

@@ -16,7 +16,7 @@
 
 #include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
-#include "strategies/keys.hpp"
+#include "plan/keys.hpp"
 
 namespace fs = std::filesystem;
 using strata::plan::Plan;
@@ -72,12 +72,12 @@ void expect_same_config(const Plan& a, const Plan& b) {
   EXPECT_EQ(a.backend.peak_tflops, b.backend.peak_tflops);
 }
 
-// Every key the plan has, in the key table's order (the global keys, then each
-// registry row's, grouped by section); describe_keys() and docs/decks.md must
-// list them all.
+// Every key the plan has, in the key table's order (model.kind, the global
+// keys, the model families' and each registry row's, grouped by section);
+// describe_keys() and docs/decks.md must list them all.
 const std::vector<std::string> kAllKeys = {
     "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every", "run.repeats", "run.on_divergence",
-    "model.kind", "model.layers", "model.d_model", "model.heads", "model.ffn_mult", "model.vocab", "model.seq_len",
+    "model.kind", "model.layers", "model.d_model", "model.heads", "model.vocab", "model.seq_len", "model.ffn_mult",
     "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
     "model.moe_renormalize", "model.moe_aux_coef", "model.recompute",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",

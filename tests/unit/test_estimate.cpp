@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include "models/gpt/gpt.hpp"
 #include "kernels/kernels.hpp"
 #include "src/deck/deck.hpp"
 #include "src/train/estimate.hpp"
@@ -100,13 +101,13 @@ TEST(Estimate, A4096RankLayoutIsOneClassPerStage) {
   const train::Estimate e = train::estimate(c);
   EXPECT_EQ(e.world, 4096);
   ASSERT_EQ(e.classes.size(), 8u);
-  const models::GptConfig gc = train::gpt_config(c);
+  const models::GptConfig gc = models::gpt_config(c);
   for (int s = 0; s < 8; ++s) {
     const auto& k = e.classes[std::size_t(s)];
     ASSERT_EQ(k.ranks.size(), 512u);
     EXPECT_EQ(k.ranks.front(), 512 * s);
     EXPECT_EQ(k.ranks.back(), 512 * s + 511);
-    const models::GptStage stage = models::gpt_stage(gc, s, 8);
+    const models::Stage stage = models::stage_of(gc.layers, s, 8);
     const models::ParamRegistry reg = models::gpt_registry(gc, 8, 0, stage);
     std::uint64_t shard = 0;
     for (const auto& u : models::gpt_units(reg, gc, stage)) shard += std::uint64_t((u.size() + 63) / 64);
@@ -145,7 +146,7 @@ TEST(Estimate, ComputeIsTheModelsFlops) {
     const plan::Plan c = tiny({"model.recompute=\"" + recompute + "\"", "model.layers=3"});
     std::vector<kernels::WorkCost> work;
     train::estimate_rank(c, 0, nullptr, &work);
-    const models::GptConfig gc = train::gpt_config(c);
+    const models::GptConfig gc = models::gpt_config(c);
     const double forward = models::gpt_model_flops(gc, c.data.global_batch) / 3;
     auto f = matmul_flops(work);
     EXPECT_DOUBLE_EQ(f["forward"], forward);
@@ -160,7 +161,7 @@ TEST(Estimate, ComputeIsTheModelsFlops) {
   }
   // Two pipeline stages under ZB-H1: the halves of each stage's backward.
   const plan::Plan zb = tiny({"parallel.pp=2", "parallel.schedule=\"zb-h1\"", "data.micro_batch=1"});
-  const models::GptConfig gz = train::gpt_config(zb);
+  const models::GptConfig gz = models::gpt_config(zb);
   double forward = 0, input = 0, weight = 0;
   for (int r = 0; r < 2; ++r) {
     std::vector<kernels::WorkCost> work;
@@ -173,7 +174,7 @@ TEST(Estimate, ComputeIsTheModelsFlops) {
   EXPECT_DOUBLE_EQ(input + weight, 2 * forward);
   // tp 2: each rank half of every product.
   const plan::Plan tp = tiny({"parallel.tp=2", "parallel.sequence_parallel=true"});
-  const double whole = models::gpt_model_flops(train::gpt_config(tp), tp.data.global_batch) / 3;
+  const double whole = models::gpt_model_flops(models::gpt_config(tp), tp.data.global_batch) / 3;
   for (int r = 0; r < 2; ++r) {
     std::vector<kernels::WorkCost> work;
     train::estimate_rank(tp, r, nullptr, &work);

@@ -8,7 +8,7 @@
 #include <memory>
 #include <random>
 
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "models/init.hpp"
 #include "models/optimizer.hpp"
 #include "kernels/foundation/error.hpp"
@@ -52,7 +52,8 @@ TEST(Model, RegistryViewsAreContiguousAndDisjoint) {
 }
 
 // Params 4 Psi, grads 4 Psi, AdamW state 8 Psi bytes exactly; activations and
-// workspace exactly what the plan (and the dry-run estimate) says.
+// workspace exactly the buffers the model lists (what the dry run's
+// estimate measures), the activations those of GPT-2's forward.
 TEST(Model, MemoryAccountingIsExact) {
   const auto c = cfg(2, 32, 4, 61, 12);
   const int B = 3;
@@ -65,11 +66,19 @@ TEST(Model, MemoryAccountingIsExact) {
   EXPECT_EQ(tracker.current(MemCategory::grads), 4 * psi);
   EXPECT_EQ(tracker.current(MemCategory::optimizer), 8 * psi);
   std::uint64_t act = 0, ws = 0;
-  for (const auto& b : models::gpt_activation_plan(c, B))
+  for (const auto& b : m.buffers())
     (b.category == MemCategory::activations ? act : ws) += 4 * std::uint64_t(b.numel);
   EXPECT_EQ(tracker.current(MemCategory::activations), act);
   EXPECT_EQ(tracker.current(MemCategory::workspace), ws);
   EXPECT_EQ(tracker.current(MemCategory::comm), 0u);
+  // The stage input; per block ln1, qkv, attention's output, res2, ln2 (N x
+  // C, 3C, C, C, C), the two norms' mean and rstd (4 N), the attention
+  // probabilities (B NH T T), the MLP hidden before and after GELU (2 N F)
+  // and the block's output (N C); the head's norm (N C, 2 N), logits (N V)
+  // and its loss, row maximum, sum and target logit (4 N).
+  const std::uint64_t N = std::uint64_t(B) * c.seq_len, C = c.d_model, F = c.ffn(), V = c.vocab;
+  const std::uint64_t block = 7 * N * C + 4 * N + std::uint64_t(B) * c.heads * c.seq_len * c.seq_len + 2 * N * F + N * C;
+  EXPECT_EQ(act, 4 * (N * C + std::uint64_t(c.layers) * block + N * C + 2 * N + N * V + 4 * N));
 }
 
 TEST(Model, MemoryLimitRefusesWithBreakdown) {
@@ -146,7 +155,7 @@ TEST(Model, StageBlockCounts) {
   EXPECT_THROW(models::stage_block_counts(6, 4, 1, -1), core::Error);  // 5 over 3
   EXPECT_THROW(models::stage_block_counts(4, 3, 2, 2), core::Error);   // nothing for the middle
   const auto c = cfg(6, 16, 4, 23, 7);
-  const models::GptStage s = models::gpt_stage(c, 1, 4, 0, 2);
+  const models::Stage s = models::stage_of(c.layers, 1, 4, 0, 2);
   EXPECT_EQ(s.first, 0);
   EXPECT_EQ(s.last, 2);
   EXPECT_FALSE(s.embedding || s.head);
@@ -163,7 +172,7 @@ TEST(Model, UnitsTileTheFlatBuffer) {
   EXPECT_EQ(u[1].end, r.find("h.0.ln1.weight").offset);
   // A last pipeline stage: blocks, the final norm, then the tied wte copy
   // alone, so it shards like the first stage's wte.
-  const models::GptStage last{2, 3, false, true};
+  const models::Stage last{2, 3, false, true};
   const auto rl = models::gpt_registry(cfg(3, 16, 4, 23, 7), 1, 0, last);
   const auto ul = models::gpt_units(rl, cfg(3, 16, 4, 23, 7), last);
   ASSERT_EQ(ul.size(), 3u);
@@ -226,7 +235,7 @@ TEST(Model, StagesComposeToTheWholeModel) {
     std::vector<std::unique_ptr<models::Gpt>> stage;
     std::vector<std::unique_ptr<models::ReplicatedState>> state;
     for (int s = 0; s < S; ++s) {
-      stage.push_back(std::make_unique<models::Gpt>(c, B, ts, models::one_rank(), models::gpt_stage(c, s, S)));
+      stage.push_back(std::make_unique<models::Gpt>(c, B, ts, models::Seams{}, models::stage_of(c.layers, s, S)));
       state.push_back(std::make_unique<models::ReplicatedState>(stage[s]->registry(), stage[s]->units(), ts, 9));
     }
     const std::size_t NC = std::size_t(N) * c.d_model;

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "models/moe.hpp"
 #include "models/state.hpp"
 

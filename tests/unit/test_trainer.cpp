@@ -12,6 +12,7 @@
 #include "src/train/lr_schedule.hpp"
 #include "src/train/run_report.hpp"
 #include "strategies/pp/schedule.hpp"
+#include "models/gpt/gpt.hpp"
 #include "src/train/trainer.hpp"
 
 using namespace strata;
@@ -222,10 +223,10 @@ TEST(Trainer, MoeBlocksHoldNoDenseMlpActivations) {
   };
   // Two MoE blocks (every 2) against four (every 1): two more dense blocks,
   // each with its N x F hidden rows before and after GELU, and two fewer MoE
-  // layers, each with its own buffers (models::moe_buffer_plan).
-  models::GptConfig gc = train::gpt_config(tiny_config(with("1")));
+  // layers, each with its own buffers (models::moe_buffers).
+  models::GptConfig gc = models::gpt_config(tiny_config(with("1")));
   std::uint64_t moe_layer = 0;
-  for (const auto& b : models::moe_buffer_plan(gc.moe_layer(), N))
+  for (const auto& b : models::moe_buffers(gc.moe_layer(), N))
     if (b.category == core::MemCategory::activations) moe_layer += 4ull * std::uint64_t(b.numel);
   EXPECT_EQ(acts(with("2")) + 2 * moe_layer, acts(with("1")) + 2 * 4ull * 2 * N * F);
 }

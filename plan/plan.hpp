@@ -1,9 +1,11 @@
 // The plan: what a deck resolves to, once, in typed values (every choice an
 // enum or a registry row, never a string), read by every module. Section
 // and key names follow the deck exactly (docs/decks.md), since sweeps and
-// tests address keys as "section.key". It sits on the strategies floor
-// because the strategies' registry rows declare and check their own keys
-// (strategies/registry.hpp); the harness (src/deck) parses TOML into it.
+// tests address keys as "section.key". It is a floor of its own, below the
+// models and the strategies, because their registry rows declare and check
+// their own keys (plan/keys.hpp); the harness (src/deck) parses TOML into
+// it. A choice that is a row of a higher floor's table (the schedule) is a
+// pointer to it, declared here and defined by that floor.
 #pragma once
 
 #include <array>
@@ -15,12 +17,27 @@
 
 #include "kernels/foundation/precision.hpp"
 #include "kernels/kernels.hpp"
-#include "models/gpt.hpp"
-#include "strategies/pp/schedule.hpp"
+
+namespace strata::strategies::pp {
+struct ScheduleInfo;
+// The schedule row of that name (strategies/pp/schedule.cpp).
+const ScheduleInfo& find_schedule(const std::string& name);
+}  // namespace strata::strategies::pp
+
+namespace strata::models {
+struct Family;
+// The model family of that name (models/model.cpp).
+const Family& find_family(std::string_view name);
+}  // namespace strata::models
 
 namespace strata::plan {
 
-enum class ModelKind { gpt, moe };
+// Activation recomputation (gradient checkpointing): none; selective, the
+// attention probabilities rebuilt from q and k in the backward pass
+// (Korthikanti et al., 2022); full, each block's forward rebuilt from its
+// stored input in its backward pass.
+enum class Recompute { none, selective, full };
+
 enum class DataSource { synthetic, text };
 enum class Offload { none, host, nvme };
 enum class LrSchedule { constant, cosine };
@@ -41,7 +58,6 @@ struct EnumChoice {
   static E at(std::size_t i) { return E(i); }
   static std::size_t index(E e) { return std::size_t(e); }
 };
-inline constexpr std::array<std::string_view, 2> kModelKinds{"gpt", "moe"};
 inline constexpr std::array<std::string_view, 2> kDataSources{"synthetic", "text"};
 inline constexpr std::array<std::string_view, 3> kOffloads{"none", "host", "nvme"};
 inline constexpr std::array<std::string_view, 2> kLrSchedules{"constant", "cosine"};
@@ -50,15 +66,23 @@ inline constexpr std::array<std::string_view, 3> kCommChoices{"auto", "mpi", "nc
 inline constexpr std::array<std::string_view, 3> kRecomputes{"none", "selective", "full"};
 inline constexpr std::array<std::string_view, 3> kPrecisions{"fp32", "bf16", "fp16"};
 inline constexpr std::array<std::string_view, 3> kDevices{"cpu", "cuda", "kokkos"};  // a deck never names the meta device
-template <> struct Choice<ModelKind> : EnumChoice<ModelKind, kModelKinds> {};
 template <> struct Choice<DataSource> : EnumChoice<DataSource, kDataSources> {};
 template <> struct Choice<Offload> : EnumChoice<Offload, kOffloads> {};
 template <> struct Choice<LrSchedule> : EnumChoice<LrSchedule, kLrSchedules> {};
 template <> struct Choice<OnDivergence> : EnumChoice<OnDivergence, kOnDivergence> {};
 template <> struct Choice<CommChoice> : EnumChoice<CommChoice, kCommChoices> {};
-template <> struct Choice<models::Recompute> : EnumChoice<models::Recompute, kRecomputes> {};
+template <> struct Choice<Recompute> : EnumChoice<Recompute, kRecomputes> {};
 template <> struct Choice<core::Precision> : EnumChoice<core::Precision, kPrecisions> {};
 template <> struct Choice<kernels::Device> : EnumChoice<kernels::Device, kDevices> {};
+
+// Model families: the rows of models::families() (model.kind).
+using ModelKind = const models::Family*;
+template <>
+struct Choice<ModelKind> {
+  static std::vector<std::string_view> names();
+  static ModelKind at(std::size_t i);
+  static std::size_t index(ModelKind k);
+};
 
 // Pipeline schedules: the rows of strategies/pp's table.
 using Schedule = const strategies::pp::ScheduleInfo*;
@@ -97,14 +121,14 @@ struct RunSection {
 };
 
 struct ModelSection {
-  ModelKind kind = ModelKind::gpt;
+  ModelKind kind = &models::find_family("gpt");
   int layers = 2;
   int d_model = 64;
   int heads = 4;
   int ffn_mult = 4;
   int vocab = 256;
   int seq_len = 64;
-  models::Recompute recompute = models::Recompute::none;  // activation recomputation
+  Recompute recompute = Recompute::none;  // activation recomputation
   // Mixture of experts (moe_experts = 0: a dense model).
   int moe_experts = 0;
   int moe_every = 1;

@@ -9,10 +9,8 @@
 #include <vector>
 
 namespace strata::plan {
-struct Plan;
-}
 
-namespace strata::strategies {
+struct Plan;
 
 class PlanChecks {
  public:
@@ -26,4 +24,4 @@ class PlanChecks {
 
 using PlanCheck = void (*)(const plan::Plan&, PlanChecks&);
 
-}  // namespace strata::strategies
+}  // namespace strata::plan

@@ -1,10 +1,10 @@
 // Deck keys: what a deck may say. Each key carries its type, range or allowed
 // values, a one-line doc and how it reads from and writes into the Plan. The
 // table of them (key_table) is the keys of the whole run (global_keys: run,
-// model, data, optim, backend) and those each registry row declares for its
-// strategy (strategies/registry.hpp); the parser, the docs and
-// describe_keys() all read it, so adding a key is adding one entry where it
-// belongs.
+// the model's shape, data, optim, backend), those each model family's row
+// declares (models/model.hpp) and those each strategy's row declares
+// (strategies/registry.hpp); the parser, the docs and describe_keys() all
+// read it, so adding a key is adding one entry where it belongs.
 #pragma once
 
 #include <algorithm>
@@ -19,7 +19,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "strategies/plan.hpp"
+#include "plan/plan.hpp"
 
 namespace strata::plan {
 
@@ -127,11 +127,13 @@ KeySpec key(std::string_view section, std::string_view name, std::string_view do
   return k;
 }
 
-// The keys of the whole run, not of one strategy: [run], [model] (but
-// recompute), [data], [optim], [backend].
+// The keys of the whole run, not of one family or strategy: [run], the
+// [model] shape every family has (layers, d_model, heads, vocab, seq_len),
+// [data], [optim], [backend].
 const std::vector<KeySpec>& global_keys();
-// Every key: global_keys() and every registry row's, grouped by section in
-// the order the docs and resolved decks use (strategies/registry.cpp).
+// Every key: model.kind, global_keys(), the families' and every registry
+// row's, grouped by section in the order the docs and resolved decks use.
+// These three are defined where the rows are (strategies/registry.cpp).
 const std::vector<KeySpec>& key_table();
 // The sections, in table order, without repeats.
 std::vector<std::string_view> section_names();

@@ -1,7 +1,7 @@
 // The global deck keys and the small pieces that read any key: value checks,
 // byte sizes, TOML literals and "did you mean" hints. Defaults are not
 // written here: they are read back from a default-constructed Plan.
-#include "strategies/keys.hpp"
+#include "plan/keys.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -104,20 +104,11 @@ const std::vector<KeySpec>& global_keys() {
       key<&Plan::run, &RunSection::repeats>("run", "repeats", "strata sweep: runs of each point, whose median and spread the sweep's index shows; strata run: ignored").at_least(1),
       key<&Plan::run, &RunSection::on_divergence>("run", "on_divergence", "a non-finite loss or gradient norm (not an fp16 overflow the loss scale skips): stop the run there with status diverged and exit 3, or continue"),
       // [model]
-      key<&Plan::model, &ModelSection::kind>("model", "kind", "model family: gpt (dense) or moe (MLPs of moe_every-th blocks replaced by experts)"),
       key<&Plan::model, &ModelSection::layers>("model", "layers", "transformer blocks (at most 4096: the deepest published models have under 200, and a dry run describes every block of a stage)").between(1, 4096),
       key<&Plan::model, &ModelSection::d_model>("model", "d_model", "width of the residual stream (a multiple of heads)").at_least(1),
       key<&Plan::model, &ModelSection::heads>("model", "heads", "attention heads per block").at_least(1),
-      key<&Plan::model, &ModelSection::ffn_mult>("model", "ffn_mult", "MLP hidden width as a multiple of d_model").at_least(1),
       key<&Plan::model, &ModelSection::vocab>("model", "vocab", "vocabulary size (>= 256 for text data: byte-level tokens)").at_least(2),
       key<&Plan::model, &ModelSection::seq_len>("model", "seq_len", "tokens per sequence").at_least(1),
-      key<&Plan::model, &ModelSection::moe_experts>("model", "moe_experts", "experts of each Mixture-of-Experts block; 0: a dense model").at_least(0),
-      key<&Plan::model, &ModelSection::moe_every>("model", "moe_every", "every k-th block is a MoE block (blocks l with l % k == k - 1)").at_least(1),
-      key<&Plan::model, &ModelSection::moe_top_k>("model", "moe_top_k", "experts each token is routed to").between(1, 2),
-      key<&Plan::model, &ModelSection::moe_capacity_factor>("model", "moe_capacity_factor", "expert capacity = ceil(factor x tokens x top_k / experts) per micro-batch").above(0),
-      key<&Plan::model, &ModelSection::moe_drop_tokens>("model", "moe_drop_tokens", "drop assignments past an expert's capacity (false: no capacity limit)"),
-      key<&Plan::model, &ModelSection::moe_renormalize>("model", "moe_renormalize", "gates = top-k probabilities over their sum (false: the probabilities)"),
-      key<&Plan::model, &ModelSection::moe_aux_coef>("model", "moe_aux_coef", "weight of the load-balancing auxiliary loss").at_least(0),
       // [data]
       key<&Plan::data, &DataSection::source>("data", "source", "where tokens come from: random tokens, or the bytes of a text file"),
       key<&Plan::data, &DataSection::path>("data", "path", "text file for source = \"text\" (see docs/decks.md for how it is found)"),
@@ -146,19 +137,6 @@ const std::vector<KeySpec>& global_keys() {
       key<&Plan::backend, &BackendSection::machine>("backend", "machine", "a machine description (name or path) whose device peak at the run's precision MFU is measured against; \"\": none"),
   };
   return table;
-}
-
-std::vector<std::string_view> section_names() {
-  std::vector<std::string_view> out;
-  for (const KeySpec& k : key_table())
-    if (std::find(out.begin(), out.end(), k.section) == out.end()) out.push_back(k.section);
-  return out;
-}
-
-const KeySpec* find_key(std::string_view section, std::string_view name) {
-  for (const KeySpec& k : key_table())
-    if (k.section == section && k.name == name) return &k;
-  return nullptr;
 }
 
 std::optional<std::string> check_value(const KeySpec& key, const Value& value) {

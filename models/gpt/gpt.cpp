@@ -1,0 +1,733 @@
+// GPT forward and backward over one micro-batch. The residual stream of
+// block l is blocks_[l].out (the stage's input for the first); the backward
+// pass keeps a single running residual gradient `dres_` that every branch
+// accumulates into, as the kernels' += convention allows.
+#include "models/gpt/gpt.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "kernels/foundation/error.hpp"
+#include "kernels/kernels.hpp"
+#include "models/init.hpp"
+#include "models/linear.hpp"
+
+namespace strata::models {
+
+using core::MemCategory;
+using prof::Phase;
+using prof::ScopedSpan;
+
+static std::string lname(int l, const char* what) { return "h." + std::to_string(l) + "." + what; }
+
+static Stage resolved(const GptConfig& c, Stage s) {
+  if (s.last < 0) s.last = c.layers;
+  return s;
+}
+
+GptConfig gpt_config(const plan::Plan& p) {
+  const plan::ModelSection& m = p.model;
+  const GptMoe moe{m.moe_experts, m.moe_every, m.moe_top_k, m.moe_capacity_factor, m.moe_drop_tokens, m.moe_renormalize,
+                   float(m.moe_aux_coef)};
+  return GptConfig{m.layers, m.d_model,  m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
+                   p.backend.device == kernels::Device::cuda};
+}
+
+ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, Stage stage, int ep_size, int ep_rank) {
+  stage = resolved(c, stage);
+  const std::int64_t C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len;
+  // GPT-2's initialisation: N(0, 0.02) for matrices, the residual output
+  // projections scaled by 1/sqrt(2 L) so the stream's variance stays bounded.
+  const float std = 0.02f, res_std = 0.02f / std::sqrt(2.0f * float(c.layers));
+  // Megatron's split: the embedding by vocabulary rows; QKV (three sections)
+  // and the first MLP linear by output rows (column-parallel); the two output
+  // projections by input columns (row-parallel). Norms and the row-parallel
+  // biases are whole on every rank.
+  const Slice rows{0, 1, tp_size, tp_rank}, qkv_rows{0, 3, tp_size, tp_rank}, cols{1, 1, tp_size, tp_rank};
+  ParamRegistry r;
+  if (stage.embedding) {
+    r.add("wte", {V, C}, Init::normal, std, true, rows);
+    r.add("wpe", {T, C}, Init::normal, std, true);
+  }
+  for (int l = stage.first; l < stage.last; ++l) {
+    r.add(lname(l, "ln1.weight"), {C}, Init::ones, 0, false);
+    r.add(lname(l, "ln1.bias"), {C}, Init::zeros, 0, false);
+    r.add(lname(l, "attn.qkv.weight"), {3 * C, C}, Init::normal, std, true, qkv_rows);
+    r.add(lname(l, "attn.qkv.bias"), {3 * C}, Init::zeros, 0, false, qkv_rows);
+    r.add(lname(l, "attn.proj.weight"), {C, C}, Init::normal, res_std, true, cols);
+    r.add(lname(l, "attn.proj.bias"), {C}, Init::zeros, 0, false);
+    r.add(lname(l, "ln2.weight"), {C}, Init::ones, 0, false);
+    r.add(lname(l, "ln2.bias"), {C}, Init::zeros, 0, false);
+    if (c.is_moe(l)) {
+      // The router (replicated), then the experts' MLPs stacked expert after
+      // expert, each initialised as the dense MLP is: whole on every
+      // tensor-parallel rank, split by experts over the expert-parallel ranks.
+      const std::int64_t E = c.moe.experts;
+      const Slice experts{0, 1, ep_size, ep_rank};
+      r.add(lname(l, "moe.router.weight"), {E, C}, Init::normal, std, true);
+      r.mark_expert(r.add(lname(l, "moe.experts.fc.weight"), {E, F, C}, Init::normal, std, true), experts);
+      r.mark_expert(r.add(lname(l, "moe.experts.fc.bias"), {E, F}, Init::zeros, 0, false), experts);
+      r.mark_expert(r.add(lname(l, "moe.experts.proj.weight"), {E, C, F}, Init::normal, res_std, true), experts);
+      r.mark_expert(r.add(lname(l, "moe.experts.proj.bias"), {E, C}, Init::zeros, 0, false), experts);
+      continue;
+    }
+    r.add(lname(l, "mlp.fc.weight"), {F, C}, Init::normal, std, true, rows);
+    r.add(lname(l, "mlp.fc.bias"), {F}, Init::zeros, 0, false, rows);
+    r.add(lname(l, "mlp.proj.weight"), {C, F}, Init::normal, res_std, true, cols);
+    r.add(lname(l, "mlp.proj.bias"), {C}, Init::zeros, 0, false);
+  }
+  if (stage.head) {
+    r.add("lnf.weight", {C}, Init::ones, 0, false);
+    r.add("lnf.bias", {C}, Init::zeros, 0, false);
+    if (!stage.embedding) {
+      const int i = r.add("wte", {V, C}, Init::normal, std, true, rows);  // the tied copy
+      r.mark_tied_copy(i);
+    }
+  }
+  return r;
+}
+
+long double gpt_param_count(const GptConfig& c) {
+  using R = long double;
+  const R C = c.d_model, F = R(c.ffn_mult) * c.d_model, V = c.vocab, T = c.seq_len, E = c.moe.experts;
+  const R moe_layers = c.moe.experts > 0 ? R(c.layers / c.moe.every) : 0, dense_layers = R(c.layers) - moe_layers;
+  // As gpt_registry lays them out: norms 4C, attention 4C^2 + 4C, and the
+  // MLP (2FC + F + C), or the router EC and E experts' MLPs.
+  const R attention = 4 * C + 4 * C * C + 4 * C, mlp = 2 * F * C + F + C;
+  return V * C + T * C + dense_layers * (attention + mlp) + moe_layers * (attention + E * C + E * mlp) + 2 * C;
+}
+
+std::vector<double> gpt_forward_flops(const GptConfig& c, int B) {
+  const double C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len, N = double(B) * T;
+  std::vector<double> f(c.layers + 2, 0.0);
+  for (int l = 0; l < c.layers; ++l) {
+    f[l + 1] = 2 * N * C * 3 * C     // qkv
+               + 2 * N * T * C * 2   // q k^T and probs v, all heads
+               + 2 * N * C * C;      // attention output projection
+    // The MLP's two linears; a MoE block runs top_k experts per token (as
+    // routed, before any dropping) and its router.
+    f[l + 1] += c.is_moe(l) ? 2 * N * C * F * 2 * c.moe.top_k + 2 * N * C * c.moe.experts : 2 * N * C * F * 2;
+  }
+  f[c.layers + 1] = 2 * N * C * V;  // logits
+  return f;
+}
+
+double gpt_model_flops(const GptConfig& c, int B) {
+  double sum = 0;
+  for (double x : gpt_forward_flops(c, B)) sum += x;
+  return 3.0 * sum;  // backward = 2x forward (input and weight gradients)
+}
+
+double gpt_hardware_flops(const GptConfig& c, int B) {
+  const double C = c.d_model, F = c.ffn(), T = c.seq_len, N = double(B) * T;
+  double again = 0;
+  for (int l = 0; l < c.layers; ++l) {
+    const double attention_core = 2 * N * T * C * 2;
+    if (c.recompute == Recompute::selective) again += attention_core;
+    if (c.recompute == Recompute::full)
+      again += 2 * N * C * 3 * C + attention_core + 2 * N * C * C + (c.is_moe(l) ? 0 : 2 * N * C * F);
+  }
+  return gpt_model_flops(c, B) + again;
+}
+
+std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, Stage stage) {
+  stage = resolved(c, stage);
+  std::vector<Unit> u;
+  // wte is a unit of its own on both stages that hold it, so that the two
+  // copies are sharded alike and their gradients can be summed shard by shard.
+  auto whole = [&](const char* name) { return Unit{reg.find(name).offset, reg.find(name).offset + reg.find(name).numel}; };
+  if (stage.embedding) {
+    u.push_back(whole("wte"));
+    u.push_back(whole("wpe"));
+  }
+  // A MoE block is two units: its attention, norms and router, then its
+  // experts, whose gradients are synchronised over another group.
+  for (int l = stage.first; l < stage.last; ++l) {
+    const auto& first = reg.find(lname(l, "ln1.weight"));
+    const auto& last = reg.find(lname(l, c.is_moe(l) ? "moe.router.weight" : "mlp.proj.bias"));
+    u.push_back({first.offset, last.offset + last.numel});
+    if (c.is_moe(l)) {
+      const auto& e0 = reg.find(lname(l, "moe.experts.fc.weight"));
+      const auto& e1 = reg.find(lname(l, "moe.experts.proj.bias"));
+      u.push_back({e0.offset, e1.offset + e1.numel});
+    }
+  }
+  if (stage.head) {
+    u.push_back({reg.find("lnf.weight").offset, reg.find("lnf.bias").offset + reg.find("lnf.bias").numel});
+    if (!stage.embedding) u.push_back(whole("wte"));
+  }
+  return u;
+}
+
+
+// ---- the linear layer, with its split-backward policy -------------------
+
+void Gpt::Linear::forward(float* y, const float* x, const float* w, const float* b, int N) const {
+  linear_forward(y, x, w, b, N, in, out);
+}
+
+void Gpt::Linear::backward(float* dx, const float* dy, const float* x, const float* w, float* dw, float* db, int N,
+                           bool input_only) const {
+  linear_backward_input(dx, dy, w, N, in, out);
+  if (!input_only)
+    linear_backward_weight(dw, db, dy, x, N, in, out);
+  else if (kept != dy)
+    kernels::copy_bytes(kept, dy, sizeof(float) * std::size_t(N) * std::size_t(out));
+}
+
+void Gpt::Linear::weight(float* dw, float* db, const float* x, int N) const {
+  linear_backward_weight(dw, db, kept, x, N, in, out);
+}
+
+// ---- the feed-forward layers ---------------------------------------------
+
+// A block's feed-forward half. forward() reads ln2 and writes the block's
+// output, res2 plus its own; backward() takes the output's gradient of all
+// rows (d3) and leaves the gradient of ln2 in dbuf_: partial sums over the
+// tensor-parallel ranks (`partial()`), or whole on every rank. Its
+// parameters are the block unit's (`p`, `g`) or a unit of its own.
+class Gpt::Ffn {
+ public:
+  virtual ~Ffn() = default;
+  virtual double forward(ParamState& st, const float* p, const float* ln2, const float* res2, float* out) = 0;
+  // The forward again for a fully recomputing backward (what it keeps).
+  virtual void recompute(const float* p, const float* ln2) = 0;
+  // Its own unit's parameters, acquired for the backward pass.
+  virtual void acquire(ParamState& st) {}
+  virtual void backward(ParamState& st, const float* p, float* g, const float* ln2, const float* d3, float loss_scale,
+                        bool input_only) = 0;
+  virtual void weight(ParamState& st, float* g, const float* ln2) = 0;
+  // Whether its input gradient is a partial sum over tp.
+  virtual bool partial() const = 0;
+  // Its output bias's offset in the block unit when every tensor-parallel
+  // rank holds it whole (a replicated gradient: the block's kFfnBias slot),
+  // else -1.
+  virtual std::int64_t replicated_bias() const { return -1; }
+};
+
+// The dense MLP: fc (column-parallel), GELU, proj (row-parallel), its
+// hidden activations before and after GELU (shared between blocks that
+// recompute).
+class Gpt::Mlp final : public Gpt::Ffn {
+ public:
+  Mlp(Gpt& g, int layer, int unit, float* fch, float* fch_gelu, float* dfch, float* dgelu, Buffers& bufs)
+      : g_(g), fch_(fch), fch_gelu_(fch_gelu), dfch_(dfch), dgelu_(dgelu) {
+    const int C = g.c_.d_model, Ft = g.c_.ffn() / g.tp_->size();
+    const std::int64_t N = std::int64_t(g.B_) * g.T_;
+    auto at = [&](const char* name) { return g.reg_.find(lname(layer, name)).offset - g.units_[std::size_t(unit)].begin; };
+    fc_w_ = at("mlp.fc.weight"), fc_b_ = at("mlp.fc.bias"), proj_w_ = at("mlp.proj.weight"), proj_b_ = at("mlp.proj.bias");
+    fc_ = {C, Ft}, proj_ = {Ft, C};
+    if (g.split_) {
+      // Kept from a micro-batch's input-gradient pass to its weight-gradient
+      // pass, like activations.
+      fc_.kept = bufs.add(lname(layer, "mlp.fc dy"), N * Ft, MemCategory::activations);
+      proj_.kept = bufs.add(lname(layer, "mlp.proj dy"), N * C, MemCategory::activations);
+    }
+  }
+  double forward(ParamState&, const float* p, const float* ln2, const float* res2, float* out) override {
+    recompute(p, ln2);
+    proj_.forward(g_.dbuf_, fch_gelu_, p + proj_w_, nullptr, N());
+    g_.residual_rows(out, res2, p + proj_b_);
+    return 0;
+  }
+  void recompute(const float* p, const float* ln2) override {
+    fc_.forward(fch_, ln2, p + fc_w_, p + fc_b_, N());
+    kernels::gelu_forward(fch_gelu_, fch_, std::int64_t(N()) * fc_.out);
+  }
+  void backward(ParamState&, const float* p, float* g, const float* ln2, const float* d3, float,
+                bool input_only) override {
+    // The row-parallel projection's input gradient needs every row's (d3);
+    // its bias, whole on every rank, takes this rank's rows (a replicated
+    // gradient); fc's input gradient is summed over the ranks (f backward,
+    // in the block's norm backward).
+    const int C = g_.c_.d_model;
+    const std::int64_t NF = std::int64_t(N()) * fc_.out;
+    proj_.backward(dgelu_, d3, fch_gelu_, p + proj_w_, g + proj_w_, nullptr, N(), input_only);
+    kernels::bias_backward(g_.rep_grads_ + kFfnBias * C, g_.dres_, int(g_.Nl_), C);
+    float* dfch = fc_.dy(dfch_, input_only);
+    kernels::fill_zero(dfch, NF);
+    kernels::gelu_backward(dfch, fch_, dgelu_, NF);
+    fc_.backward(g_.dbuf_, dfch, ln2, p + fc_w_, g + fc_w_, g + fc_b_, N(), input_only);
+  }
+  void weight(ParamState&, float* g, const float* ln2) override {
+    // The projection's bias came with the input half (a replicated gradient).
+    proj_.weight(g + proj_w_, nullptr, fch_gelu_, N());
+    fc_.weight(g + fc_w_, g + fc_b_, ln2, N());
+  }
+  bool partial() const override { return true; }
+  std::int64_t replicated_bias() const override { return proj_b_; }
+
+ private:
+  int N() const { return g_.B_ * g_.T_; }
+  Gpt& g_;
+  float *fch_, *fch_gelu_, *dfch_, *dgelu_;
+  std::int64_t fc_w_, fc_b_, proj_w_, proj_b_;
+  Linear fc_, proj_;
+};
+
+// The MoE layer (models/moe.hpp): the router and the experts' MLPs, whose
+// parameters are a unit of their own. Experts are whole on every
+// tensor-parallel rank: each runs the layer over all N rows (the norm
+// gathered them under sequence parallelism), so its output is complete,
+// not a partial sum, and a sequence-parallel rank keeps its own rows of it.
+// Its whole backward (experts and router) runs in the input half of a
+// split backward too: its weight gradients come with the routing it must
+// replay.
+class Gpt::Experts final : public Gpt::Ffn {
+ public:
+  Experts(Gpt& g, int layer, int block_unit, int unit)
+      : g_(g), unit_(unit), layer_(g.c_.moe_layer(), g.B_ * g.T_, *g.tracker_, *g.ep_) {
+    g.bufs_.list(moe_buffers(g.c_.moe_layer(), g.B_ * g.T_));
+    auto at = [&](const char* name, int u) {
+      return g.reg_.find(lname(layer, name)).offset - g.units_[std::size_t(u)].begin;
+    };
+    router_ = at("moe.router.weight", block_unit);
+    fc_w_ = at("moe.experts.fc.weight", unit), fc_b_ = at("moe.experts.fc.bias", unit);
+    proj_w_ = at("moe.experts.proj.weight", unit), proj_b_ = at("moe.experts.proj.bias", unit);
+  }
+  const MoeLayer& layer() const { return layer_; }
+  double forward(ParamState& st, const float* p, const float* ln2, const float* res2, float* out) override {
+    const float* e = st.acquire_params(unit_);
+    st.prefetch(unit_ + 1);
+    const double aux = layer_.forward(g_.dbuf_, ln2, {p + router_, e + fc_w_, e + fc_b_, e + proj_w_, e + proj_b_});
+    kernels::residual_forward(out, res2, g_.dbuf_ + g_.r0_ * g_.c_.d_model, g_.Nl_ * g_.c_.d_model);
+    st.release_params(unit_);
+    return aux;
+  }
+  void recompute(const float*, const float*) override {}  // the layer keeps its own activations and routing
+  void acquire(ParamState& st) override { e_ = st.acquire_params(unit_); }
+  void backward(ParamState& st, const float* p, float* g, const float* ln2, const float* d3, float loss_scale,
+                bool input_only) override {
+    float* ge = st.grads(unit_);
+    kernels::fill_zero(g_.dbuf_, std::int64_t(g_.B_) * g_.T_ * g_.c_.d_model);
+    layer_.backward(g_.dbuf_, d3, ln2, {p + router_, e_ + fc_w_, e_ + fc_b_, e_ + proj_w_, e_ + proj_b_},
+                    {g + router_, ge + fc_w_, ge + fc_b_, ge + proj_w_, ge + proj_b_}, loss_scale);
+    st.release_params(unit_);
+    if (!input_only) st.grads_done(unit_);  // the experts' unit follows the block's: it completes first
+  }
+  void weight(ParamState& st, float*, const float*) override { st.grads_done(unit_); }
+  bool partial() const override { return false; }
+
+ private:
+  Gpt& g_;
+  int unit_;
+  MoeLayer layer_;
+  const float* e_ = nullptr;
+  std::int64_t router_, fc_w_, fc_b_, proj_w_, proj_b_;
+};
+
+// ---- the model -------------------------------------------------------------
+
+Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams, Stage stage,
+         bool split_backward)
+    : c_(config), B_(micro_batch), tp_(seams.tp), cp_(seams.cp), ep_(seams.ep), T_(config.seq_len / seams.cp->size()),
+      stage_(resolved(config, stage)), split_(split_backward),
+      reg_(gpt_registry(config, tp_->size(), tp_->rank(), stage_, ep_->size(), ep_->rank())),
+      tracker_(&tracker), bufs_(tracker) {
+  STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
+  STRATA_CHECK(kernels::is_meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
+               "a model with {} attention on the {} backend", c_.fused_attention ? "fused" : "unfused",
+               kernels::device_name(kernels::device()));
+  STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");
+  STRATA_CHECK(c_.heads % tp_->size() == 0 && c_.vocab % tp_->size() == 0, "heads {} and vocab {} over tp {}",
+               c_.heads, c_.vocab, tp_->size());
+  STRATA_CHECK(c_.seq_len % cp_->size() == 0, "seq_len {} over cp {}", c_.seq_len, cp_->size());
+  // Per tensor-parallel rank: heads, hidden units and vocabulary are 1/tp;
+  // with sequence parallelism the residual stream and norm statistics hold
+  // 1/tp of the rows (the norm outputs are kept gathered, for the weight
+  // gradients of the linears that read them). T: this rank's tokens of each
+  // sequence (all of them without context parallelism).
+  const int tp = tp_->size();
+  const std::int64_t C = c_.d_model, Ct = C / tp, F = c_.ffn() / tp, NHt = c_.heads / tp, N = std::int64_t(B_) * T_;
+  Nl_ = tp_->rows(N);
+  r0_ = tp_->first_row(N);
+  const std::int64_t Nl = Nl_;
+  units_ = gpt_units(reg_, c_, stage_);
+  const int L = stage_.last - stage_.first;
+  const auto A = MemCategory::activations, W = MemCategory::workspace;
+
+  // The recomputation policy: which blocks share their activations. Full
+  // recomputation keeps one block's worth of every per-block buffer but the
+  // block outputs (rebuilt from the block's input in its backward pass);
+  // selective one attention state (the probabilities, rebuilt from q and k).
+  const bool full = c_.recompute == Recompute::full, selective = c_.recompute != Recompute::none;
+  const std::int64_t att = cp_->state_floats(c_.fused_attention, B_, int(NHt), T_, int(Ct));
+  encoded_ = bufs_.add("encoded", Nl * C, A);
+  std::vector<Acts> sets;
+  std::vector<float*> atts;
+  std::vector<std::pair<float*, float*>> hidden;  // the dense MLP's, before and after GELU
+  auto block_set = [&](int i) {
+    const std::string s = fmt::format("block {}", i);
+    Acts a{};
+    a.ln1 = bufs_.add(s + " ln1", N * C, A);
+    a.ln1_mean = bufs_.add(s + " ln1_mean", Nl, A);
+    a.ln1_rstd = bufs_.add(s + " ln1_rstd", Nl, A);
+    a.qkv = bufs_.add(s + " qkv", N * 3 * Ct, A);
+    a.atty = bufs_.add(s + " atty", N * Ct, A);
+    a.res2 = bufs_.add(s + " res2", Nl * C, A);
+    a.ln2 = bufs_.add(s + " ln2", N * C, A);
+    a.ln2_mean = bufs_.add(s + " ln2_mean", Nl, A);
+    a.ln2_rstd = bufs_.add(s + " ln2_rstd", Nl, A);
+    return a;
+  };
+  // Backward scratch, shared by every block.
+  dres_ = bufs_.add("dres", Nl * C, W);
+  dbuf_ = bufs_.add("dbuf", N * C, W);
+  dqkv_ = bufs_.add("dqkv", N * 3 * Ct, W);
+  dprobs_ = bufs_.add("dprobs", cp_->scratch_floats(c_.fused_attention, B_, int(NHt), T_, int(Ct)), W);
+  rep_grads_ = bufs_.add("rep_grads", kReplicated * C, W);
+  if (Nl < N) {
+    sp_rows_ = bufs_.add("sp_rows", Nl * C, W);
+    dres_full_ = bufs_.add("dres_full", N * C, W);
+  }
+  float *dfch = nullptr, *dgelu = nullptr;
+  int unit = stage_.embedding ? 2 : 0, dense = 0;
+  for (int lb = 0; lb < L; ++lb) {
+    Block& b = blocks_.emplace_back();
+    b.layer = stage_.first + lb;
+    b.unit = unit++;
+    auto at = [&](const char* name) { return reg_.find(lname(b.layer, name)).offset - units_[std::size_t(b.unit)].begin; };
+    b.ln1_w = at("ln1.weight"), b.ln1_b = at("ln1.bias"), b.qkv_w = at("attn.qkv.weight"), b.qkv_b = at("attn.qkv.bias");
+    b.proj_w = at("attn.proj.weight"), b.proj_b = at("attn.proj.bias"), b.ln2_w = at("ln2.weight"), b.ln2_b = at("ln2.bias");
+    if (!full || sets.empty()) sets.push_back(block_set(int(sets.size())));
+    if (!selective || atts.empty()) atts.push_back(bufs_.add(fmt::format("block {} att", atts.size()), att, A));
+    b.a = sets.back();
+    b.a.att = atts.back();
+    b.out = bufs_.add(lname(b.layer, "res3"), Nl * C, A);
+    b.qkv = {int(C), int(3 * Ct)}, b.proj = {int(Ct), int(C)};
+    if (split_) {
+      b.qkv.kept = bufs_.add(lname(b.layer, "attn.qkv dy"), N * 3 * Ct, A);
+      b.proj.kept = bufs_.add(lname(b.layer, "attn.proj dy"), N * C, A);
+    }
+    if (c_.is_moe(b.layer)) {
+      b.ffn = std::make_unique<Experts>(*this, b.layer, b.unit, unit++);
+      continue;
+    }
+    if (dfch == nullptr) {
+      dfch = bufs_.add("dfch", N * F, W);
+      dgelu = bufs_.add("dgelu", N * F, W);
+    }
+    if (!full || hidden.empty())
+      hidden.push_back({bufs_.add(fmt::format("mlp {} fch", dense), N * F, A),
+                        bufs_.add(fmt::format("mlp {} fch_gelu", dense), N * F, A)});
+    ++dense;
+    b.ffn = std::make_unique<Mlp>(*this, b.layer, b.unit, hidden.back().first, hidden.back().second, dfch, dgelu, bufs_);
+  }
+  if (stage_.head) {
+    head_unit_ = unit;
+    lnfw_off_ = reg_.find("lnf.weight").offset - units_[std::size_t(head_unit_)].begin;
+    lnfb_off_ = reg_.find("lnf.bias").offset - units_[std::size_t(head_unit_)].begin;
+    head_wte_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
+    const std::int64_t V = c_.vocab / tp;
+    lnf_ = bufs_.add("lnf", N * C, A);
+    lnf_mean_ = bufs_.add("lnf_mean", Nl, A);
+    lnf_rstd_ = bufs_.add("lnf_rstd", Nl, A);
+    // This rank's vocabulary columns, overwritten in place by their gradient,
+    // which the head's linear keeps there for a split backward.
+    logits_ = bufs_.add("logits", N * V, A);
+    losses_ = bufs_.add("losses", N, A);
+    // The row maximum, sum of exponentials and target logit over the whole vocabulary.
+    ce_max_ = bufs_.add("ce_max", N, A);
+    ce_sum_ = bufs_.add("ce_sum", N, A);
+    ce_target_ = bufs_.add("ce_target", N, A);
+    head_ = {int(C), int(V), logits_};
+  }
+}
+
+Gpt::~Gpt() = default;
+
+const MoeLayer* Gpt::moe_layer(int layer) const {
+  const int lb = layer - stage_.first;
+  if (lb < 0 || lb >= int(blocks_.size())) return nullptr;
+  const auto* e = dynamic_cast<const Experts*>(blocks_[std::size_t(lb)].ffn.get());
+  return e != nullptr ? &e->layer() : nullptr;
+}
+
+std::vector<std::pair<int, const MoeLayer*>> Gpt::routers() const {
+  std::vector<std::pair<int, const MoeLayer*>> out;
+  for (const Block& b : blocks_)
+    if (const MoeLayer* m = moe_layer(b.layer)) out.push_back({b.layer, m});
+  return out;
+}
+
+const float* Gpt::output() const { return blocks_.empty() ? encoded_ : blocks_.back().out; }
+
+void Gpt::finish_replicated(float* const* grads, int n) {
+  const std::int64_t C = c_.d_model;
+  tp_->reduce_replicated(rep_grads_, n * C);
+  for (int k = 0; k < n; ++k) kernels::add_inplace(grads[k], rep_grads_ + k * C, C);
+  kernels::fill_zero(rep_grads_, n * C);
+}
+
+namespace {
+
+// Runs of rows whose positions are consecutive: rows [first, first + n) of
+// the [B, T] local tokens (row = b T + t) at positions pos, pos + 1, ...
+template <typename F>
+void position_runs(const ContextSeam& cp, std::int64_t first, std::int64_t n, int T, int seq_len, F f) {
+  std::int64_t row = first;
+  while (row < first + n) {
+    const int t = int(row % T), pos = cp.position(t, seq_len);
+    std::int64_t len = 1;
+    while (row + len < first + n && (row + len) % T != 0 && cp.position(t + int(len), seq_len) == pos + len) ++len;
+    f(row - first, pos, len);
+    row += len;
+  }
+}
+
+}  // namespace
+
+void Gpt::add_positions(float* rows, const float* wpe) {
+  const int C = c_.d_model;
+  if (cp_->size() == 1) {
+    kernels::add_position_rows(rows, wpe, int(Nl_), C, T_, int(r0_));
+    return;
+  }
+  position_runs(*cp_, r0_, Nl_, T_, c_.seq_len, [&](std::int64_t i, int pos, std::int64_t len) {
+    kernels::add_inplace(rows + i * C, wpe + std::int64_t(pos) * C, len * C);
+  });
+}
+
+void Gpt::position_grads(float* dwpe, const float* drows) {
+  const int C = c_.d_model;
+  position_runs(*cp_, 0, std::int64_t(B_) * T_, T_, c_.seq_len, [&](std::int64_t i, int pos, std::int64_t len) {
+    kernels::add_inplace(dwpe + std::int64_t(pos) * C, drows + i * C, len * C);
+  });
+}
+
+void Gpt::norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
+  // A norm over this rank's rows [Nl, C], its output [N, C] of all rows for
+  // the column-parallel linear that reads it (f, gathered in place).
+  const int C = c_.d_model, N = B_ * T_;
+  float* mine = out_all + r0_ * C;
+  kernels::layernorm_forward(mine, mean, rstd, x, w, b, int(Nl_), C);
+  tp_->gather(mine, out_all, N, C);
+}
+
+void Gpt::residual_rows(float* out, const float* x, const float* bias) {
+  // out[Nl, C] = x + (this rank's rows of the row-parallel partial sums in
+  // dbuf_ [N, C], summed over ranks: g) + bias.
+  const int C = c_.d_model, N = B_ * T_;
+  const float* sum = tp_->reduce(dbuf_, sp_rows_, N, C);
+  kernels::residual_forward(out, x, sum, Nl_ * C);
+  kernels::bias_add(out, bias, int(Nl_), C);
+}
+
+void Gpt::norm_back(const float* x, const float* w, const float* mean, const float* rstd, int k, bool partial) {
+  // Into dres_ [Nl, C], from the column-parallel linears' partial input
+  // gradients [N, C] in dbuf_ (f backward: this rank's rows of their sum over
+  // ranks), or from a whole one (its own rows).
+  const int C = c_.d_model, N = B_ * T_;
+  const float* d = partial ? tp_->reduce(dbuf_, sp_rows_, N, C) : dbuf_ + r0_ * C;
+  kernels::layernorm_backward(dres_, rep_grads_ + std::int64_t(k) * C, rep_grads_ + std::int64_t(k + 1) * C, d, x, w,
+                              mean, rstd, int(Nl_), C);
+}
+
+const float* Gpt::dres_all() { return tp_->gather(dres_, dres_full_, std::int64_t(B_) * T_, c_.d_model); }
+
+void Gpt::attention_half(const Block& b, const float* p, const float* x) {
+  const int N = B_ * T_, NHt = c_.heads / tp_->size();
+  const Acts& a = b.a;
+  norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, p + b.ln1_b);
+  b.qkv.forward(a.qkv, a.ln1, p + b.qkv_w, p + b.qkv_b, N);  // column-parallel: this rank's heads
+  // Over whole sequences: under context parallelism the ring brings the
+  // other ranks' keys and values (the backward scratch holds them).
+  cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B_, T_, b.proj.in, NHt);
+  // Row-parallel output projection: partial sums over this rank's heads,
+  // summed over the ranks (g), then the bias and the residual, once.
+  b.proj.forward(dbuf_, a.atty, p + b.proj_w, nullptr, N);
+  residual_rows(a.res2, x, p + b.proj_b);
+  norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + b.ln2_w, p + b.ln2_b);
+}
+
+void Gpt::block_forward(ParamState& st, Block& b, const float* x, double* aux) {
+  const float* p = st.acquire_params(b.unit);
+  st.prefetch(b.unit + 1);  // a MoE block's experts, or the next block
+  attention_half(b, p, x);
+  *aux += b.ffn->forward(st, p, b.a.ln2, b.a.res2, b.out);
+  st.release_params(b.unit);
+}
+
+float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
+  // Local sizes: this tensor-parallel rank's vocabulary rows [v0, v0 + Vt);
+  // its Nl rows of the residual stream start at row r0 (all of them, from
+  // 0, unless sequence parallel).
+  const int B = B_, T = T_, C = c_.d_model, L = c_.layers, tp = tp_->size();
+  const int Vt = c_.vocab / tp, v0 = tp_->rank() * Vt;
+  const int N = B * T, Nl = int(Nl_);
+  if (stage_.embedding) {
+    ScopedSpan s(tl, 0, Phase::forward);
+    const float* wte = st.acquire_params(kWteUnit);
+    const float* wpe = st.acquire_params(kWpeUnit);
+    st.prefetch(kWpeUnit + 1);  // the first block, or the final norm
+    // Vocabulary-parallel: each rank looks up the rows it holds (a token
+    // outside them gives 0), the sum over ranks is the lookup (g: this
+    // rank's rows, in encoded_), then the whole position rows are added once.
+    float* lookup = Nl == N ? encoded_ : dbuf_;  // [N, C]
+    kernels::embedding_forward(lookup, tokens, wte, nullptr, B, T, C, v0, Vt);
+    const float* sum = tp_->reduce(lookup, encoded_, N, C);
+    STRATA_CHECK(sum == encoded_, "the embedding's sum outside the stage input");
+    add_positions(encoded_, wpe);
+    st.release_params(kWpeUnit);
+    st.release_params(kWteUnit);
+  }
+  double aux = 0;  // the MoE blocks' auxiliary losses
+  const float* x = encoded_;
+  for (Block& b : blocks_) {
+    ScopedSpan s(tl, b.layer + 1, Phase::forward);
+    block_forward(st, b, x, &aux);
+    x = b.out;
+  }
+  if (!stage_.head) return float(aux);
+  ScopedSpan s(tl, L + 1, Phase::forward);
+  // The head's units stay acquired until its backward, which comes next.
+  const float* uf = st.acquire_params(head_unit_);
+  const float* wte = st.acquire_params(head_wte_unit_);
+  norm_rows(lnf_, lnf_mean_, lnf_rstd_, output(), uf + lnfw_off_, uf + lnfb_off_);
+  head_.forward(logits_, lnf_, wte, nullptr, N);  // tied head: this rank's vocabulary columns
+  // Vocabulary-parallel cross-entropy: the row maximum, the sum of
+  // exponentials and the target's logit are combined over the ranks; no rank
+  // holds the whole vocabulary's logits.
+  kernels::row_max(ce_max_, logits_, N, Vt);
+  tp_->all_reduce(ce_max_, N, comm::ReduceOp::max);
+  kernels::row_exp_sum(ce_sum_, logits_, ce_max_, N, Vt);
+  tp_->all_reduce(ce_sum_, N, comm::ReduceOp::sum);
+  kernels::pick_target_logits(ce_target_, logits_, targets, v0, N, Vt);
+  tp_->all_reduce(ce_target_, N, comm::ReduceOp::sum);
+  kernels::cross_entropy_from_parts(losses_, ce_max_, ce_sum_, ce_target_, N);
+  // The one read of device memory per micro-batch: the rows' losses.
+  host_losses_.resize(std::size_t(N));
+  kernels::copy_bytes(host_losses_.data(), losses_, sizeof(float) * std::size_t(N));
+  double sum = 0;
+  for (float v : host_losses_) sum += v;
+  return float(sum / N + aux);
+}
+
+void Gpt::block_backward(ParamState& st, Block& b, const float* x, int next, float loss_scale, bool input_only) {
+  const int N = B_ * T_, C = c_.d_model, NHt = c_.heads / tp_->size();
+  const Acts& a = b.a;
+  const float* p = st.acquire_params(b.unit);
+  b.ffn->acquire(st);
+  if (next >= 0) st.prefetch(next);  // the block before: its backward comes next
+  float* g = st.grads(b.unit);
+  if (c_.recompute == Recompute::full) {
+    // The block's forward again from its stored input. The time counts in
+    // the block's backward span.
+    const prof::Recomputing again;
+    attention_half(b, p, x);
+    b.ffn->recompute(p, a.ln2);
+  }
+  // Feed-forward: dres_ holds d(res3); the identity path leaves it as d(res2).
+  b.ffn->backward(st, p, g, a.ln2, dres_all(), loss_scale, input_only);
+  norm_back(a.res2, p + b.ln2_w, a.ln2_mean, a.ln2_rstd, kLn2Weight, b.ffn->partial());
+  // Attention: dres_ now holds d(res2). The row-parallel projection's input
+  // gradient needs every row's; its bias takes this rank's rows.
+  b.proj.backward(dbuf_, dres_all(), a.atty, p + b.proj_w, g + b.proj_w, nullptr, N, input_only);
+  kernels::bias_backward(rep_grads_ + kProjBias * C, dres_, int(Nl_), C);
+  float* dqkv = b.qkv.dy(dqkv_, input_only);
+  kernels::fill_zero(dqkv, std::int64_t(N) * b.qkv.out);
+  if (c_.recompute == Recompute::selective) {
+    // The attention probabilities again from q and k (Korthikanti et al.);
+    // atty gets the same values it holds.
+    const prof::Recomputing again;
+    cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B_, T_, b.proj.in, NHt);
+  }
+  cp_->attention_backward(dqkv, dprobs_, dbuf_, a.qkv, a.atty, a.att, B_, T_, b.proj.in, NHt);
+  b.qkv.backward(dbuf_, dqkv, a.ln1, p + b.qkv_w, g + b.qkv_w, g + b.qkv_b, N, input_only);
+  norm_back(x, p + b.ln1_w, a.ln1_mean, a.ln1_rstd, kLn1Weight);
+  // A dense MLP's output bias is replicated; a MoE layer's belong to its experts.
+  const std::int64_t ffn_bias = b.ffn->replicated_bias();
+  float* rep[kReplicated] = {g + b.ln1_w, g + b.ln1_b, g + b.proj_b, g + b.ln2_w, g + b.ln2_b,
+                             ffn_bias >= 0 ? g + ffn_bias : nullptr};
+  finish_replicated(rep, ffn_bias >= 0 ? kReplicated : kFfnBias);
+  st.release_params(b.unit);
+  if (!input_only) st.grads_done(b.unit);
+}
+
+void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
+                   prof::Timeline* tl, bool input_only) {
+  STRATA_CHECK(!input_only || split_, "an input-only backward needs a model built with split_backward");
+  const int B = B_, T = T_, C = c_.d_model, L = c_.layers, tp = tp_->size();
+  const int Vt = c_.vocab / tp, v0 = tp_->rank() * Vt;
+  const int N = B * T;
+  const std::int64_t NlC = Nl_ * C;
+  const Phase phase = input_only ? Phase::backward_input : Phase::backward;
+  // Without the head, output_grad() (dres_) already holds the gradient of
+  // this stage's output.
+  if (stage_.head) {
+    ScopedSpan s(tl, L + 1, phase);
+    // Acquired by the forward pass: these return the same pointers.
+    const float* uf = st.acquire_params(head_unit_);
+    const float* wte = st.acquire_params(head_wte_unit_);
+    if (!blocks_.empty()) st.prefetch(blocks_.back().unit);  // the last block's backward comes next
+    float* gf = st.grads(head_unit_);
+    kernels::softmax_cross_entropy_backward_sharded(logits_, logits_, ce_max_, ce_sum_, targets, v0,
+                                                    loss_scale / float(N), N, Vt);
+    head_.backward(dbuf_, logits_, lnf_, wte, input_only ? nullptr : st.grads(head_wte_unit_), nullptr, N, input_only);
+    kernels::fill_zero(dres_, NlC);
+    norm_back(output(), uf + lnfw_off_, lnf_mean_, lnf_rstd_, 0);
+    float* g[2] = {gf + lnfw_off_, gf + lnfb_off_};
+    finish_replicated(g, 2);
+    // Twice: once for this backward's acquire, once for the forward's.
+    for (int k = 0; k < 2; ++k) {
+      st.release_params(head_unit_);
+      st.release_params(head_wte_unit_);
+    }
+    // Units complete from the last to the first (the data-parallel buckets rely on it).
+    if (!input_only) {
+      if (head_wte_unit_ > head_unit_) st.grads_done(head_wte_unit_);
+      st.grads_done(head_unit_);
+    }
+  }
+  for (std::size_t i = blocks_.size(); i-- > 0;) {
+    Block& b = blocks_[i];
+    ScopedSpan s(tl, b.layer + 1, phase);
+    block_backward(st, b, i == 0 ? encoded_ : blocks_[i - 1].out, i == 0 ? -1 : blocks_[i - 1].unit, loss_scale,
+                   input_only);
+  }
+  if (!stage_.embedding) return;  // input_grad() (dres_) holds the gradient of this stage's input
+  ScopedSpan s(tl, 0, phase);
+  // The embedding's backward needs no parameters, only the token ids; each
+  // rank scatters into the vocabulary rows it holds. It runs in the
+  // input-gradient half too: that is where dres_ is at hand.
+  const float* drows = dres_all();
+  kernels::embedding_backward(st.grads(kWteUnit), cp_->size() > 1 ? nullptr : st.grads(kWpeUnit), drows, tokens, B,
+                              T, C, v0, Vt);
+  if (cp_->size() > 1) position_grads(st.grads(kWpeUnit), drows);
+  if (!input_only) {
+    st.grads_done(kWpeUnit);
+    st.grads_done(kWteUnit);
+  }
+}
+
+// The weight-gradient half of a split backward pass: every linear's weight
+// and bias gradient from its input (kept by the forward pass) and its output
+// gradient (kept by backward(input_only)). No parameter is read.
+void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
+  STRATA_CHECK(split_, "backward_weight needs a model built with split_backward");
+  const int N = B_ * T_;
+  if (stage_.head) {
+    ScopedSpan s(tl, c_.layers + 1, Phase::backward_weight);
+    head_.weight(st.grads(head_wte_unit_), nullptr, lnf_, N);
+    if (head_wte_unit_ > head_unit_) st.grads_done(head_wte_unit_);
+    st.grads_done(head_unit_);
+  }
+  for (std::size_t i = blocks_.size(); i-- > 0;) {
+    Block& b = blocks_[i];
+    ScopedSpan s(tl, b.layer + 1, Phase::backward_weight);
+    float* g = st.grads(b.unit);
+    b.ffn->weight(st, g, b.a.ln2);
+    b.proj.weight(g + b.proj_w, nullptr, b.a.atty, N);
+    b.qkv.weight(g + b.qkv_w, g + b.qkv_b, b.a.ln1, N);
+    st.grads_done(b.unit);
+  }
+  if (stage_.embedding) {
+    st.grads_done(kWpeUnit);
+    st.grads_done(kWteUnit);
+  }
+}
+
+}  // namespace strata::models

@@ -1,0 +1,251 @@
+// A GPT decoder (GPT-2 layout): token and position embeddings, pre-LayerNorm
+// blocks of causal self-attention and an MLP (or, in a Mixture-of-Experts
+// model, a MoE layer for some blocks' MLP), a final LayerNorm, and a
+// language-model head tied to the token embedding. One forward and one
+// backward over a micro-batch, llm.c style: a block is a plain sequence of
+// layers, and every activation the backward pass needs is a named buffer,
+// allocated once from the tracker. Its family rows (model.kind "gpt" and
+// "moe") are in family.cpp.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/foundation/memory.hpp"
+#include "kernels/foundation/timeline.hpp"
+#include "models/buffers.hpp"
+#include "models/model.hpp"
+#include "models/moe.hpp"
+#include "models/param_registry.hpp"
+#include "models/seams.hpp"
+#include "models/state.hpp"
+#include "plan/plan.hpp"
+
+namespace strata::models {
+
+// Mixture-of-Experts blocks: with experts > 0, block l's MLP is a MoE layer
+// (models/moe.hpp) of `experts` copies of it when l % every == every - 1
+// (every = 1: all blocks; 2: every other block, as GShard).
+struct GptMoe {
+  int experts = 0;  // 0: a dense model
+  int every = 1;
+  int top_k = 2;
+  double capacity_factor = 1.25;
+  bool drop_tokens = true;
+  bool renormalize = true;
+  float aux_coef = 0.01f;
+};
+
+// Activation recomputation, as the plan chooses it (plan/plan.hpp).
+using plan::Recompute;
+
+struct GptConfig {
+  int layers = 2;
+  int d_model = 64;
+  int heads = 4;
+  int ffn_mult = 4;
+  int vocab = 256;
+  int seq_len = 64;
+  GptMoe moe = {};
+  Recompute recompute = Recompute::none;
+  // The fused attention kernels (the CUDA backend's): the backward pass keeps
+  // each row's log-sum-exp instead of the T x T probabilities. Must match the
+  // device the kernels run on (checked when a model is built).
+  bool fused_attention = false;
+  int ffn() const { return ffn_mult * d_model; }
+  bool is_moe(int layer) const { return moe.experts > 0 && layer % moe.every == moe.every - 1; }
+  // The configuration of its MoE layers.
+  MoeConfig moe_layer() const {
+    return {d_model, ffn(), moe.experts, moe.top_k, moe.capacity_factor, moe.drop_tokens, moe.renormalize,
+            moe.aux_coef};
+  }
+};
+
+// The GPT configuration of a plan's [model] section (and its device: fused
+// attention on the CUDA backend).
+GptConfig gpt_config(const plan::Plan& p);
+
+// The parameters of a GPT stage, in flat-buffer order (embeddings, blocks,
+// final norm and, on a last stage without the embedding, the tied wte), as
+// tensor-parallel rank `tp_rank` of `tp_size` holds them.
+// With ep_size > 1 the MoE blocks' experts are split over the expert-parallel
+// ranks, rank `ep_rank` holding experts [ep_rank E/ep, (ep_rank+1) E/ep).
+ParamRegistry gpt_registry(const GptConfig& c, int tp_size = 1, int tp_rank = 0, Stage stage = {}, int ep_size = 1,
+                           int ep_rank = 0);
+
+// The whole model's parameter count in long double arithmetic, which no int
+// field can overflow: what a deck's sizes are checked against before
+// anything is built (gpt_registry(c).numel() where that fits; tested).
+long double gpt_param_count(const GptConfig& c);
+
+// Forward matmul FLOPs of one micro-batch of B sequences, per layer:
+// [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
+// T x T scores (as Megatron's formula does), not only the causal half.
+std::vector<double> gpt_forward_flops(const GptConfig& c, int B);
+// Model FLOPs of forward + backward over B sequences: 3x the forward.
+double gpt_model_flops(const GptConfig& c, int B);
+// FLOPs executed: the model's plus the forward work recomputation repeats
+// (full: each block's norms-to-MLP-first-linear matmuls, a MoE block's
+// attention part only; selective: the attention scores and their product
+// with v).
+double gpt_hardware_flops(const GptConfig& c, int B);
+
+// The units of the state seam, contiguous and in flat-buffer order: wte and
+// wpe if the stage has the embedding, each block (a MoE block as two: its
+// attention, norms and router, then its experts), and the final norm (then
+// the tied wte copy on a last stage without the embedding) if the stage has
+// the head. For a whole dense model: wte 0, wpe 1, blocks 2..L+1, norm L+2.
+std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, Stage stage = {});
+
+class Gpt final : public Model {
+ public:
+  // Allocates the activations and backward scratch of one micro-batch shape.
+  // Parameters and gradients live in a ParamState (the state seam).
+  // seams: where the layers meet other ranks (models/seams.hpp; one rank by
+  // default): tensor parallelism splits every block, expert parallelism the
+  // MoE layers' experts, context parallelism each sequence (the model runs
+  // on this rank's seq_len / cp tokens of each). They must outlive the model.
+  // split_backward: the backward pass may run as backward(input) then
+  // backward_weight() (zero-bubble schedules): each linear keeps its output
+  // gradient in between.
+  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams = {},
+      Stage stage = {}, bool split_backward = false);
+  ~Gpt() override;
+
+  const GptConfig& config() const { return c_; }
+  int micro_batch() const { return B_; }
+  const TensorSeam& tp() const { return *tp_; }
+  // The MoE layer of global block `layer` on this stage, or null.
+  const MoeLayer* moe_layer(int layer) const;
+
+  const ParamRegistry& registry() const override { return reg_; }
+  const std::vector<Unit>& units() const override { return units_; }
+  const Stage& stage() const override { return stage_; }
+  const std::vector<BufferSpec>& buffers() const override { return bufs_.specs(); }
+  float* input() override { return encoded_; }
+  const float* output() const override;
+  float* output_grad() override { return dres_; }
+  const float* input_grad() const override { return dres_; }
+  std::int64_t boundary_floats() const override { return Nl_ * c_.d_model; }
+  float forward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets,
+                prof::Timeline* tl = nullptr) override;
+  void backward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
+                prof::Timeline* tl = nullptr, bool input_only = false) override;
+  void backward_weight(ParamState& state, prof::Timeline* tl = nullptr) override;
+  std::vector<std::pair<int, const MoeLayer*>> routers() const override;
+
+ private:
+  // A linear layer y = x W^T + b of this rank's `in` inputs and `out`
+  // outputs (models/linear.hpp). Built for a split backward, it keeps its
+  // output gradient [N, out] from the input half to the weight half.
+  struct Linear {
+    int in = 0, out = 0;
+    float* kept = nullptr;
+    void forward(float* y, const float* x, const float* w, const float* b, int N) const;
+    // Where its output gradient goes: the kept buffer in an input-only pass
+    // (nothing to copy later), else `scratch`.
+    float* dy(float* scratch, bool input_only) const { return input_only ? kept : scratch; }
+    // dx = dy W; then dW += dy^T x and db += colsum(dy), or (input-only)
+    // dy kept for weight().
+    void backward(float* dx, const float* dy, const float* x, const float* w, float* dw, float* db, int N,
+                  bool input_only) const;
+    void weight(float* dw, float* db, const float* x, int N) const;
+  };
+
+  // The gradients of a block's parameters that every tensor-parallel rank
+  // holds whole (norms, row-parallel biases), from this rank's rows: C
+  // floats each in the scratch `rep_grads`, summed over the ranks where the
+  // rows are split, then added to their gradients (finish_replicated).
+  enum Replicated { kLn1Weight, kLn1Bias, kProjBias, kLn2Weight, kLn2Bias, kFfnBias, kReplicated };
+
+  // A block's activations that its backward pass reads: the norms' outputs
+  // (all N rows) and statistics (this rank's rows), q k v, attention's
+  // output and state (its probabilities, or the rows' log-sum-exp), and the
+  // residual stream after attention. Recomputation shares them between
+  // blocks (the recomputation policy, in the constructor).
+  struct Acts {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd;
+  };
+
+  // A block's feed-forward half: it reads ln2 (all rows) and adds its
+  // output to the residual stream res2, into the block's output.
+  class Ffn;
+  class Mlp;     // the dense MLP: fc, GELU, proj
+  class Experts;  // the MoE layer
+
+  struct Block {
+    int layer = 0;  // global block index (timeline and parameter names)
+    int unit = 0;   // its unit: norms, attention, and the dense MLP or the router
+    // Its parameters' offsets within the unit.
+    std::int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b;
+    Acts a;
+    float* out = nullptr;  // the residual stream after the block [Nl, C]
+    Linear qkv, proj;
+    std::unique_ptr<Ffn> ffn;
+  };
+
+  // One block forward up to the feed-forward: norm, attention, residual,
+  // norm (again in a fully recomputing backward).
+  void attention_half(const Block& b, const float* p, const float* x);
+  // A block's forward from its input x; its backward, `next` the unit whose
+  // backward follows (-1: none).
+  void block_forward(ParamState& st, Block& b, const float* x, double* aux);
+  void block_backward(ParamState& st, Block& b, const float* x, int next, float loss_scale, bool input_only);
+  // A norm over this rank's rows, its output gathered to all rows under
+  // sequence parallelism; the residual add of the row-parallel sums in
+  // dbuf_ (summed or reduce-scattered over tp) and a bias; a norm's
+  // backward into dres_ from the partial input gradients in dbuf_ (f
+  // backward) or, `partial` false, from a whole one, its weight and bias
+  // gradients into replicated slots k and k + 1.
+  void norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b);
+  void residual_rows(float* out, const float* x, const float* bias);
+  void norm_back(const float* x, const float* w, const float* mean, const float* rstd, int k, bool partial = true);
+  // The residual gradient of all N rows (gathered where they are split).
+  const float* dres_all();
+  void finish_replicated(float* const* grads, int n);
+  // The position rows of this rank's rows [r0_, r0_ + Nl_) of the residual
+  // stream: added to `rows` (forward), or their gradient in `drows` (all N
+  // rows) added to dwpe (backward); under context parallelism the rows'
+  // positions come in runs (context_seam.hpp).
+  void add_positions(float* rows, const float* wpe);
+  void position_grads(float* dwpe, const float* drows);
+
+  GptConfig c_;
+  int B_;
+  TensorSeam* tp_;
+  ContextSeam* cp_;
+  ExpertSeam* ep_;
+  int T_;  // this rank's tokens of each sequence: seq_len / cp
+  Stage stage_;
+  std::int64_t Nl_ = 0, r0_ = 0;  // this rank's rows of the residual stream, from row r0_
+  bool split_ = false;
+  ParamRegistry reg_;
+  std::vector<Unit> units_;
+  core::MemoryTracker* tracker_;
+  Buffers bufs_;
+  std::vector<Block> blocks_;
+  // Units: wte and wpe (a stage with the embedding), the blocks, the final
+  // norm and (a last stage without the embedding) the tied wte copy.
+  static constexpr int kWteUnit = 0, kWpeUnit = 1;
+  int head_unit_ = -1;     // unit of the final norm
+  int head_wte_unit_ = 0;  // the unit the head reads wte from
+  std::int64_t lnfw_off_ = 0, lnfb_off_ = 0;
+  Linear head_;  // the tied head: this rank's vocabulary columns; its kept output gradient is `logits`
+  // The stage's input (the embedding's output, or the previous stage's
+  // activations) and the head's activations.
+  float *encoded_, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
+                   *losses_ = nullptr, *ce_max_ = nullptr, *ce_sum_ = nullptr, *ce_target_ = nullptr;
+  // The losses' host copy (untracked: N floats of host memory, not device).
+  std::vector<float> host_losses_;
+  // Backward scratch (workspace): the running residual gradient [Nl, C],
+  // a linear's input gradient or partial sums [N, C], attention's q k v
+  // gradient and scratch, the replicated gradients; where the rows are
+  // split, a reduction's rows and the gathered residual gradient.
+  float *dres_, *dbuf_, *dqkv_, *dprobs_, *rep_grads_;
+  float *sp_rows_ = nullptr, *dres_full_ = nullptr;
+};
+
+}  // namespace strata::models
