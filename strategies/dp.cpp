@@ -69,7 +69,8 @@ const StateRow& data_parallel_row() {
        dp_parts,
        {{40, "parallel.dp", dp_sizes, false, "dp"}}},
       [](const plan::Plan& p) { return p.parallel.zero == 0; },
-      make_dp};
+      make_dp,
+      [](const plan::Plan&) { return std::string("dp"); }};
   return row;
 }
 

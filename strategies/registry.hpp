@@ -87,10 +87,12 @@ struct Conflict {
 const std::vector<Conflict>& conflicts();
 
 // A state strategy: where parameters, gradients and optimizer state live.
-// The plan chooses exactly one (`chosen`); `make` builds it over a group.
+// The plan chooses exactly one (`chosen`); `make` builds it over a group;
+// `label` is what a report calls it for a plan ("dp", "zero2").
 struct StateRow : Row {
   bool (*chosen)(const plan::Plan&) = nullptr;
   StateFactory make = nullptr;
+  std::string (*label)(const plan::Plan&) = nullptr;
 };
 
 // The seams' tables.

@@ -88,6 +88,11 @@ const StateRow& zero_row() {
       [](const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
          comm::Communicator* group, core::MemoryTracker& tracker) -> std::unique_ptr<StateStrategy> {
         return std::make_unique<Zero>(cfg, reg, std::move(units), group, tracker);
+      },
+      // Hybrid sharding named with its shard group's size.
+      [](const plan::Plan& p) {
+        const int s = p.parallel.dp_shard;
+        return fmt::format("zero{}{}", p.parallel.zero, s != 0 && s != p.parallel.dp ? fmt::format(" hybrid {}", s) : "");
       }};
   return row;
 }

@@ -152,4 +152,26 @@ void print_bubbles(MPI_Comm comm, const Bubble& b, const std::string& formula) {
              int(all[std::size_t(3 * worst)]), core::median(over));
 }
 
+void print_run_end(MPI_Comm comm, const RunRecords& r, const plan::Plan& cfg, const std::string& report) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  print_memory_per_rank(comm, r.memory, r.steps.empty() ? -1 : r.steps.back().step);
+  if (cfg.parallel.pp > 1 && cfg.run.profile) print_bubbles(comm, r.bubble, cfg.parallel.schedule->formula);
+  if (rank != 0) return;
+  const Summary& s = r.summary;
+  fmt::print("summary: loss {:.4f} -> {:.4f} | {:.0f} tokens/s (median of {} steps) | {:.2f} GFLOP/s | MFU {:.1f}%{}\n",
+             s.initial_loss, s.final_loss, s.tokens_per_s, s.measured_steps, s.flops_per_s / 1e9, 100 * s.mfu,
+             s.hardware_flops_per_step > s.model_flops_per_step ? fmt::format(" | HFU {:.1f}%", 100 * s.hfu) : "");
+  if (!r.comm.empty()) {
+    fmt::print("communication on rank 0 over {} measured steps:\n", s.measured_steps);
+    fmt::print("  {:<10} {:<15} {:>3} {:>11} {:>7} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "axis", "op", "n", "size <=",
+               "calls", "bytes", "xfer_ms", "algbw_GB/s", "busbw_GB/s", "hidden");
+    for (const auto& a : r.comm)
+      fmt::print("  {:<10} {:<15} {:>3} {:>11} {:>7} {:>12.0f} {:>10.2f} {:>10.3f} {:>10.3f} {:>7.0f}%\n", a.axis, a.op,
+                 a.group_size, core::format_bytes(double(a.size_class)), a.count, a.bytes, a.group_time * 1e3,
+                 a.algbw() / 1e9, a.busbw() / 1e9, 100.0 * a.hidden_fraction());
+  }
+  fmt::print("report: {}\n", report);
+}
+
 }  // namespace strata::train

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "src/train/records.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
 
@@ -38,5 +39,9 @@ std::string cores_shared_warning(MPI_Comm comm, int threads);
 void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memory, int last_step);
 // Collective; rank 0 prints every rank's measured bubble beside the theory.
 void print_bubbles(MPI_Comm comm, const Bubble& b, const std::string& formula);
+// Collective, at a run's end: every rank's memory and (a profiled pipeline)
+// bubble, then on rank 0 the summary line, the communication per axis and
+// op, and where the report is.
+void print_run_end(MPI_Comm comm, const RunRecords& r, const plan::Plan& cfg, const std::string& report);
 
 }  // namespace strata::train

@@ -13,7 +13,7 @@
 #include "kernels/kernels.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/sim/machine.hpp"
-#include "src/train/run.hpp"
+#include "src/train/run_report.hpp"
 
 namespace strata::train {
 

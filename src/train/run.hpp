@@ -24,9 +24,6 @@ struct RunOptions {
 // Returns the process exit status (0). Throws core::Error on failure.
 int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm);
 
-// Now, as ISO 8601 in UTC: a report's start_time.
-std::string iso_time_utc();
-
 // The report path a deck resolves to: --output, else run.output, else
 // results/<run.name>.h5.
 std::string report_path(const deck::Deck& deck, const RunOptions& options);

@@ -1,6 +1,9 @@
 #include "src/train/run_report.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <ctime>
+#include <set>
 #include <fstream>
 #include <map>
 
@@ -9,7 +12,10 @@
 #include "git_state.hpp"
 #include "kernels/foundation/median.hpp"
 #include "src/comm/mpi_check.hpp"
+#include "kernels/kernels.hpp"
+#include "models/model.hpp"
 #include "strategies/pp/schedule.hpp"
+#include "strategies/registry.hpp"
 
 namespace strata::train {
 
@@ -96,6 +102,70 @@ void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memo
                  std::string(core::pool_name(m.pool)), std::int64_t(m.current), std::int64_t(m.peak),
                  std::int64_t(m.pool_peak)});
   f.write_table(mem);
+}
+
+std::string iso_time_utc() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+Provenance provenance(const deck::Deck& deck, const std::string& command_line, const std::string& backend) {
+  const plan::Plan& cfg = deck.config;
+  const mesh::Layout layout = strategies::layout_of(cfg);
+  Provenance p;
+  p.command_line = command_line;
+  p.start_time = iso_time_utc();
+  p.hosts = std::string(1, '-');  // none until a job describes its own (a literal here trips GCC 12's -Wrestrict)
+  p.world_size = layout.world();
+  p.deck_path = deck.path;
+  p.deck_text = deck.text;
+  p.resolved_config = deck.resolved_toml;
+  p.backend = backend;
+  p.threads = kernels::num_threads();
+  p.parameters = models::parameter_count(cfg);
+  p.layout = mesh::describe(layout);
+  const strategies::StateRow& state = strategies::chosen_state(cfg);
+  p.strategy = state.label(cfg);
+  p.precision = core::precision_name(cfg.backend.precision);
+  return p;
+}
+
+// Every rank's processor name, unique, in rank order.
+namespace {
+
+std::string gather_hosts(MPI_Comm comm) {
+  int size = 1;
+  STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  STRATA_CHECK_MPI(MPI_Get_processor_name(name, &len));
+  std::vector<char> all(std::size_t(size) * MPI_MAX_PROCESSOR_NAME);
+  STRATA_CHECK_MPI(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                                 MPI_CHAR, comm));
+  std::string out;
+  std::set<std::string> seen;
+  for (int r = 0; r < size; ++r) {
+    std::string h(&all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME]);
+    if (seen.insert(h).second) out += (out.empty() ? "" : ",") + h;
+  }
+  return out;
+}
+
+}  // namespace
+
+void describe_job(Provenance& p, MPI_Comm comm) {
+  p.hosts = gather_hosts(comm);
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  p.slurm_job_id = env("SLURM_JOB_ID");
+  p.slurm_array_job_id = env("SLURM_ARRAY_JOB_ID");
+  p.slurm_array_task_id = env("SLURM_ARRAY_TASK_ID");
+  p.slurm_nodelist = env("SLURM_JOB_NODELIST");
+  p.slurm_tasks_per_node = env("SLURM_TASKS_PER_NODE");
 }
 
 void describe_software(Provenance& p, const std::string& comm_libraries, const std::string& kernel_libraries) {

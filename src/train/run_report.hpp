@@ -14,6 +14,7 @@
 #include "src/comm/comm_log.hpp"
 #include "kernels/foundation/memory.hpp"
 #include "kernels/foundation/timeline.hpp"
+#include "src/deck/deck.hpp"
 #include "src/report/h5file.hpp"
 #include "src/train/memory_figures.hpp"
 #include "src/train/trainer.hpp"
@@ -95,6 +96,19 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
 // largest (the lowest such rank), on every rank.
 void take_largest_rank_memory(Summary& s, MPI_Comm comm);
 
+// Now, as ISO 8601 in UTC: a report's start_time.
+std::string iso_time_utc();
+
+// What every report of a deck says of where it came from, built here once
+// for a run, an estimate and a simulation alike: the command line, the deck
+// as read and as resolved, its layout, state strategy, precision and
+// parameters, the world and the threads, on `backend` ("cpu", "meta",
+// "simulated: h100-80gb"); no hosts ("-"). A run adds its hosts and job
+// (describe_job), its software (describe_software) and its peak.
+Provenance provenance(const deck::Deck& deck, const std::string& command_line, const std::string& backend);
+// The hosts of the ranks of `comm` (unique, in rank order) and their SLURM
+// job. Collective.
+void describe_job(Provenance& p, MPI_Comm comm);
 // The compiler, HDF5 and the CPU's model into p, with the given MPI (and
 // NCCL) and kernel libraries.
 void describe_software(Provenance& p, const std::string& comm_libraries, const std::string& kernel_libraries);

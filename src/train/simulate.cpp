@@ -73,27 +73,14 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   const plan::Plan& cfg = deck.config;
   const mesh::Layout l = strategies::layout_of(cfg);
   report::H5File file(MPI_COMM_SELF, path);
-  Provenance prov;
-  prov.command_line = o.command_line;
-  prov.start_time = iso_time_utc();
-  prov.hosts = std::string(1, '-');  // nothing ran
-  prov.world_size = l.world();
-  prov.deck_path = deck.path;
-  prov.deck_text = deck.text;
-  prov.resolved_config = deck.resolved_toml;
-  prov.backend = fmt::format("simulated: {}", machine.name);
+  Provenance prov = provenance(deck, o.command_line, fmt::format("simulated: {}", machine.name));
   prov.threads = 1;
-  prov.parameters = models::parameter_count(cfg);
   describe_software(prov, comm::library_versions(comm::Backend::meta), "simulated: none run");
   prov.peak_flops = pr.peak_flops;
   prov.peak_flops_per_device = machine.peak(cfg.backend.precision);
   prov.peak_source = fmt::format("machine {} ({}): {:.1f} TFLOP/s per device at {}", machine.name, machine.path,
                                  machine.peak(cfg.backend.precision) / 1e12,
                                  core::precision_name(cfg.backend.precision));
-  prov.layout = mesh::describe(l);
-  prov.precision = core::precision_name(cfg.backend.precision);
-  // As the state strategies name themselves (strategies/dp.hpp, zero.hpp).
-  prov.strategy = cfg.parallel.zero == 0 ? std::string("dp") : fmt::format("zero{}", cfg.parallel.zero);
   write_provenance(file, prov);
   file.set_attr("/", "simulated", std::int64_t(1));
   file.set_attr("/", "device", std::string(plan::name_of(cfg.backend.device)));

@@ -12,6 +12,7 @@
 #include "src/train/lr_schedule.hpp"
 #include "src/train/run_report.hpp"
 #include "strategies/pp/schedule.hpp"
+#include "strategies/registry.hpp"
 #include "models/gpt/gpt.hpp"
 #include "src/train/trainer.hpp"
 
@@ -99,6 +100,17 @@ TEST(Trainer, RecordsAreConsistent) {
   // 2 micro-batch-free steps x (forward + backward) x (L + 2) spans + 1 optimizer span each.
   EXPECT_EQ(tl.spans().size(), std::size_t(2 * (2 * (c.model.layers + 2) + 1)));
   for (const auto& s : tl.spans()) EXPECT_LE(s.start, s.end);
+}
+
+// A report names the state strategy by its row's label (a run, an estimate
+// and a simulation alike): the name the strategy gives itself.
+TEST(Trainer, TheStateRowsLabelIsTheStrategysName) {
+  for (const char* zero : {"0", "1", "2", "3"}) {
+    const auto c = tiny_config({std::string("parallel.zero=") + zero});
+    core::MemoryTracker tracker;
+    train::Trainer t(c, tracker, nullptr, 0.0);
+    EXPECT_EQ(strategies::chosen_state(c).label(c), t.strategy().name()) << "zero " << zero;
+  }
 }
 
 // On real text the model learns: the loss falls well below its start.
