@@ -4,8 +4,8 @@
 // tokens only and asks the seam where they sit in the sequence and how
 // attention is computed over the whole of it. The plain form is one rank
 // holding whole sequences (the whole-sequence kernels); the parallel form,
-// ring attention, is strategies/cp.cpp's, which the registry's cp row
-// builds.
+// ring attention, is strategies/cp.cpp's, which the cp row's part of the
+// composition step (strategies/parallelize.hpp) hands the model.
 #pragma once
 
 #include <cstdint>

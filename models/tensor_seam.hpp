@@ -2,8 +2,8 @@
 // layers of a GPT block meet the other ranks that share them, as Megatron-LM
 // places them. The models (models/gpt/gpt.cpp) are written once against this
 // interface; models::OneRank is its plain form (one rank: nothing to
-// exchange), and the parallel form is strategies/tp.cpp's, which the
-// registry's tp row builds.
+// exchange), and the parallel form is strategies/tp.cpp's, which the tp
+// row's part of the composition step (strategies/parallelize.hpp) builds.
 //
 //   f, at a column-parallel linear's input:  forward identity,  backward sum
 //   g, at a row-parallel linear's output:    forward sum,       backward identity

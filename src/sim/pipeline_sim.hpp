@@ -3,8 +3,8 @@
 // are free. Sends never block; a receive waits until its send has happened.
 // It finds deadlocks (no rank can move and some are unfinished) and gives
 // each rank's busy time, end time and activation high-water mark, hence the
-// bubble. It is the seed of the simulator: the same loop with measured
-// durations instead of unit costs.
+// bubble. The step simulator (src/sim/simulator.hpp) runs the same loop
+// with durations from a machine description instead of unit costs.
 #pragma once
 
 #include <string>
