@@ -555,7 +555,7 @@ void write_index(const Sweep& s) {
   report::PointColumns what;
   what.point = "0-based point index (the report is point-NNN.h5)";
   what.overrides = "the axes' section.key=value, space-separated";
-  what.world = "ranks the point needs (dp x tp x pp; 0 if it does not resolve)";
+  what.world = "ranks the point needs (the product of its mesh's dims; 0 if it does not resolve)";
   what.status =
       "complete, failed (its report says so or was left unfinished), diverged or interrupted (its report says "
       "where), not_run (valid, no report yet) or skipped (invalid: see reason)";

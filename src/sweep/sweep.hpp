@@ -16,7 +16,7 @@ struct Point {
   int index = 0;
   std::vector<std::string> overrides;  // the axes' "section.key=value", after the deck's --set
   std::string label;                   // the overrides, space-separated
-  int world = 0;                       // dp x tp x pp of the resolved point (0 if it does not resolve)
+  int world = 0;                       // the ranks of the resolved point's mesh (0 if it does not resolve)
   bool valid = false;
   std::string reason;                  // why it is skipped, when not valid
   std::string report;                  // where its (first) report goes
