@@ -149,7 +149,10 @@ int rank_of(const Layout& l, const std::vector<int>& c) {
 
 int coord(const Layout& l, int rank, std::string_view dim) {
   const int i = l.dim_index(dim);
-  return i < 0 ? 0 : coords_of(l, rank)[std::size_t(i)];
+  if (i < 0) return 0;
+  int stride = 1;  // of dim i: the product of the faster dims' sizes
+  for (std::size_t j = std::size_t(i) + 1; j < l.dims.size(); ++j) stride *= l.dims[j].size;
+  return rank / stride % l.dims[std::size_t(i)].size;
 }
 
 int rank_at(const Layout& l, const std::vector<std::pair<std::string_view, int>>& at) {

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstring>
 
-#include <fmt/format.h>
 
 #include "kernels/foundation/error.hpp"
 #include "kernels/kernels.hpp"
@@ -210,22 +209,18 @@ class Gpt::Ffn {
 
 // The dense MLP: fc (column-parallel), GELU, proj (row-parallel), its
 // hidden activations before and after GELU (shared between blocks that
-// recompute).
+// recompute fully).
 class Gpt::Mlp final : public Gpt::Ffn {
  public:
-  Mlp(Gpt& g, int layer, int unit, float* fch, float* fch_gelu, float* dfch, float* dgelu, Buffers& bufs)
+  // Its hidden activations, the shared backward scratch, and (a split
+  // backward) the kept output gradients of fc and proj.
+  Mlp(Gpt& g, int layer, int unit, float* fch, float* fch_gelu, float* dfch, float* dgelu, float* fc_dy,
+      float* proj_dy)
       : g_(g), fch_(fch), fch_gelu_(fch_gelu), dfch_(dfch), dgelu_(dgelu) {
     const int C = g.c_.d_model, Ft = g.c_.ffn() / g.tp_->size();
-    const std::int64_t N = std::int64_t(g.B_) * g.T_;
     auto at = [&](const char* name) { return g.reg_.find(lname(layer, name)).offset - g.units_[std::size_t(unit)].begin; };
     fc_w_ = at("mlp.fc.weight"), fc_b_ = at("mlp.fc.bias"), proj_w_ = at("mlp.proj.weight"), proj_b_ = at("mlp.proj.bias");
-    fc_ = {C, Ft}, proj_ = {Ft, C};
-    if (g.split_) {
-      // Kept from a micro-batch's input-gradient pass to its weight-gradient
-      // pass, like activations.
-      fc_.kept = bufs.add(lname(layer, "mlp.fc dy"), N * Ft, MemCategory::activations);
-      proj_.kept = bufs.add(lname(layer, "mlp.proj dy"), N * C, MemCategory::activations);
-    }
+    fc_ = {C, Ft, fc_dy}, proj_ = {Ft, C, proj_dy};
   }
   double forward(ParamState&, const float* p, const float* ln2, const float* res2, float* out) override {
     recompute(p, ln2);
@@ -353,37 +348,49 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
   // recomputation keeps one block's worth of every per-block buffer but the
   // block outputs (rebuilt from the block's input in its backward pass);
   // selective one attention state (the probabilities, rebuilt from q and k).
+  // Each buffer is allocated once for the blocks that keep their own (or
+  // the one set they share) and sliced: block set k is at k times its size.
   const bool full = c_.recompute == Recompute::full, selective = c_.recompute != Recompute::none;
+  int D = 0;  // dense blocks: the MLP's hidden activations exist for them only
+  for (int l = stage_.first; l < stage_.last; ++l) D += c_.is_moe(l) ? 0 : 1;
+  const std::int64_t sets = full ? std::min(L, 1) : L, att_sets = selective ? std::min(L, 1) : L;
+  const std::int64_t hidden_sets = full ? std::min(D, 1) : D;
   const std::int64_t att = cp_->state_floats(c_.fused_attention, B_, int(NHt), T_, int(Ct));
   encoded_ = bufs_.add("encoded", Nl * C, A);
-  std::vector<Acts> sets;
-  std::vector<float*> atts;
-  std::vector<std::pair<float*, float*>> hidden;  // the dense MLP's, before and after GELU
-  auto block_set = [&](int i) {
-    const std::string s = fmt::format("block {}", i);
-    Acts a{};
-    a.ln1 = bufs_.add(s + " ln1", N * C, A);
-    a.ln1_mean = bufs_.add(s + " ln1_mean", Nl, A);
-    a.ln1_rstd = bufs_.add(s + " ln1_rstd", Nl, A);
-    a.qkv = bufs_.add(s + " qkv", N * 3 * Ct, A);
-    a.atty = bufs_.add(s + " atty", N * Ct, A);
-    a.res2 = bufs_.add(s + " res2", Nl * C, A);
-    a.ln2 = bufs_.add(s + " ln2", N * C, A);
-    a.ln2_mean = bufs_.add(s + " ln2_mean", Nl, A);
-    a.ln2_rstd = bufs_.add(s + " ln2_rstd", Nl, A);
-    return a;
-  };
+  Acts all{};
+  all.ln1 = bufs_.add("ln1", sets * N * C, A);
+  all.ln1_mean = bufs_.add("ln1_mean", sets * Nl, A);
+  all.ln1_rstd = bufs_.add("ln1_rstd", sets * Nl, A);
+  all.qkv = bufs_.add("qkv", sets * N * 3 * Ct, A);
+  all.atty = bufs_.add("atty", sets * N * Ct, A);
+  all.att = bufs_.add("att", att_sets * att, A);  // the probabilities, or (fused) the rows' log-sum-exp
+  all.res2 = bufs_.add("res2", sets * Nl * C, A);
+  all.ln2 = bufs_.add("ln2", sets * N * C, A);
+  all.ln2_mean = bufs_.add("ln2_mean", sets * Nl, A);
+  all.ln2_rstd = bufs_.add("ln2_rstd", sets * Nl, A);
+  float* fch = bufs_.add("fch", hidden_sets * N * F, A);
+  float* fch_gelu = bufs_.add("fch_gelu", hidden_sets * N * F, A);
+  float* res3 = bufs_.add("res3", L * Nl * C, A);
+  // Kept from a micro-batch's input-gradient pass to its weight-gradient
+  // pass, like activations: every linear's output gradient but the head's
+  // (which stays in the logits).
+  const std::int64_t kept = split_ ? 1 : 0;
+  float* qkv_dy = bufs_.add("dy_qkv", kept * L * N * 3 * Ct, A);
+  float* proj_dy = bufs_.add("dy_proj", kept * L * N * C, A);
+  float* fc_dy = bufs_.add("dy_fc", kept * D * N * F, A);
+  float* fcproj_dy = bufs_.add("dy_fcproj", kept * D * N * C, A);
   // Backward scratch, shared by every block.
   dres_ = bufs_.add("dres", Nl * C, W);
   dbuf_ = bufs_.add("dbuf", N * C, W);
   dqkv_ = bufs_.add("dqkv", N * 3 * Ct, W);
   dprobs_ = bufs_.add("dprobs", cp_->scratch_floats(c_.fused_attention, B_, int(NHt), T_, int(Ct)), W);
+  float* dfch = bufs_.add("dfch", (D > 0 ? 1 : 0) * N * F, W);
+  float* dgelu = bufs_.add("dgelu", (D > 0 ? 1 : 0) * N * F, W);
   rep_grads_ = bufs_.add("rep_grads", kReplicated * C, W);
   if (Nl < N) {
     sp_rows_ = bufs_.add("sp_rows", Nl * C, W);
     dres_full_ = bufs_.add("dres_full", N * C, W);
   }
-  float *dfch = nullptr, *dgelu = nullptr;
   int unit = stage_.embedding ? 2 : 0, dense = 0;
   for (int lb = 0; lb < L; ++lb) {
     Block& b = blocks_.emplace_back();
@@ -392,29 +399,21 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
     auto at = [&](const char* name) { return reg_.find(lname(b.layer, name)).offset - units_[std::size_t(b.unit)].begin; };
     b.ln1_w = at("ln1.weight"), b.ln1_b = at("ln1.bias"), b.qkv_w = at("attn.qkv.weight"), b.qkv_b = at("attn.qkv.bias");
     b.proj_w = at("attn.proj.weight"), b.proj_b = at("attn.proj.bias"), b.ln2_w = at("ln2.weight"), b.ln2_b = at("ln2.bias");
-    if (!full || sets.empty()) sets.push_back(block_set(int(sets.size())));
-    if (!selective || atts.empty()) atts.push_back(bufs_.add(fmt::format("block {} att", atts.size()), att, A));
-    b.a = sets.back();
-    b.a.att = atts.back();
-    b.out = bufs_.add(lname(b.layer, "res3"), Nl * C, A);
-    b.qkv = {int(C), int(3 * Ct)}, b.proj = {int(Ct), int(C)};
-    if (split_) {
-      b.qkv.kept = bufs_.add(lname(b.layer, "attn.qkv dy"), N * 3 * Ct, A);
-      b.proj.kept = bufs_.add(lname(b.layer, "attn.proj dy"), N * C, A);
-    }
+    const std::int64_t k = full ? 0 : lb, ka = selective ? 0 : lb;
+    b.a = {all.ln1 + k * N * C,      all.ln1_mean + k * Nl, all.ln1_rstd + k * Nl, all.qkv + k * N * 3 * Ct,
+           all.atty + k * N * Ct,    all.att + ka * att,    all.res2 + k * Nl * C,  all.ln2 + k * N * C,
+           all.ln2_mean + k * Nl,    all.ln2_rstd + k * Nl};
+    b.out = res3 + lb * Nl * C;
+    b.qkv = {int(C), int(3 * Ct), split_ ? qkv_dy + lb * N * 3 * Ct : nullptr};
+    b.proj = {int(Ct), int(C), split_ ? proj_dy + lb * N * C : nullptr};
     if (c_.is_moe(b.layer)) {
       b.ffn = std::make_unique<Experts>(*this, b.layer, b.unit, unit++);
       continue;
     }
-    if (dfch == nullptr) {
-      dfch = bufs_.add("dfch", N * F, W);
-      dgelu = bufs_.add("dgelu", N * F, W);
-    }
-    if (!full || hidden.empty())
-      hidden.push_back({bufs_.add(fmt::format("mlp {} fch", dense), N * F, A),
-                        bufs_.add(fmt::format("mlp {} fch_gelu", dense), N * F, A)});
+    const std::int64_t kd = full ? 0 : dense;
+    b.ffn = std::make_unique<Mlp>(*this, b.layer, b.unit, fch + kd * N * F, fch_gelu + kd * N * F, dfch, dgelu,
+                                  split_ ? fc_dy + dense * N * F : nullptr, split_ ? fcproj_dy + dense * N * C : nullptr);
     ++dense;
-    b.ffn = std::make_unique<Mlp>(*this, b.layer, b.unit, hidden.back().first, hidden.back().second, dfch, dgelu, bufs_);
   }
   if (stage_.head) {
     head_unit_ = unit;

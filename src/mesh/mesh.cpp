@@ -81,11 +81,14 @@ Mesh::Mesh(const Layout& l, int rank, comm::CommLog& log) : layout_(l), backend_
   for (const std::string& name : l.axis_names()) {
     Axis& a = axes_.emplace_back();
     a.name = name;
-    const std::vector<int> m = group_ranks(l, name, rank);
-    if (m.empty()) continue;
-    const int place = int(std::find(m.begin(), m.end(), rank) - m.begin());
+    int size = l.world(), place = rank;  // the world's: every rank, in order
+    if (name != "world") {
+      const std::vector<int> m = group_ranks(l, name, rank);
+      if (m.empty()) continue;
+      size = int(m.size()), place = int(std::find(m.begin(), m.end(), rank) - m.begin());
+    }
     a.group = std::make_unique<comm::ProfiledCommunicator>(
-        std::make_unique<comm::MetaCommunicator>(a.name.c_str(), int(m.size()), place), log);
+        std::make_unique<comm::MetaCommunicator>(a.name.c_str(), size, place), log);
   }
 }
 
