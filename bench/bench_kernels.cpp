@@ -136,7 +136,7 @@ void BM_AttentionForward(benchmark::State& state) {
   auto qkv = random_vec(std::size_t(B) * T * 3 * C);
   std::vector<float> out(std::size_t(B) * T * C), probs(std::size_t(B) * NH * T * T);
   for (auto _ : state) {
-    k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH);
+    k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, NH);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
@@ -148,9 +148,9 @@ void BM_AttentionBackward(benchmark::State& state) {
   const int B = 8, T = 128, C = 256, NH = 4;
   auto qkv = random_vec(std::size_t(B) * T * 3 * C), dout = random_vec(std::size_t(B) * T * C);
   std::vector<float> out(dout.size()), probs(std::size_t(B) * NH * T * T), scratch(probs.size()), dqkv(qkv.size());
-  k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH);
+  k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, NH);
   for (auto _ : state) {
-    k::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH);
+    k::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH, NH);
     benchmark::DoNotOptimize(dqkv.data());
     benchmark::ClobberMemory();
   }

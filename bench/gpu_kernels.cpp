@@ -101,8 +101,8 @@ int main(int argc, char** argv) {
   float* state = device_floats(std::size_t(k::attention_state_floats(true, B, NH, T)));
   float* scratch = device_floats(std::size_t(k::attention_scratch_floats(true, B, NH, T)));
   const double causal = 2.0 * 2.0 * double(N) * T * C / 2;  // two products, half the square
-  const double af = time_it([&] { k::attention_forward(out, state, qkv, B, T, C, NH); });
-  const double ab = time_it([&] { k::attention_backward(dqkv, scratch, out, qkv, out, state, B, T, C, NH); });
+  const double af = time_it([&] { k::attention_forward(out, state, qkv, B, T, C, NH, NH); });
+  const double ab = time_it([&] { k::attention_backward(dqkv, scratch, out, qkv, out, state, B, T, C, NH, NH); });
   row("attention forward (fused)", af, causal);
   row("attention backward (fused)", ab, 2.5 * causal);
   std::printf("per block: GEMMs %.3f ms, attention %.3f ms (forward + backward)\n", block_gemms * 1e3,

@@ -334,6 +334,31 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   STRATA_DISPATCH(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
+  STRATA_DISPATCH(rmsnorm_forward, out, rstd, inp, weight, N, C, eps);
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  STRATA_DISPATCH(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+void rope_forward(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  STRATA_DISPATCH(rope_forward, x, B, T, ld, heads, hs, pos0, theta);
+}
+
+void rope_backward(float* dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  STRATA_DISPATCH(rope_backward, dx, B, T, ld, heads, hs, pos0, theta);
+}
+
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+  STRATA_DISPATCH(swiglu_forward, out, inp, N, F);
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  STRATA_DISPATCH(swiglu_backward, dinp, inp, dout, N, F);
+}
+
 void gelu_forward(float* out, const float* inp, std::int64_t n) {
   STRATA_DISPATCH(gelu_forward, out, inp, n);
 }
@@ -362,24 +387,26 @@ double sum_squares(const float* x, std::int64_t n) {
   STRATA_DISPATCH(sum_squares, x, n);
 }
 
-void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH) {
-  STRATA_DISPATCH(attention_forward, out, state, qkv, B, T, C, NH);
+void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH, int NKV) {
+  STRATA_DISPATCH(attention_forward, out, state, qkv, B, T, C, NH, NKV);
 }
 
-void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out, const float* state, int B, int T, int C, int NH) {
-  STRATA_DISPATCH(attention_backward, dqkv, scratch, dout, qkv, out, state, B, T, C, NH);
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out, const float* state, int B, int T, int C, int NH, int NKV) {
+  STRATA_DISPATCH(attention_backward, dqkv, scratch, dout, qkv, out, state, B, T, C, NH, NKV);
 }
 
 void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
-                             int NH, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
-  STRATA_DISPATCH(attention_block_forward, out, lse, q, kv, B, Tq, Tk, C, NH, q_batch, kv_batch, q0, k0, accumulate);
+                             int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0,
+                             bool accumulate) {
+  STRATA_DISPATCH(attention_block_forward, out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0,
+                  accumulate);
 }
 
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
-                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH,
+                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
                               std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
-  STRATA_DISPATCH(attention_block_backward, dq, dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, q_batch, kv_batch, q0,
-                  k0);
+  STRATA_DISPATCH(attention_block_backward, dq, dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
+                  q0, k0);
 }
 
 void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,

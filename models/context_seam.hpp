@@ -1,6 +1,6 @@
 // The layer seam of context parallelism: where a block's attention meets the
 // ranks holding the other parts of its sequences. Every other layer works
-// on each token alone, so a model (models/gpt/gpt.cpp) runs on this rank's
+// on each token alone, so a model (models/decoder/decoder.cpp) runs on this rank's
 // tokens only and asks the seam where they sit in the sequence and how
 // attention is computed over the whole of it. The plain form is one rank
 // holding whole sequences (the whole-sequence kernels); the parallel form,
@@ -23,16 +23,18 @@ class ContextSeam {
   virtual int position(int t, int T) const { return t; }
   // Floats of attention's `state` (kept from the forward to the backward
   // pass) and `scratch` (the backward's, which the forward may use too),
-  // for B sequences of this rank's Tl tokens, NH heads of C channels in all.
-  virtual std::int64_t state_floats(bool fused, int B, int NH, int Tl, int C) const;
-  virtual std::int64_t scratch_floats(bool fused, int B, int NH, int Tl, int C) const;
+  // for B sequences of this rank's Tl tokens, NH query heads of C channels
+  // in all and NKV key-value heads.
+  virtual std::int64_t state_floats(bool fused, int B, int NH, int NKV, int Tl, int C) const;
+  virtual std::int64_t scratch_floats(bool fused, int B, int NH, int NKV, int Tl, int C) const;
   // Causal attention over whole sequences for this rank's tokens, as
   // kernels::attention_forward and attention_backward state it: qkv
-  // [B, Tl, 3C] of this rank's tokens, out [B, Tl, C], dqkv += gradient.
+  // [B, Tl, C + 2 KVC] of this rank's tokens, out [B, Tl, C], dqkv +=
+  // gradient.
   virtual void attention_forward(float* out, float* state, float* scratch, const float* qkv, int B, int Tl, int C,
-                                 int NH);
+                                 int NH, int NKV);
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                                  const float* state, int B, int Tl, int C, int NH);
+                                  const float* state, int B, int Tl, int C, int NH, int NKV);
 };
 
 // One rank holding whole sequences.

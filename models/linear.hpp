@@ -39,4 +39,29 @@ inline void linear_backward(float* dinp, float* dweight, float* dbias, const flo
   linear_backward_weight(dweight, dbias, dout, inp, N, IC, OC);
 }
 
+// The activation between an MLP's two linears (a dense block's or an
+// expert's): GELU on F hidden units, or SwiGLU (Shazeer, 2020), whose first
+// linear has 2F outputs, the gate's F and the up projection's F side by
+// side, and whose output is silu(gate) * up.
+enum class Activation { gelu, swiglu };
+
+// Outputs of the first linear for F hidden units.
+inline int activation_inputs(Activation a, int F) { return a == Activation::swiglu ? 2 * F : F; }
+
+// h[N, F] from the first linear's output pre[N, activation_inputs(a, F)].
+inline void activation_forward(Activation a, float* h, const float* pre, int N, int F) {
+  if (a == Activation::swiglu)
+    kernels::swiglu_forward(h, pre, N, F);
+  else
+    kernels::gelu_forward(h, pre, std::int64_t(N) * F);
+}
+
+// dpre += the gradient of pre, from dh[N, F].
+inline void activation_backward(Activation a, float* dpre, const float* pre, const float* dh, int N, int F) {
+  if (a == Activation::swiglu)
+    kernels::swiglu_backward(dpre, pre, dh, N, F);
+  else
+    kernels::gelu_backward(dpre, pre, dh, std::int64_t(N) * F);
+}
+
 }  // namespace strata::models

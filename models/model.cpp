@@ -42,6 +42,17 @@ std::vector<plan::KeySpec> model_keys() {
   return out;
 }
 
+bool takes_key(const Family& f, std::string_view name) {
+  return std::any_of(f.keys.begin(), f.keys.end(), [&](const plan::KeySpec& k) { return k.name == name; });
+}
+
+std::vector<std::string_view> families_taking(std::string_view name) {
+  std::vector<std::string_view> out;
+  for (const Family& f : families())
+    if (takes_key(f, name)) out.push_back(f.name);
+  return out;
+}
+
 const Family& find_family(std::string_view name) {
   for (const Family& f : families())
     if (f.name == name) return f;

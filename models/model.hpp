@@ -85,6 +85,10 @@ class Model {
                         prof::Timeline* tl = nullptr, bool input_only = false) = 0;
   virtual void backward_weight(ParamState& state, prof::Timeline* tl = nullptr) = 0;
 
+  // Whether the output head is the token embedding: the first and the last
+  // stage then each hold a copy, whose gradients are summed.
+  virtual bool tied_head() const = 0;
+
   // The routing layers of the stage and their global block (for the
   // /experts table); none in a dense model.
   virtual std::vector<std::pair<int, const MoeLayer*>> routers() const { return {}; }
@@ -125,5 +129,9 @@ std::int64_t parameter_count(const plan::Plan& p);
 // The deck keys of the model families: model.kind, then every family's own
 // (a key two families take, once).
 std::vector<plan::KeySpec> model_keys();
+// Whether family f takes [model] key `name` ("kv_heads"), and the families
+// that do (none: a key every family takes, as layers).
+bool takes_key(const Family& f, std::string_view name);
+std::vector<std::string_view> families_taking(std::string_view name);
 
 }  // namespace strata::models

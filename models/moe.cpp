@@ -11,13 +11,22 @@ namespace strata::models {
 
 using core::MemCategory;
 
+namespace {
+// Expert el's bias of n floats in a stack of them, or null without biases.
+template <typename T>
+T* at(T* biases, int el, std::int64_t n) {
+  return biases == nullptr ? nullptr : biases + std::int64_t(el) * n;
+}
+}  // namespace
+
 int moe_capacity(const MoeConfig& c, int tokens) {
   if (!c.drop_tokens) return tokens;  // an expert appears at most once among a token's choices
   return std::min(tokens, int(std::ceil(c.capacity_factor * double(tokens) * c.top_k / c.experts)));
 }
 
 std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens) {
-  const std::int64_t N = tokens, E = c.experts, C = c.d_model, F = c.ffn, slots = E * moe_capacity(c, tokens);
+  const std::int64_t N = tokens, E = c.experts, C = c.d_model, F = c.ffn, Fp = c.fc_out(),
+                     slots = E * moe_capacity(c, tokens);
   // A rank's local experts take up to ep x capacity rows each: E x capacity
   // slots on every layout.
   const auto A = MemCategory::activations, W = MemCategory::workspace;
@@ -27,12 +36,12 @@ std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens) {
       {"moe rows received", slots * C, W},
       {"moe expert outputs (back)", slots * C, A},
       {"moe expert inputs", slots * C, A},
-      {"moe expert hidden", slots * F, A},
-      {"moe expert hidden (gelu)", slots * F, A},
+      {"moe expert hidden", slots * Fp, A},
+      {"moe expert hidden (activated)", slots * F, A},
       {"moe expert outputs", slots * C, W},
       {"moe d expert outputs", slots * C, W},
       {"moe d expert hidden", slots * F, W},
-      {"moe d expert hidden (pre-gelu)", slots * F, W},
+      {"moe d expert hidden (pre-activation)", slots * Fp, W},
       {"moe d expert inputs", slots * C, W},
       {"moe d router logits", N * E, W},
   };
@@ -83,6 +92,7 @@ void MoeLayer::regroup(float* by_source, float* by_expert, bool to_experts) cons
 
 float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
+  const std::int64_t Fp = c_.fc_out();
   // Router: logits = x W_r^T, then on the host a softmax per token (in
   // place), the top-k, the slots and the rows to send.
   linear_forward(probs_, x, p.router, nullptr, N, C, E);
@@ -176,12 +186,12 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
     if (n == 0) continue;
     const std::int64_t base = std::int64_t(el) * P * cap_;
     float* xin = xin_ + base * C;
-    float* hpre = hpre_ + base * F;
+    float* hpre = hpre_ + base * Fp;
     float* h = h_ + base * F;
     float* yout = yout_ + base * C;
-    linear_forward(hpre, xin, p.fc_w + std::int64_t(el) * F * C, p.fc_b + std::int64_t(el) * F, n, C, F);
-    kernels::gelu_forward(h, hpre, std::int64_t(n) * F);
-    linear_forward(yout, h, p.proj_w + std::int64_t(el) * C * F, p.proj_b + std::int64_t(el) * C, n, F, C);
+    linear_forward(hpre, xin, p.fc_w + std::int64_t(el) * Fp * C, at(p.fc_b, el, Fp), n, C, int(Fp));
+    activation_forward(c_.act, h, hpre, n, F);
+    linear_forward(yout, h, p.proj_w + std::int64_t(el) * C * F, at(p.proj_b, el, C), n, F, C);
   }
   // Combine: the outputs back to the ranks their tokens came from, then
   // y[t] = sum over kept choices of gate x expert output.
@@ -210,6 +220,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
 void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoeParams& p, const MoeGrads& g,
                         float aux_scale) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
+  const std::int64_t Fp = c_.fc_out();
   const int P = ep_->size();
   const float* probs = hprobs_.data();
   // On the host: d(gate) per choice, and each kept choice's output gradient
@@ -247,19 +258,19 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
     if (n == 0) continue;
     const std::int64_t base = std::int64_t(el) * P * cap_;
     const float* xin = xin_ + base * C;
-    const float* hpre = hpre_ + base * F;
+    const float* hpre = hpre_ + base * Fp;
     const float* h = h_ + base * F;
     const float* dout = dyout_ + base * C;
     float* dh = dh_ + base * F;
     float* dxin = dxin_ + base * C;
-    linear_backward(dh, g.proj_w + std::int64_t(el) * C * F, g.proj_b + std::int64_t(el) * C, dout, h,
+    linear_backward(dh, g.proj_w + std::int64_t(el) * C * F, at(g.proj_b, el, C), dout, h,
                     p.proj_w + std::int64_t(el) * C * F, n, F, C);
-    // The GELU's input gradient (the kernel accumulates: start from zero).
-    float* dpre = dhpre_ + base * F;
-    kernels::fill_zero(dpre, std::int64_t(n) * F);
-    kernels::gelu_backward(dpre, hpre, dh, std::int64_t(n) * F);
-    linear_backward(dxin, g.fc_w + std::int64_t(el) * F * C, g.fc_b + std::int64_t(el) * F, dpre, xin,
-                    p.fc_w + std::int64_t(el) * F * C, n, C, F);
+    // The activation's input gradient (the kernels accumulate: start from zero).
+    float* dpre = dhpre_ + base * Fp;
+    kernels::fill_zero(dpre, std::int64_t(n) * Fp);
+    activation_backward(c_.act, dpre, hpre, dh, n, F);
+    linear_backward(dxin, g.fc_w + std::int64_t(el) * Fp * C, at(g.fc_b, el, Fp), dpre, xin,
+                    p.fc_w + std::int64_t(el) * Fp * C, n, C, int(Fp));
   }
   regroup(recv_, dxin_, false);
   exchange(recv_, send_, false);

@@ -25,6 +25,7 @@
 
 #include "models/buffers.hpp"
 #include "models/expert_seam.hpp"
+#include "models/linear.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
 
@@ -40,6 +41,10 @@ struct MoeConfig {
   bool drop_tokens = true;     // false: every expert takes every token sent to it
   bool renormalize = true;     // gates = top-k probabilities / their sum (else the probabilities)
   float aux_coef = 0.01f;      // weight of the load-balancing loss in the training loss
+  Activation act = Activation::gelu;  // the experts' MLP: GELU, or SwiGLU (Mixtral's)
+  bool bias = true;                   // the experts' linears have biases
+  // Outputs of an expert's first linear.
+  int fc_out() const { return activation_inputs(act, ffn); }
 };
 
 // Tokens an expert takes from a group of `tokens`: ceil(capacity_factor x
@@ -54,8 +59,9 @@ int moe_capacity(const MoeConfig& c, int tokens);
 std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens);
 
 // Parameter views: the router [E, C] and this rank's experts' weights laid
-// out expert after expert ([E/ep, F, C], [E/ep, F], [E/ep, C, F], [E/ep, C]),
-// as torch's nn.Linear stores each.
+// out expert after expert ([E/ep, F', C], [E/ep, F'], [E/ep, C, F], [E/ep, C];
+// F' = fc_out(), the biases null without them), as torch's nn.Linear stores
+// each.
 struct MoeParams {
   const float *router, *fc_w, *fc_b, *proj_w, *proj_b;
 };
@@ -121,7 +127,8 @@ class MoeLayer {
   float aux_ = 0;
   // See moe_buffers: probs [N, E]; packed rows sent and received and the
   // outputs that came back (slots x C); the local experts' input rows, hidden
-  // pre- and post-GELU and outputs; backward scratch of the same shapes.
+  // activations before (F' wide) and after the activation (F wide) and
+  // outputs; backward scratch of the same shapes.
   std::vector<core::Buffer<float>> bufs_;
   float *probs_, *send_, *recv_, *yback_, *xin_, *hpre_, *h_, *yout_, *dyout_, *dh_, *dhpre_, *dxin_,
       *dlogits_;

@@ -82,9 +82,14 @@ void ParamRegistry::append_range(const ParamRegistry& other, std::int64_t begin,
   numel_ += end - begin;
 }
 
-const ParamSpec& ParamRegistry::find(const std::string& name) const {
+const ParamSpec* ParamRegistry::lookup(const std::string& name) const {
   for (const auto& s : specs_)
-    if (s.name == name) return s;
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+const ParamSpec& ParamRegistry::find(const std::string& name) const {
+  if (const ParamSpec* s = lookup(name)) return *s;
   core::runtime_error("no parameter named '{}'", name);
 }
 

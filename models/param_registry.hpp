@@ -65,6 +65,7 @@ class ParamRegistry {
   void append_range(const ParamRegistry& other, std::int64_t begin, std::int64_t end);
   const ParamSpec& at(int i) const { return specs_[i]; }
   const ParamSpec& find(const std::string& name) const;  // runtime error if absent
+  const ParamSpec* lookup(const std::string& name) const;  // null if absent
   std::int64_t numel() const { return numel_; }
 
  private:

@@ -1,6 +1,6 @@
 // The layer seam of tensor (and sequence) parallelism: the points where the
 // layers of a GPT block meet the other ranks that share them, as Megatron-LM
-// places them. The models (models/gpt/gpt.cpp) are written once against this
+// places them. The models (models/decoder/decoder.cpp) are written once against this
 // interface; models::OneRank is its plain form (one rank: nothing to
 // exchange), and the parallel form is strategies/tp.cpp's, which the tp
 // row's part of the composition step (strategies/parallelize.hpp) builds.

@@ -137,6 +137,11 @@ struct ModelSection {
   bool moe_drop_tokens = true;
   bool moe_renormalize = true;
   double moe_aux_coef = 0.01;
+  // Llama-style blocks (a family that takes them; the GPT's are fixed).
+  int kv_heads = 0;            // key-value heads of grouped-query attention; 0: heads
+  int ffn_dim = 0;             // the MLP's hidden units; 0: the family's rule
+  double rope_theta = 500000;  // the base of the rotary positions' angles (Llama 3's)
+  bool tie_embeddings = false;  // the head shares the token embedding's weights
 };
 
 struct DataSection {

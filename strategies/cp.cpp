@@ -16,7 +16,7 @@ using plan::key, plan::Plan, plan::ParallelSection;
 // Tags of the ring's two exchanges on the cp communicator.
 constexpr int kKvTag = 31, kGradTag = 32;
 
-std::int64_t kv_floats(int B, int Tl, int C) { return 2 * std::int64_t(B) * Tl * C; }
+std::int64_t kv_floats(int B, int Tl, int KVC) { return 2 * std::int64_t(B) * Tl * KVC; }
 
 // Chunk c of 2 cp: the first half of rank r's tokens is chunk r, the second
 // chunk 2 cp - 1 - r.
@@ -88,16 +88,18 @@ int RingAttention::position(int t, int T) const {
   return t < Tc ? rank() * Tc + t : chunk_of(1, rank(), size()) * Tc + (t - Tc);
 }
 
-std::int64_t RingAttention::state_floats(bool, int B, int NH, int Tl, int) const {
+std::int64_t RingAttention::state_floats(bool, int B, int NH, int, int Tl, int) const {
   return std::int64_t(B) * NH * Tl;
 }
 
-std::int64_t RingAttention::scratch_floats(bool, int B, int, int Tl, int C) const { return 5 * kv_floats(B, Tl, C); }
+std::int64_t RingAttention::scratch_floats(bool, int B, int NH, int NKV, int Tl, int C) const {
+  return 5 * kv_floats(B, Tl, C / NH * NKV);
+}
 
 void RingAttention::attention_forward(float* out, float* lse, float* scratch, const float* qkv, int B, int Tl, int C,
-                                      int NH) {
+                                      int NH, int NKV) {
   const int p = size(), r = rank(), Tc = Tl / 2;
-  const std::int64_t n = kv_floats(B, Tl, C), C2 = 2 * std::int64_t(C), C3 = 3 * std::int64_t(C);
+  const std::int64_t KVC = std::int64_t(C) / NH * NKV, n = kv_floats(B, Tl, int(KVC)), C2 = 2 * KVC, C3 = C + 2 * KVC;
   float* kv[2] = {scratch, scratch + n};
   kernels::copy_rows(kv[0], C2, qkv + C, C3, std::int64_t(B) * Tl, C2, false);
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
@@ -116,7 +118,7 @@ void RingAttention::attention_forward(float* out, float* lse, float* scratch, co
         if (ck > cq) continue;  // the keys all come after the queries
         kernels::attention_block_forward(out + std::int64_t(qh) * Tc * C, lse + std::int64_t(qh) * Tc,
                                          qkv + std::int64_t(qh) * Tc * C3, kv[s % 2] + std::int64_t(kh) * Tc * C2, B,
-                                         Tc, Tc, C, NH, Tl, Tl, cq * Tc, ck * Tc, !first[qh]);
+                                         Tc, Tc, C, NH, NKV, Tl, Tl, cq * Tc, ck * Tc, !first[qh]);
         first[qh] = false;
       }
     for (auto& q : ring) q->wait();
@@ -124,9 +126,9 @@ void RingAttention::attention_forward(float* out, float* lse, float* scratch, co
 }
 
 void RingAttention::attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                       const float* out, const float* lse, int B, int Tl, int C, int NH) {
+                                       const float* out, const float* lse, int B, int Tl, int C, int NH, int NKV) {
   const int p = size(), r = rank(), Tc = Tl / 2;
-  const std::int64_t n = kv_floats(B, Tl, C), C2 = 2 * std::int64_t(C), C3 = 3 * std::int64_t(C);
+  const std::int64_t KVC = std::int64_t(C) / NH * NKV, n = kv_floats(B, Tl, int(KVC)), C2 = 2 * KVC, C3 = C + 2 * KVC;
   float* kv[2] = {scratch, scratch + n};
   // This step's gradient of the block in hand, plus what came with it: two,
   // so that one travels on while the next step computes into the other.
@@ -155,7 +157,7 @@ void RingAttention::attention_backward(float* dqkv, float* scratch, const float*
         kernels::attention_block_backward(dqkv + std::int64_t(qh) * Tc * C3, mine + std::int64_t(kh) * Tc * C2,
                                           dout + std::int64_t(qh) * Tc * C, qkv + std::int64_t(qh) * Tc * C3,
                                           kv[s % 2] + std::int64_t(kh) * Tc * C2, out + std::int64_t(qh) * Tc * C,
-                                          lse + std::int64_t(qh) * Tc, B, Tc, Tc, C, NH, Tl, Tl, cq * Tc, ck * Tc);
+                                          lse + std::int64_t(qh) * Tc, B, Tc, Tc, C, NH, NKV, Tl, Tl, cq * Tc, ck * Tc);
       }
     if (s > 0) {
       incoming->wait();

@@ -31,15 +31,15 @@ class RingAttention final : public models::ContextSeam {
   int rank() const override { return cp_.rank(); }
   int position(int t, int T) const override;
   // The rows' log-sum-exp [B, NH, Tl]; scratch: two key-value blocks
-  // [B, Tl, 2C] forward, five backward (the block in use, the next one, two
+  // [B, Tl, 2 KVC] forward, five backward (the block in use, the next one, two
   // of this rank's gradient of a block, one leaving while the other fills,
   // and the gradient arriving).
-  std::int64_t state_floats(bool fused, int B, int NH, int Tl, int C) const override;
-  std::int64_t scratch_floats(bool fused, int B, int NH, int Tl, int C) const override;
-  void attention_forward(float* out, float* state, float* scratch, const float* qkv, int B, int Tl, int C,
-                         int NH) override;
+  std::int64_t state_floats(bool fused, int B, int NH, int NKV, int Tl, int C) const override;
+  std::int64_t scratch_floats(bool fused, int B, int NH, int NKV, int Tl, int C) const override;
+  void attention_forward(float* out, float* state, float* scratch, const float* qkv, int B, int Tl, int C, int NH,
+                         int NKV) override;
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                          const float* state, int B, int Tl, int C, int NH) override;
+                          const float* state, int B, int Tl, int C, int NH, int NKV) override;
 
  private:
   comm::Communicator& cp_;

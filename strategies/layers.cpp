@@ -1,7 +1,7 @@
 // The layer seam's rows: how a layer computes across ranks. Tensor and
 // sequence parallelism (Megatron-LM), expert parallelism (GShard), and
 // activation recomputation, which trades a layer's memory for its forward
-// work again. The layers themselves are the model families' (models/gpt/)
+// work again. The layers themselves are the model families' (models/decoder/)
 // and models/moe.cpp, written once against the layer seams
 // (models/seams.hpp); their parallel forms are strategies/tp.cpp and
 // strategies/ep.cpp.
@@ -28,6 +28,14 @@ void check_tp(const Plan& p, PlanChecks& checks) {
     checks.error({"model.heads", "parallel.tp"},
                  fmt::format("{} is not a multiple of {}: tensor parallelism splits the attention heads over tp ranks",
                              checks.show("model.heads"), checks.show("parallel.tp")));
+  // Grouped-query attention's key-value heads split the same way; with fewer
+  // of them than tp ranks Megatron-LM refuses too (replicating a head on
+  // several ranks is not done).
+  else if (m.kv_heads > 0 && m.kv_heads % tp != 0)
+    checks.error({"model.kv_heads", "parallel.tp"},
+                 fmt::format("{} is not a multiple of {}: tensor parallelism splits the key-value heads over tp "
+                             "ranks, as Megatron-LM does (a key-value head is not replicated over ranks)",
+                             checks.show("model.kv_heads"), checks.show("parallel.tp")));
   if (m.vocab % tp != 0)
     checks.error({"model.vocab", "parallel.tp"},
                  fmt::format("{} is not a multiple of {}: the embedding and the logits are split by vocabulary over "
@@ -89,7 +97,8 @@ void ep_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
 std::vector<std::string> tp_sizes(const Space& s, const Plan& p) {
   std::vector<std::string> out;
   for (int tp : divisors(devices_left(s, p)))
-    if (tp <= s.per_node && p.model.heads % tp == 0 && p.model.vocab % tp == 0) out.push_back(std::to_string(tp));
+    if (tp <= s.per_node && p.model.heads % tp == 0 && p.model.kv_heads % tp == 0 && p.model.vocab % tp == 0)
+      out.push_back(std::to_string(tp));
   return out;
 }
 std::vector<std::string> sp_choices(const Space&, const Plan& p) {

@@ -81,6 +81,35 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
   }
 }
 
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+#pragma omp parallel for schedule(static) if (std::int64_t(N) * F >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const float* gate = inp + std::int64_t(n) * 2 * F;
+    const float* up = gate + F;
+    float* y = out + std::int64_t(n) * F;
+#pragma omp simd
+    for (int i = 0; i < F; ++i) y[i] = gate[i] / (1.0f + exp_vec(-gate[i])) * up[i];
+  }
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  // silu(g) = g sig(g), silu'(g) = sig (1 + g (1 - sig)).
+#pragma omp parallel for schedule(static) if (std::int64_t(N) * F >= kParallelMin)
+  for (int n = 0; n < N; ++n) {
+    const float* gate = inp + std::int64_t(n) * 2 * F;
+    const float* up = gate + F;
+    const float* dy = dout + std::int64_t(n) * F;
+    float* dgate = dinp + std::int64_t(n) * 2 * F;
+    float* dup = dgate + F;
+#pragma omp simd
+    for (int i = 0; i < F; ++i) {
+      const float g = gate[i], sig = 1.0f / (1.0f + exp_vec(-g));
+      dgate[i] += dy[i] * up[i] * sig * (1.0f + g * (1.0f - sig));
+      dup[i] += dy[i] * g * sig;
+    }
+  }
+}
+
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];

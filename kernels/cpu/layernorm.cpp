@@ -1,6 +1,7 @@
-// LayerNorm over the last dimension, forward and backward, with the same
-// arithmetic as llm.c: mean and biased variance per row, rstd saved for the
-// backward pass, float throughout except the column sums of dweight/dbias.
+// LayerNorm and RMSNorm over the last dimension, forward and backward.
+// LayerNorm has the same arithmetic as llm.c: mean and biased variance per
+// row, rstd saved for the backward pass, float throughout except the column
+// sums of dweight/dbias; RMSNorm is the same without the mean and the bias.
 #include <omp.h>
 
 #include <cmath>
@@ -9,6 +10,33 @@
 #include "kernels/cpu/cpu_kernels.hpp"
 
 namespace strata::kernels::cpu {
+
+namespace {
+
+// A norm's weight (and bias) gradients, sums over the N rows: each thread
+// owns a slice of columns so that no element has two writers, and `add`
+// accumulates row n's terms of columns [c0, c0 + width) in double; the sums
+// are then added to dw and (unless null) db.
+template <class Add>
+void column_sums(int N, int C, bool parallel, Add add, float* dw_out, float* db_out) {
+#pragma omp parallel if (parallel)
+  {
+    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
+    const int c_begin = int(std::int64_t(C) * it / nt), c_end = int(std::int64_t(C) * (it + 1) / nt);
+    constexpr int kBlock = 64;
+    for (int c0 = c_begin; c0 < c_end; c0 += kBlock) {
+      const int width = (c_end - c0 < kBlock) ? c_end - c0 : kBlock;
+      double dw[kBlock] = {}, db[kBlock] = {};
+      for (int n = 0; n < N; ++n) add(n, c0, width, dw, db);
+      for (int c = 0; c < width; ++c) {
+        dw_out[c0 + c] += float(dw[c]);
+        if (db_out != nullptr) db_out[c0 + c] += float(db[c]);
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C, float eps) {
@@ -62,32 +90,57 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
   }
-  // dweight and dbias sum over rows: each thread owns a slice of columns so
-  // that no element has two writers, and sums in double over the N rows.
-#pragma omp parallel if (parallel)
-  {
-    const int nt = omp_get_num_threads(), it = omp_get_thread_num();
-    const int c_begin = int(std::int64_t(C) * it / nt), c_end = int(std::int64_t(C) * (it + 1) / nt);
-    constexpr int kBlock = 64;
-    for (int c0 = c_begin; c0 < c_end; c0 += kBlock) {
-      const int width = (c_end - c0 < kBlock) ? c_end - c0 : kBlock;
-      double dw[kBlock] = {}, db[kBlock] = {};
-      for (int n = 0; n < N; ++n) {
-        const float* x = inp + std::int64_t(n) * C + c0;
-        const float* dy = dout + std::int64_t(n) * C + c0;
-        const float m = mean[n], s = rstd[n];
+  column_sums(N, C, parallel, [&](int n, int c0, int width, double* dw, double* db) {
+    const float* x = inp + std::int64_t(n) * C + c0;
+    const float* dy = dout + std::int64_t(n) * C + c0;
+    const float m = mean[n], s = rstd[n];
 #pragma omp simd
-        for (int c = 0; c < width; ++c) {
-          dw[c] += double((x[c] - m) * s * dy[c]);
-          db[c] += double(dy[c]);
-        }
-      }
-      for (int c = 0; c < width; ++c) {
-        dweight[c0 + c] += float(dw[c]);
-        dbias[c0 + c] += float(db[c]);
-      }
+    for (int c = 0; c < width; ++c) {
+      dw[c] += double((x[c] - m) * s * dy[c]);
+      db[c] += double(dy[c]);
     }
+  }, dweight, dbias);
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) if (std::int64_t(N) * C >= (1 << 15))
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    float* y = out + std::int64_t(n) * C;
+    float ms = 0.0f;
+#pragma omp simd reduction(+ : ms)
+    for (int c = 0; c < C; ++c) ms += x[c] * x[c];
+    const float s = 1.0f / std::sqrt(ms / C + eps);
+#pragma omp simd
+    for (int c = 0; c < C; ++c) y[c] = x[c] * s * weight[c];
+    rstd[n] = s;
   }
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  const bool parallel = std::int64_t(N) * C >= (1 << 15);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int n = 0; n < N; ++n) {
+    const float* x = inp + std::int64_t(n) * C;
+    const float* dy = dout + std::int64_t(n) * C;
+    float* dx = dinp + std::int64_t(n) * C;
+    const float s = rstd[n];
+    // norm = x s; dnorm = dy * weight; dx = s * (dnorm - norm * mean(dnorm * norm))
+    float dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_norm_mean)
+    for (int c = 0; c < C; ++c) dnorm_norm_mean += dy[c] * weight[c] * x[c] * s;
+    dnorm_norm_mean /= C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) dx[c] += (dy[c] * weight[c] - x[c] * s * dnorm_norm_mean) * s;
+  }
+  column_sums(N, C, parallel, [&](int n, int c0, int width, double* dw, double*) {
+    const float* x = inp + std::int64_t(n) * C + c0;
+    const float* dy = dout + std::int64_t(n) * C + c0;
+    const float s = rstd[n];
+#pragma omp simd
+    for (int c = 0; c < width; ++c) dw[c] += double(x[c] * s * dy[c]);
+  }, dweight, nullptr);
 }
 
 }  // namespace strata::kernels::cpu

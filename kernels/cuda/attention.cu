@@ -1,7 +1,23 @@
-// Fused causal multi-head attention, FlashAttention-2 style, in fp32 on the
-// CUDA cores, or under bf16 math on tensor cores (below): the T x T scores of
-// a head exist only tile by tile, in registers and shared memory, never in
-// global memory.
+// Fused causal multi-head or grouped-query attention, FlashAttention-2
+// style, in fp32 on the CUDA cores, or under bf16 math on tensor cores
+// (below): the T x T scores of a head exist only tile by tile, in registers
+// and shared memory, never in global memory.
+//
+// Grouped-query attention (kernels/ops.inc). NH query heads share NKV
+// key-value heads, a group of G = NH / NKV query heads per key-value head:
+// query head h reads key-value head h / G. A qkv row is C + 2 KVC floats
+// (KVC = NKV hs): q in its first C, then k, then v. The forward pass is per
+// query head and simply reads its group's k and v (G query heads read the
+// same key rows, from L2 after the first). The backward pass is per
+// key-value head: a block owns a key tile of key-value head g and walks the
+// query tiles of every query head of g's group in turn, so that dk and dv,
+// which sum over all G heads, accumulate in the block's registers for the
+// whole walk and are added to dqkv once, without atomics (each key row of
+// each key-value head still belongs to exactly one block). dq is per query
+// head and added with atomicAdd as before. NKV = NH (G = 1) is multi-head
+// attention: the same blocks, the same arithmetic, the same results as
+// before grouping. The price of the per-group walk is parallelism: the
+// backward has B NKV key tiles' blocks instead of B NH, each G times longer.
 //
 // Tiles. A block of 256 threads works on 64 x 64 tiles of the score matrix
 // S = (q * scale) k^T. Thread (ty, tx) = (tid / 16, tid % 16) owns the 4 x 4
@@ -14,34 +30,37 @@
 // v and dO) sit in shared memory transposed, [hs][64 + 1], so that neither
 // the transposing stores nor the reads of a column conflict on banks.
 //
-// Forward (one kernel): a block per (64 query rows, head); q is loaded once
-// (pre-scaled), then the key tiles 0 .. the diagonal one are streamed through
-// shared memory (k, then v in the same buffer). For each, online softmax:
-// the row maximum m and the sum l of exp(s - m) are updated and the output
-// accumulator rescaled by exp(m_old - m_new) before adding P v. At the end
-// out = acc / l is written (not accumulated) and state = m + log l, the row's
-// log-sum-exp, is saved for the backward. Every key tile a row visits starts
-// at or before the row, so it holds an unmasked key: m is finite from the
-// first tile on and no -inf - -inf appears. Blocks are launched longest first
-// (the last query tile sees the most keys).
+// Forward (one kernel): a block per (64 query rows, query head); q is loaded
+// once (pre-scaled), then the key tiles 0 .. the diagonal one of the group's
+// key-value head are streamed through shared memory (k, then v in the same
+// buffer). For each, online softmax: the row maximum m and the sum l of
+// exp(s - m) are updated and the output accumulator rescaled by
+// exp(m_old - m_new) before adding P v. At the end out = acc / l is written
+// (not accumulated) and state = m + log l, the row's log-sum-exp, is saved for
+// the backward. Every key tile a row visits starts at or before the row, so it
+// holds an unmasked key: m is finite from the first tile on and no -inf - -inf
+// appears. Blocks are launched longest first (the last query tile sees the most
+// keys).
 //
-// Backward (two kernels): first D_i = sum_d dout[i,d] out[i,d] per head row
-// into `scratch` (one warp per row). Then a block per (64 keys, head), with
-// its k and v tiles in shared memory and dk, dv accumulating in registers,
-// walks the query tiles from the diagonal to the end; for each it recomputes
-// P = exp(s - lse) (the forward's exact arithmetic, so P is the forward's),
-// dP = dO v^T, dS = P (dP - D), then dv += P^T dO, dk += dS^T (q scale), and
-// writes dS to shared memory so that the block can form dq = scale dS k for
-// the query tile and add it to global memory with atomicAdd (other key tiles
-// add to the same rows). dk and dv are added (+=) once, at the end: each key
-// row belongs to one block.
+// Backward (two kernels): first D_i = sum_d dout[i,d] out[i,d] per query-head
+// row into `scratch` (one warp per row). Then a block per (64 keys, key-value
+// head), with its k and v tiles in shared memory and dk, dv accumulating in
+// registers, walks the query tiles from the diagonal to the end, for each query
+// head of the group in turn; for each tile it recomputes P = exp(s - lse)
+// (the forward's exact arithmetic, so P is the forward's), dP = dO v^T,
+// dS = P (dP - D), then dv += P^T dO, dk += dS^T (q scale), and writes dS
+// to shared memory so that the block can form dq = scale dS k for the query
+// tile and add it to global memory with atomicAdd (other key tiles add to the
+// same rows). dk and dv are added (+=) once, at the end: each key row (of a
+// key-value head) belongs to one block.
 //
 // Memory traffic per head: the forward reads q once and k, v about T / 128
-// times each (once per query tile that sees them, mostly from L2), writes out
-// and T floats of lse; the backward reads k, v once and q, dO, lse, D about
-// T / 128 times, adds dq in 64 x hs atomics per (key tile, query tile) pair,
-// and dk, dv once. Against the unfused form, T x T probabilities are neither
-// written nor read (4 MB per head at T = 1024).
+// times each (once per query tile that sees them, mostly from L2; G times
+// under grouping), writes out and T floats of lse; the backward reads k, v
+// once per key-value head and q, dO, lse, D about T / 128 times, adds dq in
+// 64 x hs atomics per (key tile, query tile) pair, and dk, dv once. Against
+// the unfused form, T x T probabilities are neither written nor read (4 MB
+// per head at T = 1024).
 //
 // Shared memory per block, floats: forward 2 hs 65 (33 KB at hs = 64, 66 KB at
 // 128); backward 4 hs 65 + 64 80 + 128 (87 KB at hs = 64, 150 KB at 128).
@@ -67,22 +86,23 @@
 // two products of a warp is the warp's own business (__syncwarp), and the
 // block synchronises only around the tiles that all warps read.
 //
-// Forward: a block per (64 query rows, head). Q is staged once and kept in
-// fragments; per key tile (0 .. the diagonal) K and V are staged, each warp
-// forms its 16 x 64 S = Q K^T, two lanes per row run the online softmax on it
-// (fp32 m, l in registers; P to bf16), rescale the row of the fp32 output
-// accumulator O and the warp adds P V to it. O lives in shared memory, not
-// in fragments, because the rescaling is per row and fragment elements are
-// opaque. Then out = O / l, lse = m + log l.
+// Forward: a block per (64 query rows, query head). Q is staged once and kept
+// in fragments; per key tile (0 .. the diagonal) K and V (of the group's
+// key-value head) are staged, each warp forms its 16 x 64 S = Q K^T, two lanes
+// per row run the online softmax on it (fp32 m, l in registers; P to bf16),
+// rescale the row of the fp32 output accumulator O and the warp adds P V to it.
+// O lives in shared memory, not in fragments, because the rescaling is per row
+// and fragment elements are opaque. Then out = O / l, lse = m + log l.
 //
 // Backward: D = rowsum(dO o O) by the same row-dot kernel as the fp32 path,
-// with dO rounded to bf16 as its products see it (attention_row_dots);
-// then a block per (64 keys, head), warp w owning keys 16w .., walks the query
-// tiles from the diagonal. Per query tile: S^T = K Q^T and dP^T = V dO^T
-// (16 x 64 per warp), P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) in
-// fp32, rounded to bf16; dV += P^T dO and dK += dS^T Q in fp32 fragments held
-// for the whole walk (each key row belongs to one block: added to dqkv once,
-// at the end, dK times the scale); after a block barrier (dQ needs every
+// with dO rounded to bf16 as its products see it (attention_row_dots); then a
+// block per (64 keys, key-value head), warp w owning keys 16w .., walks the
+// query tiles from the diagonal, for each query head of the group in turn. Per
+// query tile: S^T = K Q^T and dP^T = V dO^T (16 x 64 per warp),
+// P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) in fp32, rounded to bf16;
+// dV += P^T dO and dK += dS^T Q in fp32 fragments held for the whole walk, over
+// every head of the group (each key row belongs to one block: added to dqkv
+// once, at the end, dK times the scale); after a block barrier (dQ needs every
 // warp's keys) warp w forms rows 16w .. of dQ = dS K from dS^T read
 // column-major, stores them to shared memory (over S^T and dP^T, consumed by
 // then) and adds scale dQ to global memory with atomicAdd: other key tiles add
@@ -145,18 +165,19 @@ __device__ void load_transposed(float* dst, const float* src, std::int64_t ld, i
 // kDpt: head dimensions per thread, hs <= 16 kDpt.
 template <int kDpt>
 __global__ void __launch_bounds__(kThreads, 2)
-    attention_forward_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
+    attention_forward_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, int NKV, float scale) {
   extern __shared__ float smem[];
-  const int hs = C / NH;
+  const int hs = C / NH, kvc = NKV * hs;
   float* qt = smem;                // [hs][kStride]: q tile, scaled, transposed
   float* kv = smem + hs * kStride; // [hs][kStride]: k tile transposed, then [kTile][hs]: v tile
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16, half = (threadIdx.x % 32) & 16;
   const int qb = gridDim.x - 1 - blockIdx.x;  // longest first
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const std::int64_t ld = 3 * std::int64_t(C);
-  const float* q = qkv + std::int64_t(b) * T * ld + h * hs;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
+  const std::int64_t ld = std::int64_t(C) + 2 * std::int64_t(kvc);
+  const float* seq = qkv + std::int64_t(b) * T * ld;  // the sequence's qkv rows
+  const float* q = seq + h * hs;
+  const float* k = seq + C + kvh * hs;  // the group's key-value head
+  const float* v = k + kvc;
   const int i0 = qb * kTile;
 
   load_transposed(qt, q, ld, i0, T, hs, scale);
@@ -281,9 +302,9 @@ __global__ void attention_row_dots(float* D, const float* dout, const float* out
 template <int kDpt>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D,
-                              int T, int C, int NH, float scale) {
+                              int T, int C, int NH, int NKV, float scale) {
   extern __shared__ float smem[];
-  const int hs = C / NH;
+  const int hs = C / NH, kvc = NKV * hs;
   float* kt = smem;                       // [hs][kStride]: this block's k tile, transposed
   float* vt = kt + hs * kStride;          // [hs][kStride]: its v tile
   float* qt = vt + hs * kStride;          // [hs][kStride]: the current q tile, scaled
@@ -293,119 +314,126 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* row_d = row_lse + kTile;           // [kTile]
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16, half = (threadIdx.x % 32) & 16;
   const int kb = blockIdx.x;  // the first key tiles meet the most query tiles: launched first
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const std::int64_t ld = 3 * std::int64_t(C);
-  const std::int64_t head = std::int64_t(b) * T * ld + h * hs;
-  const float* q = qkv + head;
-  const float* dy = dout + std::int64_t(b) * T * C + h * hs;
-  float* dq = dqkv + head;
+  const int bg = blockIdx.y, b = bg / NKV, kvh = bg % NKV, group = NH / NKV;
+  const std::int64_t ld = std::int64_t(C) + 2 * std::int64_t(kvc);
+  const std::int64_t row0 = std::int64_t(b) * T * ld;  // the sequence's first qkv row
+  const std::int64_t kcol = C + std::int64_t(kvh) * hs;  // key-value head kvh's k columns (v: kvc on)
   const int j0 = kb * kTile;
   const int nq = (T + kTile - 1) / kTile;
 
-  load_transposed(kt, q + C, ld, j0, T, hs, 1.0f);
-  load_transposed(vt, q + 2 * C, ld, j0, T, hs, 1.0f);
+  load_transposed(kt, qkv + row0 + kcol, ld, j0, T, hs, 1.0f);
+  load_transposed(vt, qkv + row0 + kcol + kvc, ld, j0, T, hs, 1.0f);
 
-  // Rows ty + 16r of the key tile, head dimensions tx + 16c.
+  // Rows ty + 16r of the key tile, head dimensions tx + 16c: summed over
+  // every query head of the group.
   float dk[4][kDpt] = {}, dv[4][kDpt] = {};
 
-  for (int qb = kb; qb < nq; ++qb) {
-    const int i0 = qb * kTile;
-    __syncthreads();  // the previous query tile's q, dO and dS are read
-    load_transposed(qt, q, ld, i0, T, hs, scale);
-    load_transposed(dyt, dy, C, i0, T, hs, 1.0f);
-    if (threadIdx.x < kTile) {
-      const int i = i0 + threadIdx.x;
-      row_lse[threadIdx.x] = i < T ? lse[std::int64_t(bh) * T + i] : 0.0f;
-      row_d[threadIdx.x] = i < T ? D[std::int64_t(bh) * T + i] : 0.0f;
-    }
-    __syncthreads();
+  // The walk: for each query head of the group in turn, the query tiles
+  // kb .. nq - 1.
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const std::int64_t bh = std::int64_t(b) * NH + h;
+    const float* q = qkv + row0 + h * hs;
+    const float* dy = dout + std::int64_t(b) * T * C + h * hs;
+    float* dq = dqkv + row0 + h * hs;
+    for (int qb = kb; qb < nq; ++qb) {
+      const int i0 = qb * kTile;
+      __syncthreads();  // the previous query tile's q, dO and dS are read
+      load_transposed(qt, q, ld, i0, T, hs, scale);
+      load_transposed(dyt, dy, C, i0, T, hs, 1.0f);
+      if (threadIdx.x < kTile) {
+        const int i = i0 + threadIdx.x;
+        row_lse[threadIdx.x] = i < T ? lse[std::int64_t(bh) * T + i] : 0.0f;
+        row_d[threadIdx.x] = i < T ? D[std::int64_t(bh) * T + i] : 0.0f;
+      }
+      __syncthreads();
 
-    // Transposed tiles, keys ty + 16r by queries tx + 16c: s^T then P^T, and
-    // dP^T = v dO^T then dS^T.
-    float p[4][4] = {}, dp[4][4] = {};
+      // Transposed tiles, keys ty + 16r by queries tx + 16c: s^T then P^T, and
+      // dP^T = v dO^T then dS^T.
+      float p[4][4] = {}, dp[4][4] = {};
 #pragma unroll 2
-    for (int d = 0; d < hs; ++d) {
-      float kr[4], vr[4], qc[4], oc[4];
+      for (int d = 0; d < hs; ++d) {
+        float kr[4], vr[4], qc[4], oc[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) kr[r] = kt[d * kStride + ty + 16 * r], vr[r] = vt[d * kStride + ty + 16 * r];
+        for (int r = 0; r < 4; ++r) kr[r] = kt[d * kStride + ty + 16 * r], vr[r] = vt[d * kStride + ty + 16 * r];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) qc[c] = qt[d * kStride + tx + 16 * c], oc[c] = dyt[d * kStride + tx + 16 * c];
+        for (int c = 0; c < 4; ++c) qc[c] = qt[d * kStride + tx + 16 * c], oc[c] = dyt[d * kStride + tx + 16 * c];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            p[r][c] += qc[c] * kr[r];  // the forward's order of operations: the same s, the same P
+            dp[r][c] += vr[r] * oc[c];
+          }
+      }
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          p[r][c] += qc[c] * kr[r];  // the forward's order of operations: the same s, the same P
-          dp[r][c] += vr[r] * oc[c];
+          const int j = j0 + ty + 16 * r, i = i0 + tx + 16 * c;
+          // Masked: above the diagonal, and the padding rows past T (whose lse is a stand-in).
+          p[r][c] = (j <= i && i < T) ? expf(p[r][c] - row_lse[tx + 16 * c]) : 0.0f;
+          dp[r][c] = p[r][c] * (dp[r][c] - row_d[tx + 16 * c]);
         }
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int j = j0 + ty + 16 * r, i = i0 + tx + 16 * c;
-        // Masked: above the diagonal, and the padding rows past T (whose lse is a stand-in).
-        p[r][c] = (j <= i && i < T) ? expf(p[r][c] - row_lse[tx + 16 * c]) : 0.0f;
-        dp[r][c] = p[r][c] * (dp[r][c] - row_d[tx + 16 * c]);
-      }
 
-    // dv += P^T dO, dk += dS^T (q scale), over the tile's queries; P and dS
-    // of query i come from the thread of the half-warp that holds them.
+      // dv += P^T dO, dk += dS^T (q scale), over the tile's queries; P and dS
+      // of query i come from the thread of the half-warp that holds them.
 #pragma unroll
-    for (int ic = 0; ic < 4; ++ic) {
+      for (int ic = 0; ic < 4; ++ic) {
 #pragma unroll
-      for (int ii = 0; ii < 16; ++ii) {
-        const int i = ic * 16 + ii;
-        float pr[4], dsr[4];
+        for (int ii = 0; ii < 16; ++ii) {
+          const int i = ic * 16 + ii;
+          float pr[4], dsr[4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          pr[r] = __shfl_sync(kFull, p[r][ic], half | ii);
-          dsr[r] = __shfl_sync(kFull, dp[r][ic], half | ii);
-        }
+          for (int r = 0; r < 4; ++r) {
+            pr[r] = __shfl_sync(kFull, p[r][ic], half | ii);
+            dsr[r] = __shfl_sync(kFull, dp[r][ic], half | ii);
+          }
 #pragma unroll
-        for (int c = 0; c < kDpt; ++c) {
-          const int d = tx + 16 * c;
-          if (d < hs) {
-            const float o = dyt[d * kStride + i], qq = qt[d * kStride + i];
+          for (int c = 0; c < kDpt; ++c) {
+            const int d = tx + 16 * c;
+            if (d < hs) {
+              const float o = dyt[d * kStride + i], qq = qt[d * kStride + i];
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              dv[r][c] += pr[r] * o;
-              dk[r][c] += dsr[r] * qq;
+              for (int r = 0; r < 4; ++r) {
+                dv[r][c] += pr[r] * o;
+                dk[r][c] += dsr[r] * qq;
+              }
             }
           }
         }
       }
-    }
 
-    // dq of the query tile = scale dS k: the sum runs over the keys, which
-    // are spread over the block, so dS goes through shared memory.
+      // dq of the query tile = scale dS k: the sum runs over the keys, which
+      // are spread over the block, so dS goes through shared memory.
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+      for (int r = 0; r < 4; ++r)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) ds[(ty + 16 * r) * kDsStride + tx + 16 * c] = dp[r][c];
-    __syncthreads();
-    float g[4][kDpt] = {};  // query rows ty + 16r, head dimensions tx + 16c
+        for (int c = 0; c < 4; ++c) ds[(ty + 16 * r) * kDsStride + tx + 16 * c] = dp[r][c];
+      __syncthreads();
+      float g[4][kDpt] = {};  // query rows ty + 16r, head dimensions tx + 16c
 #pragma unroll 4
-    for (int j = 0; j < kTile; ++j) {
-      float a[4];
+      for (int j = 0; j < kTile; ++j) {
+        float a[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) a[r] = ds[j * kDsStride + ty + 16 * r];
+        for (int r = 0; r < 4; ++r) a[r] = ds[j * kDsStride + ty + 16 * r];
 #pragma unroll
-      for (int c = 0; c < kDpt; ++c) {
-        const int d = tx + 16 * c;
-        if (d < hs) {
-          const float kk = kt[d * kStride + j];
+        for (int c = 0; c < kDpt; ++c) {
+          const int d = tx + 16 * c;
+          if (d < hs) {
+            const float kk = kt[d * kStride + j];
 #pragma unroll
-          for (int r = 0; r < 4; ++r) g[r][c] += a[r] * kk;
+            for (int r = 0; r < 4; ++r) g[r][c] += a[r] * kk;
+          }
         }
       }
-    }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = i0 + ty + 16 * r;
-      if (i >= T) continue;
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + ty + 16 * r;
+        if (i >= T) continue;
 #pragma unroll
-      for (int c = 0; c < kDpt; ++c)
-        if (tx + 16 * c < hs) atomicAdd(dq + std::int64_t(i) * ld + tx + 16 * c, scale * g[r][c]);
+        for (int c = 0; c < kDpt; ++c)
+          if (tx + 16 * c < hs) atomicAdd(dq + std::int64_t(i) * ld + tx + 16 * c, scale * g[r][c]);
+      }
     }
   }
 
@@ -413,8 +441,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 4; ++r) {
     const int j = j0 + ty + 16 * r;
     if (j >= T) continue;
-    float* dkj = dq + std::int64_t(j) * ld + C;
-    float* dvj = dkj + C;
+    float* dkj = dqkv + row0 + std::int64_t(j) * ld + kcol;
+    float* dvj = dkj + kvc;
 #pragma unroll
     for (int c = 0; c < kDpt; ++c) {
       const int d = tx + 16 * c;
@@ -462,7 +490,8 @@ __device__ void stage_bf16(bf16* dst, int ldd, const float* src, std::int64_t ld
 // kF = hs / 16: the fragments along a head dimension.
 template <int kF>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_forward_tc_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, float scale) {
+    attention_forward_tc_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, int NKV,
+                                float scale) {
   constexpr int kHs = 16 * kF, kLdh = kHs + kBfPad, kLdo = kHs + kF32Pad;
   extern __shared__ __align__(128) unsigned char tc_smem[];
   bf16* qs = reinterpret_cast<bf16*>(tc_smem);           // [kTile][kLdh]: the query tile
@@ -474,11 +503,13 @@ __global__ void __launch_bounds__(kTcThreads)
   float* row_inv = os + kTile * kLdo;                    // [kTile]: 1 / l at the end
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int qb = gridDim.x - 1 - blockIdx.x;  // longest first
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const std::int64_t ld = 3 * std::int64_t(C);
-  const float* q = qkv + std::int64_t(b) * T * ld + h * kHs;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
+  const int kvc = NKV * kHs;
+  const std::int64_t ld = std::int64_t(C) + 2 * std::int64_t(kvc);
+  const float* seq = qkv + std::int64_t(b) * T * ld;  // the sequence's qkv rows
+  const float* q = seq + h * kHs;
+  const float* k = seq + C + kvh * kHs;  // the group's key-value head
+  const float* v = k + kvc;
   const int i0 = qb * kTile;
   const int w0 = 16 * warp;  // the warp's first row of the tile
 
@@ -570,7 +601,7 @@ __global__ void __launch_bounds__(kTcThreads)
 template <int kF>
 __global__ void __launch_bounds__(kTcThreads)
     attention_backward_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D,
-                                 int T, int C, int NH, float scale) {
+                                 int T, int C, int NH, int NKV, float scale) {
   constexpr int kHs = 16 * kF, kLdh = kHs + kBfPad, kLdg = kHs + kF32Pad;
   // dQ's tile (and at the end dK's, dV's) goes over S^T and dP^T.
   static_assert(kTile * kLdg <= 2 * kTile * kScoreLd, "the dq tile must fit over S^T and dP^T");
@@ -588,134 +619,144 @@ __global__ void __launch_bounds__(kTcThreads)
   float* gs = sts;  // [kTile][kLdg]: dQ rows, later dK and dV rows (warp w: rows 16w ..)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kb = blockIdx.x;  // the first key tiles meet the most query tiles: launched first
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-  const std::int64_t ld = 3 * std::int64_t(C);
-  const std::int64_t head = std::int64_t(b) * T * ld + h * kHs;
-  const float* q = qkv + head;
-  const float* dy = dout + std::int64_t(b) * T * C + h * kHs;
-  float* dq = dqkv + head;
+  const int bg = blockIdx.y, b = bg / NKV, kvh = bg % NKV, group = NH / NKV;
+  const int kvc = NKV * kHs;
+  const std::int64_t ld = std::int64_t(C) + 2 * std::int64_t(kvc);
+  const std::int64_t row0 = std::int64_t(b) * T * ld;  // the sequence's first qkv row
+  const std::int64_t kcol = C + std::int64_t(kvh) * kHs;  // key-value head kvh's k columns (v: kvc on)
   const int j0 = kb * kTile;
   const int nq = (T + kTile - 1) / kTile;
   const int w0 = 16 * warp;  // the warp's first key of the tile, and first query row of dQ
 
-  stage_bf16<kHs>(ks, kLdh, q + C, ld, j0, T);
-  stage_bf16<kHs>(vs, kLdh, q + 2 * C, ld, j0, T);
+  stage_bf16<kHs>(ks, kLdh, qkv + row0 + kcol, ld, j0, T);
+  stage_bf16<kHs>(vs, kLdh, qkv + row0 + kcol + kvc, ld, j0, T);
 
-  FragC dk[kF], dv[kF];  // the warp's 16 keys x head dimensions, for the whole walk
+  FragC dk[kF], dv[kF];  // the warp's 16 keys x head dimensions, for the whole walk (every head of the group)
 #pragma unroll
   for (int d = 0; d < kF; ++d) {
     wmma::fill_fragment(dk[d], 0.0f);
     wmma::fill_fragment(dv[d], 0.0f);
   }
 
-  for (int qb = kb; qb < nq; ++qb) {
-    const int i0 = qb * kTile;
-    // No barrier needed before restaging: every read of the previous query
-    // tile's q, dO, lse and D came before its dQ barrier below, which this
-    // warp has passed, and the barrier after the staging keeps S^T (next)
-    // off the dq rows that other warps may still be adding.
-    stage_bf16<kHs>(qs, kLdh, q, ld, i0, T);
-    stage_bf16<kHs>(dys, kLdh, dy, C, i0, T);
-    if (threadIdx.x < kTile) {
-      const int i = i0 + threadIdx.x;
-      row_lse[threadIdx.x] = i < T ? lse[std::int64_t(bh) * T + i] : 0.0f;
-      row_d[threadIdx.x] = i < T ? D[std::int64_t(bh) * T + i] : 0.0f;
-    }
-    __syncthreads();  // the tile (and, the first time, k and v) is staged; the previous dq rows are added
-
-    // S^T = K Q^T and dP^T = V dO^T for the warp's keys (Q^T, dO^T: the
-    // tiles read column-major).
-#pragma unroll
-    for (int c = 0; c < kTile / 16; ++c) {
-      FragC st, dpt;
-      wmma::fill_fragment(st, 0.0f);
-      wmma::fill_fragment(dpt, 0.0f);
-#pragma unroll
-      for (int d = 0; d < kF; ++d) {
-        FragA ka, va;
-        FragBT qt, dyt;
-        wmma::load_matrix_sync(ka, ks + w0 * kLdh + 16 * d, kLdh);
-        wmma::load_matrix_sync(qt, qs + 16 * c * kLdh + 16 * d, kLdh);
-        wmma::mma_sync(st, ka, qt, st);
-        wmma::load_matrix_sync(va, vs + w0 * kLdh + 16 * d, kLdh);
-        wmma::load_matrix_sync(dyt, dys + 16 * c * kLdh + 16 * d, kLdh);
-        wmma::mma_sync(dpt, va, dyt, dpt);
+  // The walk: for each query head of the group in turn, the query tiles
+  // kb .. nq - 1.
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const std::int64_t bh = std::int64_t(b) * NH + h;
+    const float* q = qkv + row0 + h * kHs;
+    const float* dy = dout + std::int64_t(b) * T * C + h * kHs;
+    float* dq = dqkv + row0 + h * kHs;
+    for (int qb = kb; qb < nq; ++qb) {
+      const int i0 = qb * kTile;
+      // No barrier needed before restaging: every read of the previous query
+      // tile's q, dO, lse and D (of this head or the previous one) came
+      // before its dQ barrier below, which this warp has passed, and the
+      // barrier after the staging keeps S^T (next) off the dq rows that other
+      // warps may still be adding.
+      stage_bf16<kHs>(qs, kLdh, q, ld, i0, T);
+      stage_bf16<kHs>(dys, kLdh, dy, C, i0, T);
+      if (threadIdx.x < kTile) {
+        const int i = i0 + threadIdx.x;
+        row_lse[threadIdx.x] = i < T ? lse[std::int64_t(bh) * T + i] : 0.0f;
+        row_d[threadIdx.x] = i < T ? D[std::int64_t(bh) * T + i] : 0.0f;
       }
-      wmma::store_matrix_sync(sts + w0 * kScoreLd + 16 * c, st, kScoreLd, wmma::mem_row_major);
-      wmma::store_matrix_sync(dpts + w0 * kScoreLd + 16 * c, dpt, kScoreLd, wmma::mem_row_major);
-    }
-    __syncwarp();
+      __syncthreads();  // the tile (and, the first time, k and v) is staged; the previous dq rows are added
 
-    // P^T = exp(s scale - lse) (the forward's P), dS^T = P^T (dP^T - D), in
-    // fp32, stored as bf16. Masked: above the diagonal, and the padding
-    // queries past T (whose lse is a stand-in).
-    for (int e = lane; e < 16 * kTile; e += 32) {
-      const int r = w0 + e / kTile, c = e % kTile;
-      const int j = j0 + r, i = i0 + c;
-      const float p = (j <= i && i < T) ? expf(sts[r * kScoreLd + c] * scale - row_lse[c]) : 0.0f;
-      pts[r * kProbLd + c] = __float2bfloat16(p);
-      dsts[r * kProbLd + c] = __float2bfloat16(p * (dpts[r * kScoreLd + c] - row_d[c]));
-    }
-    __syncwarp();
-
-    // dV += P^T dO, dK += dS^T Q over the tile's queries. Not unrolled: with
-    // dK and dV live, unrolling let the compiler hoist loads past the 255
-    // registers at hs 128 (spills), for no gain at the smaller head sizes.
-#pragma unroll 1
-    for (int c = 0; c < kTile / 16; ++c) {
-      FragA pa, dsa;
-      wmma::load_matrix_sync(pa, pts + w0 * kProbLd + 16 * c, kProbLd);
-      wmma::load_matrix_sync(dsa, dsts + w0 * kProbLd + 16 * c, kProbLd);
-#pragma unroll
-      for (int d = 0; d < kF; ++d) {
-        FragB yb, qb2;
-        wmma::load_matrix_sync(yb, dys + 16 * c * kLdh + 16 * d, kLdh);
-        wmma::mma_sync(dv[d], pa, yb, dv[d]);
-        wmma::load_matrix_sync(qb2, qs + 16 * c * kLdh + 16 * d, kLdh);
-        wmma::mma_sync(dk[d], dsa, qb2, dk[d]);
-      }
-    }
-    __syncthreads();  // dQ's rows need every warp's keys of dS^T; S^T and dP^T are consumed
-
-    // dQ = dS K for query rows w0 ..: dS is dS^T read column-major. Stored
-    // over S^T and dP^T, then added (times the scale) to global memory.
-    FragAT dsa[kTile / 16];
-#pragma unroll
-    for (int c = 0; c < kTile / 16; ++c) wmma::load_matrix_sync(dsa[c], dsts + 16 * c * kProbLd + w0, kProbLd);
-#pragma unroll
-    for (int d = 0; d < kF; ++d) {
-      FragC g;
-      wmma::fill_fragment(g, 0.0f);
+      // S^T = K Q^T and dP^T = V dO^T for the warp's keys (Q^T, dO^T: the
+      // tiles read column-major).
 #pragma unroll
       for (int c = 0; c < kTile / 16; ++c) {
-        FragB kb2;
-        wmma::load_matrix_sync(kb2, ks + 16 * c * kLdh + 16 * d, kLdh);
-        wmma::mma_sync(g, dsa[c], kb2, g);
+        FragC st, dpt;
+        wmma::fill_fragment(st, 0.0f);
+        wmma::fill_fragment(dpt, 0.0f);
+#pragma unroll
+        for (int d = 0; d < kF; ++d) {
+          FragA ka, va;
+          FragBT qt, dyt;
+          wmma::load_matrix_sync(ka, ks + w0 * kLdh + 16 * d, kLdh);
+          wmma::load_matrix_sync(qt, qs + 16 * c * kLdh + 16 * d, kLdh);
+          wmma::mma_sync(st, ka, qt, st);
+          wmma::load_matrix_sync(va, vs + w0 * kLdh + 16 * d, kLdh);
+          wmma::load_matrix_sync(dyt, dys + 16 * c * kLdh + 16 * d, kLdh);
+          wmma::mma_sync(dpt, va, dyt, dpt);
+        }
+        wmma::store_matrix_sync(sts + w0 * kScoreLd + 16 * c, st, kScoreLd, wmma::mem_row_major);
+        wmma::store_matrix_sync(dpts + w0 * kScoreLd + 16 * c, dpt, kScoreLd, wmma::mem_row_major);
       }
-      wmma::store_matrix_sync(gs + w0 * kLdg + 16 * d, g, kLdg, wmma::mem_row_major);
-    }
-    __syncwarp();
-    for (int e = lane; e < 16 * kHs; e += 32) {
-      const int r = w0 + e / kHs, d = e % kHs;
-      if (i0 + r < T) atomicAdd(dq + std::int64_t(i0 + r) * ld + d, scale * gs[r * kLdg + d]);
+      __syncwarp();
+
+      // P^T = exp(s scale - lse) (the forward's P), dS^T = P^T (dP^T - D), in
+      // fp32, stored as bf16. Masked: above the diagonal, and the padding
+      // queries past T (whose lse is a stand-in).
+      for (int e = lane; e < 16 * kTile; e += 32) {
+        const int r = w0 + e / kTile, c = e % kTile;
+        const int j = j0 + r, i = i0 + c;
+        const float p = (j <= i && i < T) ? expf(sts[r * kScoreLd + c] * scale - row_lse[c]) : 0.0f;
+        pts[r * kProbLd + c] = __float2bfloat16(p);
+        dsts[r * kProbLd + c] = __float2bfloat16(p * (dpts[r * kScoreLd + c] - row_d[c]));
+      }
+      __syncwarp();
+
+      // dV += P^T dO, dK += dS^T Q over the tile's queries. Not unrolled: with
+      // dK and dV live, unrolling let the compiler hoist loads past the 255
+      // registers at hs 128 (spills), for no gain at the smaller head sizes.
+#pragma unroll 1
+      for (int c = 0; c < kTile / 16; ++c) {
+        FragA pa, dsa;
+        wmma::load_matrix_sync(pa, pts + w0 * kProbLd + 16 * c, kProbLd);
+        wmma::load_matrix_sync(dsa, dsts + w0 * kProbLd + 16 * c, kProbLd);
+#pragma unroll
+        for (int d = 0; d < kF; ++d) {
+          FragB yb, qb2;
+          wmma::load_matrix_sync(yb, dys + 16 * c * kLdh + 16 * d, kLdh);
+          wmma::mma_sync(dv[d], pa, yb, dv[d]);
+          wmma::load_matrix_sync(qb2, qs + 16 * c * kLdh + 16 * d, kLdh);
+          wmma::mma_sync(dk[d], dsa, qb2, dk[d]);
+        }
+      }
+      __syncthreads();  // dQ's rows need every warp's keys of dS^T; S^T and dP^T are consumed
+
+      // dQ = dS K for query rows w0 ..: dS is dS^T read column-major. Stored
+      // over S^T and dP^T, then added (times the scale) to global memory.
+      FragAT dsa[kTile / 16];
+#pragma unroll
+      for (int c = 0; c < kTile / 16; ++c) wmma::load_matrix_sync(dsa[c], dsts + 16 * c * kProbLd + w0, kProbLd);
+#pragma unroll
+      for (int d = 0; d < kF; ++d) {
+        FragC g;
+        wmma::fill_fragment(g, 0.0f);
+#pragma unroll
+        for (int c = 0; c < kTile / 16; ++c) {
+          FragB kb2;
+          wmma::load_matrix_sync(kb2, ks + 16 * c * kLdh + 16 * d, kLdh);
+          wmma::mma_sync(g, dsa[c], kb2, g);
+        }
+        wmma::store_matrix_sync(gs + w0 * kLdg + 16 * d, g, kLdg, wmma::mem_row_major);
+      }
+      __syncwarp();
+      for (int e = lane; e < 16 * kHs; e += 32) {
+        const int r = w0 + e / kHs, d = e % kHs;
+        if (i0 + r < T) atomicAdd(dq + std::int64_t(i0 + r) * ld + d, scale * gs[r * kLdg + d]);
+      }
     }
   }
 
   // dK and dV of the warp's keys, through its own rows of the dq buffer (no
   // other warp touches them any more: the last tile's barrier is passed).
-  // Added, not atomically: each key row belongs to this block.
-  const auto add_rows = [&](const FragC (&acc)[kF], int part, float mul) {
+  // Added, not atomically: each key row of key-value head kvh belongs to
+  // this block, which summed every query head of the group into it.
+  const auto add_rows = [&](const FragC (&acc)[kF], std::int64_t col, float mul) {
     __syncwarp();  // the rows' previous contents are read
 #pragma unroll
     for (int d = 0; d < kF; ++d) wmma::store_matrix_sync(gs + w0 * kLdg + 16 * d, acc[d], kLdg, wmma::mem_row_major);
     __syncwarp();
+    float* dst = dqkv + row0 + col;
     for (int e = lane; e < 16 * kHs; e += 32) {
       const int r = w0 + e / kHs, d = e % kHs;
-      if (j0 + r < T) dq[std::int64_t(j0 + r) * ld + part * C + d] += mul * gs[r * kLdg + d];
+      if (j0 + r < T) dst[std::int64_t(j0 + r) * ld + d] += mul * gs[r * kLdg + d];
     }
   };
-  add_rows(dk, 1, scale);
-  add_rows(dv, 2, 1.0f);
+  add_rows(dk, kcol, scale);
+  add_rows(dv, kcol + kvc, 1.0f);
 }
 
 std::size_t forward_smem(int hs) { return sizeof(float) * 2 * hs * kStride; }
@@ -734,108 +775,116 @@ std::size_t backward_tc_smem(int hs) {
 static_assert(kMaxHeadSize == 16 * 8);
 bool tensor_cores(int hs) { return bf16_math() && hs % 16 == 0 && hs <= kMaxHeadSize; }
 
-// The head size, checked against what the kernels handle (and B * NH against
-// the grid's y dimension, which indexes the heads).
-int head_size(int B, int C, int NH, const char* who) {
+// The head size, checked against what the kernels handle, with the
+// grouping (NKV divides NH) and B * NH against the grid's y dimension, which
+// indexes the query heads (the backward's B * NKV is no more).
+int head_size(int B, int C, int NH, int NKV, const char* who) {
   if (NH <= 0 || C % NH != 0 || C / NH < 1 || C / NH > kMaxHeadSize)
     throw std::invalid_argument(std::string(who) + ": head size C / NH = " + std::to_string(C) + " / " +
                                 std::to_string(NH) + " must be a whole number in [1, " +
                                 std::to_string(kMaxHeadSize) + "] on the CUDA backend");
+  if (NKV <= 0 || NH % NKV != 0)
+    throw std::invalid_argument(std::string(who) + ": NKV = " + std::to_string(NKV) +
+                                " key-value heads must be positive and divide NH = " + std::to_string(NH) +
+                                " query heads");
   if (std::int64_t(B) * NH > 65535)
     throw std::invalid_argument(std::string(who) + ": B * NH = " + std::to_string(std::int64_t(B) * NH) +
                                 " is above 65535 on the CUDA backend");
   return C / NH;
 }
 
+// Grids: the forward's y over (sequence, query head), the backward's over
+// (sequence, key-value head); x over the 64-row tiles.
+dim3 forward_grid(int B, int T, int NH) { return dim3((T + kTile - 1) / kTile, B * NH); }
+dim3 backward_grid(int B, int T, int NKV) { return dim3((T + kTile - 1) / kTile, B * NKV); }
+
 template <int kDpt>
-void launch_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int hs) {
+void launch_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV, int hs) {
   const std::size_t smem = forward_smem(hs);
   STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_kernel<kDpt>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  attention_forward_kernel<kDpt><<<grid, kThreads, smem>>>(out, lse, qkv, T, C, NH, 1.0f / std::sqrt(float(hs)));
+  attention_forward_kernel<kDpt><<<forward_grid(B, T, NH), kThreads, smem>>>(out, lse, qkv, T, C, NH, NKV,
+                                                                             1.0f / std::sqrt(float(hs)));
   STRATA_CHECK_LAUNCH();
 }
 
 template <int kDpt>
 void launch_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
-                     int T, int C, int NH, int hs) {
+                     int T, int C, int NH, int NKV, int hs) {
   const std::size_t smem = backward_smem(hs);
   STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_kernel<kDpt>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  attention_backward_kernel<kDpt>
-      <<<grid, kThreads, smem>>>(dqkv, dout, qkv, lse, D, T, C, NH, 1.0f / std::sqrt(float(hs)));
+  attention_backward_kernel<kDpt><<<backward_grid(B, T, NKV), kThreads, smem>>>(dqkv, dout, qkv, lse, D, T, C, NH,
+                                                                                NKV, 1.0f / std::sqrt(float(hs)));
   STRATA_CHECK_LAUNCH();
 }
 
 template <int kF>
-void launch_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void launch_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
   const std::size_t smem = forward_tc_smem(16 * kF);
   STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_tc_kernel<kF>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  attention_forward_tc_kernel<kF>
-      <<<grid, kTcThreads, smem>>>(out, lse, qkv, T, C, NH, 1.0f / std::sqrt(float(16 * kF)));
+  attention_forward_tc_kernel<kF><<<forward_grid(B, T, NH), kTcThreads, smem>>>(out, lse, qkv, T, C, NH, NKV,
+                                                                                1.0f / std::sqrt(float(16 * kF)));
   STRATA_CHECK_LAUNCH();
 }
 
 template <int kF>
 void launch_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
-                        int T, int C, int NH) {
+                        int T, int C, int NH, int NKV) {
   const std::size_t smem = backward_tc_smem(16 * kF);
   STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_tc_kernel<kF>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid((T + kTile - 1) / kTile, B * NH);
-  attention_backward_tc_kernel<kF>
-      <<<grid, kTcThreads, smem>>>(dqkv, dout, qkv, lse, D, T, C, NH, 1.0f / std::sqrt(float(16 * kF)));
+  attention_backward_tc_kernel<kF><<<backward_grid(B, T, NKV), kTcThreads, smem>>>(
+      dqkv, dout, qkv, lse, D, T, C, NH, NKV, 1.0f / std::sqrt(float(16 * kF)));
   STRATA_CHECK_LAUNCH();
 }
 
 // By hs / 16 - 1.
-constexpr void (*kForwardTc[])(float*, float*, const float*, int, int, int, int) = {
+constexpr void (*kForwardTc[])(float*, float*, const float*, int, int, int, int, int) = {
     launch_forward_tc<1>, launch_forward_tc<2>, launch_forward_tc<3>, launch_forward_tc<4>,
     launch_forward_tc<5>, launch_forward_tc<6>, launch_forward_tc<7>, launch_forward_tc<8>};
-constexpr void (*kBackwardTc[])(float*, const float*, const float*, const float*, const float*, int, int, int,
+constexpr void (*kBackwardTc[])(float*, const float*, const float*, const float*, const float*, int, int, int, int,
                                 int) = {launch_backward_tc<1>, launch_backward_tc<2>, launch_backward_tc<3>,
                                         launch_backward_tc<4>, launch_backward_tc<5>, launch_backward_tc<6>,
                                         launch_backward_tc<7>, launch_backward_tc<8>};
 
 }  // namespace
 
-void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH) {
-  const int hs = head_size(B, C, NH, "attention_forward");
+void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH, int NKV) {
+  const int hs = head_size(B, C, NH, NKV, "attention_forward");
   if (B <= 0 || T <= 0) return;
   if (tensor_cores(hs))
-    kForwardTc[hs / 16 - 1](out, state, qkv, B, T, C, NH);
+    kForwardTc[hs / 16 - 1](out, state, qkv, B, T, C, NH, NKV);
   else if (hs <= 16)
-    launch_forward<1>(out, state, qkv, B, T, C, NH, hs);
+    launch_forward<1>(out, state, qkv, B, T, C, NH, NKV, hs);
   else if (hs <= 32)
-    launch_forward<2>(out, state, qkv, B, T, C, NH, hs);
+    launch_forward<2>(out, state, qkv, B, T, C, NH, NKV, hs);
   else if (hs <= 64)
-    launch_forward<4>(out, state, qkv, B, T, C, NH, hs);
+    launch_forward<4>(out, state, qkv, B, T, C, NH, NKV, hs);
   else
-    launch_forward<8>(out, state, qkv, B, T, C, NH, hs);
+    launch_forward<8>(out, state, qkv, B, T, C, NH, NKV, hs);
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                        const float* state, int B, int T, int C, int NH) {
-  const int hs = head_size(B, C, NH, "attention_backward");
+                        const float* state, int B, int T, int C, int NH, int NKV) {
+  const int hs = head_size(B, C, NH, NKV, "attention_backward");
   if (B <= 0 || T <= 0) return;
+  // D per query head (dout and out are [B, T, C] whatever the grouping).
   const std::int64_t rows = std::int64_t(B) * T * NH;
   const bool tc = tensor_cores(hs);
   attention_row_dots<<<int((rows * 32 + kThreads - 1) / kThreads), kThreads>>>(scratch, dout, out, B, T, C, NH, tc);
   STRATA_CHECK_LAUNCH();
   if (tc)
-    kBackwardTc[hs / 16 - 1](dqkv, dout, qkv, state, scratch, B, T, C, NH);
+    kBackwardTc[hs / 16 - 1](dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV);
   else if (hs <= 16)
-    launch_backward<1>(dqkv, dout, qkv, state, scratch, B, T, C, NH, hs);
+    launch_backward<1>(dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV, hs);
   else if (hs <= 32)
-    launch_backward<2>(dqkv, dout, qkv, state, scratch, B, T, C, NH, hs);
+    launch_backward<2>(dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV, hs);
   else if (hs <= 64)
-    launch_backward<4>(dqkv, dout, qkv, state, scratch, B, T, C, NH, hs);
+    launch_backward<4>(dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV, hs);
   else
-    launch_backward<8>(dqkv, dout, qkv, state, scratch, B, T, C, NH, hs);
+    launch_backward<8>(dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV, hs);
 }
 
 }  // namespace strata::kernels::cuda

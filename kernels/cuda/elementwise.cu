@@ -1,7 +1,8 @@
-// Pointwise kernels: one thread per element in a grid-stride loop, the
-// arithmetic written as the CPU backend writes it (kernels/cpu/elementwise.cpp)
-// so that fp32 results agree to rounding; and the column sums of bias
-// gradients (the sums of squares behind gradient clipping are in precision.cu).
+// Pointwise kernels (GELU, SwiGLU, residuals): one thread per element in a
+// grid-stride loop, the arithmetic written as the CPU backend writes it
+// (kernels/cpu/elementwise.cpp) so that fp32 results agree to rounding; and
+// the column sums of bias gradients (the sums of squares behind gradient
+// clipping are in precision.cu).
 #include <algorithm>
 #include <cstdint>
 
@@ -30,6 +31,12 @@ __device__ float gelu_grad(float x) {
   const float sig = 1.0f / (1.0f + e);
   return sig + 2.0f * x * du * (e * sig) * sig;
 }
+
+// SiLU's logistic factor sig(g) = 1 / (1 + e^-g), as the CPU backend: at
+// g below about -88 e^-g is inf and sig 0, so silu(g) = g sig and its
+// derivative sig (1 + g (1 - sig)) go to 0 without a NaN (1 - sig is not
+// written e^-g sig, which would be inf 0 there).
+__device__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 // Column sums for bias gradients (launch.cuh's column blocks), in double
 // over each block's rows.
@@ -71,6 +78,28 @@ void fill_zero(float* x, std::int64_t n) {
 
 void bias_add(float* out, const float* bias, int N, int C) {
   launch(std::int64_t(N) * C, [=] __device__(std::int64_t i) { out[i] += bias[i % C]; });
+}
+
+// SwiGLU, one thread per output element: the gate at column f of the
+// input row, the up projection at F + f.
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+  launch(std::int64_t(N) * F, [=] __device__(std::int64_t i) {
+    const std::int64_t n = i / F, f = i % F;
+    const float g = inp[n * 2 * F + f], u = inp[n * 2 * F + F + f];
+    out[i] = g / (1.0f + expf(-g)) * u;  // silu(g) up, as the CPU backend writes it
+  });
+}
+
+// d gate = dout up silu'(g), d up = dout silu(g); silu(g) = g sig(g),
+// silu'(g) = sig (1 + g (1 - sig)).
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  launch(std::int64_t(N) * F, [=] __device__(std::int64_t i) {
+    const std::int64_t n = i / F, f = i % F;
+    const std::int64_t ig = n * 2 * F + f, iu = ig + F;
+    const float g = inp[ig], u = inp[iu], dy = dout[i], sig = sigmoid(g);
+    dinp[ig] += dy * u * sig * (1.0f + g * (1.0f - sig));
+    dinp[iu] += dy * g * sig;
+  });
 }
 
 void gelu_forward(float* out, const float* inp, std::int64_t n) {

@@ -3,6 +3,9 @@
 // large mean does not cancel the variance), rstd saved for the backward; the
 // backward's input gradient one block per row, its parameter gradients one
 // thread per column.
+// RMSNorm likewise, without the mean and the bias: the forward one block per
+// row (one pass: the mean square), the input gradient one block per row, the
+// weight gradient column sums over the rows (launch.cuh's column blocks).
 #include <cstdint>
 
 #include "kernels/cuda/check.hpp"
@@ -86,6 +89,54 @@ __global__ void layernorm_backward_params(float* dweight, float* dbias, const fl
   add_column_partial(dbias, c, C, db, part);
 }
 
+// RMSNorm forward, one block per row: rstd = 1 / sqrt(mean(x^2) + eps),
+// out = x rstd weight (the CPU backend's arithmetic, the sum in float).
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* weight, int C,
+                                       float eps) {
+  __shared__ float shared[kThreads / 32];
+  const std::int64_t row = blockIdx.x;
+  const float* x = inp + row * C;
+  float* y = out + row * C;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+  const float r = 1.0f / sqrtf(block_sum(ss, shared) / C + eps);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = x[c] * r * weight[c];
+  if (threadIdx.x == 0) rstd[row] = r;
+}
+
+// RMSNorm's dinp, one block per row: with norm = x s and dnorm = dout weight,
+// dx += s (dnorm - norm mean(dnorm norm)) (LayerNorm's without the mean terms).
+__global__ void rmsnorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
+                                       const float* rstd, int C) {
+  __shared__ float shared[kThreads / 32];
+  const std::int64_t row = blockIdx.x;
+  const float* x = inp + row * C;
+  const float* dy = dout + row * C;
+  float* dx = dinp + row * C;
+  const float s = rstd[row];
+  float a = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) a += dy[c] * weight[c] * x[c] * s;
+  const float dnorm_norm_mean = block_sum(a, shared) / C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] += (dy[c] * weight[c] - x[c] * s * dnorm_norm_mean) * s;
+}
+
+// RMSNorm's dweight: column sums of norm dout over the rows, in double over
+// each block's rows (as layernorm_backward_params).
+__global__ void rmsnorm_backward_weight(float* dweight, const float* dout, const float* inp, const float* rstd, int N,
+                                        int C) {
+  __shared__ double part[kRowLanes][kColumnTile];
+  const int c = blockIdx.x * kColumnTile + threadIdx.x;
+  int first = 0, last = 0;
+  chunk_rows(N, &first, &last);
+  double dw = 0;
+  if (c < C)
+    for (int n = first + int(threadIdx.y); n < last; n += kRowLanes) {
+      const std::int64_t i = std::int64_t(n) * C + c;
+      dw += double(inp[i] * rstd[n] * dout[i]);
+    }
+  add_column_partial(dweight, c, C, dw, part);
+}
+
 }  // namespace
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -101,6 +152,21 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* bias, int N, int C, float eps) {
   if (N <= 0) return;
   layernorm_forward_kernel<<<N, kThreads>>>(out, mean, rstd, inp, weight, bias, C, eps);
+  STRATA_CHECK_LAUNCH();
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
+  if (N <= 0) return;
+  rmsnorm_forward_kernel<<<N, kThreads>>>(out, rstd, inp, weight, C, eps);
+  STRATA_CHECK_LAUNCH();
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  if (N <= 0) return;
+  rmsnorm_backward_input<<<N, kThreads>>>(dinp, dout, inp, weight, rstd, C);
+  STRATA_CHECK_LAUNCH();
+  rmsnorm_backward_weight<<<column_grid(N, C), column_block()>>>(dweight, dout, inp, rstd, N, C);
   STRATA_CHECK_LAUNCH();
 }
 

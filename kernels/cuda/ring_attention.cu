@@ -8,6 +8,14 @@
 // sizes up to 128). No tiles in shared memory: each key row is read once per
 // query row (from L2 when it fits). The whole-sequence kernels of
 // attention.cu remain the single-rank path.
+//
+// Grouped-query attention: NH query heads read NKV key-value heads, query
+// head h the key-value head h / (NH / NKV); q rows are C + 2 KVC floats
+// apart (KVC = NKV hs), kv rows 2 KVC (keys, then values). The forward and
+// dq warps are per query head and read their group's keys and values. The
+// dk, dv warps are per (key row, key-value head) and walk the queries of
+// every query head of the group, summing in registers, so that each dkv
+// entry has one writer (no atomics) and NKV = NH is the multi-head case.
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -36,16 +44,16 @@ __device__ int visible_keys(int i, int Tk, int q0, int k0) { return max(0, min(T
 // One warp per (b, h, i): the block's softmax over the visible keys with an
 // online maximum, then merged into out and lse.
 __global__ void block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
-                              int NH, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate,
-                              float scale) {
+                              int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0,
+                              bool accumulate, float scale) {
   const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
   if (w >= std::int64_t(B) * NH * Tq) return;  // whole warps leave together
   const int i = int(w % Tq), h = int((w / Tq) % NH), b = int(w / (std::int64_t(Tq) * NH));
-  const int hs = C / NH;
-  const std::int64_t C3 = 3 * std::int64_t(C), C2 = 2 * std::int64_t(C);
-  const float* qr = q + (std::int64_t(b) * q_batch + i) * C3 + h * hs;
-  const float* kb = kv + std::int64_t(b) * kv_batch * C2 + h * hs;
+  const int hs = C / NH, kvc = NKV * hs, kvh = h / (NH / NKV);
+  const std::int64_t ldq = C + 2 * std::int64_t(kvc), ldkv = 2 * std::int64_t(kvc);
+  const float* qr = q + (std::int64_t(b) * q_batch + i) * ldq + h * hs;
+  const float* kb = kv + std::int64_t(b) * kv_batch * ldkv + kvh * hs;
   float qd[kMaxDims], acc[kMaxDims];
   for (int c = 0; c < kMaxDims; ++c) {
     const int d = lane + 32 * c;
@@ -55,7 +63,7 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
   const int n = visible_keys(i, Tk, q0, k0);
   float m = -INFINITY, l = 0.0f;
   for (int j = 0; j < n; ++j) {
-    const float* kr = kb + std::int64_t(j) * C2;
+    const float* kr = kb + std::int64_t(j) * ldkv;
     float s = 0.0f;
     for (int c = 0; c < kMaxDims; ++c) {
       const int d = lane + 32 * c;
@@ -67,7 +75,7 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
     l = l * corr + p;
     for (int c = 0; c < kMaxDims; ++c) {
       const int d = lane + 32 * c;
-      acc[c] = acc[c] * corr + (d < hs ? p * kr[C + d] : 0.0f);
+      acc[c] = acc[c] * corr + (d < hs ? p * kr[kvc + d] : 0.0f);
     }
     m = m_new;
   }
@@ -97,17 +105,17 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
 // dq of one (b, h, i): sum over its visible keys of scale dS k, with
 // P = exp(s - lse) and dS = P (dout . v - D), D = dout . out.
 __global__ void block_backward_dq(float* dq, const float* dout, const float* q, const float* kv, const float* out,
-                                  const float* lse, int B, int Tq, int Tk, int C, int NH, std::int64_t q_batch,
-                                  std::int64_t kv_batch, int q0, int k0, float scale) {
+                                  const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
+                                  std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, float scale) {
   const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
   if (w >= std::int64_t(B) * NH * Tq) return;
   const int i = int(w % Tq), h = int((w / Tq) % NH), b = int(w / (std::int64_t(Tq) * NH));
-  const int hs = C / NH;
-  const std::int64_t C3 = 3 * std::int64_t(C), C2 = 2 * std::int64_t(C);
+  const int hs = C / NH, kvc = NKV * hs, kvh = h / (NH / NKV);
+  const std::int64_t ldq = C + 2 * std::int64_t(kvc), ldkv = 2 * std::int64_t(kvc);
   const std::int64_t row = std::int64_t(b) * q_batch + i;
-  const float* qr = q + row * C3 + h * hs;
-  const float* kb = kv + std::int64_t(b) * kv_batch * C2 + h * hs;
+  const float* qr = q + row * ldq + h * hs;
+  const float* kb = kv + std::int64_t(b) * kv_batch * ldkv + kvh * hs;
   const float* dy = dout + row * C + h * hs;
   const float* y = out + row * C + h * hs;
   float qd[kMaxDims], od[kMaxDims], g[kMaxDims];
@@ -123,11 +131,11 @@ __global__ void block_backward_dq(float* dq, const float* dout, const float* q, 
   const float li = lse[(std::int64_t(b) * NH + h) * q_batch + i];
   const int n = visible_keys(i, Tk, q0, k0);
   for (int j = 0; j < n; ++j) {
-    const float* kr = kb + std::int64_t(j) * C2;
+    const float* kr = kb + std::int64_t(j) * ldkv;
     float s = 0.0f, dp = 0.0f;
     for (int c = 0; c < kMaxDims; ++c) {
       const int d = lane + 32 * c;
-      if (d < hs) s += qd[c] * kr[d], dp += od[c] * kr[C + d];
+      if (d < hs) s += qd[c] * kr[d], dp += od[c] * kr[kvc + d];
     }
     s = warp_sum(s), dp = warp_sum(dp);
     const float ds = expf(s - li) * (dp - D);
@@ -136,91 +144,107 @@ __global__ void block_backward_dq(float* dq, const float* dout, const float* q, 
       if (d < hs) g[c] += ds * kr[d];
     }
   }
-  float* dqr = dq + row * C3 + h * hs;
+  float* dqr = dq + row * ldq + h * hs;
   for (int c = 0; c < kMaxDims; ++c) {
     const int d = lane + 32 * c;
     if (d < hs) dqr[d] += scale * g[c];
   }
 }
 
-// dk and dv of one (b, h, key j): sums over the queries that see it.
+// dk and dv of one (b, key-value head kvh, key j): sums over the queries
+// that see it, of every query head of kvh's group, so that the entry has one
+// writer, this warp.
 __global__ void block_backward_dkv(float* dkv, const float* dout, const float* q, const float* kv, const float* out,
-                                   const float* lse, int B, int Tq, int Tk, int C, int NH, std::int64_t q_batch,
-                                   std::int64_t kv_batch, int q0, int k0, float scale) {
+                                   const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
+                                   std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, float scale) {
   const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
-  if (w >= std::int64_t(B) * NH * Tk) return;
-  const int j = int(w % Tk), h = int((w / Tk) % NH), b = int(w / (std::int64_t(Tk) * NH));
-  const int hs = C / NH;
-  const std::int64_t C3 = 3 * std::int64_t(C), C2 = 2 * std::int64_t(C);
-  const float* kr = kv + (std::int64_t(b) * kv_batch + j) * C2 + h * hs;
+  if (w >= std::int64_t(B) * NKV * Tk) return;
+  const int j = int(w % Tk), kvh = int((w / Tk) % NKV), b = int(w / (std::int64_t(Tk) * NKV));
+  const int hs = C / NH, kvc = NKV * hs, group = NH / NKV;
+  const std::int64_t ldq = C + 2 * std::int64_t(kvc), ldkv = 2 * std::int64_t(kvc);
+  const float* kr = kv + (std::int64_t(b) * kv_batch + j) * ldkv + kvh * hs;
   float kd[kMaxDims], vd[kMaxDims], gk[kMaxDims], gv[kMaxDims];
   for (int c = 0; c < kMaxDims; ++c) {
     const int d = lane + 32 * c;
     kd[c] = d < hs ? kr[d] : 0.0f;
-    vd[c] = d < hs ? kr[C + d] : 0.0f;
+    vd[c] = d < hs ? kr[kvc + d] : 0.0f;
     gk[c] = gv[c] = 0.0f;
   }
-  // The queries that see key j: k0 + j <= q0 + i.
+  // The queries that see key j: k0 + j <= q0 + i, of each head of the group.
   const int first = max(0, k0 + j - q0);
-  for (int i = first; i < Tq; ++i) {
-    const std::int64_t row = std::int64_t(b) * q_batch + i;
-    const float* qr = q + row * C3 + h * hs;
-    const float* dy = dout + row * C + h * hs;
-    const float* y = out + row * C + h * hs;
-    float s = 0.0f, dp = 0.0f, D = 0.0f;
-    for (int c = 0; c < kMaxDims; ++c) {
-      const int d = lane + 32 * c;
-      if (d < hs) s += qr[d] * scale * kd[c], dp += dy[d] * vd[c], D += dy[d] * y[d];
-    }
-    s = warp_sum(s), dp = warp_sum(dp), D = warp_sum(D);
-    const float p = expf(s - lse[(std::int64_t(b) * NH + h) * q_batch + i]);
-    const float ds = p * (dp - D);
-    for (int c = 0; c < kMaxDims; ++c) {
-      const int d = lane + 32 * c;
-      if (d < hs) gv[c] += p * dy[d], gk[c] += ds * scale * qr[d];
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int i = first; i < Tq; ++i) {
+      const std::int64_t row = std::int64_t(b) * q_batch + i;
+      const float* qr = q + row * ldq + h * hs;
+      const float* dy = dout + row * C + h * hs;
+      const float* y = out + row * C + h * hs;
+      float s = 0.0f, dp = 0.0f, D = 0.0f;
+      for (int c = 0; c < kMaxDims; ++c) {
+        const int d = lane + 32 * c;
+        if (d < hs) s += qr[d] * scale * kd[c], dp += dy[d] * vd[c], D += dy[d] * y[d];
+      }
+      s = warp_sum(s), dp = warp_sum(dp), D = warp_sum(D);
+      const float p = expf(s - lse[(std::int64_t(b) * NH + h) * q_batch + i]);
+      const float ds = p * (dp - D);
+      for (int c = 0; c < kMaxDims; ++c) {
+        const int d = lane + 32 * c;
+        if (d < hs) gv[c] += p * dy[d], gk[c] += ds * scale * qr[d];
+      }
     }
   }
-  float* dk = dkv + (std::int64_t(b) * kv_batch + j) * C2 + h * hs;
+  float* dk = dkv + (std::int64_t(b) * kv_batch + j) * ldkv + kvh * hs;
   for (int c = 0; c < kMaxDims; ++c) {
     const int d = lane + 32 * c;
-    if (d < hs) dk[d] += gk[c], dk[C + d] += gv[c];
+    if (d < hs) dk[d] += gk[c], dk[kvc + d] += gv[c];
   }
 }
 
 int warps_grid(std::int64_t warps) { return int((warps + kWarps - 1) / kWarps); }
 
-void check_head_size(int C, int NH) {
+// The head size (a lane holds up to kMaxDims of a head's dimensions) and the
+// grouping (NKV divides NH), checked before anything runs.
+void check_heads(int C, int NH, int NKV, const char* who) {
+  if (NH <= 0 || C % NH != 0)
+    throw std::invalid_argument(std::string(who) + ": C = " + std::to_string(C) + " is not a multiple of NH = " +
+                                std::to_string(NH));
+  if (NKV <= 0 || NH % NKV != 0)
+    throw std::invalid_argument(std::string(who) + ": NKV = " + std::to_string(NKV) +
+                                " key-value heads must be positive and divide NH = " + std::to_string(NH) +
+                                " query heads");
   if (C / NH > 32 * kMaxDims)
-    throw std::runtime_error("ring attention blocks: head size " + std::to_string(C / NH) + " above " +
+    throw std::runtime_error(std::string(who) + ": head size " + std::to_string(C / NH) + " above " +
                              std::to_string(32 * kMaxDims));
 }
 
 }  // namespace
 
 void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
-                             int NH, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
-  check_head_size(C, NH);
+                             int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0,
+                             bool accumulate) {
+  check_heads(C, NH, NKV, "attention_block_forward");
   const std::int64_t warps = std::int64_t(B) * NH * Tq;
   if (warps == 0) return;
-  block_forward<<<warps_grid(warps), 32 * kWarps>>>(out, lse, q, kv, B, Tq, Tk, C, NH, q_batch, kv_batch, q0, k0,
-                                                    accumulate, 1.0f / std::sqrt(float(C / NH)));
+  block_forward<<<warps_grid(warps), 32 * kWarps>>>(out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0,
+                                                    k0, accumulate, 1.0f / std::sqrt(float(C / NH)));
   STRATA_CHECK_LAUNCH();
 }
 
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
-                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH,
+                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
                               std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
-  check_head_size(C, NH);
+  check_heads(C, NH, NKV, "attention_block_backward");
   const float scale = 1.0f / std::sqrt(float(C / NH));
+  // dq: a warp per (query row, query head); dk and dv: a warp per (key row,
+  // key-value head), over the group's query heads.
   if (std::int64_t(B) * NH * Tq > 0) {
-    block_backward_dq<<<warps_grid(std::int64_t(B) * NH * Tq), 32 * kWarps>>>(dq, dout, q, kv, out, lse, B, Tq, Tk, C,
-                                                                              NH, q_batch, kv_batch, q0, k0, scale);
+    block_backward_dq<<<warps_grid(std::int64_t(B) * NH * Tq), 32 * kWarps>>>(
+        dq, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0, scale);
     STRATA_CHECK_LAUNCH();
   }
-  if (std::int64_t(B) * NH * Tk > 0) {
-    block_backward_dkv<<<warps_grid(std::int64_t(B) * NH * Tk), 32 * kWarps>>>(dkv, dout, q, kv, out, lse, B, Tq, Tk,
-                                                                               C, NH, q_batch, kv_batch, q0, k0, scale);
+  if (std::int64_t(B) * NKV * Tk > 0) {
+    block_backward_dkv<<<warps_grid(std::int64_t(B) * NKV * Tk), 32 * kWarps>>>(
+        dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0, scale);
     STRATA_CHECK_LAUNCH();
   }
 }

@@ -1,8 +1,8 @@
-// Pointwise kernels: bias, GELU, residual adds, scaling, zeroing, row copies
-// and the sum of squares behind gradient-norm clipping. Flat loops are a
-// range policy; row-wise ones a team per row, its threads over the columns.
-// GELU uses the CPU backend's formula and exponential (kernels/vec_math.hpp),
-// so the two agree to rounding.
+// Pointwise kernels: bias, GELU, SwiGLU, residual adds, scaling, zeroing, row
+// copies and the sum of squares behind gradient-norm clipping. Flat loops are
+// a range policy; row-wise ones a team per row, its threads over the columns.
+// GELU and SwiGLU use the CPU backend's formulas and exponential
+// (kernels/vec_math.hpp), so the two agree to rounding.
 #include "kernels/kokkos/kokkos_kernels.hpp"
 #include "kernels/kokkos/views.hpp"
 #include "kernels/vec_math.hpp"
@@ -61,6 +61,35 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
         const float e = exp_vec(-2.0f * u);
         const float sig = 1.0f / (1.0f + e);
         dx(i) += (sig + 2.0f * v * du * (e * sig) * sig) * dy(i);
+      });
+}
+
+// SwiGLU: out = silu(gate) up, silu(x) = x sigmoid(x) = x / (1 + e^-x); one
+// index per output element (n, f), reading columns f and F + f of row n.
+void swiglu_forward(float* out, const float* inp, int N, int F) {
+  const Mat<float> y(out, N, F);
+  const Mat<const float> x(inp, N, 2 * std::int64_t(F));
+  Kokkos::parallel_for(
+      "strata::swiglu_forward", Range(0, std::int64_t(N) * F), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t n = i / F, f = i % F;
+        const float g = x(n, f), u = x(n, F + f);
+        y(n, f) = g / (1.0f + exp_vec(-g)) * u;
+      });
+}
+
+// d gate = dout up silu'(gate), silu'(x) = sig (1 + x (1 - sig)); d up =
+// dout silu(gate), in the CPU backend's order of operations. Each (n, f)
+// alone writes its two dinp entries.
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+  const Mat<float> dx(dinp, N, 2 * std::int64_t(F));
+  const Mat<const float> x(inp, N, 2 * std::int64_t(F)), dy(dout, N, F);
+  Kokkos::parallel_for(
+      "strata::swiglu_backward", Range(0, std::int64_t(N) * F), KOKKOS_LAMBDA(std::int64_t i) {
+        const std::int64_t n = i / F, f = i % F;
+        const float g = x(n, f), u = x(n, F + f), d = dy(n, f);
+        const float sig = 1.0f / (1.0f + exp_vec(-g));
+        dx(n, f) += d * u * sig * (1.0f + g * (1.0f - sig));
+        dx(n, F + f) += d * g * sig;
       });
 }
 

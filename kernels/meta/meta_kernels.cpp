@@ -47,6 +47,26 @@ void layernorm_backward(float*, float*, float*, const float*, const float*, cons
   count(__func__, 0, 14.0 * N * C, F * (4.0 * N * C + 5.0 * C + 2.0 * N));
 }
 
+void rmsnorm_forward(float*, float*, const float*, const float*, int N, int C, float) {
+  count(__func__, 0, 4.0 * N * C, F * (2.0 * N * C + C + N));
+}
+void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*, int N, int C) {
+  count(__func__, 0, 10.0 * N * C, F * (4.0 * N * C + 3.0 * C + N));
+}
+// A pair turns in 6 FLOPs; the angles (per row and pair) are not counted.
+void rope_forward(float*, int B, int T, i64, int heads, int hs, int, float) {
+  const double n = double(B) * T * heads * hs;
+  count(__func__, 0, 3.0 * n, F * 2.0 * n);
+}
+void rope_backward(float*, int B, int T, i64, int heads, int hs, int, float) {
+  const double n = double(B) * T * heads * hs;
+  count(__func__, 0, 3.0 * n, F * 2.0 * n);
+}
+void swiglu_forward(float*, const float*, int N, int Fw) { count(__func__, 0, 6.0 * N * Fw, F * 3.0 * N * Fw); }
+void swiglu_backward(float*, const float*, const float*, int N, int Fw) {
+  count(__func__, 0, 12.0 * N * Fw, F * 7.0 * N * Fw);
+}
+
 void gelu_forward(float*, const float*, i64 n) { count(__func__, 0, 12.0 * n, F * 2.0 * n); }
 void gelu_backward(float*, const float*, const float*, i64 n) { count(__func__, 0, 18.0 * n, F * 4.0 * n); }
 void residual_forward(float*, const float*, const float*, i64 n) { count(__func__, 0, double(n), F * 3.0 * n); }
@@ -58,14 +78,17 @@ double sum_squares(const float*, i64 n) {
   return 0;
 }
 
-void attention_forward(float*, float*, const float*, int B, int T, int C, int NH) {
-  const double scores = double(B) * NH * T * T;
-  count(__func__, 4.0 * B * T * double(T) * C, 5.0 * scores, F * (4.0 * B * T * C + double(B) * NH * T));
+// Grouped-query attention reads KVC = NKV C / NH columns each of k and v:
+// a qkv row is W = C + 2 KVC wide; the products are the query heads'.
+void attention_forward(float*, float*, const float*, int B, int T, int C, int NH, int NKV) {
+  const double scores = double(B) * NH * T * T, W = C + 2.0 * C / NH * NKV;
+  count(__func__, 4.0 * B * T * double(T) * C, 5.0 * scores, F * (double(B) * T * (W + C) + double(B) * NH * T));
 }
 void attention_backward(float*, float*, const float*, const float*, const float*, const float*, int B, int T, int C,
-                        int NH) {
-  const double scores = double(B) * NH * T * T;
-  count(__func__, 8.0 * B * T * double(T) * C, 8.0 * scores, F * (10.0 * B * T * C + 2.0 * B * NH * T));
+                        int NH, int NKV) {
+  const double scores = double(B) * NH * T * T, W = C + 2.0 * C / NH * NKV;
+  count(__func__, 8.0 * B * T * double(T) * C, 8.0 * scores,
+        F * (double(B) * T * (2 * W + 4.0 * C) + 2.0 * B * NH * T));
 }
 
 // A ring block counts as the model counts attention: every (query, key)
@@ -79,17 +102,17 @@ double attended_pairs(int Tq, int Tk, int q0, int k0) {
 }
 }  // namespace
 
-void attention_block_forward(float*, float*, const float*, const float*, int B, int Tq, int Tk, int C, int NH, i64, i64,
-                             int q0, int k0, bool accumulate) {
-  const double pairs = 2 * attended_pairs(Tq, Tk, q0, k0);
+void attention_block_forward(float*, float*, const float*, const float*, int B, int Tq, int Tk, int C, int NH, int NKV,
+                             i64, i64, int q0, int k0, bool accumulate) {
+  const double pairs = 2 * attended_pairs(Tq, Tk, q0, k0), KVC = double(C) / NH * NKV;
   count(__func__, 4.0 * B * pairs * C, 5.0 * B * NH * pairs,
-        F * (double(B) * Tq * C * (accumulate ? 3 : 2) + 2.0 * B * Tk * C + double(B) * NH * Tq * (accumulate ? 2 : 1)));
+        F * (double(B) * Tq * C * (accumulate ? 3 : 2) + 2.0 * B * Tk * KVC + double(B) * NH * Tq * (accumulate ? 2 : 1)));
 }
 void attention_block_backward(float*, float*, const float*, const float*, const float*, const float*, const float*,
-                              int B, int Tq, int Tk, int C, int NH, i64, i64, int q0, int k0) {
-  const double pairs = 2 * attended_pairs(Tq, Tk, q0, k0);
+                              int B, int Tq, int Tk, int C, int NH, int NKV, i64, i64, int q0, int k0) {
+  const double pairs = 2 * attended_pairs(Tq, Tk, q0, k0), KVC = double(C) / NH * NKV;
   count(__func__, 8.0 * B * pairs * C, 8.0 * B * NH * pairs,
-        F * (double(B) * Tq * C * 6 + 4.0 * B * Tk * C + double(B) * NH * Tq));
+        F * (double(B) * Tq * C * 6 + 4.0 * B * Tk * KVC + double(B) * NH * Tq));
 }
 void copy_rows(float*, i64, const float*, i64, i64 rows, i64 cols, bool add) {
   count(__func__, 0, add ? double(rows) * cols : 0, F * double(rows) * cols * (add ? 3 : 2));

@@ -6,8 +6,9 @@
 
 #include <limits>
 
-#include "models/gpt/gpt.hpp"
 #include "models/gpt/family.hpp"
+
+#include "models/decoder/decoder.hpp"
 
 namespace strata::models {
 
@@ -22,26 +23,7 @@ std::vector<plan::KeySpec> mlp_keys() {
 
 std::vector<plan::KeySpec> moe_keys() {
   std::vector<plan::KeySpec> k = mlp_keys();
-  for (plan::KeySpec s : {
-           key<&Plan::model, &ModelSection::moe_experts>("model", "moe_experts",
-                                                          "experts of each Mixture-of-Experts block; 0: a dense model")
-               .at_least(0),
-           key<&Plan::model, &ModelSection::moe_every>("model", "moe_every",
-                                                        "every k-th block is a MoE block (blocks l with l % k == k - 1)")
-               .at_least(1),
-           key<&Plan::model, &ModelSection::moe_top_k>("model", "moe_top_k", "experts each token is routed to")
-               .between(1, 2),
-           key<&Plan::model, &ModelSection::moe_capacity_factor>(
-               "model", "moe_capacity_factor", "expert capacity = ceil(factor x tokens x top_k / experts) per micro-batch")
-               .above(0),
-           key<&Plan::model, &ModelSection::moe_drop_tokens>(
-               "model", "moe_drop_tokens", "drop assignments past an expert's capacity (false: no capacity limit)"),
-           key<&Plan::model, &ModelSection::moe_renormalize>(
-               "model", "moe_renormalize", "gates = top-k probabilities over their sum (false: the probabilities)"),
-           key<&Plan::model, &ModelSection::moe_aux_coef>("model", "moe_aux_coef",
-                                                           "weight of the load-balancing auxiliary loss")
-               .at_least(0)})
-    k.push_back(s);
+  for (const plan::KeySpec& s : moe_block_keys()) k.push_back(s);
   return k;
 }
 
@@ -55,39 +37,32 @@ void check_width(const Plan& c, PlanChecks& checks) {
                              checks.show("model.d_model"), double(F), std::numeric_limits<int>::max()));
 }
 
-void check_gpt(const Plan& c, PlanChecks& checks) {
-  check_width(c, checks);
-  if (c.model.moe_experts > 0)
-    checks.error({"model.moe_experts", "model.kind"},
-                 fmt::format("{} needs model.kind = \"moe\" ({})", checks.show("model.moe_experts"),
-                             checks.show("model.kind")));
-}
-
 void check_moe(const Plan& c, PlanChecks& checks) {
   check_width(c, checks);
   if (c.model.moe_experts == 0)
     checks.error({"model.kind", "model.moe_experts"},
                  fmt::format("{} needs model.moe_experts >= 1 ({})", checks.show("model.kind"),
                              checks.show("model.moe_experts")));
-  else if (c.model.moe_top_k > c.model.moe_experts)
-    checks.error({"model.moe_top_k", "model.moe_experts"},
-                 fmt::format("{} exceeds {}: a token is routed to top_k distinct experts", checks.show("model.moe_top_k"),
-                             checks.show("model.moe_experts")));
+  else
+    check_moe_blocks(c, checks);
 }
 
 std::unique_ptr<Model> make_gpt(const Plan& p, const Build& b) {
-  return std::make_unique<Gpt>(gpt_config(p), b.micro_batch, *b.tracker, b.seams, b.stage, b.split_backward);
+  return std::make_unique<Decoder>(gpt_config(p), b.micro_batch, *b.tracker, b.seams, b.stage, b.split_backward);
 }
 
-long double parameters(const Plan& p) { return gpt_param_count(gpt_config(p)); }
-double model_flops(const Plan& p, int sequences) { return gpt_model_flops(gpt_config(p), sequences); }
-double hardware_flops(const Plan& p, int sequences) { return gpt_hardware_flops(gpt_config(p), sequences); }
+long double parameters(const Plan& p) { return decoder_param_count(gpt_config(p)); }
+double model_flops(const Plan& p, int sequences) { return decoder_model_flops(gpt_config(p), sequences); }
+double hardware_flops(const Plan& p, int sequences) { return decoder_hardware_flops(gpt_config(p), sequences); }
 
 }  // namespace
 
+// GPT-2's block is the decoder's default form.
+DecoderConfig gpt_config(const Plan& p) { return decoder_config(p); }
+
 Family gpt_family() {
   return {"gpt",    "GPT-2 blocks: LayerNorm, attention and a GELU MLP; the head tied to the embedding",
-          mlp_keys(), check_gpt, make_gpt, parameters, model_flops, hardware_flops};
+          mlp_keys(), check_width, make_gpt, parameters, model_flops, hardware_flops};
 }
 
 Family moe_family() {

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 #include "kernels/foundation/error.hpp"
@@ -353,9 +354,24 @@ void Resolver::check_cross_keys() {
                       "step must remain",
                       primary({"run.warmup_steps", "run.steps"}), show("run.warmup_steps"), show("run.steps")));
   if (c.data.source == DataSource::text) check_text_source();
+  // A key of another model family than the deck's, set to anything but its
+  // default, would be ignored: refused. (A resolved deck lists every key.)
+  const models::Family& family = models::family(c);
+  const Plan defaults{};
+  for (const auto& [name, where] : origin_) {
+    if (name.rfind("model.", 0) != 0) continue;
+    const std::string_view key = std::string_view(name).substr(6);
+    const std::vector<std::string_view> owners = models::families_taking(key);
+    if (owners.empty() || models::takes_key(family, key)) continue;
+    const KeySpec* spec = find_key("model", key);
+    if (toml_literal(spec->get(c)) == toml_literal(spec->get(defaults))) continue;
+    std::vector<std::string> quoted;
+    for (std::string_view o : owners) quoted.push_back(fmt::format("\"{}\"", o));
+    error(fmt::format("{}: {} needs model.kind = {} ({}): the key is that family's, and this one would ignore it",
+                      where.where, show(name), fmt::join(quoted, " or "), show("model.kind")));
+  }
   // The model family's own constraints, then the size checks its
   // parameter count makes, then the strategies' (each from its row).
-  const models::Family& family = models::family(c);
   const std::size_t before = errors_.size();
   if (family.check != nullptr) family.check(c, *this);
   if (errors_.size() == before) check_sizes();

@@ -88,6 +88,8 @@ void Trainer::sum_tied_embedding() {
   // sharded alike on both stages: each part sums with its twin's. A rank
   // whose chunks hold both stages (ZB-V's V puts them on rank 0) holds both
   // copies and sums them here; ranks holding one sum over the emb group.
+  // An untied head has no copy to sum.
+  if (!model().tied_head()) return;
   std::vector<strategies::GradSpan> copies;
   for (const models::ParamSpec& spec : registry_.specs()) {
     if (spec.name != "wte") continue;

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""PyTorch parity for strata's GPT, dense and Mixture-of-Experts.
+"""PyTorch parity for strata's decoders: GPT and Llama, each dense and
+Mixture-of-Experts.
 
-Builds the same GPT in PyTorch (float64, the reference), loads strata's
+Builds the same model in PyTorch (float64, the reference), loads strata's
 initial weights from the export tool's HDF5 file, and checks on the same
 batches: the step-0 loss and every parameter gradient, then a short AdamW
 run (gradient accumulation, clipping, cosine schedule with warm-up) through
@@ -51,15 +52,44 @@ def parse_config(text):
     return cfg
 
 
-class Gpt:
-    """The GPT of models/gpt/gpt.cpp, written with torch ops over named tensors.
-    With `moe` (a dict of the deck's moe_* keys), every moe_every-th block's
-    MLP is the Mixture-of-Experts layer of models/moe.cpp, its routing
-    written here from the same rules."""
+class Decoder:
+    """The decoder of models/decoder/decoder.cpp, written with torch ops over
+    named tensors. GPT-2's blocks, or with `llama` (a dict of rope_theta and
+    kv_heads) Llama's: RMSNorm, grouped-query attention with rotary
+    positions (pairs 2i, 2i + 1, as Meta's reference turns them), a SwiGLU
+    MLP, no biases, an untied head. With `moe` (a dict of the deck's moe_*
+    keys), every moe_every-th block's MLP is the Mixture-of-Experts layer of
+    models/moe.cpp (its experts GELU or SwiGLU MLPs), its routing written
+    here from the same rules."""
 
-    def __init__(self, params, layers, heads, moe=None):
-        self.p, self.L, self.NH, self.moe = params, layers, heads, moe
+    def __init__(self, params, layers, heads, moe=None, llama=None):
+        self.p, self.L, self.NH, self.moe, self.llama = params, layers, heads, moe, llama
         self.dropped = 0  # MoE assignments past capacity, over every forward
+
+    def norm(self, x, name):
+        if self.llama is None:
+            return F.layer_norm(x, (x.shape[-1],), self.p[f"{name}.weight"], self.p[f"{name}.bias"], 1e-5)
+        return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + 1e-5) * self.p[f"{name}.weight"]
+
+    def mlp(self, h, fc_w, fc_b, proj_w, proj_b):
+        """GELU MLP, or SwiGLU: fc's outputs are the gate's F then up's F."""
+        a = F.linear(h, fc_w, fc_b)
+        if self.llama is None:
+            a = F.gelu(a, approximate="tanh")
+        else:
+            gate, up = a.chunk(2, dim=-1)
+            a = F.silu(gate) * up
+        return F.linear(a, proj_w, proj_b)
+
+    def rope(self, x):
+        """x [B, heads, T, hs]: pair (2i, 2i + 1) at position t turned by t theta^(-2i / hs)."""
+        B, H, T, hs = x.shape
+        i = torch.arange(hs // 2, dtype=torch.float64)
+        angle = torch.arange(T, dtype=torch.float64)[:, None] * self.llama["theta"] ** (-2.0 * i / hs)
+        c, s = angle.cos(), angle.sin()
+        pairs = x.reshape(B, H, T, hs // 2, 2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        return torch.stack([a * c - b * s, a * s + b * c], dim=-1).reshape(B, H, T, hs)
 
     def is_moe(self, l):
         return self.moe is not None and l % self.moe["every"] == self.moe["every"] - 1
@@ -93,42 +123,54 @@ class Gpt:
             t_idx, j_idx = torch.nonzero((order == e) & kept, as_tuple=True)
             if len(t_idx) == 0:
                 continue
-            hid = F.gelu(x[t_idx] @ p("experts.fc.weight")[e].T + p("experts.fc.bias")[e], approximate="tanh")
-            out = hid @ p("experts.proj.weight")[e].T + p("experts.proj.bias")[e]
+            bias = lambda n: self.p[f"h.{l}.moe.{n}"][e] if self.llama is None else None
+            out = self.mlp(x[t_idx], p("experts.fc.weight")[e], bias("experts.fc.bias"), p("experts.proj.weight")[e],
+                           bias("experts.proj.bias"))
             y = y.index_add(0, t_idx, gates[t_idx, j_idx].unsqueeze(1) * out)
         f = F.one_hot(order[:, 0], E).to(h.dtype).mean(dim=0)
         aux = m["aux_coef"] * E * (f * probs.mean(dim=0)).sum()
         return y.reshape(B, T, C), aux
 
     def block(self, x, l):
-        p = lambda n: self.p[f"h.{l}.{n}"]
+        p = lambda n: self.p.get(f"h.{l}.{n}")  # None: a bias the model has not
         B, T, C = x.shape
         hs = C // self.NH
-        h = F.layer_norm(x, (C,), p("ln1.weight"), p("ln1.bias"), 1e-5)
-        qkv = F.linear(h, p("attn.qkv.weight"), p("attn.qkv.bias"))
-        q, k, v = (t.view(B, T, self.NH, hs).transpose(1, 2) for t in qkv.split(C, dim=2))
+        NKV = self.NH if self.llama is None else self.llama["kv_heads"]
+        h = self.norm(x, f"h.{l}.ln1")
+        if p("attn.qkv.weight") is not None:
+            q, k, v = F.linear(h, p("attn.qkv.weight"), p("attn.qkv.bias")).split(C, dim=2)
+        else:  # grouped-query: q, then k and v of the key-value heads
+            q = F.linear(h, p("attn.q.weight"), p("attn.q.bias"))
+            k, v = F.linear(h, p("attn.kv.weight"), p("attn.kv.bias")).split(NKV * hs, dim=2)
+        q = q.view(B, T, self.NH, hs).transpose(1, 2)
+        k, v = (t.view(B, T, NKV, hs).transpose(1, 2) for t in (k, v))
+        if self.llama is not None:
+            q, k = self.rope(q), self.rope(k)
+        # Query head h reads key-value head h // (NH / NKV).
+        k, v = (t.repeat_interleave(self.NH // NKV, dim=1) for t in (k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + F.linear(y, p("attn.proj.weight"), p("attn.proj.bias"))
-        h = F.layer_norm(x, (C,), p("ln2.weight"), p("ln2.bias"), 1e-5)
+        h = self.norm(x, f"h.{l}.ln2")
         if self.is_moe(l):
             y, aux = self.moe_mlp(h, l)
             return x + y, aux
-        h = F.gelu(F.linear(h, p("mlp.fc.weight"), p("mlp.fc.bias")), approximate="tanh")
-        return x + F.linear(h, p("mlp.proj.weight"), p("mlp.proj.bias")), 0.0
+        return x + self.mlp(h, p("mlp.fc.weight"), p("mlp.fc.bias"), p("mlp.proj.weight"), p("mlp.proj.bias")), 0.0
 
     def loss(self, tokens, targets):
         """Cross-entropy of one micro-batch plus its MoE auxiliary losses."""
         T = tokens.shape[1]
-        x = self.p["wte"][tokens] + self.p["wpe"][:T]
+        x = self.p["wte"][tokens]
+        if "wpe" in self.p:
+            x = x + self.p["wpe"][:T]
         aux = 0.0
         for l in range(self.L):
             x, a = self.block(x, l)
             aux = aux + a
-        x = F.layer_norm(x, (x.shape[-1],), self.p["lnf.weight"], self.p["lnf.bias"], 1e-5)
-        logits = x @ self.p["wte"].T
+        x = self.norm(x, "lnf")
+        logits = x @ self.p.get("lm_head.weight", self.p["wte"]).T
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)) + aux
 
 
@@ -143,16 +185,22 @@ def main():
     # The dense GPT, then a MoE GPT (4 experts in every other block, top-2,
     # a capacity that drops some assignments, the auxiliary loss on).
     run_case(tool, os.path.join(work, "export.h5"), [], failures)
-    run_case(tool, os.path.join(work, "export-moe.h5"),
-             ['model.kind="moe"', "model.moe_experts=4", "model.moe_every=2", "model.moe_top_k=2",
-              "model.moe_capacity_factor=1.0", "model.moe_aux_coef=0.05"], failures)
+    moe = ["model.moe_experts=4", "model.moe_every=2", "model.moe_top_k=2", "model.moe_capacity_factor=1.0",
+           "model.moe_aux_coef=0.05"]
+    run_case(tool, os.path.join(work, "export-moe.h5"), ['model.kind="moe"', *moe], failures)
+    # Llama: 4 query heads sharing 2 key-value heads, rotary positions, a
+    # SwiGLU MLP of its own width, an untied head; then Mixtral's MoE blocks.
+    llama = ['model.kind="llama"', "model.kv_heads=2", "model.ffn_dim=48", "model.rope_theta=10000"]
+    run_case(tool, os.path.join(work, "export-llama.h5"), llama, failures)
+    run_case(tool, os.path.join(work, "export-mixtral.h5"), [*llama, *moe], failures)
     print(f"{len(failures)} failed" if failures else "all parity checks passed")
     return 1 if failures else 0
 
 
 def run_case(tool, out, sets, failures):
     subprocess.run([tool, out, *sets], check=True)
-    case = "moe: " if sets else ""
+    case = os.path.basename(out)[len("export"):-len(".h5")].lstrip("-")
+    case = case + ": " if case else ""
 
     def check(what, err, bound=TOL):
         ok = err <= bound
@@ -178,14 +226,16 @@ def run_case(tool, out, sets, failures):
     clip = float(cfg["optim.grad_clip"])
     assert cfg["optim.schedule"] == "cosine"
 
-    moe = None
-    if cfg.get("model.kind") == "moe":
+    moe, llama = None, None
+    if cfg["model.kind"] == "llama":
+        llama = {"theta": float(cfg["model.rope_theta"]), "kv_heads": int(cfg["model.kv_heads"]) or NH}
+    if cfg["model.kind"] == "moe" or (llama is not None and int(cfg["model.moe_experts"]) > 0):
         moe = {"experts": int(cfg["model.moe_experts"]), "every": int(cfg["model.moe_every"]),
                "top_k": int(cfg["model.moe_top_k"]), "capacity": float(cfg["model.moe_capacity_factor"]),
                "drop": cfg["model.moe_drop_tokens"] == "true", "renormalize": cfg["model.moe_renormalize"] == "true",
                "aux_coef": float(cfg["model.moe_aux_coef"])}
     params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
-    model = Gpt(params, L, NH, moe)
+    model = Decoder(params, L, NH, moe, llama)
 
     # Step 0: loss and every gradient, over the step's micro-batches (a MoE
     # model routes each micro-batch as its own group).
@@ -201,7 +251,7 @@ def run_case(tool, out, sets, failures):
     # The trainer's run: AdamW with decay on matrices only (2-D parameters),
     # gradient accumulation over micro-batches, clipping, cosine schedule.
     params = {k: v.clone().requires_grad_(True) for k, v in init.items()}
-    model = Gpt(params, L, NH, moe)
+    model = Decoder(params, L, NH, moe, llama)
     # Decay on weight matrices (and the experts' stacked ones), not on
     # biases or norm gains.
     decayed = lambda n, p: p.dim() >= 2 and not n.endswith("bias")

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
     if (argc < 2) core::input_error("usage: strata_export_gpt OUT.h5 [section.key=value ...]");
     const std::string base =
         "[run]\nname = \"parity\"\nsteps = 5\nwarmup_steps = 0\nseed = 7\nprofile = false\nlog_every = 0\n"
-        "[model]\nlayers = 2\nd_model = 32\nheads = 4\nffn_mult = 4\nvocab = 61\nseq_len = 12\n"
+        "[model]\nlayers = 2\nd_model = 32\nheads = 4\nvocab = 61\nseq_len = 12\n"
         "[data]\nsource = \"synthetic\"\nglobal_batch = 4\nmicro_batch = 2\n"
         "[optim]\nlr = 1e-3\nschedule = \"cosine\"\nwarmup = 2\nmin_lr = 1e-4\nweight_decay = 0.1\n"
         "beta1 = 0.9\nbeta2 = 0.95\neps = 1e-8\ngrad_clip = 1.0\n"

@@ -350,6 +350,83 @@ OP_CASE(layernorm_backward) {
 
 constexpr std::int64_t kLengths[] = {1, 1000, 1 << 20};
 
+// RMSNorm at a GPT-like and an odd width, accumulating into nonzero
+// gradients; relative to the largest entry (dx is a difference of terms).
+OP_CASE(rmsnorm_forward) {
+  for (const auto& [N, C] : {std::pair{512, 768}, std::pair{37, 301}}) {
+    const Vec x = uniform(t.rng, std::size_t(N) * C, -2, 3), w = uniform(t.rng, C, 0.5f, 1.5f);
+    Vec out(x.size()), rstd(N);
+    Dev dx(x), dw(w), dout(Vec(out.size(), NAN)), drstd(Vec(rstd.size(), NAN));
+    k::rmsnorm_forward(dout.get(), drstd.get(), dx.get(), dw.get(), N, C);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C);
+    EXPECT_LE(max_rel(dout.host(), out), 1e-5) << N << "x" << C;
+    EXPECT_LE(max_rel(drstd.host(), rstd), 1e-5) << N << "x" << C;
+  }
+}
+
+OP_CASE(rmsnorm_backward) {
+  for (const auto& [N, C] : {std::pair{512, 768}, std::pair{37, 301}}) {
+    const Vec x = uniform(t.rng, std::size_t(N) * C, -2, 3), w = uniform(t.rng, C, 0.5f, 1.5f);
+    const Vec dy = uniform(t.rng, x.size());
+    Vec out(x.size()), rstd(N), dx = uniform(t.rng, x.size()), dw = uniform(t.rng, C);
+    cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C);
+    Dev ddx(dx), ddw(dw), ddy(dy), dxin(x), dwt(w), drstd(rstd);
+    k::rmsnorm_backward(ddx.get(), ddw.get(), ddy.get(), dxin.get(), dwt.get(), drstd.get(), N, C);
+    cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+    EXPECT_LE(rel_to_max(ddx.host(), dx), 1e-5) << N << "x" << C;
+    EXPECT_LE(rel_to_max(ddw.host(), dw), 1e-5) << N << "x" << C;
+  }
+}
+
+// RoPE on a qkv buffer's q and k heads (v untouched), at an offset position
+// and Llama 3's theta; forward and backward (the turn back).
+struct RopeShape {
+  int B = 2, T = 37, hs = 64, heads = 6, kv = 2, pos0 = 1000;
+  std::int64_t ld() const { return std::int64_t(heads + kv) * hs; }  // q and k heads, then v
+};
+
+// In place on the same input, both sides; theta 500000 forward, 10000 back.
+void rope_case(Ctx& t, bool backward) {
+  for (const RopeShape r : {RopeShape{}, RopeShape{.B = 1, .T = 5, .hs = 16, .heads = 3, .kv = 1, .pos0 = 0}}) {
+    Vec x = uniform(t.rng, std::size_t(r.B) * r.T * std::size_t(r.ld()));
+    Dev dx(x);
+    auto turn = [&](auto op, float* v) { op(v, r.B, r.T, r.ld(), r.heads, r.hs, r.pos0, backward ? 1e4f : 5e5f); };
+    if (backward) {
+      turn(k::rope_backward, dx.get());
+      turn(cpu::rope_backward, x.data());
+    } else {
+      turn(k::rope_forward, dx.get());
+      turn(cpu::rope_forward, x.data());
+    }
+    EXPECT_LE(max_rel(dx.host(), x, 1.0), 1e-6) << "hs " << r.hs;
+  }
+}
+
+OP_CASE(rope_forward) { rope_case(t, false); }
+OP_CASE(rope_backward) { rope_case(t, true); }
+
+OP_CASE(swiglu_forward) {
+  for (const auto& [N, F] : {std::pair{512, 688}, std::pair{37, 19}}) {
+    const Vec in = uniform(t.rng, std::size_t(N) * 2 * F, -6, 6);
+    Vec out(std::size_t(N) * F);
+    Dev din(in), dout(Vec(out.size(), NAN));
+    k::swiglu_forward(dout.get(), din.get(), N, F);
+    cpu::swiglu_forward(out.data(), in.data(), N, F);
+    EXPECT_LE(max_rel(dout.host(), out), 1e-5) << N << "x" << F;
+  }
+}
+
+OP_CASE(swiglu_backward) {
+  for (const auto& [N, F] : {std::pair{512, 688}, std::pair{37, 19}}) {
+    const Vec in = uniform(t.rng, std::size_t(N) * 2 * F, -6, 6), dy = uniform(t.rng, std::size_t(N) * F);
+    Vec din = uniform(t.rng, in.size());
+    Dev d_in(in), d_dy(dy), d_din(din);
+    k::swiglu_backward(d_din.get(), d_in.get(), d_dy.get(), N, F);
+    cpu::swiglu_backward(din.data(), in.data(), dy.data(), N, F);
+    EXPECT_LE(max_rel(d_din.host(), din), 1e-5) << N << "x" << F;
+  }
+}
+
 OP_CASE(gelu_forward) {
   for (const std::int64_t n : kLengths) {
     const Vec a = uniform(t.rng, n, -4, 4);
@@ -421,12 +498,15 @@ OP_CASE(sum_squares) {
   }
 }
 
-// Sequence lengths on and off the 64-row blocks; head sizes 16 and 64.
+// Sequence lengths on and off the 64-row blocks; head sizes 16 and 64;
+// multi-head, grouped-query and multi-query.
 struct AttentionShape {
-  int B, T, NH, hs;
+  int B, T, NH, hs, NKV;
   int C() const { return NH * hs; }
+  int W() const { return (NH + 2 * NKV) * hs; }  // a qkv row
 };
-constexpr AttentionShape kAttentionShapes[] = {{2, 67, 4, 16}, {1, 128, 2, 64}, {3, 5, 1, 8}};
+constexpr AttentionShape kAttentionShapes[] = {
+    {2, 67, 4, 16, 4}, {1, 128, 2, 64, 2}, {3, 5, 1, 8, 1}, {2, 67, 4, 16, 2}, {1, 70, 4, 32, 1}};
 
 // The state the selected device's backward needs (the CUDA backend keeps the
 // rows' log-sum-exp, the others the probabilities).
@@ -437,12 +517,12 @@ std::int64_t state_floats(const Ctx& t, const AttentionShape& s) {
 OP_CASE(attention_forward) {
   for (const AttentionShape& s : kAttentionShapes) {
     const int C = s.C();
-    const Vec qkv = uniform(t.rng, std::size_t(s.B) * s.T * 3 * C, -2, 2);
+    const Vec qkv = uniform(t.rng, std::size_t(s.B) * s.T * s.W(), -2, 2);
     Vec out(std::size_t(s.B) * s.T * C), probs(std::size_t(k::attention_state_floats(false, s.B, s.NH, s.T)));
-    cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH);
+    cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH, s.NKV);
     Dev dqkv(qkv), dout(Vec(out.size(), NAN)), dstate(Vec(std::size_t(state_floats(t, s)), NAN));
-    k::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH);
-    EXPECT_LE(rel_to_max(dout.host(), out), 1e-5) << "B " << s.B << " T " << s.T << " hs " << s.hs;
+    k::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH, s.NKV);
+    EXPECT_LE(rel_to_max(dout.host(), out), 1e-5) << "B " << s.B << " T " << s.T << " hs " << s.hs << " NKV " << s.NKV;
   }
 }
 
@@ -450,57 +530,60 @@ OP_CASE(attention_forward) {
 OP_CASE(attention_backward) {
   for (const AttentionShape& s : kAttentionShapes) {
     const int C = s.C();
-    const Vec qkv = uniform(t.rng, std::size_t(s.B) * s.T * 3 * C, -2, 2), dy = uniform(t.rng, std::size_t(s.B) * s.T * C);
+    const Vec qkv = uniform(t.rng, std::size_t(s.B) * s.T * s.W(), -2, 2), dy = uniform(t.rng, std::size_t(s.B) * s.T * C);
     Vec out(dy.size()), probs(std::size_t(k::attention_state_floats(false, s.B, s.NH, s.T))), scratch(probs.size());
     Vec dqkv = uniform(t.rng, qkv.size());
-    cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH);
+    cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH, s.NKV);
     const std::size_t state = std::size_t(state_floats(t, s));
     Dev d_qkv(qkv), d_out(out), d_state(Vec(state, NAN)), d_scratch(Vec(state, NAN)), d_dy(dy), d_g(dqkv);
-    k::attention_forward(d_out.get(), d_state.get(), d_qkv.get(), s.B, s.T, C, s.NH);
+    k::attention_forward(d_out.get(), d_state.get(), d_qkv.get(), s.B, s.T, C, s.NH, s.NKV);
     k::attention_backward(d_g.get(), d_scratch.get(), d_dy.get(), d_qkv.get(), d_out.get(), d_state.get(), s.B, s.T, C,
-                          s.NH);
+                          s.NH, s.NKV);
     cpu::attention_backward(dqkv.data(), scratch.data(), dy.data(), qkv.data(), out.data(), probs.data(), s.B, s.T, C,
-                            s.NH);
-    EXPECT_LE(rel_to_max(d_g.host(), dqkv), 1e-5) << "B " << s.B << " T " << s.T << " hs " << s.hs;
+                            s.NH, s.NKV);
+    EXPECT_LE(rel_to_max(d_g.host(), dqkv), 1e-5) << "B " << s.B << " T " << s.T << " hs " << s.hs << " NKV " << s.NKV;
   }
 }
 
 // Ring attention's blocks: a query block (the middle one of three) against
 // each key block, the diagonal first (it overwrites) and the others merged
-// in; head sizes 16 and 96, 70-row blocks.
+// in; head sizes 16 and 96, 70-row blocks; multi-head and grouped-query.
 struct Ring {
-  int B = 2, NH = 2, hs, Tq = 70;
+  int B = 2, NH = 2, hs, NKV = 2, Tq = 70;
   int C() const { return NH * hs; }
+  int KVC() const { return NKV * hs; }
+  int W() const { return C() + 2 * KVC(); }
   int T() const { return 3 * Tq; }  // key blocks [0, 70), [70, 140), [140, 210)
 };
+constexpr Ring kRings[] = {{.hs = 16}, {.hs = 96}, {.NH = 4, .hs = 16, .NKV = 2}, {.NH = 2, .hs = 32, .NKV = 1}};
 
 // q, kv and dout of a ring, and its out and lse after every key block (the CPU's).
 struct RingInputs {
   Vec qkv, kv, dy, out, lse;
   RingInputs(std::mt19937& g, const Ring& r) {
-    const int C = r.C(), T = r.T();
-    qkv = uniform(g, std::size_t(r.B) * T * 3 * C, -2, 2);
-    dy = uniform(g, std::size_t(r.B) * T * C);
-    kv.assign(std::size_t(r.B) * T * 2 * C, 0.0f);
-    cpu::copy_rows(kv.data(), 2 * C, qkv.data() + C, 3 * C, std::int64_t(r.B) * T, 2 * C, false);
-    out.assign(std::size_t(r.B) * T * C, 0.0f);
+    const int T = r.T();
+    qkv = uniform(g, std::size_t(r.B) * T * r.W(), -2, 2);
+    dy = uniform(g, std::size_t(r.B) * T * r.C());
+    kv.assign(std::size_t(r.B) * T * 2 * r.KVC(), 0.0f);
+    cpu::copy_rows(kv.data(), 2 * r.KVC(), qkv.data() + r.C(), r.W(), std::int64_t(r.B) * T, 2 * r.KVC(), false);
+    out.assign(std::size_t(r.B) * T * r.C(), 0.0f);
     lse.assign(std::size_t(r.B) * r.NH * T, 0.0f);
     for (int kb : {1, 0, 2}) forward(r, kb, out.data(), lse.data(), qkv.data(), kv.data(), true);
   }
   // Key block kb into the middle query block, with the kernels of namespace K.
   template <class F>
   static void each(const Ring& r, int kb, F&& f) {
-    const std::size_t q_at = std::size_t(r.Tq), C = std::size_t(r.C());
-    f(q_at * C, q_at, q_at * 3 * C, std::size_t(kb) * r.Tq * 2 * C, kb != 1);
+    const std::size_t q_at = std::size_t(r.Tq);
+    f(q_at * r.C(), q_at, q_at * r.W(), std::size_t(kb) * r.Tq * 2 * r.KVC(), kb != 1);
   }
   static void forward(const Ring& r, int kb, float* out, float* lse, const float* qkv, const float* kv, bool cpu_side) {
     each(r, kb, [&](std::size_t o, std::size_t l, std::size_t q, std::size_t kvo, bool acc) {
       const int C = r.C(), T = r.T();
       if (cpu_side)
-        cpu::attention_block_forward(out + o, lse + l, qkv + q, kv + kvo, r.B, r.Tq, r.Tq, C, r.NH, T, T, r.Tq,
+        cpu::attention_block_forward(out + o, lse + l, qkv + q, kv + kvo, r.B, r.Tq, r.Tq, C, r.NH, r.NKV, T, T, r.Tq,
                                      kb * r.Tq, acc);
       else
-        k::attention_block_forward(out + o, lse + l, qkv + q, kv + kvo, r.B, r.Tq, r.Tq, C, r.NH, T, T, r.Tq,
+        k::attention_block_forward(out + o, lse + l, qkv + q, kv + kvo, r.B, r.Tq, r.Tq, C, r.NH, r.NKV, T, T, r.Tq,
                                    kb * r.Tq, acc);
     });
   }
@@ -522,29 +605,29 @@ Vec ring_lse_rows(const Ring& r, const Vec& v) {
 }
 
 OP_CASE(attention_block_forward) {
-  for (const int hs : {16, 96}) {
-    const Ring r{.hs = hs};
+  for (const Ring& r : kRings) {
     const RingInputs in(t.rng, r);
     Dev d_qkv(in.qkv), d_kv(in.kv), d_out(Vec(in.out.size(), NAN)), d_lse(Vec(in.lse.size(), NAN));
     for (int kb : {1, 0, 2}) RingInputs::forward(r, kb, d_out.get(), d_lse.get(), d_qkv.get(), d_kv.get(), false);
-    EXPECT_LE(rel_to_max(ring_rows(r, d_out.host(), r.C()), ring_rows(r, in.out, r.C())), 1e-5) << "hs " << hs;
-    EXPECT_LE(rel_to_max(ring_lse_rows(r, d_lse.host()), ring_lse_rows(r, in.lse)), 1e-5) << "hs " << hs;
+    EXPECT_LE(rel_to_max(ring_rows(r, d_out.host(), r.C()), ring_rows(r, in.out, r.C())), 1e-5)
+        << "hs " << r.hs << " NKV " << r.NKV;
+    EXPECT_LE(rel_to_max(ring_lse_rows(r, d_lse.host()), ring_lse_rows(r, in.lse)), 1e-5)
+        << "hs " << r.hs << " NKV " << r.NKV;
   }
   // A block no query row may attend: out 0 and lse -inf.
   const Ring r{.hs = 16};
   const RingInputs in(t.rng, r);
   const int C = r.C(), T = r.T();
   Dev d_qkv(in.qkv), d_kv(in.kv), d_out(Vec(in.out.size(), NAN)), d_lse(Vec(in.lse.size(), NAN));
-  k::attention_block_forward(d_out.get(), d_lse.get(), d_qkv.get(), d_kv.get() + std::size_t(2) * r.Tq * 2 * C, r.B,
-                             r.Tq, r.Tq, C, r.NH, T, T, 0, 2 * r.Tq, false);
+  k::attention_block_forward(d_out.get(), d_lse.get(), d_qkv.get(), d_kv.get() + std::size_t(2) * r.Tq * 2 * r.KVC(),
+                             r.B, r.Tq, r.Tq, C, r.NH, r.NKV, T, T, 0, 2 * r.Tq, false);
   const Vec out = d_out.host(), lse = d_lse.host();
   EXPECT_EQ(*std::max_element(out.begin(), out.begin() + std::ptrdiff_t(r.Tq) * C), 0.0f);
   EXPECT_EQ(lse[0], -std::numeric_limits<float>::infinity());
 }
 
 OP_CASE(attention_block_backward) {
-  for (const int hs : {16, 96}) {
-    const Ring r{.hs = hs};
+  for (const Ring& r : kRings) {
     const RingInputs in(t.rng, r);
     const int C = r.C(), T = r.T();
     Vec dq = uniform(t.rng, in.qkv.size()), dkv = uniform(t.rng, in.kv.size());
@@ -553,14 +636,14 @@ OP_CASE(attention_block_backward) {
       RingInputs::each(r, kb, [&](std::size_t o, std::size_t l, std::size_t q, std::size_t kvo, bool) {
         cpu::attention_block_backward(dq.data() + q, dkv.data() + kvo, in.dy.data() + o, in.qkv.data() + q,
                                       in.kv.data() + kvo, in.out.data() + o, in.lse.data() + l, r.B, r.Tq, r.Tq, C,
-                                      r.NH, T, T, r.Tq, kb * r.Tq);
+                                      r.NH, r.NKV, T, T, r.Tq, kb * r.Tq);
         k::attention_block_backward(d_dq.get() + q, d_dkv.get() + kvo, d_dy.get() + o, d_qkv.get() + q,
-                                    d_kv.get() + kvo, d_out.get() + o, d_lse.get() + l, r.B, r.Tq, r.Tq, C, r.NH, T, T,
-                                    r.Tq, kb * r.Tq);
+                                    d_kv.get() + kvo, d_out.get() + o, d_lse.get() + l, r.B, r.Tq, r.Tq, C, r.NH,
+                                    r.NKV, T, T, r.Tq, kb * r.Tq);
       });
     }
-    EXPECT_LE(rel_to_max(d_dq.host(), dq), 1e-5) << "dq, hs " << hs;
-    EXPECT_LE(rel_to_max(d_dkv.host(), dkv), 1e-5) << "dk, dv, hs " << hs;
+    EXPECT_LE(rel_to_max(d_dq.host(), dq), 1e-5) << "dq, hs " << r.hs << " NKV " << r.NKV;
+    EXPECT_LE(rel_to_max(d_dkv.host(), dkv), 1e-5) << "dk, dv, hs " << r.hs << " NKV " << r.NKV;
   }
 }
 

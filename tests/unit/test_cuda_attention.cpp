@@ -13,7 +13,10 @@
 // bf16 inputs: out and the gradient within 2e-2 of the CPU's fp32 (same
 // measure), the log-sum-exp within 1e-4 of one computed in double from the
 // bf16-rounded q and k and within 2e-2 (absolute) of the fp32 one; a head
-// size the tensor cores do not tile (24) keeps the fp32 kernels' 1e-5. Needs
+// size the tensor cores do not tile (24) keeps the fp32 kernels' 1e-5.
+// Grouped-query attention (NKV key-value heads for NH query heads; NKV 1:
+// multi-query) is held to the same bounds, fp32 and bf16, with dk and dv
+// summed over the query heads that share them. Needs
 // a GPU: without one the GPU tests skip and say why (the kernels are still
 // compiled and linked).
 // Seed: fresh per run, printed on failure; rerun with STRATA_TEST_SEED.
@@ -46,16 +49,20 @@ using strata::test::Vec;
 
 Vec nans(std::size_t n) { return Vec(n, std::numeric_limits<float>::quiet_NaN()); }
 
+// NKV key-value heads; 0: as many as query heads (multi-head attention).
 struct Shape {
-  int B, T, NH, hs;
+  int B, T, NH, hs, NKV = 0;
   int C() const { return NH * hs; }
+  int kv_heads() const { return NKV > 0 ? NKV : NH; }
+  int KVC() const { return kv_heads() * hs; }
+  int width() const { return C() + 2 * KVC(); }  // of a qkv row
   std::size_t rows() const { return std::size_t(B) * T; }
   std::size_t heads_rows() const { return std::size_t(B) * NH * T; }
 };
 
 std::string describe(const Shape& s) {
-  return "B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " NH " + std::to_string(s.NH) + " hs " +
-         std::to_string(s.hs);
+  return "B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " NH " + std::to_string(s.NH) + " NKV " +
+         std::to_string(s.kv_heads()) + " hs " + std::to_string(s.hs);
 }
 
 // max |a - b| / max |b| (a NaN in a fails the comparison: the result is NaN).
@@ -76,15 +83,17 @@ bool all_finite(const Vec& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
-// Columns [part C, (part + 1) C) of the [N, 3C] gradient (0: dq, 1: dk, 2: dv),
-// less the same columns of `base`: what a backward call added.
+// The columns of one part of the [N, C + 2 KVC] gradient (0: dq, its C
+// columns; 1: dk, 2: dv, KVC each), less the same columns of `base`: what a
+// backward call added.
 Vec increment(const Vec& g, const Vec& base, const Shape& s, int part) {
-  const std::size_t C = s.C();
+  const std::size_t C = s.C(), KVC = s.KVC(), W = s.width();
+  const std::size_t first = part == 0 ? 0 : C + (part - 1) * KVC, cols = part == 0 ? C : KVC;
   Vec d;
-  d.reserve(s.rows() * C);
+  d.reserve(s.rows() * cols);
   for (std::size_t n = 0; n < s.rows(); ++n)
-    for (std::size_t c = 0; c < C; ++c) {
-      const std::size_t i = n * 3 * C + part * C + c;
+    for (std::size_t c = 0; c < cols; ++c) {
+      const std::size_t i = n * W + first + c;
       d.push_back(g[i] - base[i]);
     }
   return d;
@@ -93,17 +102,19 @@ Vec increment(const Vec& g, const Vec& base, const Shape& s, int part) {
 // Each row's log-sum-exp of its scaled causal scores, [B, NH, T], in double.
 std::vector<double> lse_reference(const Vec& qkv, const Shape& s) {
   const int C = s.C();
+  const std::size_t W = s.width();
+  const int group = s.NH / s.kv_heads();
   const double scale = 1.0 / std::sqrt(double(s.hs));
   std::vector<double> lse(s.heads_rows());
   std::vector<double> row;
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.NH; ++h)
       for (int t = 0; t < s.T; ++t) {
-        const float* q = qkv.data() + (std::size_t(b) * s.T + t) * 3 * C + h * s.hs;
+        const float* q = qkv.data() + (std::size_t(b) * s.T + t) * W + h * s.hs;
         row.assign(t + 1, 0.0);
         double m = -INFINITY;
         for (int j = 0; j <= t; ++j) {
-          const float* k = qkv.data() + (std::size_t(b) * s.T + j) * 3 * C + C + h * s.hs;
+          const float* k = qkv.data() + (std::size_t(b) * s.T + j) * W + C + (h / group) * s.hs;
           double dot = 0;
           for (int d = 0; d < s.hs; ++d) dot += double(q[d]) * k[d];
           row[j] = dot * scale;
@@ -130,6 +141,13 @@ double lse_error(const Vec& a, const std::vector<double>& b) {
 // 128 (24: not a power of two, 40: not a multiple of 16), B * NH > 1.
 const Shape kShapes[] = {
     {1, 1, 1, 8}, {2, 7, 3, 16}, {1, 65, 2, 24}, {2, 64, 2, 40}, {2, 130, 2, 64}, {1, 128, 3, 8}, {1, 200, 2, 128},
+};
+
+// Grouped-query attention: groups of 2 and 4 query heads (NKV 1:
+// multi-query), T off and on the tiles, head sizes on (16, 64, 128) and off
+// (24) the tensor cores' tiles, B > 1.
+const Shape kGroupedShapes[] = {
+    {2, 7, 4, 16, 2}, {1, 65, 4, 24, 1}, {2, 64, 4, 64, 2}, {2, 130, 4, 64, 1}, {1, 200, 4, 128, 2}, {2, 1, 4, 16, 1},
 };
 
 // Under bf16 math the tensor-core kernels run for head sizes that are
@@ -166,18 +184,18 @@ Vec bf16_rounded(Vec v) {
 void check_against_cpu(std::mt19937& rng, const Shape& s, double tol, bool round_qk, double lse_tol,
                        double lse_fp32_tol) {
   const char* names[] = {"dq", "dk", "dv"};
-  const int C = s.C();
-  const Vec qkv = uniform(rng, s.rows() * 3 * C, -2, 2), dy = uniform(rng, s.rows() * C);
-  const Vec g0 = uniform(rng, s.rows() * 3 * C, -0.25f, 0.25f);
+  const int C = s.C(), NKV = s.kv_heads();
+  const Vec qkv = uniform(rng, s.rows() * s.width(), -2, 2), dy = uniform(rng, s.rows() * C);
+  const Vec g0 = uniform(rng, s.rows() * s.width(), -0.25f, 0.25f);
 
   Vec out(s.rows() * C), probs(s.heads_rows() * s.T), dprobs(s.heads_rows() * s.T), ref = g0;
-  cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH);
+  cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH, NKV);
   cpu::attention_backward(ref.data(), dprobs.data(), dy.data(), qkv.data(), out.data(), probs.data(), s.B, s.T, C,
-                          s.NH);
+                          s.NH, NKV);
 
   Device dqkv(qkv), ddy(dy), dout(nans(s.rows() * C)), dstate(nans(s.heads_rows()));
   Device dscratch(nans(s.heads_rows())), dg(g0);
-  cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH);
+  cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH, NKV);
   EXPECT_LE(rel_to_max(dout.host(), out), tol) << "out, " << describe(s);
   const Vec lse = dstate.host();
   EXPECT_LE(lse_error(lse, lse_reference(round_qk ? bf16_rounded(qkv) : qkv, s)), lse_tol) << "lse, " << describe(s);
@@ -190,13 +208,13 @@ void check_against_cpu(std::mt19937& rng, const Shape& s, double tol, bool round
   EXPECT_LE(worst, lse_fp32_tol) << "lse against fp32 q and k, " << describe(s);
 
   cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
-                         s.NH);
+                         s.NH, NKV);
   const Vec once = dg.host();
   for (int part = 0; part < 3; ++part)
     EXPECT_LE(rel_to_max(increment(once, g0, s, part), increment(ref, g0, s, part)), tol)
         << names[part] << ", " << describe(s);
   cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
-                         s.NH);
+                         s.NH, NKV);
   const Vec twice = dg.host();
   for (int part = 0; part < 3; ++part) {
     Vec doubled = increment(once, g0, s, part);
@@ -229,25 +247,36 @@ TEST_F(CudaAttention, LargeScoresStayFinite) {
   const int C = s.C();
   const Vec qkv = uniform(rng_, s.rows() * 3 * C, -12, 12), dy = uniform(rng_, s.rows() * C);
   Vec ref(s.rows() * C), probs(s.heads_rows() * s.T);
-  cpu::attention_forward(ref.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH);
+  cpu::attention_forward(ref.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH, s.NH);
 
   Device dqkv(qkv), ddy(dy), dout(nans(s.rows() * C)), dstate(nans(s.heads_rows()));
   Device dscratch(nans(s.heads_rows())), dg(Vec(s.rows() * 3 * C, 0.0f));
-  cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH);
+  cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH, s.NH);
   EXPECT_LE(rel_to_max(dout.host(), ref), 1e-4);
   EXPECT_LE(lse_error(dstate.host(), lse_reference(qkv, s)), 1e-4);
   cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
-                         s.NH);
+                         s.NH, s.NH);
   EXPECT_TRUE(all_finite(dg.host()));
 }
 
 // Head sizes the kernels do not handle are refused before anything runs
 // (no GPU needed).
 TEST(CudaAttentionShapes, HeadSizesAbove128AreRefused) {
-  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 2 * 136, 2), std::invalid_argument);
-  EXPECT_THROW(cu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 136, 2),
+  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 2 * 136, 2, 2), std::invalid_argument);
+  EXPECT_THROW(cu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 136, 2, 2),
                std::invalid_argument);
-  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 100, 3), std::invalid_argument);
+  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 100, 3, 3), std::invalid_argument);
+}
+
+// So are key-value head counts that do not divide the query heads, or are
+// not positive (no GPU needed).
+TEST(CudaAttentionShapes, KeyValueHeadsThatDoNotDivideAreRefused) {
+  for (const int nkv : {0, -2, 3, 8}) {
+    EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 64, 4, nkv), std::invalid_argument) << nkv;
+    EXPECT_THROW(cu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 64, 4, nkv),
+                 std::invalid_argument)
+        << nkv;
+  }
 }
 
 // Under bf16 math, on tensor cores: bf16 inputs (8 significant bits) put out
@@ -262,6 +291,23 @@ TEST_F(CudaAttention, Bf16MathRunsOnTensorCoresWithinBf16Rounding) {
   const Bf16Math bf16;
   ASSERT_TRUE(cu::bf16_math());
   for (const Shape& s : kTensorCoreShapes) check_against_cpu(rng_, s, 2e-2, true, 1e-4, 2e-2);
+}
+
+// Grouped-query attention against the CPU backend's, in fp32 and under bf16
+// math (on tensor cores where the head size tiles, 24 in fp32): the same
+// bounds as multi-head attention. dk and dv sum over the group's query heads
+// (in the CUDA backward, one block per key tile of a key-value head walks
+// them all); a second call adds the same increment again.
+TEST_F(CudaAttention, GroupedQueryAttentionMatchesTheCpuBackend) {
+  SCOPED_TRACE(trace());
+  for (const Shape& s : kGroupedShapes) check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
+  const Bf16Math bf16;
+  for (const Shape& s : kGroupedShapes) {
+    if (s.hs % 16 == 0)
+      check_against_cpu(rng_, s, 2e-2, true, 1e-4, 2e-2);
+    else
+      check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
+  }
 }
 
 // A head size the tensor-core kernels do not tile (not a multiple of 16)

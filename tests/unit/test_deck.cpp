@@ -79,7 +79,8 @@ const std::vector<std::string> kAllKeys = {
     "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every", "run.repeats", "run.on_divergence",
     "model.kind", "model.layers", "model.d_model", "model.heads", "model.vocab", "model.seq_len", "model.ffn_mult",
     "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
-    "model.moe_renormalize", "model.moe_aux_coef", "model.recompute",
+    "model.moe_renormalize", "model.moe_aux_coef", "model.kv_heads", "model.ffn_dim", "model.rope_theta",
+    "model.tie_embeddings", "model.recompute",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
     "parallel.dp", "parallel.bucket_mb", "parallel.zero", "parallel.dp_shard", "parallel.tp", "parallel.sequence_parallel", "parallel.ep", "parallel.cp",
     "parallel.pp", "parallel.schedule", "parallel.virtual_stages", "parallel.first_stage_layers",
@@ -321,6 +322,21 @@ TEST_F(DeckTest, StringNotAllowedNamesTheAllowedValues) {
   load_error("[model]\nkind = \"moe\"\nmoe_experts = 4\nmoe_capacity_factor = 0\n",
              {"key 'model.moe_capacity_factor' must be > 0"});
   EXPECT_NO_THROW(load("[model]\nkind = \"moe\"\nmoe_experts = 4\n"));
+  // A key of another family, set to other than its default, would be ignored.
+  load_error("[model]\nkv_heads = 2\n", {"deck.toml:2:", "model.kv_heads = 2", "needs model.kind = \"llama\""});
+  load_error("[model]\nkind = \"llama\"\nffn_mult = 3\n",
+             {"model.ffn_mult = 3", "needs model.kind = \"gpt\" or \"moe\"", "model.kind = \"llama\" (line 2)"});
+  // Llama: key-value heads dividing the heads and (with the MLP) split over
+  // tp; rotary positions turn pairs of channels; Mixtral's experts.
+  load_error("[model]\nkind = \"llama\"\nheads = 4\nkv_heads = 3\nd_model = 64\n",
+             {"model.kv_heads = 3", "does not divide model.heads = 4"});
+  load_error("[model]\nkind = \"llama\"\nheads = 4\nd_model = 36\n", {"head size", "= 9 is odd"});
+  load_error("[model]\nkind = \"llama\"\nheads = 8\nkv_heads = 2\nd_model = 64\n[parallel]\ntp = 4\n",
+             {"model.kv_heads = 2", "not a multiple of parallel.tp = 4", "Megatron-LM"});
+  load_error("[model]\nkind = \"llama\"\nheads = 4\nffn_dim = 90\n[parallel]\ntp = 4\n",
+             {"MLP width 90", "not a multiple of parallel.tp = 4"});
+  load_error("[model]\nkind = \"llama\"\nmoe_experts = 1\n", {"model.moe_top_k = 2", "exceeds model.moe_experts = 1"});
+  EXPECT_NO_THROW(load("[model]\nkind = \"llama\"\nkv_heads = 2\nmoe_experts = 8\n"));
 }
 
 TEST_F(DeckTest, RecomputationIsCheckedAgainstTheSchedule) {

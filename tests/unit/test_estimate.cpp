@@ -13,7 +13,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include "models/gpt/gpt.hpp"
+#include "models/decoder/decoder.hpp"
+#include "models/gpt/family.hpp"
 #include "kernels/kernels.hpp"
 #include "src/deck/deck.hpp"
 #include "src/train/estimate.hpp"
@@ -101,16 +102,16 @@ TEST(Estimate, A4096RankLayoutIsOneClassPerStage) {
   const train::Estimate e = train::estimate(c);
   EXPECT_EQ(e.world, 4096);
   ASSERT_EQ(e.classes.size(), 8u);
-  const models::GptConfig gc = models::gpt_config(c);
+  const models::DecoderConfig gc = models::gpt_config(c);
   for (int s = 0; s < 8; ++s) {
     const auto& k = e.classes[std::size_t(s)];
     ASSERT_EQ(k.ranks.size(), 512u);
     EXPECT_EQ(k.ranks.front(), 512 * s);
     EXPECT_EQ(k.ranks.back(), 512 * s + 511);
     const models::Stage stage = models::stage_of(gc.layers, s, 8);
-    const models::ParamRegistry reg = models::gpt_registry(gc, 8, 0, stage);
+    const models::ParamRegistry reg = models::decoder_registry(gc, 8, 0, stage);
     std::uint64_t shard = 0;
-    for (const auto& u : models::gpt_units(reg, gc, stage)) shard += std::uint64_t((u.size() + 63) / 64);
+    for (const auto& u : models::decoder_units(reg, gc, stage)) shard += std::uint64_t((u.size() + 63) / 64);
     const train::PoolFigures& d = k.memory[Pool::device];
     EXPECT_EQ(d.held[int(MemCategory::params)], 2 * 64 * shard) << "stage " << s;
     EXPECT_EQ(d.held[int(MemCategory::grads)], 2 * 64 * shard) << "stage " << s;
@@ -136,7 +137,7 @@ std::map<std::string, double> matmul_flops(const std::vector<kernels::WorkCost>&
 
 // The compute a dry run declares is its kernels' work, counted on the meta
 // device per layer and phase: the matrix products of a step's forward are
-// the model's FLOPs (Megatron's count, gpt_forward_flops) exactly, the
+// the model's FLOPs (Megatron's count, decoder_forward_flops) exactly, the
 // backward's twice that (input and weight gradients), recomputation's the
 // hardware FLOPs' excess; a split backward's halves are one forward each;
 // and tensor parallelism splits every product evenly over its ranks.
@@ -146,13 +147,13 @@ TEST(Estimate, ComputeIsTheModelsFlops) {
     const plan::Plan c = tiny({"model.recompute=\"" + recompute + "\"", "model.layers=3"});
     std::vector<kernels::WorkCost> work;
     train::estimate_rank(c, 0, nullptr, &work);
-    const models::GptConfig gc = models::gpt_config(c);
-    const double forward = models::gpt_model_flops(gc, c.data.global_batch) / 3;
+    const models::DecoderConfig gc = models::gpt_config(c);
+    const double forward = models::decoder_model_flops(gc, c.data.global_batch) / 3;
     auto f = matmul_flops(work);
     EXPECT_DOUBLE_EQ(f["forward"], forward);
     EXPECT_DOUBLE_EQ(f["backward"], 2 * forward);
     EXPECT_DOUBLE_EQ(f["recompute"],
-                     models::gpt_hardware_flops(gc, c.data.global_batch) - models::gpt_model_flops(gc, c.data.global_batch));
+                     models::decoder_hardware_flops(gc, c.data.global_batch) - models::decoder_model_flops(gc, c.data.global_batch));
     EXPECT_EQ(f.count("backward_input"), 0u);
     for (const auto& w : work) {
       EXPECT_GT(w.kernels, 0) << w.layer << " " << w.phase;
@@ -161,7 +162,7 @@ TEST(Estimate, ComputeIsTheModelsFlops) {
   }
   // Two pipeline stages under ZB-H1: the halves of each stage's backward.
   const plan::Plan zb = tiny({"parallel.pp=2", "parallel.schedule=\"zb-h1\"", "data.micro_batch=1"});
-  const models::GptConfig gz = models::gpt_config(zb);
+  const models::DecoderConfig gz = models::gpt_config(zb);
   double forward = 0, input = 0, weight = 0;
   for (int r = 0; r < 2; ++r) {
     std::vector<kernels::WorkCost> work;
@@ -170,11 +171,11 @@ TEST(Estimate, ComputeIsTheModelsFlops) {
     forward += f["forward"], input += f["backward_input"], weight += f["backward_weight"];
     EXPECT_EQ(f.count("backward"), 0u);
   }
-  EXPECT_DOUBLE_EQ(forward, models::gpt_model_flops(gz, zb.data.global_batch) / 3);
+  EXPECT_DOUBLE_EQ(forward, models::decoder_model_flops(gz, zb.data.global_batch) / 3);
   EXPECT_DOUBLE_EQ(input + weight, 2 * forward);
   // tp 2: each rank half of every product.
   const plan::Plan tp = tiny({"parallel.tp=2", "parallel.sequence_parallel=true"});
-  const double whole = models::gpt_model_flops(models::gpt_config(tp), tp.data.global_batch) / 3;
+  const double whole = models::decoder_model_flops(models::gpt_config(tp), tp.data.global_batch) / 3;
   for (int r = 0; r < 2; ++r) {
     std::vector<kernels::WorkCost> work;
     train::estimate_rank(tp, r, nullptr, &work);

@@ -225,8 +225,12 @@ double ref_gelu_grad(double x) {
   return sig + x * 2.0 * sig * (e * sig) * s * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
-void ref_attention_forward(DVec& out, DVec& probs, const DVec& qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
+// Grouped-query attention: NKV key-value heads, query head h reading key-value
+// head h / (NH / NKV); qkv rows are C + 2 KVC wide.
+int h_group(int NH, int NKV) { return NH / NKV; }
+
+void ref_attention_forward(DVec& out, DVec& probs, const DVec& qkv, int B, int T, int C, int NH, int NKV) {
+  const int hs = C / NH, KVC = NKV * hs, C3 = C + 2 * KVC, g = h_group(NH, NKV);
   const double scale = 1.0 / std::sqrt(double(hs));
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)
@@ -239,7 +243,7 @@ void ref_attention_forward(DVec& out, DVec& probs, const DVec& qkv, int B, int T
             p[j] = 0.0;
             continue;
           }
-          const double* kk = &qkv[(std::size_t(b) * T + j) * C3 + C + h * hs];
+          const double* kk = &qkv[(std::size_t(b) * T + j) * C3 + C + (h / g) * hs];
           double s = 0.0;
           for (int i = 0; i < hs; ++i) s += q[i] * kk[i];
           p[j] = s * scale;
@@ -251,24 +255,27 @@ void ref_attention_forward(DVec& out, DVec& probs, const DVec& qkv, int B, int T
         double* y = &out[(std::size_t(b) * T + t) * C + h * hs];
         for (int i = 0; i < hs; ++i) {
           double s = 0.0;
-          for (int j = 0; j <= t; ++j) s += p[j] * qkv[(std::size_t(b) * T + j) * C3 + 2 * C + h * hs + i];
+          for (int j = 0; j <= t; ++j) s += p[j] * qkv[(std::size_t(b) * T + j) * C3 + C + KVC + (h / g) * hs + i];
           y[i] = s;
         }
       }
 }
 
-void ref_attention_backward(DVec& dqkv, const DVec& dout, const DVec& qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
+void ref_attention_backward(DVec& dqkv, const DVec& dout, const DVec& qkv, int B, int T, int C, int NH, int NKV) {
+  const int hs = C / NH, KVC = NKV * hs, C3 = C + 2 * KVC, g = h_group(NH, NKV);
   const double scale = 1.0 / std::sqrt(double(hs));
   DVec out(std::size_t(B) * T * C), probs(std::size_t(B) * NH * T * T);
-  ref_attention_forward(out, probs, qkv, B, T, C, NH);
+  ref_attention_forward(out, probs, qkv, B, T, C, NH, NKV);
   DVec dp(T);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h)
       for (int t = 0; t < T; ++t) {
         const double* p = &probs[((std::size_t(b) * NH + h) * T + t) * T];
         const double* dy = &dout[(std::size_t(b) * T + t) * C + h * hs];
-        auto at = [&](int row, int part) { return (std::size_t(b) * T + row) * C3 + part * C + h * hs; };
+        // part 0: q of head h; 1, 2: k, v of its key-value head.
+        auto at = [&](int row, int part) {
+          return (std::size_t(b) * T + row) * C3 + (part == 0 ? h * hs : C + (part - 1) * KVC + (h / g) * hs);
+        };
         for (int j = 0; j <= t; ++j) {
           double s = 0.0;
           for (int i = 0; i < hs; ++i) s += dy[i] * qkv[at(j, 2) + i];
@@ -663,41 +670,44 @@ TEST(Elementwise, SumSquaresInDouble) {
 
 // ---------------------------------------------------------------- attention
 
+// NKV 0: multi-head (NKV = NH).
 struct AttentionShape {
-  int B, T, C, NH;
+  int B, T, C, NH, NKV = 0;
+  int kv_heads() const { return NKV > 0 ? NKV : NH; }
+  int W() const { return C + 2 * C / NH * kv_heads(); }  // a qkv row
 };
 
 void attention_case(std::mt19937& rng, AttentionShape s, bool fd_all) {
-  const int B = s.B, T = s.T, C = s.C, NH = s.NH;
-  SCOPED_TRACE(::testing::Message() << "B " << B << " T " << T << " C " << C << " NH " << NH);
-  const std::size_t nqkv = std::size_t(B) * T * 3 * C, nout = std::size_t(B) * T * C,
+  const int B = s.B, T = s.T, C = s.C, NH = s.NH, NKV = s.kv_heads();
+  SCOPED_TRACE(::testing::Message() << "B " << B << " T " << T << " C " << C << " NH " << NH << " NKV " << NKV);
+  const std::size_t nqkv = std::size_t(B) * T * s.W(), nout = std::size_t(B) * T * C,
                     nprobs = std::size_t(B) * NH * T * T;
   Vec qkv = uniform(rng, nqkv, -1.5f, 1.5f), R = uniform(rng, nout);
   // Scratch starts as garbage: the kernels must overwrite it.
   Vec out(nout, std::numeric_limits<float>::quiet_NaN()), probs(nprobs, std::numeric_limits<float>::quiet_NaN());
-  k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH);
+  k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, NKV);
   DVec qd = to_double(qkv), Rd = to_double(R);
   DVec oref(nout), pref(nprobs);
-  ref_attention_forward(oref, pref, qd, B, T, C, NH);
+  ref_attention_forward(oref, pref, qd, B, T, C, NH, NKV);
   EXPECT_TRUE(all_close(out, oref));
   EXPECT_TRUE(all_close(probs, pref));
 
   DVec dref(nqkv, 0.0);
-  ref_attention_backward(dref, Rd, qd, B, T, C, NH);
+  ref_attention_backward(dref, Rd, qd, B, T, C, NH, NKV);
   Vec dqkv(nqkv, 0.0f), scratch(nprobs, std::numeric_limits<float>::quiet_NaN());
-  k::attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH);
+  k::attention_backward(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH, NKV);
   EXPECT_TRUE(all_close(dqkv, dref));
 
   auto loss = [&] {
     DVec o(nout), p(nprobs);
-    ref_attention_forward(o, p, qd, B, T, C, NH);
+    ref_attention_forward(o, p, qd, B, T, C, NH, NKV);
     return dot(o, Rd);
   };
   check_fd("dqkv", qd, dqkv, dref, loss, fd_indices(rng, nqkv, !fd_all));
 
   Vec g0 = uniform(rng, nqkv), g = g0;
   for (int rep = 0; rep < 2; ++rep)
-    k::attention_backward(g.data(), scratch.data(), R.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH);
+    k::attention_backward(g.data(), scratch.data(), R.data(), qkv.data(), out.data(), probs.data(), B, T, C, NH, NKV);
   DVec want(nqkv);
   for (std::size_t i = 0; i < nqkv; ++i) want[i] = g0[i] + 2 * dref[i];
   EXPECT_TRUE(all_close(g, want));
@@ -709,15 +719,15 @@ void attention_case(std::mt19937& rng, AttentionShape s, bool fd_all) {
 // order, the first overwriting and the rest merging; the rows' outputs and
 // log-sum-exp equal the whole-sequence double reference, and the block
 // backward passes, summed, its gradient. The key blocks travel as a ring
-// passes them on: [B, Tk, 2C], keys then values.
+// passes them on: [B, Tk, 2 KVC], keys then values.
 void ring_blocks_case(std::mt19937& rng, AttentionShape s, const std::vector<int>& cuts) {
-  const int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
-  SCOPED_TRACE(::testing::Message() << "B " << B << " T " << T << " C " << C << " NH " << NH);
-  const std::size_t nqkv = std::size_t(B) * T * 3 * C, nout = std::size_t(B) * T * C;
+  const int B = s.B, T = s.T, C = s.C, NH = s.NH, NKV = s.kv_heads(), hs = C / NH, KVC = NKV * hs, W = s.W();
+  SCOPED_TRACE(::testing::Message() << "B " << B << " T " << T << " C " << C << " NH " << NH << " NKV " << NKV);
+  const std::size_t nqkv = std::size_t(B) * T * W, nout = std::size_t(B) * T * C;
   Vec qkv = uniform(rng, nqkv, -1.5f, 1.5f), R = uniform(rng, nout);
   DVec qd = to_double(qkv), Rd = to_double(R);
   DVec oref(nout), pref(std::size_t(B) * NH * T * T);
-  ref_attention_forward(oref, pref, qd, B, T, C, NH);
+  ref_attention_forward(oref, pref, qd, B, T, C, NH, NKV);
   // The reference log-sum-exp of each row, from the scores.
   DVec lref(std::size_t(B) * NH * T);
   for (int b = 0; b < B; ++b)
@@ -728,16 +738,17 @@ void ring_blocks_case(std::mt19937& rng, AttentionShape s, const std::vector<int
         for (int j = 0; j <= t; ++j) {
           double x = 0;
           for (int i = 0; i < hs; ++i)
-            x += qd[(std::size_t(b) * T + t) * 3 * C + h * hs + i] * qd[(std::size_t(b) * T + j) * 3 * C + C + h * hs + i];
+            x += qd[(std::size_t(b) * T + t) * W + h * hs + i] *
+                 qd[(std::size_t(b) * T + j) * W + C + (h / (NH / NKV)) * hs + i];
           sc[std::size_t(j)] = x / std::sqrt(double(hs));
           m = std::max(m, sc[std::size_t(j)]);
         }
         for (double x : sc) sum += std::exp(x - m);
         lref[(std::size_t(b) * NH + h) * T + t] = m + std::log(sum);
       }
-  // kv [B, T, 2C]: the keys and values of the whole sequence.
-  Vec kv(std::size_t(B) * T * 2 * C);
-  k::copy_rows(kv.data(), 2 * C, qkv.data() + C, 3 * C, std::int64_t(B) * T, 2 * C, false);
+  // kv [B, T, 2 KVC]: the keys and values of the whole sequence.
+  Vec kv(std::size_t(B) * T * 2 * KVC);
+  k::copy_rows(kv.data(), 2 * KVC, qkv.data() + C, W, std::int64_t(B) * T, 2 * KVC, false);
   std::vector<std::pair<int, int>> blocks;  // [begin, end) of each cut
   for (std::size_t i = 0; i + 1 < cuts.size(); ++i) blocks.push_back({cuts[i], cuts[i + 1]});
   std::vector<std::size_t> order(blocks.size());
@@ -749,9 +760,9 @@ void ring_blocks_case(std::mt19937& rng, AttentionShape s, const std::vector<int
     bool first = true;
     for (std::size_t o : order) {
       const auto [k0, k1] = blocks[o];
-      k::attention_block_forward(out.data() + std::size_t(q0) * C, lse.data() + q0, qkv.data() + std::size_t(q0) * 3 * C,
-                                 kv.data() + std::size_t(k0) * 2 * C, B, q1 - q0, k1 - k0, C, NH, T, T, q0, k0,
-                                 !first);
+      k::attention_block_forward(out.data() + std::size_t(q0) * C, lse.data() + q0, qkv.data() + std::size_t(q0) * W,
+                                 kv.data() + std::size_t(k0) * 2 * KVC, B, q1 - q0, k1 - k0, C, NH, NKV, T, T, q0,
+                                 k0, !first);
       first = false;
     }
   }
@@ -759,16 +770,16 @@ void ring_blocks_case(std::mt19937& rng, AttentionShape s, const std::vector<int
   EXPECT_TRUE(all_close(lse, lref));
 
   DVec dref(nqkv, 0.0);
-  ref_attention_backward(dref, Rd, qd, B, T, C, NH);
-  Vec dq(nqkv, 0.0f), dkv(std::size_t(B) * T * 2 * C, 0.0f);
+  ref_attention_backward(dref, Rd, qd, B, T, C, NH, NKV);
+  Vec dq(nqkv, 0.0f), dkv(std::size_t(B) * T * 2 * KVC, 0.0f);
   for (const auto& [q0, q1] : blocks)
     for (const auto& [k0, k1] : blocks)
-      k::attention_block_backward(dq.data() + std::size_t(q0) * 3 * C, dkv.data() + std::size_t(k0) * 2 * C,
-                                  R.data() + std::size_t(q0) * C, qkv.data() + std::size_t(q0) * 3 * C,
-                                  kv.data() + std::size_t(k0) * 2 * C, out.data() + std::size_t(q0) * C,
-                                  lse.data() + q0, B, q1 - q0, k1 - k0, C, NH, T, T, q0, k0);
+      k::attention_block_backward(dq.data() + std::size_t(q0) * W, dkv.data() + std::size_t(k0) * 2 * KVC,
+                                  R.data() + std::size_t(q0) * C, qkv.data() + std::size_t(q0) * W,
+                                  kv.data() + std::size_t(k0) * 2 * KVC, out.data() + std::size_t(q0) * C,
+                                  lse.data() + q0, B, q1 - q0, k1 - k0, C, NH, NKV, T, T, q0, k0);
   // dk and dv back into their qkv columns (added: dq holds the q columns).
-  k::copy_rows(dq.data() + C, 3 * C, dkv.data(), 2 * C, std::int64_t(B) * T, 2 * C, true);
+  k::copy_rows(dq.data() + C, W, dkv.data(), 2 * KVC, std::int64_t(B) * T, 2 * KVC, true);
   EXPECT_TRUE(all_close(dq, dref));
 }
 
@@ -776,6 +787,8 @@ TEST(Attention, RingBlocksMergeToTheWholeSequence) {
   SEEDED_RNG(rng);
   ring_blocks_case(rng, {2, 12, 12, 3}, {0, 3, 5, 9, 12});          // uneven blocks, hs 4
   ring_blocks_case(rng, {1, 150, 8, 2}, {0, 10, 85, 150});          // a 75-row block: two row blocks
+  ring_blocks_case(rng, {2, 12, 16, 4, 2}, {0, 5, 12});              // grouped-query: 2 heads per key-value head
+  ring_blocks_case(rng, {1, 70, 12, 3, 1}, {0, 30, 70});             // multi-query
 }
 
 TEST(Elementwise, CopyRowsSetsAndAdds) {
@@ -804,6 +817,15 @@ TEST(Attention, SeveralRowBlocks) {
   attention_case(rng, {2, 67, 10, 2}, false);  // T past one block of 64 rows, hs = 5
 }
 
+// Grouped-query attention: a key-value head's gradient sums over the query
+// heads of its group.
+TEST(Attention, GroupedQueryAgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  attention_case(rng, {2, 7, 16, 4, 2}, true);   // two query heads per key-value head
+  attention_case(rng, {1, 9, 12, 3, 1}, true);   // multi-query
+  attention_case(rng, {3, 70, 24, 6, 3}, false);  // several row blocks, threads over (b, kv head)
+}
+
 TEST(Attention, OneHeadRunsSerially) {
   SEEDED_RNG(rng);
   attention_case(rng, {1, 9, 6, 1}, true);  // B * NH = 1 < threads: the other threading path
@@ -814,7 +836,7 @@ TEST(Attention, CausalMask) {
   const int B = 2, T = 9, C = 12, NH = 3, C3 = 3 * C;
   Vec qkv = uniform(rng, std::size_t(B) * T * C3, -1.5f, 1.5f);
   Vec out(std::size_t(B) * T * C), probs(std::size_t(B) * NH * T * T);
-  k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH);
+  k::attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, NH);
   for (int bh = 0; bh < B * NH; ++bh)
     for (int t = 0; t < T; ++t) {
       double row = 0.0;
@@ -835,7 +857,7 @@ TEST(Attention, CausalMask) {
       for (int t = t0 + 1; t < T; ++t)
         for (int c = 0; c < C3; ++c) changed[(std::size_t(b) * T + t) * C3 + c] = d(rng);
     Vec out2(out.size()), probs2(probs.size());
-    k::attention_forward(out2.data(), probs2.data(), changed.data(), B, T, C, NH);
+    k::attention_forward(out2.data(), probs2.data(), changed.data(), B, T, C, NH, NH);
     for (int b = 0; b < B; ++b)
       for (int t = 0; t <= t0; ++t)
         for (int c = 0; c < C; ++c) {
@@ -843,6 +865,206 @@ TEST(Attention, CausalMask) {
           ASSERT_EQ(out[i], out2[i]) << "out at b " << b << " t " << t << " depends on positions > " << t0;
         }
   }
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+void ref_rmsnorm_forward(DVec& out, DVec& rstd, const DVec& x, const DVec& w, int N, int C, double eps) {
+  for (int n = 0; n < N; ++n) {
+    const double* xr = &x[std::size_t(n) * C];
+    double ms = 0.0;
+    for (int c = 0; c < C; ++c) ms += xr[c] * xr[c];
+    const double s = 1.0 / std::sqrt(ms / C + eps);
+    for (int c = 0; c < C; ++c) out[std::size_t(n) * C + c] = xr[c] * s * w[c];
+    rstd[n] = s;
+  }
+}
+
+void ref_rmsnorm_backward(DVec& dx, DVec& dw, const DVec& dy, const DVec& x, const DVec& w, int N, int C, double eps) {
+  DVec out(x.size()), rstd(N);
+  ref_rmsnorm_forward(out, rstd, x, w, N, C, eps);
+  for (int n = 0; n < N; ++n) {
+    const std::size_t o = std::size_t(n) * C;
+    double a = 0.0;
+    for (int c = 0; c < C; ++c) {
+      a += dy[o + c] * w[c] * x[o + c] * rstd[n];
+      dw[c] += dy[o + c] * x[o + c] * rstd[n];
+    }
+    a /= C;
+    for (int c = 0; c < C; ++c) dx[o + c] += (dy[o + c] * w[c] - x[o + c] * rstd[n] * a) * rstd[n];
+  }
+}
+
+void rmsnorm_case(std::mt19937& rng, int N, int C, bool with_fd) {
+  const float eps = 1e-5f;
+  Vec x = uniform(rng, std::size_t(N) * C, -2.0f, 3.0f), w = uniform(rng, C, 0.5f, 1.5f);
+  Vec R = uniform(rng, std::size_t(N) * C);
+  Vec out(x.size()), rstd(N);
+  k::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+  DVec xd = to_double(x), wd = to_double(w), Rd = to_double(R);
+  DVec oref(x.size()), sref(N);
+  ref_rmsnorm_forward(oref, sref, xd, wd, N, C, eps);
+  EXPECT_TRUE(all_close(out, oref));
+  EXPECT_TRUE(all_close(rstd, sref));
+
+  DVec dxr(x.size(), 0.0), dwr(C, 0.0);
+  ref_rmsnorm_backward(dxr, dwr, Rd, xd, wd, N, C, eps);
+  Vec dx(x.size(), 0.0f), dw(C, 0.0f);
+  k::rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+  EXPECT_TRUE(all_close(dx, dxr));
+  EXPECT_TRUE(all_close(dw, dwr));
+  if (with_fd) {
+    auto loss = [&] {
+      DVec o(xd.size()), st(N);
+      ref_rmsnorm_forward(o, st, xd, wd, N, C, eps);
+      return dot(o, Rd);
+    };
+    check_fd("dinp", xd, dx, dxr, loss, fd_indices(rng, xd.size()));
+    check_fd("dweight", wd, dw, dwr, loss, fd_indices(rng, wd.size()));
+  }
+  // Accumulates into both outputs.
+  Vec gx = uniform(rng, x.size()), gw = uniform(rng, C);
+  DVec wx(x.size()), ww(C);
+  for (std::size_t i = 0; i < x.size(); ++i) wx[i] = gx[i] + 2 * dxr[i];
+  for (int c = 0; c < C; ++c) ww[c] = gw[c] + 2 * dwr[c];
+  for (int rep = 0; rep < 2; ++rep)
+    k::rmsnorm_backward(gx.data(), gw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+  EXPECT_TRUE(all_close(gx, wx));
+  EXPECT_TRUE(all_close(gw, ww));
+}
+
+TEST(RmsNorm, AgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  rmsnorm_case(rng, 5, 24, true);
+}
+
+TEST(RmsNorm, LargeEnoughForThreads) {
+  SEEDED_RNG(rng);
+  rmsnorm_case(rng, 300, 257, false);
+}
+
+// ---------------------------------------------------------------- RoPE
+
+// Rows (b, t) of ld doubles, `heads` head vectors of hs from each row's
+// start turned by (pos0 + t) theta^(-2i / hs), pair (2i, 2i + 1); sign -1
+// turns back.
+void ref_rope(DVec& x, int B, int T, int ld, int heads, int hs, int pos0, double theta, double sign) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < hs / 2; ++i) {
+          const double a = (pos0 + t) * std::pow(theta, -2.0 * i / hs), c = std::cos(a), sn = sign * std::sin(a);
+          double* v = &x[(std::size_t(b) * T + t) * ld + std::size_t(h) * hs + 2 * i];
+          const double x0 = v[0], x1 = v[1];
+          v[0] = x0 * c - x1 * sn;
+          v[1] = x0 * sn + x1 * c;
+        }
+}
+
+// In place on the first `heads` heads of rows wider than them (a qkv row's
+// q and k heads, its v untouched), at an offset position (a context-parallel
+// rank's chunk), against double; the backward is the turn's transpose
+// (finite differences of <rope(x), R>), and turning forward then back is
+// the identity.
+TEST(Rope, AgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  const int B = 2, T = 5, hs = 8, heads = 3, ld = heads * hs + 2 * hs, pos0 = 7;
+  const float theta = 500000.0f;
+  const Vec x0 = uniform(rng, std::size_t(B) * T * ld);
+  Vec x = x0;
+  k::rope_forward(x.data(), B, T, ld, heads, hs, pos0, theta);
+  DVec ref = to_double(x0);
+  ref_rope(ref, B, T, ld, heads, hs, pos0, theta, 1.0);
+  EXPECT_TRUE(all_close(x, ref));
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t)
+      for (int c = heads * hs; c < ld; ++c) {
+        const std::size_t i = (std::size_t(b) * T + t) * ld + c;
+        ASSERT_EQ(x[i], x0[i]) << "a column past the heads changed";
+      }
+  // Backward: d<rope(x), R>/dx = rope_backward(R).
+  const Vec R = uniform(rng, x0.size());
+  Vec g = R;
+  k::rope_backward(g.data(), B, T, ld, heads, hs, pos0, theta);
+  DVec gref = to_double(R);
+  ref_rope(gref, B, T, ld, heads, hs, pos0, theta, -1.0);
+  EXPECT_TRUE(all_close(g, gref));
+  DVec xd = to_double(x0);
+  const DVec Rd = to_double(R);
+  auto loss = [&] {
+    DVec y = xd;
+    ref_rope(y, B, T, ld, heads, hs, pos0, theta, 1.0);
+    return dot(y, Rd);
+  };
+  check_fd("dx", xd, g, gref, loss, fd_indices(rng, xd.size(), true));
+  // Forward then back: x again, within rounding.
+  k::rope_backward(x.data(), B, T, ld, heads, hs, pos0, theta);
+  EXPECT_TRUE(all_close(x, to_double(x0), 1e-6, 1e-6));
+}
+
+// Large positions (a 128k context, Llama 3's theta): the angles are taken in
+// double, so a pair turns exactly as the double reference turns it.
+TEST(Rope, LargePositionsAgainstDouble) {
+  SEEDED_RNG(rng);
+  const int B = 1, T = 3, hs = 128, heads = 2, ld = heads * hs;
+  const Vec x0 = uniform(rng, std::size_t(B) * T * ld);
+  Vec x = x0;
+  k::rope_forward(x.data(), B, T, ld, heads, hs, 131069, 500000.0f);
+  DVec ref = to_double(x0);
+  ref_rope(ref, B, T, ld, heads, hs, 131069, 500000.0, 1.0);
+  EXPECT_TRUE(all_close(x, ref));
+}
+
+// ---------------------------------------------------------------- SwiGLU
+
+double ref_silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+void ref_swiglu_forward(DVec& out, const DVec& in, int N, int F) {
+  for (int n = 0; n < N; ++n)
+    for (int i = 0; i < F; ++i)
+      out[std::size_t(n) * F + i] = ref_silu(in[std::size_t(n) * 2 * F + i]) * in[std::size_t(n) * 2 * F + F + i];
+}
+
+void swiglu_case(std::mt19937& rng, int N, int F, bool with_fd) {
+  const Vec in = uniform(rng, std::size_t(N) * 2 * F, -6.0f, 6.0f), R = uniform(rng, std::size_t(N) * F);
+  Vec out(std::size_t(N) * F);
+  k::swiglu_forward(out.data(), in.data(), N, F);
+  DVec ind = to_double(in), Rd = to_double(R), oref(out.size());
+  ref_swiglu_forward(oref, ind, N, F);
+  EXPECT_TRUE(all_close(out, oref));
+  DVec dref(in.size(), 0.0);
+  for (int n = 0; n < N; ++n)
+    for (int i = 0; i < F; ++i) {
+      const std::size_t gi = std::size_t(n) * 2 * F + i, o = std::size_t(n) * F + i;
+      const double g = ind[gi], u = ind[gi + F], sig = 1.0 / (1.0 + std::exp(-g));
+      dref[gi] += Rd[o] * u * sig * (1.0 + g * (1.0 - sig));
+      dref[gi + F] += Rd[o] * ref_silu(g);
+    }
+  Vec g0 = uniform(rng, in.size()), d = g0;
+  k::swiglu_backward(d.data(), in.data(), R.data(), N, F);
+  DVec want(in.size());
+  for (std::size_t i = 0; i < in.size(); ++i) want[i] = g0[i] + dref[i];
+  EXPECT_TRUE(all_close(d, want)) << "accumulated into a nonzero gradient";
+  if (with_fd) {
+    Vec d1(in.size(), 0.0f);
+    k::swiglu_backward(d1.data(), in.data(), R.data(), N, F);
+    auto loss = [&] {
+      DVec o(out.size());
+      ref_swiglu_forward(o, ind, N, F);
+      return dot(o, Rd);
+    };
+    check_fd("dinp", ind, d1, dref, loss, fd_indices(rng, ind.size()));
+  }
+}
+
+TEST(SwiGlu, AgainstDoubleAndFiniteDifferences) {
+  SEEDED_RNG(rng);
+  swiglu_case(rng, 4, 9, true);
+}
+
+TEST(SwiGlu, LargeEnoughForThreads) {
+  SEEDED_RNG(rng);
+  swiglu_case(rng, 257, 300, false);
 }
 
 // ---------------------------------------------------------------- embedding

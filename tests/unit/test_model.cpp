@@ -8,7 +8,7 @@
 #include <memory>
 #include <random>
 
-#include "models/gpt/gpt.hpp"
+#include "models/decoder/decoder.hpp"
 #include "models/init.hpp"
 #include "models/optimizer.hpp"
 #include "kernels/foundation/error.hpp"
@@ -18,12 +18,12 @@ using core::MemCategory;
 
 namespace {
 
-models::GptConfig cfg(int L, int C, int NH, int V, int T, int fm = 4) {
-  return models::GptConfig{L, C, NH, fm, V, T};
+models::DecoderConfig cfg(int L, int C, int NH, int V, int T, int fm = 4) {
+  return models::DecoderConfig{L, C, NH, fm, V, T};
 }
 
 // Parameters of a GPT-2 layout with tied head, counted by hand.
-std::int64_t analytic_params(const models::GptConfig& c) {
+std::int64_t analytic_params(const models::DecoderConfig& c) {
   const std::int64_t C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len, L = c.layers;
   const std::int64_t block = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
   return V * C + T * C + L * block + 2 * C;
@@ -33,12 +33,12 @@ std::int64_t analytic_params(const models::GptConfig& c) {
 
 TEST(Model, ParameterCountMatchesFormula) {
   for (auto c : {cfg(1, 8, 2, 11, 5), cfg(3, 24, 4, 37, 9, 3), cfg(4, 256, 4, 256, 128)}) {
-    EXPECT_EQ(models::gpt_registry(c).numel(), analytic_params(c));
+    EXPECT_EQ(models::decoder_registry(c).numel(), analytic_params(c));
   }
 }
 
 TEST(Model, RegistryViewsAreContiguousAndDisjoint) {
-  const auto r = models::gpt_registry(cfg(2, 16, 4, 23, 7));
+  const auto r = models::decoder_registry(cfg(2, 16, 4, 23, 7));
   std::int64_t expect = 0;
   for (const auto& s : r.specs()) {
     EXPECT_EQ(s.offset, expect) << s.name;
@@ -58,7 +58,7 @@ TEST(Model, MemoryAccountingIsExact) {
   const auto c = cfg(2, 32, 4, 61, 12);
   const int B = 3;
   core::MemoryTracker tracker;
-  models::Gpt m(c, B, tracker);
+  models::Decoder m(c, B, tracker);
   models::ReplicatedState st(m.registry(), m.units(), tracker, 1);
   models::AdamW opt(m.registry(), 0, m.registry().numel(), {}, tracker);
   const std::uint64_t psi = std::uint64_t(analytic_params(c));
@@ -84,7 +84,7 @@ TEST(Model, MemoryAccountingIsExact) {
 TEST(Model, MemoryLimitRefusesWithBreakdown) {
   core::MemoryTracker tracker(1000);
   try {
-    models::Gpt m(cfg(2, 32, 4, 61, 12), 2, tracker);
+    models::Decoder m(cfg(2, 32, 4, 61, 12), 2, tracker);
     models::ReplicatedState st(m.registry(), m.units(), tracker, 1);
     FAIL() << "expected an out-of-memory error";
   } catch (const core::Error& e) {
@@ -102,7 +102,7 @@ TEST(Model, FlopsEqualMegatronFormula) {
     for (int B : {1, 8}) {
       const double h = c.d_model, s = c.seq_len, l = c.layers, V = c.vocab;
       const double megatron = 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * h * l));
-      EXPECT_NEAR(models::gpt_model_flops(c, B) / megatron, 1.0, 1e-12);
+      EXPECT_NEAR(models::decoder_model_flops(c, B) / megatron, 1.0, 1e-12);
     }
   }
 }
@@ -110,7 +110,7 @@ TEST(Model, FlopsEqualMegatronFormula) {
 // Any slice of a parameter initialised alone equals the same slice of the
 // whole: what lets a sharded layout build identical weights.
 TEST(Model, InitialisationIsKeyedByNameAndIndex) {
-  const auto r = models::gpt_registry(cfg(2, 16, 4, 23, 7));
+  const auto r = models::decoder_registry(cfg(2, 16, 4, 23, 7));
   const auto& w = r.find("h.1.mlp.fc.weight");
   std::vector<float> full(w.numel), part(w.numel);
   models::init_param(full.data(), w, 42, 0, w.numel);
@@ -136,7 +136,7 @@ TEST(Model, InitialisationIsKeyedByNameAndIndex) {
 }
 
 TEST(Model, InitialisingAnyRangeMatchesTheWhole) {
-  const auto r = models::gpt_registry(cfg(2, 16, 4, 23, 7));
+  const auto r = models::decoder_registry(cfg(2, 16, 4, 23, 7));
   std::vector<float> whole(r.numel()), part(r.numel());
   models::init_flat_range(r, 5, 0, r.numel(), whole.data());
   // Ranges that cut through parameters, as shards do.
@@ -162,8 +162,8 @@ TEST(Model, StageBlockCounts) {
 }
 
 TEST(Model, UnitsTileTheFlatBuffer) {
-  const auto r = models::gpt_registry(cfg(3, 16, 4, 23, 7));
-  const auto u = models::gpt_units(r, cfg(3, 16, 4, 23, 7));
+  const auto r = models::decoder_registry(cfg(3, 16, 4, 23, 7));
+  const auto u = models::decoder_units(r, cfg(3, 16, 4, 23, 7));
   ASSERT_EQ(u.size(), 6u);  // wte, wpe, 3 blocks, final norm
   EXPECT_EQ(u.front().begin, 0);
   EXPECT_EQ(u.back().end, r.numel());
@@ -173,8 +173,8 @@ TEST(Model, UnitsTileTheFlatBuffer) {
   // A last pipeline stage: blocks, the final norm, then the tied wte copy
   // alone, so it shards like the first stage's wte.
   const models::Stage last{2, 3, false, true};
-  const auto rl = models::gpt_registry(cfg(3, 16, 4, 23, 7), 1, 0, last);
-  const auto ul = models::gpt_units(rl, cfg(3, 16, 4, 23, 7), last);
+  const auto rl = models::decoder_registry(cfg(3, 16, 4, 23, 7), 1, 0, last);
+  const auto ul = models::decoder_units(rl, cfg(3, 16, 4, 23, 7), last);
   ASSERT_EQ(ul.size(), 3u);
   EXPECT_EQ(ul[2].size(), u[0].size());
   EXPECT_EQ(ul[2].begin, rl.find("wte").offset);
@@ -185,7 +185,7 @@ TEST(Model, UnitsTileTheFlatBuffer) {
 TEST(Model, AdamWOverSlicesEqualsWhole) {
   const auto c = cfg(1, 8, 2, 11, 5);
   core::MemoryTracker tracker;
-  models::Gpt m(c, 1, tracker);
+  models::Decoder m(c, 1, tracker);
   models::ReplicatedState st(m.registry(), m.units(), tracker, 3);
   const auto& r = m.registry();
   const std::int64_t n = r.numel(), half = n / 2 + 3;
@@ -224,7 +224,7 @@ TEST(Model, StagesComposeToTheWholeModel) {
   for (int i = 0; i < N; ++i) tok[i] = std::int32_t(rng() % c.vocab), tgt[i] = std::int32_t(rng() % c.vocab);
 
   core::MemoryTracker tw;
-  models::Gpt whole(c, B, tw);
+  models::Decoder whole(c, B, tw);
   models::ReplicatedState sw(whole.registry(), whole.units(), tw, 9);
   const float loss = whole.forward(sw, tok.data(), tgt.data());
   whole.backward(sw, tok.data(), tgt.data(), 1.0f);
@@ -232,10 +232,10 @@ TEST(Model, StagesComposeToTheWholeModel) {
   for (int S : {2, 4}) {
     SCOPED_TRACE(::testing::Message() << S << " stages");
     core::MemoryTracker ts;
-    std::vector<std::unique_ptr<models::Gpt>> stage;
+    std::vector<std::unique_ptr<models::Decoder>> stage;
     std::vector<std::unique_ptr<models::ReplicatedState>> state;
     for (int s = 0; s < S; ++s) {
-      stage.push_back(std::make_unique<models::Gpt>(c, B, ts, models::Seams{}, models::stage_of(c.layers, s, S)));
+      stage.push_back(std::make_unique<models::Decoder>(c, B, ts, models::Seams{}, models::stage_of(c.layers, s, S)));
       state.push_back(std::make_unique<models::ReplicatedState>(stage[s]->registry(), stage[s]->units(), ts, 9));
     }
     const std::size_t NC = std::size_t(N) * c.d_model;
@@ -289,10 +289,10 @@ TEST(Gpt, ParamCountIsTheRegistrysCount) {
   for (int layers : {1, 2, 5})
     for (int experts : {0, 3})
       for (int every : {1, 2, 3}) {
-        models::GptConfig c;
+        models::DecoderConfig c;
         c.layers = layers, c.d_model = 12, c.heads = 3, c.ffn_mult = 3, c.vocab = 37, c.seq_len = 9;
         c.moe.experts = experts, c.moe.every = every;
-        EXPECT_EQ(models::gpt_param_count(c), (long double)models::gpt_registry(c).numel())
+        EXPECT_EQ(models::decoder_param_count(c), (long double)models::decoder_registry(c).numel())
             << "layers " << layers << " experts " << experts << " every " << every;
       }
 }

@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "models/gpt/gpt.hpp"
+#include "models/decoder/decoder.hpp"
 #include "models/moe.hpp"
 #include "models/state.hpp"
 
@@ -272,15 +272,15 @@ TEST(Moe, AuxiliaryLossOfUniformRoutingIsTheCoefficient) {
 // same loss plus the auxiliary loss (coef x 1 x 1 x 1 per MoE block), the
 // same gradients, and a router that gets none (its softmax is constant).
 TEST(Moe, OneExpertGptIsTheDenseGpt) {
-  models::GptConfig dense{3, 8, 2, 4, 16, 6};
-  models::GptConfig moe = dense;
-  moe.moe = models::GptMoe{1, 2, 1, 1.0, false, true, 0.05f};  // blocks 1 only (every 2nd)
+  models::DecoderConfig dense{3, 8, 2, 4, 16, 6};
+  models::DecoderConfig moe = dense;
+  moe.moe = models::MoeBlocks{1, 2, 1, 1.0, false, true, 0.05f};  // blocks 1 only (every 2nd)
   ASSERT_FALSE(moe.is_moe(0));
   ASSERT_TRUE(moe.is_moe(1));
   ASSERT_FALSE(moe.is_moe(2));
   const int B = 2, T = 6;
   core::MemoryTracker tracker;
-  models::Gpt gd(dense, B, tracker), gm(moe, B, tracker);
+  models::Decoder gd(dense, B, tracker), gm(moe, B, tracker);
   models::ReplicatedState sd(gd.registry(), gd.units(), tracker, 7), sm(gm.registry(), gm.units(), tracker, 7);
   auto moe_name = [](const std::string& n) {
     for (const char* part : {"fc.weight", "fc.bias", "proj.weight", "proj.bias"})

@@ -13,7 +13,8 @@
 #include "src/train/run_report.hpp"
 #include "strategies/pp/schedule.hpp"
 #include "strategies/registry.hpp"
-#include "models/gpt/gpt.hpp"
+#include "models/decoder/decoder.hpp"
+#include "models/gpt/family.hpp"
 #include "src/train/trainer.hpp"
 
 using namespace strata;
@@ -169,7 +170,9 @@ TEST(Trainer, RecomputationIsExactAndSavesTheActivationsItRebuilds) {
     SCOPED_TRACE(kind);
     const std::vector<std::string> base = {
         "model.layers=3", "data.global_batch=4", "data.micro_batch=2", std::string("model.kind=") + kind,
-        std::string("model.moe_experts=") + (std::string(kind) == "moe" ? "4" : "0"), "model.moe_every=2"};
+        std::string("model.moe_experts=") + (std::string(kind) == "moe" ? "4" : "0"),
+        // A dense GPT takes no moe_* key but at its default.
+        std::string("model.moe_every=") + (std::string(kind) == "moe" ? "2" : "1")};
     std::map<std::string, std::vector<double>> loss;
     std::map<std::string, std::vector<float>> params;
     std::map<std::string, std::uint64_t> acts;
@@ -236,7 +239,7 @@ TEST(Trainer, MoeBlocksHoldNoDenseMlpActivations) {
   // Two MoE blocks (every 2) against four (every 1): two more dense blocks,
   // each with its N x F hidden rows before and after GELU, and two fewer MoE
   // layers, each with its own buffers (models::moe_buffers).
-  models::GptConfig gc = models::gpt_config(tiny_config(with("1")));
+  models::DecoderConfig gc = models::gpt_config(tiny_config(with("1")));
   std::uint64_t moe_layer = 0;
   for (const auto& b : models::moe_buffers(gc.moe_layer(), N))
     if (b.category == core::MemCategory::activations) moe_layer += 4ull * std::uint64_t(b.numel);

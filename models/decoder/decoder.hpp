@@ -1,11 +1,15 @@
-// A GPT decoder (GPT-2 layout): token and position embeddings, pre-LayerNorm
-// blocks of causal self-attention and an MLP (or, in a Mixture-of-Experts
-// model, a MoE layer for some blocks' MLP), a final LayerNorm, and a
-// language-model head tied to the token embedding. One forward and one
-// backward over a micro-batch, llm.c style: a block is a plain sequence of
-// layers, and every activation the backward pass needs is a named buffer,
-// allocated once from the tracker. Its family rows (model.kind "gpt" and
-// "moe") are in family.cpp.
+// A pre-norm transformer decoder: a token embedding (and learned positions,
+// or rotary ones inside attention), blocks of causal self-attention and an
+// MLP (or, in a Mixture-of-Experts model, a MoE layer for some blocks' MLP),
+// a final norm, and a language-model head, tied to the token embedding or
+// its own. The block's form is the configuration's: GPT-2's (LayerNorm,
+// biases, multi-head attention, GELU, learned positions, tied head) or
+// Llama's (RMSNorm, no biases, grouped-query attention with RoPE, SwiGLU,
+// untied head). One forward and one backward over a micro-batch, llm.c
+// style: a block is a plain sequence of layers, and every activation the
+// backward pass needs is a named buffer, allocated once from the tracker.
+// The families that build it are rows of their own (models/gpt/,
+// models/llama/); this file names none of them.
 #pragma once
 
 #include <array>
@@ -22,6 +26,8 @@
 #include "models/param_registry.hpp"
 #include "models/seams.hpp"
 #include "models/state.hpp"
+#include "plan/checks.hpp"
+#include "plan/keys.hpp"
 #include "plan/plan.hpp"
 
 namespace strata::models {
@@ -29,7 +35,7 @@ namespace strata::models {
 // Mixture-of-Experts blocks: with experts > 0, block l's MLP is a MoE layer
 // (models/moe.hpp) of `experts` copies of it when l % every == every - 1
 // (every = 1: all blocks; 2: every other block, as GShard).
-struct GptMoe {
+struct MoeBlocks {
   int experts = 0;  // 0: a dense model
   int every = 1;
   int top_k = 2;
@@ -42,65 +48,86 @@ struct GptMoe {
 // Activation recomputation, as the plan chooses it (plan/plan.hpp).
 using plan::Recompute;
 
-struct GptConfig {
+// The norm of a block (before attention, before the MLP) and of the head.
+enum class Norm { layer, rms };
+
+struct DecoderConfig {
   int layers = 2;
   int d_model = 64;
   int heads = 4;
   int ffn_mult = 4;
   int vocab = 256;
   int seq_len = 64;
-  GptMoe moe = {};
+  MoeBlocks moe = {};
   Recompute recompute = Recompute::none;
   // The fused attention kernels (the CUDA backend's): the backward pass keeps
   // each row's log-sum-exp instead of the T x T probabilities. Must match the
   // device the kernels run on (checked when a model is built).
   bool fused_attention = false;
-  int ffn() const { return ffn_mult * d_model; }
+  // The block's form; the defaults are GPT-2's.
+  int kv_heads = 0;    // key-value heads (grouped-query attention); 0: heads
+  int ffn_dim = 0;     // hidden units of the MLP; 0: ffn_mult x d_model
+  Norm norm = Norm::layer;
+  Activation act = Activation::gelu;
+  bool bias = true;           // the linears and norms have biases
+  float rope_theta = 0;       // > 0: rotary positions of this base; 0: a learned position table
+  bool tie_embeddings = true;  // the head is the token embedding
+  int kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int ffn() const { return ffn_dim > 0 ? ffn_dim : ffn_mult * d_model; }
+  bool rope() const { return rope_theta > 0; }
   bool is_moe(int layer) const { return moe.experts > 0 && layer % moe.every == moe.every - 1; }
   // The configuration of its MoE layers.
   MoeConfig moe_layer() const {
-    return {d_model, ffn(), moe.experts, moe.top_k, moe.capacity_factor, moe.drop_tokens, moe.renormalize,
-            moe.aux_coef};
+    return {d_model,          ffn(),       moe.experts, moe.top_k, moe.capacity_factor, moe.drop_tokens,
+            moe.renormalize,  moe.aux_coef, act,         bias};
   }
 };
 
-// The GPT configuration of a plan's [model] section (and its device: fused
-// attention on the CUDA backend).
-GptConfig gpt_config(const plan::Plan& p);
+// The [model] keys of MoE blocks (moe_experts, moe_top_k, ...) and their
+// checks: a family with MoE blocks owns them (models/decoder/keys.cpp).
+std::vector<plan::KeySpec> moe_block_keys();
+void check_moe_blocks(const plan::Plan& p, plan::PlanChecks& checks);
 
-// The parameters of a GPT stage, in flat-buffer order (embeddings, blocks,
-// final norm and, on a last stage without the embedding, the tied wte), as
-// tensor-parallel rank `tp_rank` of `tp_size` holds them.
+// The decoder sections of a plan's [model] section that every family reads
+// the same way (sizes, MoE blocks, recomputation, and fused attention on the
+// CUDA backend); a family sets the block's form.
+DecoderConfig decoder_config(const plan::Plan& p);
+
+// The parameters of a decoder stage, in flat-buffer order (embeddings,
+// blocks, final norm and the untied head or, on a last stage without the
+// embedding, the tied wte), as tensor-parallel rank `tp_rank` of `tp_size`
+// holds them.
 // With ep_size > 1 the MoE blocks' experts are split over the expert-parallel
 // ranks, rank `ep_rank` holding experts [ep_rank E/ep, (ep_rank+1) E/ep).
-ParamRegistry gpt_registry(const GptConfig& c, int tp_size = 1, int tp_rank = 0, Stage stage = {}, int ep_size = 1,
+ParamRegistry decoder_registry(const DecoderConfig& c, int tp_size = 1, int tp_rank = 0, Stage stage = {}, int ep_size = 1,
                            int ep_rank = 0);
 
 // The whole model's parameter count in long double arithmetic, which no int
 // field can overflow: what a deck's sizes are checked against before
-// anything is built (gpt_registry(c).numel() where that fits; tested).
-long double gpt_param_count(const GptConfig& c);
+// anything is built (decoder_registry(c).numel() where that fits; tested).
+long double decoder_param_count(const DecoderConfig& c);
 
 // Forward matmul FLOPs of one micro-batch of B sequences, per layer:
 // [0] embedding (0), [1..L] blocks, [L+1] head. Attention counts the full
 // T x T scores (as Megatron's formula does), not only the causal half.
-std::vector<double> gpt_forward_flops(const GptConfig& c, int B);
+std::vector<double> decoder_forward_flops(const DecoderConfig& c, int B);
 // Model FLOPs of forward + backward over B sequences: 3x the forward.
-double gpt_model_flops(const GptConfig& c, int B);
+double decoder_model_flops(const DecoderConfig& c, int B);
 // FLOPs executed: the model's plus the forward work recomputation repeats
 // (full: each block's norms-to-MLP-first-linear matmuls, a MoE block's
 // attention part only; selective: the attention scores and their product
 // with v).
-double gpt_hardware_flops(const GptConfig& c, int B);
+double decoder_hardware_flops(const DecoderConfig& c, int B);
 
 // The units of the state seam, contiguous and in flat-buffer order: wte and
-// wpe if the stage has the embedding, each block (a MoE block as two: its
-// attention, norms and router, then its experts), and the final norm (then
-// the tied wte copy on a last stage without the embedding) if the stage has
-// the head. For a whole dense model: wte 0, wpe 1, blocks 2..L+1, norm L+2.
-std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, Stage stage = {});
+// (learned positions) wpe if the stage has the embedding, each block (a MoE
+// block as two: its attention, norms and router, then its experts), and the
+// final norm with an untied head (or then the tied wte copy on a last stage
+// without the embedding) if the stage has the head. For a whole dense GPT:
+// wte 0, wpe 1, blocks 2..L+1, norm L+2.
+std::vector<Unit> decoder_units(const ParamRegistry& reg, const DecoderConfig& c, Stage stage = {});
 
-class Gpt final : public Model {
+class Decoder final : public Model {
  public:
   // Allocates the activations and backward scratch of one micro-batch shape.
   // Parameters and gradients live in a ParamState (the state seam).
@@ -111,11 +138,11 @@ class Gpt final : public Model {
   // split_backward: the backward pass may run as backward(input) then
   // backward_weight() (zero-bubble schedules): each linear keeps its output
   // gradient in between.
-  Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams = {},
-      Stage stage = {}, bool split_backward = false);
-  ~Gpt() override;
+  Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams = {},
+          Stage stage = {}, bool split_backward = false);
+  ~Decoder() override;
 
-  const GptConfig& config() const { return c_; }
+  const DecoderConfig& config() const { return c_; }
   int micro_batch() const { return B_; }
   const TensorSeam& tp() const { return *tp_; }
   // The MoE layer of global block `layer` on this stage, or null.
@@ -135,6 +162,7 @@ class Gpt final : public Model {
   void backward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
                 prof::Timeline* tl = nullptr, bool input_only = false) override;
   void backward_weight(ParamState& state, prof::Timeline* tl = nullptr) override;
+  bool tied_head() const override { return c_.tie_embeddings; }
   std::vector<std::pair<int, const MoeLayer*>> routers() const override;
 
  private:
@@ -158,13 +186,15 @@ class Gpt final : public Model {
   // The gradients of a block's parameters that every tensor-parallel rank
   // holds whole (norms, row-parallel biases), from this rank's rows: C
   // floats each in the scratch `rep_grads`, summed over the ranks where the
-  // rows are split, then added to their gradients (finish_replicated).
+  // rows are split, then added to their gradients (finish_replicated). A
+  // block without biases leaves their slots zero.
   enum Replicated { kLn1Weight, kLn1Bias, kProjBias, kLn2Weight, kLn2Bias, kFfnBias, kReplicated };
 
   // A block's activations that its backward pass reads: the norms' outputs
-  // (all N rows) and statistics (this rank's rows), q k v, attention's
-  // output and state (its probabilities, or the rows' log-sum-exp), and the
-  // residual stream after attention. Recomputation shares them between
+  // (all N rows) and statistics (this rank's rows; RMSNorm keeps no mean), q
+  // k v (q and k turned by RoPE), attention's output and state (its
+  // probabilities, or the rows' log-sum-exp), and the residual stream after
+  // attention. Recomputation shares them between
   // blocks (the recomputation policy, in the constructor).
   struct Acts {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd;
@@ -173,13 +203,13 @@ class Gpt final : public Model {
   // A block's feed-forward half: it reads ln2 (all rows) and adds its
   // output to the residual stream res2, into the block's output.
   class Ffn;
-  class Mlp;     // the dense MLP: fc, GELU, proj
+  class Mlp;     // the dense MLP: fc, GELU or SwiGLU, proj
   class Experts;  // the MoE layer
 
   struct Block {
     int layer = 0;  // global block index (timeline and parameter names)
     int unit = 0;   // its unit: norms, attention, and the dense MLP or the router
-    // Its parameters' offsets within the unit.
+    // Its parameters' offsets within the unit (-1: a bias it has not).
     std::int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b;
     Acts a;
     float* out = nullptr;  // the residual stream after the block [Nl, C]
@@ -196,13 +226,19 @@ class Gpt final : public Model {
   void block_backward(ParamState& st, Block& b, const float* x, int next, float loss_scale, bool input_only);
   // A norm over this rank's rows, its output gathered to all rows under
   // sequence parallelism; the residual add of the row-parallel sums in
-  // dbuf_ (summed or reduce-scattered over tp) and a bias; a norm's
+  // dbuf_ (summed or reduce-scattered over tp) and a bias (if any); a norm's
   // backward into dres_ from the partial input gradients in dbuf_ (f
   // backward) or, `partial` false, from a whole one, its weight and bias
   // gradients into replicated slots k and k + 1.
   void norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b);
   void residual_rows(float* out, const float* x, const float* bias);
+  // RoPE on q and k of a qkv buffer of all N rows (forward), or on their
+  // gradient (backward: the turn back).
+  void rotate(float* qkv, bool backward);
   void norm_back(const float* x, const float* w, const float* mean, const float* rstd, int k, bool partial = true);
+  // The offset of parameter `name` in unit `unit`'s values, or -1 if the
+  // model has no such parameter (a bias of a bias-free block).
+  std::int64_t offset_in(int unit, const std::string& name) const;
   // The residual gradient of all N rows (gathered where they are split).
   const float* dres_all();
   void finish_replicated(float* const* grads, int n);
@@ -213,7 +249,7 @@ class Gpt final : public Model {
   void add_positions(float* rows, const float* wpe);
   void position_grads(float* dwpe, const float* drows);
 
-  GptConfig c_;
+  DecoderConfig c_;
   int B_;
   TensorSeam* tp_;
   ContextSeam* cp_;
@@ -227,13 +263,15 @@ class Gpt final : public Model {
   core::MemoryTracker* tracker_;
   Buffers bufs_;
   std::vector<Block> blocks_;
-  // Units: wte and wpe (a stage with the embedding), the blocks, the final
-  // norm and (a last stage without the embedding) the tied wte copy.
-  static constexpr int kWteUnit = 0, kWpeUnit = 1;
+  // Units: wte and (learned positions) wpe on a stage with the embedding,
+  // the blocks, the final norm with an untied head and (a tied head on a
+  // last stage without the embedding) the tied wte copy.
+  static constexpr int kWteUnit = 0;
+  int wpe_unit_ = -1;      // -1: rotary positions
   int head_unit_ = -1;     // unit of the final norm
-  int head_wte_unit_ = 0;  // the unit the head reads wte from
-  std::int64_t lnfw_off_ = 0, lnfb_off_ = 0;
-  Linear head_;  // the tied head: this rank's vocabulary columns; its kept output gradient is `logits`
+  int head_w_unit_ = 0;    // the unit the head's weight is in
+  std::int64_t lnfw_off_ = 0, lnfb_off_ = -1, head_off_ = 0;  // offsets in their units
+  Linear head_;  // this rank's vocabulary columns; its kept output gradient is `logits`
   // The stage's input (the embedding's output, or the previous stage's
   // activations) and the head's activations.
   float *encoded_, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,

@@ -1,8 +1,8 @@
-// GPT forward and backward over one micro-batch. The residual stream of
+// Decoder forward and backward over one micro-batch. The residual stream of
 // block l is blocks_[l].out (the stage's input for the first); the backward
 // pass keeps a single running residual gradient `dres_` that every branch
 // accumulates into, as the kernels' += convention allows.
-#include "models/gpt/gpt.hpp"
+#include "models/decoder/decoder.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -22,44 +22,74 @@ using prof::ScopedSpan;
 
 static std::string lname(int l, const char* what) { return "h." + std::to_string(l) + "." + what; }
 
-static Stage resolved(const GptConfig& c, Stage s) {
+// The parameter at `offset` of a unit's values (or gradients) p, or null
+// for a parameter the model has not (offset -1: a bias of a bias-free block).
+template <typename T>
+static T* param(T* p, std::int64_t offset) {
+  return offset >= 0 ? p + offset : nullptr;
+}
+
+static Stage resolved(const DecoderConfig& c, Stage s) {
   if (s.last < 0) s.last = c.layers;
   return s;
 }
 
-GptConfig gpt_config(const plan::Plan& p) {
+DecoderConfig decoder_config(const plan::Plan& p) {
   const plan::ModelSection& m = p.model;
-  const GptMoe moe{m.moe_experts, m.moe_every, m.moe_top_k, m.moe_capacity_factor, m.moe_drop_tokens, m.moe_renormalize,
-                   float(m.moe_aux_coef)};
-  return GptConfig{m.layers, m.d_model,  m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
-                   p.backend.device == kernels::Device::cuda};
+  const MoeBlocks moe{m.moe_experts, m.moe_every, m.moe_top_k, m.moe_capacity_factor, m.moe_drop_tokens,
+                      m.moe_renormalize, float(m.moe_aux_coef)};
+  return DecoderConfig{m.layers, m.d_model,  m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
+                       p.backend.device == kernels::Device::cuda};
 }
 
-ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, Stage stage, int ep_size, int ep_rank) {
+ParamRegistry decoder_registry(const DecoderConfig& c, int tp_size, int tp_rank, Stage stage, int ep_size,
+                               int ep_rank) {
   stage = resolved(c, stage);
-  const std::int64_t C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len;
+  const std::int64_t C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len, KVC = C / c.heads * c.kv();
+  const std::int64_t Fp = activation_inputs(c.act, int(F));  // the first MLP linear's outputs
   // GPT-2's initialisation: N(0, 0.02) for matrices, the residual output
   // projections scaled by 1/sqrt(2 L) so the stream's variance stays bounded.
   const float std = 0.02f, res_std = 0.02f / std::sqrt(2.0f * float(c.layers));
-  // Megatron's split: the embedding by vocabulary rows; QKV (three sections)
-  // and the first MLP linear by output rows (column-parallel); the two output
-  // projections by input columns (row-parallel). Norms and the row-parallel
-  // biases are whole on every rank.
-  const Slice rows{0, 1, tp_size, tp_rank}, qkv_rows{0, 3, tp_size, tp_rank}, cols{1, 1, tp_size, tp_rank};
+  // Megatron's split: the embedding and an untied head by vocabulary rows;
+  // QKV (three sections, or q and the two of k and v) and the first MLP
+  // linear (SwiGLU's two sections, gate and up) by output rows
+  // (column-parallel); the two output projections by input columns
+  // (row-parallel). Norms and the row-parallel biases are whole on every
+  // rank.
+  const Slice rows{0, 1, tp_size, tp_rank}, qkv_rows{0, 3, tp_size, tp_rank}, pair_rows{0, 2, tp_size, tp_rank},
+      cols{1, 1, tp_size, tp_rank};
+  const Slice fc_rows = c.act == Activation::swiglu ? pair_rows : rows;
+  const bool gqa = c.kv() != c.heads;
   ParamRegistry r;
+  // A norm's weight and (LayerNorm) bias; a linear's bias, if the block has them.
+  auto norm = [&](const std::string& name) {
+    r.add(name + ".weight", {C}, Init::ones, 0, false);
+    if (c.norm == Norm::layer) r.add(name + ".bias", {C}, Init::zeros, 0, false);
+  };
+  auto bias = [&](const std::string& name, std::vector<std::int64_t> shape, Slice s = {}) {
+    if (c.bias) r.add(name, std::move(shape), Init::zeros, 0, false, s);
+  };
   if (stage.embedding) {
     r.add("wte", {V, C}, Init::normal, std, true, rows);
-    r.add("wpe", {T, C}, Init::normal, std, true);
+    if (!c.rope()) r.add("wpe", {T, C}, Init::normal, std, true);
   }
   for (int l = stage.first; l < stage.last; ++l) {
-    r.add(lname(l, "ln1.weight"), {C}, Init::ones, 0, false);
-    r.add(lname(l, "ln1.bias"), {C}, Init::zeros, 0, false);
-    r.add(lname(l, "attn.qkv.weight"), {3 * C, C}, Init::normal, std, true, qkv_rows);
-    r.add(lname(l, "attn.qkv.bias"), {3 * C}, Init::zeros, 0, false, qkv_rows);
+    norm(lname(l, "ln1"));
+    // Grouped-query attention stores q and kv apart, so that each is split
+    // by heads over tp: a rank's rows of the two are its q heads and its kv
+    // heads, side by side as the attention kernels read them.
+    if (gqa) {
+      r.add(lname(l, "attn.q.weight"), {C, C}, Init::normal, std, true, rows);
+      r.add(lname(l, "attn.kv.weight"), {2 * KVC, C}, Init::normal, std, true, pair_rows);
+      bias(lname(l, "attn.q.bias"), {C}, rows);
+      bias(lname(l, "attn.kv.bias"), {2 * KVC}, pair_rows);
+    } else {
+      r.add(lname(l, "attn.qkv.weight"), {3 * C, C}, Init::normal, std, true, qkv_rows);
+      bias(lname(l, "attn.qkv.bias"), {3 * C}, qkv_rows);
+    }
     r.add(lname(l, "attn.proj.weight"), {C, C}, Init::normal, res_std, true, cols);
-    r.add(lname(l, "attn.proj.bias"), {C}, Init::zeros, 0, false);
-    r.add(lname(l, "ln2.weight"), {C}, Init::ones, 0, false);
-    r.add(lname(l, "ln2.bias"), {C}, Init::zeros, 0, false);
+    bias(lname(l, "attn.proj.bias"), {C});
+    norm(lname(l, "ln2"));
     if (c.is_moe(l)) {
       // The router (replicated), then the experts' MLPs stacked expert after
       // expert, each initialised as the dense MLP is: whole on every
@@ -67,108 +97,117 @@ ParamRegistry gpt_registry(const GptConfig& c, int tp_size, int tp_rank, Stage s
       const std::int64_t E = c.moe.experts;
       const Slice experts{0, 1, ep_size, ep_rank};
       r.add(lname(l, "moe.router.weight"), {E, C}, Init::normal, std, true);
-      r.mark_expert(r.add(lname(l, "moe.experts.fc.weight"), {E, F, C}, Init::normal, std, true), experts);
-      r.mark_expert(r.add(lname(l, "moe.experts.fc.bias"), {E, F}, Init::zeros, 0, false), experts);
+      r.mark_expert(r.add(lname(l, "moe.experts.fc.weight"), {E, Fp, C}, Init::normal, std, true), experts);
+      if (c.bias) r.mark_expert(r.add(lname(l, "moe.experts.fc.bias"), {E, Fp}, Init::zeros, 0, false), experts);
       r.mark_expert(r.add(lname(l, "moe.experts.proj.weight"), {E, C, F}, Init::normal, res_std, true), experts);
-      r.mark_expert(r.add(lname(l, "moe.experts.proj.bias"), {E, C}, Init::zeros, 0, false), experts);
+      if (c.bias) r.mark_expert(r.add(lname(l, "moe.experts.proj.bias"), {E, C}, Init::zeros, 0, false), experts);
       continue;
     }
-    r.add(lname(l, "mlp.fc.weight"), {F, C}, Init::normal, std, true, rows);
-    r.add(lname(l, "mlp.fc.bias"), {F}, Init::zeros, 0, false, rows);
+    r.add(lname(l, "mlp.fc.weight"), {Fp, C}, Init::normal, std, true, fc_rows);
+    bias(lname(l, "mlp.fc.bias"), {Fp}, fc_rows);
     r.add(lname(l, "mlp.proj.weight"), {C, F}, Init::normal, res_std, true, cols);
-    r.add(lname(l, "mlp.proj.bias"), {C}, Init::zeros, 0, false);
+    bias(lname(l, "mlp.proj.bias"), {C});
   }
   if (stage.head) {
-    r.add("lnf.weight", {C}, Init::ones, 0, false);
-    r.add("lnf.bias", {C}, Init::zeros, 0, false);
-    if (!stage.embedding) {
-      const int i = r.add("wte", {V, C}, Init::normal, std, true, rows);  // the tied copy
-      r.mark_tied_copy(i);
-    }
+    norm("lnf");
+    if (!c.tie_embeddings)
+      r.add("lm_head.weight", {V, C}, Init::normal, std, true, rows);
+    else if (!stage.embedding)
+      r.mark_tied_copy(r.add("wte", {V, C}, Init::normal, std, true, rows));  // the tied copy
   }
   return r;
 }
 
-long double gpt_param_count(const GptConfig& c) {
+long double decoder_param_count(const DecoderConfig& c) {
   using R = long double;
-  const R C = c.d_model, F = R(c.ffn_mult) * c.d_model, V = c.vocab, T = c.seq_len, E = c.moe.experts;
+  const R C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len, E = c.moe.experts, KVC = C / c.heads * c.kv();
+  const R Fp = c.act == Activation::swiglu ? 2 * F : F, bias = c.bias ? 1 : 0;
   const R moe_layers = c.moe.experts > 0 ? R(c.layers / c.moe.every) : 0, dense_layers = R(c.layers) - moe_layers;
-  // As gpt_registry lays them out: norms 4C, attention 4C^2 + 4C, and the
-  // MLP (2FC + F + C), or the router EC and E experts' MLPs.
-  const R attention = 4 * C + 4 * C * C + 4 * C, mlp = 2 * F * C + F + C;
-  return V * C + T * C + dense_layers * (attention + mlp) + moe_layers * (attention + E * C + E * mlp) + 2 * C;
+  // As decoder_registry lays them out: a norm C (LayerNorm 2C), attention
+  // (C + 2 KVC) C + C^2 and its biases, and the MLP (Fp C + C F and its
+  // biases), or the router EC and E experts' MLPs.
+  const R norm = c.norm == Norm::layer ? 2 * C : C;
+  const R attention = 2 * norm + (C + 2 * KVC) * C + C * C + bias * (C + 2 * KVC + C);
+  const R mlp = Fp * C + C * F + bias * (Fp + C);
+  const R embeddings = V * C + (c.rope() ? 0 : T * C) + (c.tie_embeddings ? 0 : V * C);
+  return embeddings + dense_layers * (attention + mlp) + moe_layers * (attention + E * C + E * mlp) + norm;
 }
 
-std::vector<double> gpt_forward_flops(const GptConfig& c, int B) {
+std::vector<double> decoder_forward_flops(const DecoderConfig& c, int B) {
   const double C = c.d_model, F = c.ffn(), V = c.vocab, T = c.seq_len, N = double(B) * T;
+  const double KVC = C / c.heads * c.kv(), Fp = c.act == Activation::swiglu ? 2 * F : F;
   std::vector<double> f(c.layers + 2, 0.0);
   for (int l = 0; l < c.layers; ++l) {
-    f[l + 1] = 2 * N * C * 3 * C     // qkv
-               + 2 * N * T * C * 2   // q k^T and probs v, all heads
-               + 2 * N * C * C;      // attention output projection
+    f[l + 1] = 2 * N * C * (C + 2 * KVC)  // q, k, v
+               + 2 * N * T * C * 2         // q k^T and probs v, all query heads
+               + 2 * N * C * C;            // attention output projection
     // The MLP's two linears; a MoE block runs top_k experts per token (as
     // routed, before any dropping) and its router.
-    f[l + 1] += c.is_moe(l) ? 2 * N * C * F * 2 * c.moe.top_k + 2 * N * C * c.moe.experts : 2 * N * C * F * 2;
+    const double mlp = 2 * N * C * (Fp + F);
+    f[l + 1] += c.is_moe(l) ? mlp * c.moe.top_k + 2 * N * C * c.moe.experts : mlp;
   }
   f[c.layers + 1] = 2 * N * C * V;  // logits
   return f;
 }
 
-double gpt_model_flops(const GptConfig& c, int B) {
+double decoder_model_flops(const DecoderConfig& c, int B) {
   double sum = 0;
-  for (double x : gpt_forward_flops(c, B)) sum += x;
+  for (double x : decoder_forward_flops(c, B)) sum += x;
   return 3.0 * sum;  // backward = 2x forward (input and weight gradients)
 }
 
-double gpt_hardware_flops(const GptConfig& c, int B) {
+double decoder_hardware_flops(const DecoderConfig& c, int B) {
   const double C = c.d_model, F = c.ffn(), T = c.seq_len, N = double(B) * T;
+  const double KVC = C / c.heads * c.kv(), Fp = c.act == Activation::swiglu ? 2 * F : F;
   double again = 0;
   for (int l = 0; l < c.layers; ++l) {
     const double attention_core = 2 * N * T * C * 2;
     if (c.recompute == Recompute::selective) again += attention_core;
     if (c.recompute == Recompute::full)
-      again += 2 * N * C * 3 * C + attention_core + 2 * N * C * C + (c.is_moe(l) ? 0 : 2 * N * C * F);
+      again += 2 * N * C * (C + 2 * KVC) + attention_core + 2 * N * C * C + (c.is_moe(l) ? 0 : 2 * N * C * Fp);
   }
-  return gpt_model_flops(c, B) + again;
+  return decoder_model_flops(c, B) + again;
 }
 
-std::vector<Unit> gpt_units(const ParamRegistry& reg, const GptConfig& c, Stage stage) {
+std::vector<Unit> decoder_units(const ParamRegistry& reg, const DecoderConfig& c, Stage stage) {
   stage = resolved(c, stage);
   std::vector<Unit> u;
   // wte is a unit of its own on both stages that hold it, so that the two
   // copies are sharded alike and their gradients can be summed shard by shard.
-  auto whole = [&](const char* name) { return Unit{reg.find(name).offset, reg.find(name).offset + reg.find(name).numel}; };
+  auto span = [&](const std::string& first, const std::string& last) {
+    return Unit{reg.find(first).offset, reg.find(last).offset + reg.find(last).numel};
+  };
   if (stage.embedding) {
-    u.push_back(whole("wte"));
-    u.push_back(whole("wpe"));
+    u.push_back(span("wte", "wte"));
+    if (!c.rope()) u.push_back(span("wpe", "wpe"));
   }
   // A MoE block is two units: its attention, norms and router, then its
-  // experts, whose gradients are synchronised over another group.
+  // experts, whose gradients are synchronised over another group. A unit
+  // runs from its first parameter to its last, as the registry lays them out.
   for (int l = stage.first; l < stage.last; ++l) {
-    const auto& first = reg.find(lname(l, "ln1.weight"));
-    const auto& last = reg.find(lname(l, c.is_moe(l) ? "moe.router.weight" : "mlp.proj.bias"));
-    u.push_back({first.offset, last.offset + last.numel});
     if (c.is_moe(l)) {
-      const auto& e0 = reg.find(lname(l, "moe.experts.fc.weight"));
-      const auto& e1 = reg.find(lname(l, "moe.experts.proj.bias"));
-      u.push_back({e0.offset, e1.offset + e1.numel});
+      u.push_back(span(lname(l, "ln1.weight"), lname(l, "moe.router.weight")));
+      u.push_back(span(lname(l, "moe.experts.fc.weight"),
+                       lname(l, c.bias ? "moe.experts.proj.bias" : "moe.experts.proj.weight")));
+    } else {
+      u.push_back(span(lname(l, "ln1.weight"), lname(l, c.bias ? "mlp.proj.bias" : "mlp.proj.weight")));
     }
   }
   if (stage.head) {
-    u.push_back({reg.find("lnf.weight").offset, reg.find("lnf.bias").offset + reg.find("lnf.bias").numel});
-    if (!stage.embedding) u.push_back(whole("wte"));
+    const std::string lnf_last = c.norm == Norm::layer ? "lnf.bias" : "lnf.weight";
+    u.push_back(span("lnf.weight", c.tie_embeddings ? lnf_last : "lm_head.weight"));
+    if (c.tie_embeddings && !stage.embedding) u.push_back(span("wte", "wte"));
   }
   return u;
 }
 
-
 // ---- the linear layer, with its split-backward policy -------------------
 
-void Gpt::Linear::forward(float* y, const float* x, const float* w, const float* b, int N) const {
+void Decoder::Linear::forward(float* y, const float* x, const float* w, const float* b, int N) const {
   linear_forward(y, x, w, b, N, in, out);
 }
 
-void Gpt::Linear::backward(float* dx, const float* dy, const float* x, const float* w, float* dw, float* db, int N,
+void Decoder::Linear::backward(float* dx, const float* dy, const float* x, const float* w, float* dw, float* db, int N,
                            bool input_only) const {
   linear_backward_input(dx, dy, w, N, in, out);
   if (!input_only)
@@ -177,7 +216,7 @@ void Gpt::Linear::backward(float* dx, const float* dy, const float* x, const flo
     kernels::copy_bytes(kept, dy, sizeof(float) * std::size_t(N) * std::size_t(out));
 }
 
-void Gpt::Linear::weight(float* dw, float* db, const float* x, int N) const {
+void Decoder::Linear::weight(float* dw, float* db, const float* x, int N) const {
   linear_backward_weight(dw, db, kept, x, N, in, out);
 }
 
@@ -188,7 +227,7 @@ void Gpt::Linear::weight(float* dw, float* db, const float* x, int N) const {
 // rows (d3) and leaves the gradient of ln2 in dbuf_: partial sums over the
 // tensor-parallel ranks (`partial()`), or whole on every rank. Its
 // parameters are the block unit's (`p`, `g`) or a unit of its own.
-class Gpt::Ffn {
+class Decoder::Ffn {
  public:
   virtual ~Ffn() = default;
   virtual double forward(ParamState& st, const float* p, const float* ln2, const float* res2, float* out) = 0;
@@ -207,30 +246,31 @@ class Gpt::Ffn {
   virtual std::int64_t replicated_bias() const { return -1; }
 };
 
-// The dense MLP: fc (column-parallel), GELU, proj (row-parallel), its
-// hidden activations before and after GELU (shared between blocks that
-// recompute fully).
-class Gpt::Mlp final : public Gpt::Ffn {
+// The dense MLP: fc (column-parallel), the activation (GELU, or SwiGLU on
+// fc's gate and up halves), proj (row-parallel), its hidden activations
+// before and after the activation (shared between blocks that recompute
+// fully).
+class Decoder::Mlp final : public Decoder::Ffn {
  public:
   // Its hidden activations, the shared backward scratch, and (a split
   // backward) the kept output gradients of fc and proj.
-  Mlp(Gpt& g, int layer, int unit, float* fch, float* fch_gelu, float* dfch, float* dgelu, float* fc_dy,
+  Mlp(Decoder& g, int layer, int unit, float* fch, float* fch_act, float* dfch, float* dact, float* fc_dy,
       float* proj_dy)
-      : g_(g), fch_(fch), fch_gelu_(fch_gelu), dfch_(dfch), dgelu_(dgelu) {
+      : g_(g), fch_(fch), fch_act_(fch_act), dfch_(dfch), dact_(dact) {
     const int C = g.c_.d_model, Ft = g.c_.ffn() / g.tp_->size();
-    auto at = [&](const char* name) { return g.reg_.find(lname(layer, name)).offset - g.units_[std::size_t(unit)].begin; };
+    auto at = [&](const char* name) { return g.offset_in(unit, lname(layer, name)); };
     fc_w_ = at("mlp.fc.weight"), fc_b_ = at("mlp.fc.bias"), proj_w_ = at("mlp.proj.weight"), proj_b_ = at("mlp.proj.bias");
-    fc_ = {C, Ft, fc_dy}, proj_ = {Ft, C, proj_dy};
+    fc_ = {C, activation_inputs(g.c_.act, Ft), fc_dy}, proj_ = {Ft, C, proj_dy};
   }
   double forward(ParamState&, const float* p, const float* ln2, const float* res2, float* out) override {
     recompute(p, ln2);
-    proj_.forward(g_.dbuf_, fch_gelu_, p + proj_w_, nullptr, N());
-    g_.residual_rows(out, res2, p + proj_b_);
+    proj_.forward(g_.dbuf_, fch_act_, p + proj_w_, nullptr, N());
+    g_.residual_rows(out, res2, param(p, proj_b_));
     return 0;
   }
   void recompute(const float* p, const float* ln2) override {
-    fc_.forward(fch_, ln2, p + fc_w_, p + fc_b_, N());
-    kernels::gelu_forward(fch_gelu_, fch_, std::int64_t(N()) * fc_.out);
+    fc_.forward(fch_, ln2, p + fc_w_, param(p, fc_b_), N());
+    activation_forward(g_.c_.act, fch_act_, fch_, N(), proj_.in);
   }
   void backward(ParamState&, const float* p, float* g, const float* ln2, const float* d3, float,
                 bool input_only) override {
@@ -239,26 +279,25 @@ class Gpt::Mlp final : public Gpt::Ffn {
     // gradient); fc's input gradient is summed over the ranks (f backward,
     // in the block's norm backward).
     const int C = g_.c_.d_model;
-    const std::int64_t NF = std::int64_t(N()) * fc_.out;
-    proj_.backward(dgelu_, d3, fch_gelu_, p + proj_w_, g + proj_w_, nullptr, N(), input_only);
-    kernels::bias_backward(g_.rep_grads_ + kFfnBias * C, g_.dres_, int(g_.Nl_), C);
+    proj_.backward(dact_, d3, fch_act_, p + proj_w_, g + proj_w_, nullptr, N(), input_only);
+    if (proj_b_ >= 0) kernels::bias_backward(g_.rep_grads_ + kFfnBias * C, g_.dres_, int(g_.Nl_), C);
     float* dfch = fc_.dy(dfch_, input_only);
-    kernels::fill_zero(dfch, NF);
-    kernels::gelu_backward(dfch, fch_, dgelu_, NF);
-    fc_.backward(g_.dbuf_, dfch, ln2, p + fc_w_, g + fc_w_, g + fc_b_, N(), input_only);
+    kernels::fill_zero(dfch, std::int64_t(N()) * fc_.out);
+    activation_backward(g_.c_.act, dfch, fch_, dact_, N(), proj_.in);
+    fc_.backward(g_.dbuf_, dfch, ln2, p + fc_w_, g + fc_w_, param(g, fc_b_), N(), input_only);
   }
   void weight(ParamState&, float* g, const float* ln2) override {
     // The projection's bias came with the input half (a replicated gradient).
-    proj_.weight(g + proj_w_, nullptr, fch_gelu_, N());
-    fc_.weight(g + fc_w_, g + fc_b_, ln2, N());
+    proj_.weight(g + proj_w_, nullptr, fch_act_, N());
+    fc_.weight(g + fc_w_, param(g, fc_b_), ln2, N());
   }
   bool partial() const override { return true; }
   std::int64_t replicated_bias() const override { return proj_b_; }
 
  private:
   int N() const { return g_.B_ * g_.T_; }
-  Gpt& g_;
-  float *fch_, *fch_gelu_, *dfch_, *dgelu_;
+  Decoder& g_;
+  float *fch_, *fch_act_, *dfch_, *dact_;
   std::int64_t fc_w_, fc_b_, proj_w_, proj_b_;
   Linear fc_, proj_;
 };
@@ -271,14 +310,12 @@ class Gpt::Mlp final : public Gpt::Ffn {
 // Its whole backward (experts and router) runs in the input half of a
 // split backward too: its weight gradients come with the routing it must
 // replay.
-class Gpt::Experts final : public Gpt::Ffn {
+class Decoder::Experts final : public Decoder::Ffn {
  public:
-  Experts(Gpt& g, int layer, int block_unit, int unit)
+  Experts(Decoder& g, int layer, int block_unit, int unit)
       : g_(g), unit_(unit), layer_(g.c_.moe_layer(), g.B_ * g.T_, *g.tracker_, *g.ep_) {
     g.bufs_.list(moe_buffers(g.c_.moe_layer(), g.B_ * g.T_));
-    auto at = [&](const char* name, int u) {
-      return g.reg_.find(lname(layer, name)).offset - g.units_[std::size_t(u)].begin;
-    };
+    auto at = [&](const char* name, int u) { return g.offset_in(u, lname(layer, name)); };
     router_ = at("moe.router.weight", block_unit);
     fc_w_ = at("moe.experts.fc.weight", unit), fc_b_ = at("moe.experts.fc.bias", unit);
     proj_w_ = at("moe.experts.proj.weight", unit), proj_b_ = at("moe.experts.proj.bias", unit);
@@ -287,7 +324,8 @@ class Gpt::Experts final : public Gpt::Ffn {
   double forward(ParamState& st, const float* p, const float* ln2, const float* res2, float* out) override {
     const float* e = st.acquire_params(unit_);
     st.prefetch(unit_ + 1);
-    const double aux = layer_.forward(g_.dbuf_, ln2, {p + router_, e + fc_w_, e + fc_b_, e + proj_w_, e + proj_b_});
+    const double aux = layer_.forward(
+        g_.dbuf_, ln2, {p + router_, e + fc_w_, param(e, fc_b_), e + proj_w_, param(e, proj_b_)});
     kernels::residual_forward(out, res2, g_.dbuf_ + g_.r0_ * g_.c_.d_model, g_.Nl_ * g_.c_.d_model);
     st.release_params(unit_);
     return aux;
@@ -298,8 +336,8 @@ class Gpt::Experts final : public Gpt::Ffn {
                 bool input_only) override {
     float* ge = st.grads(unit_);
     kernels::fill_zero(g_.dbuf_, std::int64_t(g_.B_) * g_.T_ * g_.c_.d_model);
-    layer_.backward(g_.dbuf_, d3, ln2, {p + router_, e_ + fc_w_, e_ + fc_b_, e_ + proj_w_, e_ + proj_b_},
-                    {g + router_, ge + fc_w_, ge + fc_b_, ge + proj_w_, ge + proj_b_}, loss_scale);
+    layer_.backward(g_.dbuf_, d3, ln2, {p + router_, e_ + fc_w_, param(e_, fc_b_), e_ + proj_w_, param(e_, proj_b_)},
+                    {g + router_, ge + fc_w_, param(ge, fc_b_), ge + proj_w_, param(ge, proj_b_)}, loss_scale);
     st.release_params(unit_);
     if (!input_only) st.grads_done(unit_);  // the experts' unit follows the block's: it completes first
   }
@@ -307,7 +345,7 @@ class Gpt::Experts final : public Gpt::Ffn {
   bool partial() const override { return false; }
 
  private:
-  Gpt& g_;
+  Decoder& g_;
   int unit_;
   MoeLayer layer_;
   const float* e_ = nullptr;
@@ -316,31 +354,37 @@ class Gpt::Experts final : public Gpt::Ffn {
 
 // ---- the model -------------------------------------------------------------
 
-Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams, Stage stage,
+Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams, Stage stage,
          bool split_backward)
     : c_(config), B_(micro_batch), tp_(seams.tp), cp_(seams.cp), ep_(seams.ep), T_(config.seq_len / seams.cp->size()),
       stage_(resolved(config, stage)), split_(split_backward),
-      reg_(gpt_registry(config, tp_->size(), tp_->rank(), stage_, ep_->size(), ep_->rank())),
+      reg_(decoder_registry(config, tp_->size(), tp_->rank(), stage_, ep_->size(), ep_->rank())),
       tracker_(&tracker), bufs_(tracker) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
   STRATA_CHECK(kernels::is_meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
                "a model with {} attention on the {} backend", c_.fused_attention ? "fused" : "unfused",
                kernels::device_name(kernels::device()));
   STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");
-  STRATA_CHECK(c_.heads % tp_->size() == 0 && c_.vocab % tp_->size() == 0, "heads {} and vocab {} over tp {}",
-               c_.heads, c_.vocab, tp_->size());
+  STRATA_CHECK(c_.heads % c_.kv() == 0, "heads {} over kv_heads {}", c_.heads, c_.kv());
+  STRATA_CHECK(!c_.rope() || (c_.d_model / c_.heads) % 2 == 0, "rotary positions need an even head size, not {}",
+               c_.d_model / c_.heads);
+  STRATA_CHECK(c_.heads % tp_->size() == 0 && c_.kv() % tp_->size() == 0 && c_.vocab % tp_->size() == 0,
+               "heads {}, kv_heads {} and vocab {} over tp {}", c_.heads, c_.kv(), c_.vocab, tp_->size());
   STRATA_CHECK(c_.seq_len % cp_->size() == 0, "seq_len {} over cp {}", c_.seq_len, cp_->size());
-  // Per tensor-parallel rank: heads, hidden units and vocabulary are 1/tp;
-  // with sequence parallelism the residual stream and norm statistics hold
-  // 1/tp of the rows (the norm outputs are kept gathered, for the weight
-  // gradients of the linears that read them). T: this rank's tokens of each
-  // sequence (all of them without context parallelism).
+  // Per tensor-parallel rank: heads (query and key-value), hidden units and
+  // vocabulary are 1/tp; with sequence parallelism the residual stream and
+  // norm statistics hold 1/tp of the rows (the norm outputs are kept
+  // gathered, for the weight gradients of the linears that read them). T:
+  // this rank's tokens of each sequence (all of them without context
+  // parallelism). A qkv row is this rank's q heads then its k and v heads.
   const int tp = tp_->size();
-  const std::int64_t C = c_.d_model, Ct = C / tp, F = c_.ffn() / tp, NHt = c_.heads / tp, N = std::int64_t(B_) * T_;
+  const std::int64_t C = c_.d_model, Ct = C / tp, F = c_.ffn() / tp, NHt = c_.heads / tp, NKVt = c_.kv() / tp;
+  const std::int64_t Wqkv = Ct + 2 * (C / c_.heads) * NKVt, Fp = activation_inputs(c_.act, int(F));
+  const std::int64_t N = std::int64_t(B_) * T_;
   Nl_ = tp_->rows(N);
   r0_ = tp_->first_row(N);
   const std::int64_t Nl = Nl_;
-  units_ = gpt_units(reg_, c_, stage_);
+  units_ = decoder_units(reg_, c_, stage_);
   const int L = stage_.last - stage_.first;
   const auto A = MemCategory::activations, W = MemCategory::workspace;
 
@@ -355,74 +399,88 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
   for (int l = stage_.first; l < stage_.last; ++l) D += c_.is_moe(l) ? 0 : 1;
   const std::int64_t sets = full ? std::min(L, 1) : L, att_sets = selective ? std::min(L, 1) : L;
   const std::int64_t hidden_sets = full ? std::min(D, 1) : D;
-  const std::int64_t att = cp_->state_floats(c_.fused_attention, B_, int(NHt), T_, int(Ct));
+  const std::int64_t mean_sets = c_.norm == Norm::layer ? sets : 0;  // RMSNorm keeps no mean
+  const std::int64_t att = cp_->state_floats(c_.fused_attention, B_, int(NHt), int(NKVt), T_, int(Ct));
   encoded_ = bufs_.add("encoded", Nl * C, A);
   Acts all{};
   all.ln1 = bufs_.add("ln1", sets * N * C, A);
-  all.ln1_mean = bufs_.add("ln1_mean", sets * Nl, A);
+  all.ln1_mean = bufs_.add("ln1_mean", mean_sets * Nl, A);
   all.ln1_rstd = bufs_.add("ln1_rstd", sets * Nl, A);
-  all.qkv = bufs_.add("qkv", sets * N * 3 * Ct, A);
+  all.qkv = bufs_.add("qkv", sets * N * Wqkv, A);
   all.atty = bufs_.add("atty", sets * N * Ct, A);
   all.att = bufs_.add("att", att_sets * att, A);  // the probabilities, or (fused) the rows' log-sum-exp
   all.res2 = bufs_.add("res2", sets * Nl * C, A);
   all.ln2 = bufs_.add("ln2", sets * N * C, A);
-  all.ln2_mean = bufs_.add("ln2_mean", sets * Nl, A);
+  all.ln2_mean = bufs_.add("ln2_mean", mean_sets * Nl, A);
   all.ln2_rstd = bufs_.add("ln2_rstd", sets * Nl, A);
-  float* fch = bufs_.add("fch", hidden_sets * N * F, A);
-  float* fch_gelu = bufs_.add("fch_gelu", hidden_sets * N * F, A);
+  float* fch = bufs_.add("fch", hidden_sets * N * Fp, A);
+  float* fch_act = bufs_.add("fch_act", hidden_sets * N * F, A);
   float* res3 = bufs_.add("res3", L * Nl * C, A);
   // Kept from a micro-batch's input-gradient pass to its weight-gradient
   // pass, like activations: every linear's output gradient but the head's
   // (which stays in the logits).
   const std::int64_t kept = split_ ? 1 : 0;
-  float* qkv_dy = bufs_.add("dy_qkv", kept * L * N * 3 * Ct, A);
+  float* qkv_dy = bufs_.add("dy_qkv", kept * L * N * Wqkv, A);
   float* proj_dy = bufs_.add("dy_proj", kept * L * N * C, A);
-  float* fc_dy = bufs_.add("dy_fc", kept * D * N * F, A);
+  float* fc_dy = bufs_.add("dy_fc", kept * D * N * Fp, A);
   float* fcproj_dy = bufs_.add("dy_fcproj", kept * D * N * C, A);
   // Backward scratch, shared by every block.
   dres_ = bufs_.add("dres", Nl * C, W);
   dbuf_ = bufs_.add("dbuf", N * C, W);
-  dqkv_ = bufs_.add("dqkv", N * 3 * Ct, W);
-  dprobs_ = bufs_.add("dprobs", cp_->scratch_floats(c_.fused_attention, B_, int(NHt), T_, int(Ct)), W);
-  float* dfch = bufs_.add("dfch", (D > 0 ? 1 : 0) * N * F, W);
-  float* dgelu = bufs_.add("dgelu", (D > 0 ? 1 : 0) * N * F, W);
+  dqkv_ = bufs_.add("dqkv", N * Wqkv, W);
+  dprobs_ = bufs_.add("dprobs", cp_->scratch_floats(c_.fused_attention, B_, int(NHt), int(NKVt), T_, int(Ct)), W);
+  float* dfch = bufs_.add("dfch", (D > 0 ? 1 : 0) * N * Fp, W);
+  float* dact = bufs_.add("dact", (D > 0 ? 1 : 0) * N * F, W);
   rep_grads_ = bufs_.add("rep_grads", kReplicated * C, W);
   if (Nl < N) {
     sp_rows_ = bufs_.add("sp_rows", Nl * C, W);
     dres_full_ = bufs_.add("dres_full", N * C, W);
   }
-  int unit = stage_.embedding ? 2 : 0, dense = 0;
+  // Grouped-query attention's q and kv weights (and biases) lie side by
+  // side, one [Wqkv, C] matrix for this rank.
+  const bool gqa = c_.kv() != c_.heads;
+  const char* qkv_w = gqa ? "attn.q.weight" : "attn.qkv.weight";
+  const char* qkv_b = gqa ? "attn.q.bias" : "attn.qkv.bias";
+  if (stage_.embedding && !c_.rope()) wpe_unit_ = kWteUnit + 1;
+  int unit = stage_.embedding ? (c_.rope() ? 1 : 2) : 0, dense = 0;
   for (int lb = 0; lb < L; ++lb) {
     Block& b = blocks_.emplace_back();
     b.layer = stage_.first + lb;
     b.unit = unit++;
-    auto at = [&](const char* name) { return reg_.find(lname(b.layer, name)).offset - units_[std::size_t(b.unit)].begin; };
-    b.ln1_w = at("ln1.weight"), b.ln1_b = at("ln1.bias"), b.qkv_w = at("attn.qkv.weight"), b.qkv_b = at("attn.qkv.bias");
+    auto at = [&](const char* name) { return offset_in(b.unit, lname(b.layer, name)); };
+    b.ln1_w = at("ln1.weight"), b.ln1_b = at("ln1.bias"), b.qkv_w = at(qkv_w), b.qkv_b = at(qkv_b);
     b.proj_w = at("attn.proj.weight"), b.proj_b = at("attn.proj.bias"), b.ln2_w = at("ln2.weight"), b.ln2_b = at("ln2.bias");
-    const std::int64_t k = full ? 0 : lb, ka = selective ? 0 : lb;
-    b.a = {all.ln1 + k * N * C,      all.ln1_mean + k * Nl, all.ln1_rstd + k * Nl, all.qkv + k * N * 3 * Ct,
-           all.atty + k * N * Ct,    all.att + ka * att,    all.res2 + k * Nl * C,  all.ln2 + k * N * C,
-           all.ln2_mean + k * Nl,    all.ln2_rstd + k * Nl};
+    const std::int64_t k = full ? 0 : lb, ka = selective ? 0 : lb, km = mean_sets > 0 ? k : 0;
+    b.a = {all.ln1 + k * N * C,      all.ln1_mean + km * Nl, all.ln1_rstd + k * Nl, all.qkv + k * N * Wqkv,
+           all.atty + k * N * Ct,    all.att + ka * att,     all.res2 + k * Nl * C,  all.ln2 + k * N * C,
+           all.ln2_mean + km * Nl,   all.ln2_rstd + k * Nl};
     b.out = res3 + lb * Nl * C;
-    b.qkv = {int(C), int(3 * Ct), split_ ? qkv_dy + lb * N * 3 * Ct : nullptr};
+    b.qkv = {int(C), int(Wqkv), split_ ? qkv_dy + lb * N * Wqkv : nullptr};
     b.proj = {int(Ct), int(C), split_ ? proj_dy + lb * N * C : nullptr};
     if (c_.is_moe(b.layer)) {
       b.ffn = std::make_unique<Experts>(*this, b.layer, b.unit, unit++);
       continue;
     }
     const std::int64_t kd = full ? 0 : dense;
-    b.ffn = std::make_unique<Mlp>(*this, b.layer, b.unit, fch + kd * N * F, fch_gelu + kd * N * F, dfch, dgelu,
-                                  split_ ? fc_dy + dense * N * F : nullptr, split_ ? fcproj_dy + dense * N * C : nullptr);
+    b.ffn = std::make_unique<Mlp>(*this, b.layer, b.unit, fch + kd * N * Fp, fch_act + kd * N * F, dfch, dact,
+                                  split_ ? fc_dy + dense * N * Fp : nullptr, split_ ? fcproj_dy + dense * N * C : nullptr);
     ++dense;
   }
   if (stage_.head) {
     head_unit_ = unit;
-    lnfw_off_ = reg_.find("lnf.weight").offset - units_[std::size_t(head_unit_)].begin;
-    lnfb_off_ = reg_.find("lnf.bias").offset - units_[std::size_t(head_unit_)].begin;
-    head_wte_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
+    lnfw_off_ = offset_in(head_unit_, "lnf.weight");
+    lnfb_off_ = offset_in(head_unit_, "lnf.bias");
+    // The head's weight: its own in the head's unit, or the token embedding
+    // (this stage's, or the tied copy in the unit after the head's).
+    if (!c_.tie_embeddings) {
+      head_w_unit_ = head_unit_;
+      head_off_ = offset_in(head_unit_, "lm_head.weight");
+    } else {
+      head_w_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
+    }
     const std::int64_t V = c_.vocab / tp;
     lnf_ = bufs_.add("lnf", N * C, A);
-    lnf_mean_ = bufs_.add("lnf_mean", Nl, A);
+    lnf_mean_ = bufs_.add("lnf_mean", c_.norm == Norm::layer ? Nl : 0, A);
     lnf_rstd_ = bufs_.add("lnf_rstd", Nl, A);
     // This rank's vocabulary columns, overwritten in place by their gradient,
     // which the head's linear keeps there for a split backward.
@@ -436,28 +494,34 @@ Gpt::Gpt(const GptConfig& config, int micro_batch, core::MemoryTracker& tracker,
   }
 }
 
-Gpt::~Gpt() = default;
+std::int64_t Decoder::offset_in(int unit, const std::string& name) const {
+  const ParamSpec* p = reg_.lookup(name);
+  return p == nullptr ? -1 : p->offset - units_[std::size_t(unit)].begin;
+}
 
-const MoeLayer* Gpt::moe_layer(int layer) const {
+Decoder::~Decoder() = default;
+
+const MoeLayer* Decoder::moe_layer(int layer) const {
   const int lb = layer - stage_.first;
   if (lb < 0 || lb >= int(blocks_.size())) return nullptr;
   const auto* e = dynamic_cast<const Experts*>(blocks_[std::size_t(lb)].ffn.get());
   return e != nullptr ? &e->layer() : nullptr;
 }
 
-std::vector<std::pair<int, const MoeLayer*>> Gpt::routers() const {
+std::vector<std::pair<int, const MoeLayer*>> Decoder::routers() const {
   std::vector<std::pair<int, const MoeLayer*>> out;
   for (const Block& b : blocks_)
     if (const MoeLayer* m = moe_layer(b.layer)) out.push_back({b.layer, m});
   return out;
 }
 
-const float* Gpt::output() const { return blocks_.empty() ? encoded_ : blocks_.back().out; }
+const float* Decoder::output() const { return blocks_.empty() ? encoded_ : blocks_.back().out; }
 
-void Gpt::finish_replicated(float* const* grads, int n) {
+void Decoder::finish_replicated(float* const* grads, int n) {
   const std::int64_t C = c_.d_model;
   tp_->reduce_replicated(rep_grads_, n * C);
-  for (int k = 0; k < n; ++k) kernels::add_inplace(grads[k], rep_grads_ + k * C, C);
+  for (int k = 0; k < n; ++k)
+    if (grads[k] != nullptr) kernels::add_inplace(grads[k], rep_grads_ + k * C, C);
   kernels::fill_zero(rep_grads_, n * C);
 }
 
@@ -479,7 +543,7 @@ void position_runs(const ContextSeam& cp, std::int64_t first, std::int64_t n, in
 
 }  // namespace
 
-void Gpt::add_positions(float* rows, const float* wpe) {
+void Decoder::add_positions(float* rows, const float* wpe) {
   const int C = c_.d_model;
   if (cp_->size() == 1) {
     kernels::add_position_rows(rows, wpe, int(Nl_), C, T_, int(r0_));
@@ -490,59 +554,80 @@ void Gpt::add_positions(float* rows, const float* wpe) {
   });
 }
 
-void Gpt::position_grads(float* dwpe, const float* drows) {
+void Decoder::position_grads(float* dwpe, const float* drows) {
   const int C = c_.d_model;
   position_runs(*cp_, 0, std::int64_t(B_) * T_, T_, c_.seq_len, [&](std::int64_t i, int pos, std::int64_t len) {
     kernels::add_inplace(dwpe + std::int64_t(pos) * C, drows + i * C, len * C);
   });
 }
 
-void Gpt::norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
+void Decoder::norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
   // A norm over this rank's rows [Nl, C], its output [N, C] of all rows for
   // the column-parallel linear that reads it (f, gathered in place).
   const int C = c_.d_model, N = B_ * T_;
   float* mine = out_all + r0_ * C;
-  kernels::layernorm_forward(mine, mean, rstd, x, w, b, int(Nl_), C);
+  if (c_.norm == Norm::rms)
+    kernels::rmsnorm_forward(mine, rstd, x, w, int(Nl_), C);
+  else
+    kernels::layernorm_forward(mine, mean, rstd, x, w, b, int(Nl_), C);
   tp_->gather(mine, out_all, N, C);
 }
 
-void Gpt::residual_rows(float* out, const float* x, const float* bias) {
+void Decoder::residual_rows(float* out, const float* x, const float* bias) {
   // out[Nl, C] = x + (this rank's rows of the row-parallel partial sums in
   // dbuf_ [N, C], summed over ranks: g) + bias.
   const int C = c_.d_model, N = B_ * T_;
   const float* sum = tp_->reduce(dbuf_, sp_rows_, N, C);
   kernels::residual_forward(out, x, sum, Nl_ * C);
-  kernels::bias_add(out, bias, int(Nl_), C);
+  if (bias != nullptr) kernels::bias_add(out, bias, int(Nl_), C);
 }
 
-void Gpt::norm_back(const float* x, const float* w, const float* mean, const float* rstd, int k, bool partial) {
+void Decoder::norm_back(const float* x, const float* w, const float* mean, const float* rstd, int k, bool partial) {
   // Into dres_ [Nl, C], from the column-parallel linears' partial input
   // gradients [N, C] in dbuf_ (f backward: this rank's rows of their sum over
   // ranks), or from a whole one (its own rows).
   const int C = c_.d_model, N = B_ * T_;
   const float* d = partial ? tp_->reduce(dbuf_, sp_rows_, N, C) : dbuf_ + r0_ * C;
-  kernels::layernorm_backward(dres_, rep_grads_ + std::int64_t(k) * C, rep_grads_ + std::int64_t(k + 1) * C, d, x, w,
-                              mean, rstd, int(Nl_), C);
+  if (c_.norm == Norm::rms)
+    kernels::rmsnorm_backward(dres_, rep_grads_ + std::int64_t(k) * C, d, x, w, rstd, int(Nl_), C);
+  else
+    kernels::layernorm_backward(dres_, rep_grads_ + std::int64_t(k) * C, rep_grads_ + std::int64_t(k + 1) * C, d, x,
+                                w, mean, rstd, int(Nl_), C);
 }
 
-const float* Gpt::dres_all() { return tp_->gather(dres_, dres_full_, std::int64_t(B_) * T_, c_.d_model); }
+void Decoder::rotate(float* qkv, bool backward) {
+  // The q heads and then the k heads start every row: one run of heads.
+  const int tp = tp_->size(), hs = c_.d_model / c_.heads, heads = (c_.heads + c_.kv()) / tp;
+  const std::int64_t W = std::int64_t(hs) * (c_.heads + 2 * c_.kv()) / tp;
+  auto turn = backward ? kernels::rope_backward : kernels::rope_forward;
+  if (cp_->size() == 1) {
+    turn(qkv, B_, T_, W, heads, hs, 0, c_.rope_theta);
+    return;
+  }
+  position_runs(*cp_, 0, std::int64_t(B_) * T_, T_, c_.seq_len, [&](std::int64_t i, int pos, std::int64_t len) {
+    turn(qkv + i * W, 1, int(len), W, heads, hs, pos, c_.rope_theta);
+  });
+}
 
-void Gpt::attention_half(const Block& b, const float* p, const float* x) {
-  const int N = B_ * T_, NHt = c_.heads / tp_->size();
+const float* Decoder::dres_all() { return tp_->gather(dres_, dres_full_, std::int64_t(B_) * T_, c_.d_model); }
+
+void Decoder::attention_half(const Block& b, const float* p, const float* x) {
+  const int N = B_ * T_, NHt = c_.heads / tp_->size(), NKVt = c_.kv() / tp_->size();
   const Acts& a = b.a;
-  norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, p + b.ln1_b);
-  b.qkv.forward(a.qkv, a.ln1, p + b.qkv_w, p + b.qkv_b, N);  // column-parallel: this rank's heads
+  norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, param(p, b.ln1_b));
+  b.qkv.forward(a.qkv, a.ln1, p + b.qkv_w, param(p, b.qkv_b), N);  // column-parallel: this rank's heads
+  if (c_.rope()) rotate(a.qkv, false);  // kept turned: selective recomputation reads them so
   // Over whole sequences: under context parallelism the ring brings the
   // other ranks' keys and values (the backward scratch holds them).
-  cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B_, T_, b.proj.in, NHt);
+  cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
   // Row-parallel output projection: partial sums over this rank's heads,
   // summed over the ranks (g), then the bias and the residual, once.
   b.proj.forward(dbuf_, a.atty, p + b.proj_w, nullptr, N);
-  residual_rows(a.res2, x, p + b.proj_b);
-  norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + b.ln2_w, p + b.ln2_b);
+  residual_rows(a.res2, x, param(p, b.proj_b));
+  norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + b.ln2_w, param(p, b.ln2_b));
 }
 
-void Gpt::block_forward(ParamState& st, Block& b, const float* x, double* aux) {
+void Decoder::block_forward(ParamState& st, Block& b, const float* x, double* aux) {
   const float* p = st.acquire_params(b.unit);
   st.prefetch(b.unit + 1);  // a MoE block's experts, or the next block
   attention_half(b, p, x);
@@ -550,7 +635,7 @@ void Gpt::block_forward(ParamState& st, Block& b, const float* x, double* aux) {
   st.release_params(b.unit);
 }
 
-float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
+float Decoder::forward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, prof::Timeline* tl) {
   // Local sizes: this tensor-parallel rank's vocabulary rows [v0, v0 + Vt);
   // its Nl rows of the residual stream start at row r0 (all of them, from
   // 0, unless sequence parallel).
@@ -560,17 +645,20 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   if (stage_.embedding) {
     ScopedSpan s(tl, 0, Phase::forward);
     const float* wte = st.acquire_params(kWteUnit);
-    const float* wpe = st.acquire_params(kWpeUnit);
-    st.prefetch(kWpeUnit + 1);  // the first block, or the final norm
+    const float* wpe = wpe_unit_ >= 0 ? st.acquire_params(wpe_unit_) : nullptr;
+    st.prefetch(wpe_unit_ >= 0 ? wpe_unit_ + 1 : kWteUnit + 1);  // the first block, or the final norm
     // Vocabulary-parallel: each rank looks up the rows it holds (a token
     // outside them gives 0), the sum over ranks is the lookup (g: this
-    // rank's rows, in encoded_), then the whole position rows are added once.
+    // rank's rows, in encoded_), then the whole position rows (if learned)
+    // are added once.
     float* lookup = Nl == N ? encoded_ : dbuf_;  // [N, C]
     kernels::embedding_forward(lookup, tokens, wte, nullptr, B, T, C, v0, Vt);
     const float* sum = tp_->reduce(lookup, encoded_, N, C);
     STRATA_CHECK(sum == encoded_, "the embedding's sum outside the stage input");
-    add_positions(encoded_, wpe);
-    st.release_params(kWpeUnit);
+    if (wpe != nullptr) {
+      add_positions(encoded_, wpe);
+      st.release_params(wpe_unit_);
+    }
     st.release_params(kWteUnit);
   }
   double aux = 0;  // the MoE blocks' auxiliary losses
@@ -584,9 +672,9 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   ScopedSpan s(tl, L + 1, Phase::forward);
   // The head's units stay acquired until its backward, which comes next.
   const float* uf = st.acquire_params(head_unit_);
-  const float* wte = st.acquire_params(head_wte_unit_);
-  norm_rows(lnf_, lnf_mean_, lnf_rstd_, output(), uf + lnfw_off_, uf + lnfb_off_);
-  head_.forward(logits_, lnf_, wte, nullptr, N);  // tied head: this rank's vocabulary columns
+  const float* hw = head_w_unit_ == head_unit_ ? uf + head_off_ : st.acquire_params(head_w_unit_);
+  norm_rows(lnf_, lnf_mean_, lnf_rstd_, output(), uf + lnfw_off_, param(uf, lnfb_off_));
+  head_.forward(logits_, lnf_, hw, nullptr, N);  // this rank's vocabulary columns
   // Vocabulary-parallel cross-entropy: the row maximum, the sum of
   // exponentials and the target's logit are combined over the ranks; no rank
   // holds the whole vocabulary's logits.
@@ -605,8 +693,8 @@ float Gpt::forward(ParamState& st, const std::int32_t* tokens, const std::int32_
   return float(sum / N + aux);
 }
 
-void Gpt::block_backward(ParamState& st, Block& b, const float* x, int next, float loss_scale, bool input_only) {
-  const int N = B_ * T_, C = c_.d_model, NHt = c_.heads / tp_->size();
+void Decoder::block_backward(ParamState& st, Block& b, const float* x, int next, float loss_scale, bool input_only) {
+  const int N = B_ * T_, C = c_.d_model, NHt = c_.heads / tp_->size(), NKVt = c_.kv() / tp_->size();
   const Acts& a = b.a;
   const float* p = st.acquire_params(b.unit);
   b.ffn->acquire(st);
@@ -625,28 +713,29 @@ void Gpt::block_backward(ParamState& st, Block& b, const float* x, int next, flo
   // Attention: dres_ now holds d(res2). The row-parallel projection's input
   // gradient needs every row's; its bias takes this rank's rows.
   b.proj.backward(dbuf_, dres_all(), a.atty, p + b.proj_w, g + b.proj_w, nullptr, N, input_only);
-  kernels::bias_backward(rep_grads_ + kProjBias * C, dres_, int(Nl_), C);
+  if (b.proj_b >= 0) kernels::bias_backward(rep_grads_ + kProjBias * C, dres_, int(Nl_), C);
   float* dqkv = b.qkv.dy(dqkv_, input_only);
   kernels::fill_zero(dqkv, std::int64_t(N) * b.qkv.out);
   if (c_.recompute == Recompute::selective) {
     // The attention probabilities again from q and k (Korthikanti et al.);
     // atty gets the same values it holds.
     const prof::Recomputing again;
-    cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B_, T_, b.proj.in, NHt);
+    cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
   }
-  cp_->attention_backward(dqkv, dprobs_, dbuf_, a.qkv, a.atty, a.att, B_, T_, b.proj.in, NHt);
-  b.qkv.backward(dbuf_, dqkv, a.ln1, p + b.qkv_w, g + b.qkv_w, g + b.qkv_b, N, input_only);
+  cp_->attention_backward(dqkv, dprobs_, dbuf_, a.qkv, a.atty, a.att, B_, T_, b.proj.in, NHt, NKVt);
+  if (c_.rope()) rotate(dqkv, true);  // the gradient of q and k before their turn
+  b.qkv.backward(dbuf_, dqkv, a.ln1, p + b.qkv_w, g + b.qkv_w, param(g, b.qkv_b), N, input_only);
   norm_back(x, p + b.ln1_w, a.ln1_mean, a.ln1_rstd, kLn1Weight);
   // A dense MLP's output bias is replicated; a MoE layer's belong to its experts.
   const std::int64_t ffn_bias = b.ffn->replicated_bias();
-  float* rep[kReplicated] = {g + b.ln1_w, g + b.ln1_b, g + b.proj_b, g + b.ln2_w, g + b.ln2_b,
-                             ffn_bias >= 0 ? g + ffn_bias : nullptr};
+  float* rep[kReplicated] = {g + b.ln1_w, param(g, b.ln1_b), param(g, b.proj_b), g + b.ln2_w, param(g, b.ln2_b),
+                             param(g, ffn_bias)};
   finish_replicated(rep, ffn_bias >= 0 ? kReplicated : kFfnBias);
   st.release_params(b.unit);
   if (!input_only) st.grads_done(b.unit);
 }
 
-void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
+void Decoder::backward(ParamState& st, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
                    prof::Timeline* tl, bool input_only) {
   STRATA_CHECK(!input_only || split_, "an input-only backward needs a model built with split_backward");
   const int B = B_, T = T_, C = c_.d_model, L = c_.layers, tp = tp_->size();
@@ -658,26 +747,29 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
   // this stage's output.
   if (stage_.head) {
     ScopedSpan s(tl, L + 1, phase);
-    // Acquired by the forward pass: these return the same pointers.
+    // Acquired by the forward pass: these return the same pointers. An
+    // untied head's weight is in the head's unit.
+    const bool own = head_w_unit_ == head_unit_;
     const float* uf = st.acquire_params(head_unit_);
-    const float* wte = st.acquire_params(head_wte_unit_);
+    const float* hw = own ? uf + head_off_ : st.acquire_params(head_w_unit_);
     if (!blocks_.empty()) st.prefetch(blocks_.back().unit);  // the last block's backward comes next
     float* gf = st.grads(head_unit_);
     kernels::softmax_cross_entropy_backward_sharded(logits_, logits_, ce_max_, ce_sum_, targets, v0,
                                                     loss_scale / float(N), N, Vt);
-    head_.backward(dbuf_, logits_, lnf_, wte, input_only ? nullptr : st.grads(head_wte_unit_), nullptr, N, input_only);
+    float* ghw = input_only ? nullptr : own ? gf + head_off_ : st.grads(head_w_unit_);
+    head_.backward(dbuf_, logits_, lnf_, hw, ghw, nullptr, N, input_only);
     kernels::fill_zero(dres_, NlC);
     norm_back(output(), uf + lnfw_off_, lnf_mean_, lnf_rstd_, 0);
-    float* g[2] = {gf + lnfw_off_, gf + lnfb_off_};
+    float* g[2] = {gf + lnfw_off_, param(gf, lnfb_off_)};
     finish_replicated(g, 2);
     // Twice: once for this backward's acquire, once for the forward's.
     for (int k = 0; k < 2; ++k) {
       st.release_params(head_unit_);
-      st.release_params(head_wte_unit_);
+      if (!own) st.release_params(head_w_unit_);
     }
     // Units complete from the last to the first (the data-parallel buckets rely on it).
     if (!input_only) {
-      if (head_wte_unit_ > head_unit_) st.grads_done(head_wte_unit_);
+      if (head_w_unit_ > head_unit_) st.grads_done(head_w_unit_);
       st.grads_done(head_unit_);
     }
   }
@@ -693,11 +785,11 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
   // rank scatters into the vocabulary rows it holds. It runs in the
   // input-gradient half too: that is where dres_ is at hand.
   const float* drows = dres_all();
-  kernels::embedding_backward(st.grads(kWteUnit), cp_->size() > 1 ? nullptr : st.grads(kWpeUnit), drows, tokens, B,
-                              T, C, v0, Vt);
-  if (cp_->size() > 1) position_grads(st.grads(kWpeUnit), drows);
+  float* dwpe = wpe_unit_ >= 0 ? st.grads(wpe_unit_) : nullptr;
+  kernels::embedding_backward(st.grads(kWteUnit), cp_->size() > 1 ? nullptr : dwpe, drows, tokens, B, T, C, v0, Vt);
+  if (cp_->size() > 1 && dwpe != nullptr) position_grads(dwpe, drows);
   if (!input_only) {
-    st.grads_done(kWpeUnit);
+    if (wpe_unit_ >= 0) st.grads_done(wpe_unit_);
     st.grads_done(kWteUnit);
   }
 }
@@ -705,13 +797,14 @@ void Gpt::backward(ParamState& st, const std::int32_t* tokens, const std::int32_
 // The weight-gradient half of a split backward pass: every linear's weight
 // and bias gradient from its input (kept by the forward pass) and its output
 // gradient (kept by backward(input_only)). No parameter is read.
-void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
+void Decoder::backward_weight(ParamState& st, prof::Timeline* tl) {
   STRATA_CHECK(split_, "backward_weight needs a model built with split_backward");
   const int N = B_ * T_;
   if (stage_.head) {
     ScopedSpan s(tl, c_.layers + 1, Phase::backward_weight);
-    head_.weight(st.grads(head_wte_unit_), nullptr, lnf_, N);
-    if (head_wte_unit_ > head_unit_) st.grads_done(head_wte_unit_);
+    head_.weight(head_w_unit_ == head_unit_ ? st.grads(head_unit_) + head_off_ : st.grads(head_w_unit_), nullptr, lnf_,
+                 N);
+    if (head_w_unit_ > head_unit_) st.grads_done(head_w_unit_);
     st.grads_done(head_unit_);
   }
   for (std::size_t i = blocks_.size(); i-- > 0;) {
@@ -720,11 +813,11 @@ void Gpt::backward_weight(ParamState& st, prof::Timeline* tl) {
     float* g = st.grads(b.unit);
     b.ffn->weight(st, g, b.a.ln2);
     b.proj.weight(g + b.proj_w, nullptr, b.a.atty, N);
-    b.qkv.weight(g + b.qkv_w, g + b.qkv_b, b.a.ln1, N);
+    b.qkv.weight(g + b.qkv_w, param(g, b.qkv_b), b.a.ln1, N);
     st.grads_done(b.unit);
   }
   if (stage_.embedding) {
-    st.grads_done(kWpeUnit);
+    if (wpe_unit_ >= 0) st.grads_done(wpe_unit_);
     st.grads_done(kWteUnit);
   }
 }

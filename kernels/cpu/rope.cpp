@@ -1,0 +1,51 @@
+// Rotary position embedding (RoFormer), in place on the query and key heads
+// of a qkv buffer. A row's angles depend on its position only, so they are
+// computed once per row (in double, then rounded) and applied to every head.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.hpp"
+
+namespace strata::kernels::cpu {
+
+namespace {
+
+// sign +1 turns each pair forward by its angle, -1 back.
+void rope(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta, float sign) {
+  const int pairs = hs / 2;
+#pragma omp parallel for schedule(static) if (std::int64_t(B) * T * heads * hs >= (1 << 15))
+  for (int t = 0; t < T; ++t) {
+    thread_local std::vector<float> cs;
+    cs.resize(std::size_t(2 * pairs));
+    for (int i = 0; i < pairs; ++i) {
+      const double angle = double(pos0 + t) * std::pow(double(theta), -2.0 * i / hs);
+      cs[std::size_t(2 * i)] = float(std::cos(angle));
+      cs[std::size_t(2 * i + 1)] = sign * float(std::sin(angle));
+    }
+    for (int b = 0; b < B; ++b) {
+      float* row = x + (std::int64_t(b) * T + t) * ld;
+      for (int h = 0; h < heads; ++h) {
+        float* v = row + std::int64_t(h) * hs;
+        for (int i = 0; i < pairs; ++i) {
+          const float c = cs[std::size_t(2 * i)], s = cs[std::size_t(2 * i + 1)];
+          const float a = v[2 * i], d = v[2 * i + 1];
+          v[2 * i] = a * c - d * s;
+          v[2 * i + 1] = a * s + d * c;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope_forward(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  rope(x, B, T, ld, heads, hs, pos0, theta, 1.0f);
+}
+
+void rope_backward(float* dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  rope(dx, B, T, ld, heads, hs, pos0, theta, -1.0f);
+}
+
+}  // namespace strata::kernels::cpu
