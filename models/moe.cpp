@@ -153,16 +153,21 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
     }
   // Dispatch: the kept rows, expert after expert in slot order, to their
   // experts' ranks (counts first, so each rank knows what arrives).
+  // The meta device (a dry run) moves no data: its copies are counted, and
+  // the host's rows, which would hold nothing, are neither sized nor walked.
+  const bool host = !kernels::is_meta();
   const int P = ep_->size();
-  hrows_.resize(std::size_t(N) * C);
-  kernels::copy_bytes(hrows_.data(), x, hrows_.size() * sizeof(float));
-  hsend_.resize(std::size_t(E) * cap_ * C);
+  const std::size_t token_bytes = sizeof(float) * std::size_t(N) * C;
+  if (host) hrows_.resize(std::size_t(N) * C);
+  kernels::copy_bytes(hrows_.data(), x, token_bytes);
+  if (host) hsend_.resize(std::size_t(E) * cap_ * C);
   int rows = 0;
   for (int e = 0; e < E; ++e) {
     pos_[std::size_t(e)] = rows;
-    for (int s = 0; s < count_[std::size_t(e)]; ++s, ++rows)
+    for (int s = 0; host && s < count_[std::size_t(e)]; ++s)
       std::copy_n(hrows_.data() + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C, C,
-                  hsend_.data() + std::int64_t(rows) * C);
+                  hsend_.data() + std::int64_t(rows + s) * C);
+    rows += count_[std::size_t(e)];
   }
   kernels::copy_bytes(send_, hsend_.data(), sizeof(float) * std::size_t(rows) * C);
   ep_->exchange_counts(count_.data(), recv_count_.data(), El_);
@@ -197,10 +202,10 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
   // y[t] = sum over kept choices of gate x expert output.
   regroup(recv_, yout_, false);
   exchange(recv_, yback_, false);
-  hyback_.resize(std::size_t(rows) * C);  // kept for the backward pass's gate gradients
-  kernels::copy_bytes(hyback_.data(), yback_, hyback_.size() * sizeof(float));
+  if (host) hyback_.resize(std::size_t(rows) * C);  // kept for the backward pass's gate gradients
+  kernels::copy_bytes(hyback_.data(), yback_, sizeof(float) * std::size_t(rows) * C);
   std::fill(hrows_.begin(), hrows_.end(), 0.0f);  // now the output
-  for (int t = 0; t < N; ++t)
+  for (int t = 0; host && t < N; ++t)
     for (int j = 0; j < K; ++j) {
       const int s = slot_[std::size_t(t) * K + j];
       if (s < 0) continue;
@@ -210,7 +215,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
       float* dst = hrows_.data() + std::int64_t(t) * C;
       for (int k = 0; k < C; ++k) dst[k] += g * src[k];
     }
-  kernels::copy_bytes(y, hrows_.data(), hrows_.size() * sizeof(float));
+  kernels::copy_bytes(y, hrows_.data(), token_bytes);
   double aux = 0;
   for (int e = 0; e < E; ++e) aux += first_share_[std::size_t(e)] * (mass_[std::size_t(e)] / N);
   aux_ = float(c_.aux_coef * E * aux);
@@ -225,12 +230,15 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
   const float* probs = hprobs_.data();
   // On the host: d(gate) per choice, and each kept choice's output gradient
   // (gate x dy) into its row of the packed rows, sent to its expert's rank.
-  hrows_.resize(std::size_t(N) * C);
-  kernels::copy_bytes(hrows_.data(), dy, hrows_.size() * sizeof(float));
+  // As in the forward pass, the meta device's copies are only counted.
+  const bool host = !kernels::is_meta();
+  const std::size_t token_bytes = sizeof(float) * std::size_t(N) * C;
+  if (host) hrows_.resize(std::size_t(N) * C);
+  kernels::copy_bytes(hrows_.data(), dy, token_bytes);
   std::vector<float> dgate(std::size_t(N) * K, 0.0f);
   int rows = 0;
   for (int e = 0; e < E; ++e) rows += count_[std::size_t(e)];
-  for (int t = 0; t < N; ++t)
+  for (int t = 0; host && t < N; ++t)
     for (int j = 0; j < K; ++j) {
       const int s = slot_[std::size_t(t) * K + j];
       if (s < 0) continue;
@@ -276,14 +284,14 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
   exchange(recv_, send_, false);
   // The rows' input gradients added to their tokens' (dx accumulates).
   kernels::copy_bytes(hsend_.data(), send_, sizeof(float) * std::size_t(rows) * C);
-  kernels::copy_bytes(hrows_.data(), dx, hrows_.size() * sizeof(float));
-  for (int e = 0; e < E; ++e)
+  kernels::copy_bytes(hrows_.data(), dx, token_bytes);
+  for (int e = 0; host && e < E; ++e)
     for (int s = 0; s < count_[std::size_t(e)]; ++s) {
       float* d = hrows_.data() + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C;
       const float* src = hsend_.data() + std::int64_t(pos_[std::size_t(e)] + s) * C;
       for (int k = 0; k < C; ++k) d[k] += src[k];
     }
-  kernels::copy_bytes(dx, hrows_.data(), hrows_.size() * sizeof(float));
+  kernels::copy_bytes(dx, hrows_.data(), token_bytes);
   // Router: d(probs) from the gates (renormalised: g_j = p_j / S over the
   // top-k) and from the auxiliary loss (dL/dp[t, e] = coef E f_e / N, f
   // being counts), then the softmax backward and the router linear.

@@ -90,7 +90,7 @@ if mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=
 then ok "offload to host: same losses, optimizer state on the host"; else bad "offload to host"; cat off0.log off1.log; fi
 
 # --- every deck in inputs/ resolves and is estimated, in one process whatever its world size ---
-for deck in "$src"/inputs/*.toml; do
+for deck in "$src"/inputs/*.toml "$src"/inputs/llama/*.toml; do
   if "$strata" run "$deck" --dry-run > deck.log 2>&1 && grep -q "parameters:" deck.log && grep -q "memory estimate" deck.log
   then ok "deck $(basename "$deck") estimated in one process"; else bad "deck $(basename "$deck")"; cat deck.log; fi
 done
