@@ -67,6 +67,10 @@ double time_kernel(const std::function<void()>& f, double min_batch_s, MPI_Comm 
   return t;
 }
 
+// The bytes of operand sets a product's calibration cycles through: past a
+// CPU core's private caches (1-2 MiB), as a step's working set is.
+constexpr std::int64_t kColdBytes = std::int64_t(8) << 20;
+
 // Device buffers of floats, freed at the end of calibration.
 struct Buffers {
   std::vector<void*> all;
@@ -196,10 +200,23 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   std::vector<double> flops, dims, secs;
   say("  products (M N K: GFLOP/s):");
   for (const auto& [M, N, K] : shapes) {
-    float* A = buf.floats(std::int64_t(M) * K);
-    float* B = buf.floats(std::int64_t(K) * N);
-    float* C = buf.floats(std::int64_t(M) * N);
-    const double t = time_kernel([&] { kernels::matmul(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N); }, batch, comm);
+    // A step's products read operands that other kernels wrote since (the
+    // activations) or that were last read a layer ago (the weights): not in
+    // the core's cache. Each call takes the next of several operand sets,
+    // together past a core's cache, and so runs as a step's products run.
+    const std::int64_t floats = std::int64_t(M) * K + std::int64_t(K) * N + std::int64_t(M) * N;
+    const int sets = int(std::clamp<std::int64_t>(kColdBytes / (4 * floats), 1, 64));
+    std::vector<std::array<float*, 3>> ops;
+    for (int i = 0; i < sets; ++i)
+      ops.push_back({buf.floats(std::int64_t(M) * K), buf.floats(std::int64_t(K) * N), buf.floats(std::int64_t(M) * N)});
+    int next = 0;
+    const double t = time_kernel(
+        [&] {
+          const auto [A, B, C] = ops[std::size_t(next)];
+          next = (next + 1) % sets;
+          kernels::matmul(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
+        },
+        batch, comm);
     flops.push_back(2.0 * M * N * K), dims.push_back(std::min({M, N, K})), secs.push_back(t);
     say(fmt::format(" {}x{}x{}: {:.1f}", M, N, K, flops.back() / t / 1e9));
   }
