@@ -5,17 +5,19 @@
 # inputs/validate-sim.toml and of the Llama of inputs/llama/validate-sim.toml,
 # and print the measured and predicted step times side by side with the
 # error, and whether the simulated peak memory equals the measured one.
-#   bench/validate-sim.sh [MACHINE.toml]        (STRATA=build/strata OUT=results/validate-sim)
+#
+# A shared machine's speed drifts by several per cent from one minute to the
+# next, and a calibration with it. So the whole is done in ROUNDS rounds, each
+# calibrating afresh and then running and simulating every layout; a layout's
+# figures are the medians over the rounds of its measured and of its
+# predicted step, and memory must be equal in every round.
+#   bench/validate-sim.sh [MACHINE.toml]   (STRATA=build/strata OUT=results/validate-sim ROUNDS=3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STRATA=${STRATA:-build/strata}
 OUT=${OUT:-results/validate-sim}
+ROUNDS=${ROUNDS:-3}
 mkdir -p "$OUT"
-MACHINE=${1:-$OUT/machine.toml}
-if [ -z "${1:-}" ]; then
-  mpiexec -n 2 "$STRATA" calibrate --quick -o "$MACHINE" > "$OUT/calibrate.log"
-fi
-# model | deck | how its Mixture-of-Experts form is chosen
 MODELS=(
   "gpt|inputs/validate-sim.toml|model.kind=\"moe\""
   "llama|inputs/llama/validate-sim.toml|"
@@ -39,21 +41,28 @@ LAYOUTS=(
   "moe-ep2|2|MOE model.moe_experts=4 model.moe_every=2 parallel.dp=2 parallel.ep=2"
 )
 names=()
-for model in "${MODELS[@]}"; do
-  IFS='|' read -r mname deck moe <<< "$model"
-  for row in "${LAYOUTS[@]}"; do
-    IFS='|' read -r name ranks sets <<< "$row"
-    args=()
-    for s in ${sets/MOE/$moe}; do args+=(--set "$s"); done
-    name="$mname-$name"
-    mpiexec -n "$ranks" "$STRATA" run "$deck" "${args[@]}" -o "$OUT/$name.h5" > "$OUT/$name.log"
-    "$STRATA" simulate "$deck" --machine "$MACHINE" "${args[@]}" -o "$OUT/$name-sim.h5" > "$OUT/$name-sim.log"
-    names+=("$name")
+for round in $(seq 1 "$ROUNDS"); do
+  MACHINE=${1:-$OUT/machine-$round.toml}
+  if [ -z "${1:-}" ]; then
+    mpiexec -n 2 "$STRATA" calibrate --quick -o "$MACHINE" > "$OUT/calibrate-$round.log"
+  fi
+  for model in "${MODELS[@]}"; do
+    IFS='|' read -r mname deck moe <<< "$model"
+    for row in "${LAYOUTS[@]}"; do
+      IFS='|' read -r name ranks sets <<< "$row"
+      args=()
+      for s in ${sets/MOE/$moe}; do args+=(--set "$s"); done
+      name="$mname-$name"
+      mpiexec -n "$ranks" "$STRATA" run "$deck" "${args[@]}" -o "$OUT/$name-$round.h5" > "$OUT/$name-$round.log"
+      "$STRATA" simulate "$deck" --machine "$MACHINE" "${args[@]}" -o "$OUT/$name-sim-$round.h5" \
+        > "$OUT/$name-sim-$round.log"
+      [ "$round" = 1 ] && names+=("$name")
+    done
   done
 done
-/usr/bin/python3 - "$OUT" "${names[@]}" <<'PY'
+/usr/bin/python3 - "$OUT" "$ROUNDS" "${names[@]}" <<'PY'
 import sys, h5py, numpy as np
-out, rows = sys.argv[1], sys.argv[2:]
+out, rounds, rows = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def figures(path):
     with h5py.File(path, "r") as f:
         mem = f["memory"][:]
@@ -63,15 +72,23 @@ def figures(path):
             key = int(r["rank"])
             peak[key] = max(peak.get(key, 0), int(r["pool_peak_bytes"]))
         return float(f["summary/step_time"][()]), peak
-print(f"{'layout':<26}{'measured_ms':>12}{'simulated_ms':>13}{'error':>9}  memory")
+print(f"median of {rounds} round(s), each calibrated afresh")
+print(f"{'layout':<26}{'measured_ms':>12}{'simulated_ms':>13}{'error':>9}  {'measured spread':>16}  memory")
 errs = {}
 for name in rows:
-    t_run, m_run = figures(f"{out}/{name}.h5")
-    t_sim, m_sim = figures(f"{out}/{name}-sim.h5")
-    err = (t_sim - t_run) / t_run
+    t_run, t_sim, differs = [], [], []
+    for r in range(1, rounds + 1):
+        a, m_run = figures(f"{out}/{name}-{r}.h5")
+        b, m_sim = figures(f"{out}/{name}-sim-{r}.h5")
+        t_run.append(a), t_sim.append(b)
+        if m_run != m_sim:
+            differs.append(f"round {r}: {m_run} vs {m_sim}")
+    run, sim = float(np.median(t_run)), float(np.median(t_sim))
+    err = (sim - run) / run
+    spread = (max(t_run) - min(t_run)) / run
     errs.setdefault(name.split("-")[0], []).append(abs(err))
-    same = "equal" if m_run == m_sim else f"DIFFERS {m_run} vs {m_sim}"
-    print(f"{name:<26}{t_run*1e3:>12.2f}{t_sim*1e3:>13.2f}{100*err:>8.1f}%  {same}")
+    same = "equal" if not differs else "DIFFERS " + "; ".join(differs)
+    print(f"{name:<26}{run*1e3:>12.2f}{sim*1e3:>13.2f}{100*err:>8.1f}%  {100*spread:>15.1f}%  {same}")
 for model, e in errs.items():
     print(f"{model}: mean |error| {100*np.mean(e):.1f}%, max {100*np.max(e):.1f}% over {len(e)} layouts")
 PY

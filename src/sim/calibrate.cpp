@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kernels/foundation/clock.hpp"
 #include "kernels/foundation/error.hpp"
@@ -338,8 +339,9 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   std::vector<int> sizes;
   for (int n = 2; n < world; n *= 2) sizes.push_back(n);
   if (world >= 2) sizes.push_back(world);
-  const std::vector<double> bytes_list = o.quick ? std::vector<double>{4096, 65536, 1 << 20, 4 << 20}
-                                                 : std::vector<double>{1024, 16384, 262144, 1 << 20, 4 << 20, 16 << 20};
+  const std::vector<double> bytes_list = o.quick ? std::vector<double>{4096, 16384, 65536, 262144, 1 << 20, 4 << 20}
+                                                 : std::vector<double>{1024, 4096, 16384, 65536, 262144, 1 << 20,
+                                                                       4 << 20, 16 << 20};
   const double max_bytes = bytes_list.back();
   float* a = buf.floats(std::int64_t(max_bytes / 4) * std::max(world, 2));
   float* b = buf.floats(std::int64_t(max_bytes / 4) * std::max(world, 2));
@@ -363,7 +365,7 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
       const bool nonblocking = op_name[0] == 'i';
       const char* op = nonblocking ? op_name + 1 : op_name;
       if (std::string(op) == "send" && n != 2) continue;  // point to point: one pair
-      std::vector<double> xs, ts;
+      std::vector<double> xs, ts, sizes_moved;
       for (double bytes : bytes_list) {
         const std::int64_t count = std::int64_t(bytes / 4);
         std::function<void()> call;
@@ -388,12 +390,14 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
         if (s == "send") t /= 2;
         STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm));  // the group's time
         const double moved = (s == "all_reduce" || s == "broadcast" || s == "send") ? double(count) * 4 : double(count / n * n) * 4;
+        sizes_moved.push_back(moved);
         xs.push_back(moved * (s == "send" ? 1.0 : comm::busbw_factor(s, n)));
         ts.push_back(t);
       }
       const LineFit f = fit_line(xs, ts);
-      m.fits.push_back({level, op, n, f.latency, f.bandwidth, f.residual, nonblocking});
-      if (std::string(op) == "send") m.fits.push_back({level, "recv", n, f.latency, f.bandwidth, f.residual});
+      m.fits.push_back({level, op, n, f.latency, f.bandwidth, f.residual, nonblocking, sizes_moved, ts});
+      if (std::string(op) == "send")
+        m.fits.push_back({level, "recv", n, f.latency, f.bandwidth, f.residual, false, sizes_moved, ts});
       say(fmt::format("  {:<16} n {:>3}: {:8.2f} us + bytes / {:8.3f} GB/s (residual {:.1f}%)\n", op_name, n,
                       f.latency * 1e6, f.bandwidth / 1e9, 100 * f.residual));
     }
@@ -487,9 +491,13 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
       t += fmt::format("\n[network.cluster]  # the widest group across nodes: its all-reduce\nbandwidth_gbs = {:.4f}\n"
                        "latency_us = {:.3f}\n",
                        m.cluster.bandwidth / 1e9, m.cluster.latency * 1e6);
-    for (const CommFit& f : m.fits)
+    for (const CommFit& f : m.fits) {
       t += fmt::format("\n[[network.fit]]\nlevel = \"{}\"\nop = \"{}\"\nnonblocking = {}\ngroup_size = {}\nlatency_us = {:.3f}\nbandwidth_gbs = {:.4f}\nresidual = {:.4f}\n",
                        f.level, f.op, f.nonblocking, f.group_size, f.latency * 1e6, f.bandwidth / 1e9, f.residual);
+      std::vector<std::string> us;
+      for (double x : f.seconds) us.push_back(fmt::format("{:.3f}", x * 1e6));
+      t += fmt::format("bytes = [{:.0f}]\ntime_us = [{}]\n", fmt::join(f.bytes, ", "), fmt::join(us, ", "));
+    }
     (void)parse_machine(out, t);  // what it writes, it can read
     const std::string partial = out + ".partial";
     {

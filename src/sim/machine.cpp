@@ -1,6 +1,7 @@
 #include "src/sim/machine.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -49,6 +50,22 @@ class Reader {
     if (*v < 0 || (positive && *v == 0))
       fail(*n, dotted, fmt::format("must be {} 0 ({}), got {}", positive ? ">" : ">=", unit, *v));
     return *v;
+  }
+
+  // An optional array of numbers >= 0 (empty when absent).
+  std::vector<double> numbers(const std::string& dotted, const char* unit) const {
+    std::vector<double> out;
+    const toml::node* n = root_.at_path(dotted).node();
+    if (n == nullptr) return out;
+    const toml::array* a = n->as_array();
+    if (a == nullptr) fail(*n, dotted, fmt::format("must be an array of numbers ({})", unit));
+    for (const toml::node& e : *a) {
+      const std::optional<double> v = e.value<double>();
+      if (!v || !std::isfinite(*v) || *v < 0)
+        fail(e, dotted, fmt::format("must hold numbers >= 0 ({})", unit));
+      out.push_back(*v);
+    }
+    return out;
   }
 
   std::string string(const std::string& dotted, const std::vector<std::string>& allowed = {}) const {
@@ -183,7 +200,8 @@ Machine parse_machine(const std::string& path, const std::string& text) {
     if (a == nullptr) r.fail(*fits, "network.fit", "must be an array of tables ([[network.fit]])");
     for (std::size_t i = 0; i < a->size(); ++i) {
       const std::string at = fmt::format("network.fit[{}]", i);
-      r.only(at, {"level", "op", "nonblocking", "group_size", "latency_us", "bandwidth_gbs", "residual"});
+      r.only(at, {"level", "op", "nonblocking", "group_size", "latency_us", "bandwidth_gbs", "residual", "bytes",
+                  "time_us"});
       CommFit f;
       f.level = r.string(at + ".level", {"node", "cluster"});
       f.op = r.string(at + ".op", {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all",
@@ -196,6 +214,15 @@ Machine parse_machine(const std::string& path, const std::string& text) {
         if (!nb->is_boolean()) r.fail(*nb, at + ".nonblocking", "must be true or false");
         f.nonblocking = *nb->value<bool>();
       }
+      f.bytes = r.numbers(at + ".bytes", "bytes of a call");
+      f.seconds = r.numbers(at + ".time_us", "microseconds");
+      for (double& t : f.seconds) t /= 1e6;
+      const toml::node* where = root.at_path(at).node();
+      if (f.bytes.size() != f.seconds.size())
+        r.fail(*where, at, fmt::format("has {} sizes (bytes) and {} times (time_us): one time per size",
+                                       f.bytes.size(), f.seconds.size()));
+      for (std::size_t j = 1; j < f.bytes.size(); ++j)
+        if (f.bytes[j] <= f.bytes[j - 1]) r.fail(*where, at + ".bytes", "must increase");
       m.fits.push_back(f);
     }
   }

@@ -14,7 +14,11 @@
 namespace strata::sim {
 
 // A collective's time as latency plus bytes over bandwidth, measured on
-// this machine for one op and group size (calibrate's fit).
+// this machine for one op and group size (calibrate's fit), and the times it
+// was fitted to. A library switches protocols and algorithms with the size,
+// and caches hold small buffers and not large ones, so one line misses some
+// sizes by a factor of two: between the sizes measured, the simulator
+// interpolates the measured times instead, and uses the line outside them.
 struct CommFit {
   std::string level;  // "node" or "cluster"
   std::string op;     // as the /comm table names it
@@ -23,6 +27,8 @@ struct CommFit {
   double bandwidth = 0;  // B/s of bus bandwidth (bytes x the nccl-tests factor / time)
   double residual = 0;   // the fit's relative RMS error over the sizes measured
   bool nonblocking = false;  // the non-blocking form, issued and waited for at once
+  std::vector<double> bytes;    // the sizes measured, increasing (bytes as /comm counts a call's)
+  std::vector<double> seconds;  // the time of a call of each
 };
 
 // One level of the network: inside a node (NVLink, shared memory), or

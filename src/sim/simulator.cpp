@@ -69,7 +69,15 @@ double comm_time(const Machine& m, const std::string& op, const std::vector<int>
   for (const CommFit& f : m.fits)
     if (f.level == level && f.op == fit_op && f.group_size == n && (fit == nullptr || f.nonblocking == nonblocking))
       fit = &f;
-  if (fit != nullptr) return fit->latency + bytes * factor / fit->bandwidth;
+  if (fit != nullptr) {
+    const auto& xs = fit->bytes;
+    if (xs.size() >= 2 && bytes >= xs.front() && bytes <= xs.back()) {
+      const std::size_t j = std::max<std::size_t>(1, std::size_t(std::lower_bound(xs.begin(), xs.end(), bytes) - xs.begin()));
+      const double w = (bytes - xs[j - 1]) / (xs[j] - xs[j - 1]);
+      return fit->seconds[j - 1] + w * (fit->seconds[j] - fit->seconds[j - 1]);
+    }
+    return fit->latency + bytes * factor / fit->bandwidth;
+  }
   if (across && m.cluster.bandwidth <= 0)
     core::input_error("machine {} ({}) describes one node of {} device(s) and no [network.cluster]: a group of ranks "
                       "{}..{} spans nodes",

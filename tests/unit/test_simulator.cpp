@@ -114,6 +114,21 @@ TEST(Machine, BadFiguresNameFileLineAndKey) {
   EXPECT_NE(half.find("m.toml:2: devices_per_node must be a whole number"), std::string::npos) << half;
 }
 
+TEST(Machine, ReadsAFitsMeasuredTimesAndRefusesBadOnes) {
+  const std::string fit = "\n[[network.fit]]\nlevel = \"node\"\nop = \"all_gather\"\ngroup_size = 2\nlatency_us = 1\n"
+                          "bandwidth_gbs = 5\nbytes = [4096, 65536]\ntime_us = [2.5, 30]\n";
+  const sim::Machine m = sim::parse_machine("m.toml", kMachine + fit);
+  ASSERT_EQ(m.fits.size(), 1u);
+  EXPECT_EQ(m.fits[0].bytes, (std::vector<double>{4096, 65536}));
+  EXPECT_EQ(m.fits[0].seconds, (std::vector<double>{2.5e-6, 30e-6}));
+  const std::string uneven = input_error_of(kMachine + replace(fit, "[2.5, 30]", "[2.5]"));
+  EXPECT_NE(uneven.find("network.fit[0] has 2 sizes (bytes) and 1 times (time_us)"), std::string::npos) << uneven;
+  const std::string order = input_error_of(kMachine + replace(fit, "[4096, 65536]", "[65536, 4096]"));
+  EXPECT_NE(order.find("network.fit[0].bytes must increase"), std::string::npos) << order;
+  const std::string bad = input_error_of(kMachine + replace(fit, "[2.5, 30]", "[2.5, nan]"));
+  EXPECT_NE(bad.find("network.fit[0].time_us must hold numbers >= 0"), std::string::npos) << bad;
+}
+
 TEST(Machine, UnknownNameListsTheKnownOnes) {
   try {
     sim::load_machine("no-such-machine");
@@ -159,13 +174,23 @@ TEST(Simulator, CollectivesByRingStepsBusFactorAndLevel) {
   EXPECT_EQ(sim::comm_time(m, "all_reduce", {5}, B), 0.0);
   // A calibrated fit for the op and size wins.
   sim::Machine f = m;
-  f.fits.push_back({"node", "all_reduce", 2, 1e-6, 5e9, 0.01});
+  f.fits.push_back({"node", "all_reduce", 2, 1e-6, 5e9, 0.01, false, {}, {}});
   EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B), 1e-6 + B * 1.0 / 5e9);
   EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B, true), 1e-6 + B * 1.0 / 5e9);  // the only fit
   // The non-blocking form's own fit, for non-blocking calls only.
-  f.fits.push_back({"node", "all_reduce", 2, 4e-6, 1e9, 0.02, true});
+  f.fits.push_back({"node", "all_reduce", 2, 4e-6, 1e9, 0.02, true, {}, {}});
   EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B, true), 4e-6 + B * 1.0 / 1e9);
   EXPECT_DOUBLE_EQ(sim::comm_time(f, "all_reduce", {0, 1}, B), 1e-6 + B * 1.0 / 5e9);
+  // With the times it was fitted to: those, and straight lines between
+  // them, inside the sizes measured; the fitted line outside.
+  sim::Machine g = m;
+  g.fits.push_back({"node", "reduce_scatter", 2, 2e-6, 4e9, 0.25, false, {4096, 65536, 262144}, {3e-6, 20e-6, 50e-6}});
+  EXPECT_DOUBLE_EQ(sim::comm_time(g, "reduce_scatter", {0, 1}, 4096), 3e-6);
+  EXPECT_DOUBLE_EQ(sim::comm_time(g, "reduce_scatter", {0, 1}, 65536), 20e-6);
+  EXPECT_DOUBLE_EQ(sim::comm_time(g, "reduce_scatter", {0, 1}, 262144), 50e-6);
+  EXPECT_DOUBLE_EQ(sim::comm_time(g, "reduce_scatter", {0, 1}, 163840), 35e-6);
+  EXPECT_DOUBLE_EQ(sim::comm_time(g, "reduce_scatter", {0, 1}, 1024), 2e-6 + 1024 * 0.5 / 4e9);
+  EXPECT_DOUBLE_EQ(sim::comm_time(g, "reduce_scatter", {0, 1}, B), 2e-6 + B * 0.5 / 4e9);
 }
 
 namespace {
