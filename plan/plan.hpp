@@ -160,6 +160,7 @@ struct ParallelSection {
   int dp_shard = 0;  // ZeRO's shard group: dp_shard consecutive dp ranks (0: all dp)
   int cp = 1;        // context-parallel ranks splitting each sequence
   double bucket_mb = 25.0;  // MiB, as PyTorch DDP's bucket_cap_mb
+  bool overlap_grad_reduce = true;  // reduce gradients during the backward pass (Megatron-LM's flag)
   Schedule schedule = &strategies::pp::find_schedule("1f1b");
   int virtual_stages = 1;
   int first_stage_layers = -1;  // -1: balanced

@@ -61,7 +61,11 @@ const StateRow& data_parallel_row() {
             "parallel", "bucket_mb",
             "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO holds at most this much in "
             "reduce-scatter buffers (one more while it waits)")
-            .above(0)},
+            .above(0),
+        key<&Plan::parallel, &ParallelSection::overlap_grad_reduce>(
+            "parallel", "overlap_grad_reduce",
+            "reduce gradients during the backward pass, each bucket (ZeRO: each unit) as soon as it is complete; "
+            "false: all of them after the backward pass, as Megatron-LM without --overlap-grad-reduce")},
        dp_axes,
        check_dp,
        "params 4 Psi, grads 4 Psi, optimizer 8 Psi (mixed precision 2 + 2 + 12 Psi); all-reduce of 4 Psi (2 Psi) "
@@ -77,7 +81,7 @@ const StateRow& data_parallel_row() {
 DataParallel::DataParallel(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
                            comm::Communicator* dp, core::MemoryTracker& tracker)
     : models::ReplicatedState(reg, std::move(units), tracker, cfg.seed, cfg.precision), reg_(reg),
-      tp_size_(cfg.tp_size), dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
+      tp_size_(cfg.tp_size), dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr), overlap_(cfg.overlap),
       optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker, -1, cfg.offload, cfg.precision) {
   const std::int64_t n = numel();
   if (optimizer_.mixed()) optimizer_.set_master(models::initial_values(reg, cfg.seed, 0, n).data());
@@ -105,7 +109,7 @@ void DataParallel::grads_done(int unit) {
   models::ReplicatedState::grads_done(unit);  // 16-bit: the fp32 accumulator into the store
   // Units complete from the last to the first, so everything at or above this
   // unit's first element is final.
-  if (dp_ != nullptr && last_) launch_ready(units_[unit].begin);
+  if (dp_ != nullptr && last_ && overlap_) launch_ready(units_[unit].begin);
 }
 
 void DataParallel::finish_gradients() {

@@ -50,6 +50,7 @@ class DataParallel final : public StateStrategy, public models::ReplicatedState 
   const models::ParamRegistry& reg_;
   int tp_size_;
   comm::Communicator* dp_;
+  bool overlap_;                      // launch buckets during the backward pass (else in finish_gradients)
   models::AdamW optimizer_;
   std::vector<Bucket> buckets_;       // buckets_[0] is the last range of the buffer
   std::vector<comm::RequestPtr> in_flight_;

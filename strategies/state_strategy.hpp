@@ -34,6 +34,7 @@ struct StateConfig {
   StateFactory make = nullptr;               // the chosen state row's
   int zero = 0;                              // the ZeRO stage (1, 2, 3) for zero
   std::int64_t bucket_bytes = 25 << 20;      // DP all-reduce bucket (PyTorch DDP's default)
+  bool overlap = true;                       // reductions launched during the backward pass, or after it
   models::AdamWSettings adamw;
   std::uint64_t seed = 0;
   int tp_size = 1;                           // tensor-parallel ranks (for the gradient norm's weights)

@@ -105,7 +105,7 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
       replica_(cfg.replica != nullptr && cfg.replica->size() > 1 ? cfg.replica : nullptr), tracker_(tracker),
       tp_size_(cfg.tp_size),
       precision_(cfg.precision), views_(tracker, units_.size(), cfg.precision),
-      bucket_bytes_(cfg.bucket_bytes) {
+      bucket_bytes_(cfg.bucket_bytes), overlap_(cfg.overlap) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {
     n_ = dp_->size();
@@ -216,9 +216,11 @@ void Zero::begin_step() {
 
 void Zero::begin_micro_batch(bool last) {
   // The previous micro-batch's reduce-scatters complete here (they overlapped
-  // the rest of its backward pass): what is held never depends on when a
-  // transfer happens to finish, and at most one micro-batch's unreduced
-  // gradients (and at most parallel.bucket_mb of them) are held at once.
+  // the rest of its backward pass, or start now without overlap): what is
+  // held never depends on when a transfer happens to finish, and at most one
+  // micro-batch's unreduced gradients (with overlap, at most
+  // parallel.bucket_mb of them) are held at once.
+  issue_held();
   while (!pending_.empty()) pop_front();
   last_ = last;
 }
@@ -283,13 +285,23 @@ void Zero::launch_reduce_scatter(int u, models::Flat input, const void* src) {
   const auto& s = us_[u];
   Pending p{u, std::move(input),
             models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(s.shard), "reduce-scatter output"),
-            nullptr, last_};
+            nullptr, last_, src};
   in_flight_bytes_ += std::int64_t(p.input.bytes() + p.output.bytes());
-  if (n_ > 1)
-    p.request = dp_->ireduce_scatter(src, p.output.at(0), s.shard, p.output.dtype(), comm::ReduceOp::sum);
-  else
-    kernels::copy_bytes(p.output.at(0), src, p.output.bytes());
+  if (overlap_) issue(p);
   pending_.push_back(std::move(p));
+}
+
+void Zero::issue(Pending& p) {
+  if (n_ > 1)
+    p.request = dp_->ireduce_scatter(p.src, p.output.at(0), us_[p.unit].shard, p.output.dtype(), comm::ReduceOp::sum);
+  else
+    kernels::copy_bytes(p.output.at(0), p.src, p.output.bytes());
+  p.issued = true;
+}
+
+void Zero::issue_held() {
+  for (auto& p : pending_)
+    if (!p.issued) issue(p);
 }
 
 void Zero::grads_done(int u) {
@@ -328,7 +340,9 @@ void Zero::grads_done(int u) {
   // Buffers are freed only here, at the next micro-batch and at
   // finish_gradients, so what a step holds does not depend on when a
   // transfer happens to complete, and the dry run's estimate of it is exact.
-  while (in_flight_bytes_ > bucket_bytes_ && pending_.size() > 1) pop_front();
+  // Without overlap nothing is issued before the backward pass ends, so the
+  // micro-batch's unreduced gradients are all held until then.
+  while (overlap_ && in_flight_bytes_ > bucket_bytes_ && pending_.size() > 1) pop_front();
 }
 
 void Zero::pop_front() {
@@ -368,6 +382,7 @@ void Zero::poll() {
 }
 
 void Zero::finish_gradients() {
+  issue_held();
   while (!pending_.empty()) pop_front();
   if (replica_ == nullptr) return;
   // Hybrid sharding: each shard group has reduced its own ranks' gradients

@@ -82,6 +82,8 @@ class Zero final : public StateStrategy, public models::ParamState {
     models::Flat output;
     comm::RequestPtr request;
     bool last = false;    // launched in the action that completes the unit's gradients (begin_micro_batch)
+    const void* src = nullptr;  // what is reduced (the input's, or the full gradient buffer's block)
+    bool issued = false;        // without overlap, issued only once the backward pass is done
   };
   // A gathered unit (stage 3).
   struct Gathered {
@@ -104,7 +106,11 @@ class Zero final : public StateStrategy, public models::ParamState {
   void* own_grads(int u) { return grads_store().at(own_grads_index(u)); }
   bool mixed() const { return precision_ != core::Precision::fp32; }
   std::vector<models::AdamW*> optimizer_list() const;
+  // A unit's reduce-scatter: issued now with overlap, else held until
+  // issue_held() (the end of the micro-batch's backward pass).
   void launch_reduce_scatter(int u, models::Flat input, const void* src);
+  void issue(Pending& p);
+  void issue_held();
   // offload.params (stage 3): the parameter shard lives in the NVMe file,
   // one block per unit (models::NvmeFile's blocks); params_shard_ exists
   // only while brought into memory (construction, checkpoints). Unit u's
@@ -150,6 +156,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::int64_t in_flight_bytes_ = 0;  // reduce-scatter buffer bytes held by pending_ (inputs and outputs)
   std::int64_t bucket_bytes_;         // the most of those before the oldest is waited for
   bool last_ = true;
+  bool overlap_;                      // issue reduce-scatters during the backward pass (else after it)
 };
 
 }  // namespace strata::strategies

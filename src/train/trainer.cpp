@@ -62,6 +62,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   sc.make = strategies::chosen_state(cfg_).make;
   sc.zero = cfg_.parallel.zero;
   sc.bucket_bytes = std::int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
+  sc.overlap = cfg_.parallel.overlap_grad_reduce;
   sc.adamw = {float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;

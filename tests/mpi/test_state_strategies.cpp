@@ -11,6 +11,8 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <tuple>
+#include <vector>
 
 #include <unistd.h>
 
@@ -33,15 +35,16 @@ namespace {
 
 // Tiny, so that 4 ranks on 2 cores stay fast. d_model 16 makes every unit a
 // multiple of 4 elements (no shard padding); d_model 6 does not.
-plan::Plan config(int dp, int zero, int d_model, int global_batch, int micro_batch, int steps = 10) {
+plan::Plan config(int dp, int zero, int d_model, int global_batch, int micro_batch, int steps = 10,
+                  bool overlap = true) {
   const std::string text = fmt::format(
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 21\n"
       "[model]\nlayers = 2\nd_model = {}\nheads = 2\nvocab = 32\nseq_len = 8\n"
       "[data]\nglobal_batch = {}\nmicro_batch = {}\n"
-      "[parallel]\ndp = {}\nzero = {}\nbucket_mb = 0.004\n"
+      "[parallel]\ndp = {}\nzero = {}\nbucket_mb = 0.004\noverlap_grad_reduce = {}\n"
       "[optim]\nlr = 1e-2\nweight_decay = 0.1\ngrad_clip = 0.1\nschedule = \"cosine\"\nwarmup = 2\n"
       "[backend]\nthreads = 1\n",
-      steps, d_model, global_batch, micro_batch, dp, zero);
+      steps, d_model, global_batch, micro_batch, dp, zero, overlap);
   return deck::parse_deck("test.toml", text, {}).config;
 }
 
@@ -70,38 +73,58 @@ std::int64_t shard_elems(const models::Model& m, int n) {
 
 }  // namespace
 
-class Parity : public ::testing::TestWithParam<int> {};
+// Every stage, with the gradient reduction overlapping the backward pass
+// (parallel.overlap_grad_reduce, the default) and after it.
+class Parity : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(Parity, LossAndParametersMatchOneRank) {
-  const int n = parity::world_size(), zero = GetParam();
+  const int n = parity::world_size(), zero = std::get<0>(GetParam());
+  const bool overlap = std::get<1>(GetParam());
   for (int d_model : {16, 6}) {
     // Two micro-batches per rank per step: accumulation is exercised.
     const int mb = 2, G = 2 * mb * n;
     const Trajectory ref = run_single(config(1, 0, d_model, G, mb));
-    comm::CommLog log(prof::now_seconds());
-    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
-    const auto c = config(n, zero, d_model, G, mb);
-    core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
-    int clipped = 0;
-    for (int s = 0; s < c.run.steps; ++s) {
-      estimate_check::begin_step(tracker, &log, s);
-      const auto r = t.step(s);
-      clipped += r.clipped;
-      EXPECT_NEAR(r.loss, ref.losses[s], 1e-5 * std::fabs(ref.losses[s]))
+    auto distributed = [&](bool overlapped, bool check) {
+      comm::CommLog log(prof::now_seconds());
+      mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
+      const auto c = config(n, zero, d_model, G, mb, 10, overlapped);
+      core::MemoryTracker tracker;
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
+      Trajectory r;
+      int clipped = 0;
+      for (int s = 0; s < c.run.steps; ++s) {
+        estimate_check::begin_step(tracker, &log, s);
+        const auto step = t.step(s);
+        clipped += step.clipped;
+        r.losses.push_back(step.loss);
+      }
+      if (check) {
+        EXPECT_GT(clipped, 0) << "the test should exercise clipping";
+        estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
+      }
+      r.params = t.strategy().full_params();
+      r.registry = t.model().registry();
+      return r;
+    };
+    const Trajectory got = distributed(overlap, true);
+    for (int s = 0; s < int(ref.losses.size()); ++s)
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s]))
           << "zero " << zero << " d_model " << d_model << " step " << s;
-    }
-    EXPECT_GT(clipped, 0) << "the test should exercise clipping";
-    estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
-    const auto p = t.strategy().full_params();
     double key_abs = 0;
-    EXPECT_LE(parity::params_error(t.model().registry(), p, ref.registry, ref.params, &key_abs), 1e-5)
+    EXPECT_LE(parity::params_error(got.registry, got.params, ref.registry, ref.params, &key_abs), 1e-5)
         << "zero " << zero << " d_model " << d_model;
     EXPECT_LE(key_abs, 1e-4) << "zero " << zero << " d_model " << d_model;
+    if (!overlap) {
+      // The same reductions, only issued later: the overlapped step's
+      // trajectory bit for bit.
+      const Trajectory overlapped = distributed(true, false);
+      EXPECT_EQ(got.losses, overlapped.losses) << "zero " << zero << " d_model " << d_model;
+      EXPECT_EQ(got.params, overlapped.params) << "zero " << zero << " d_model " << d_model;
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Zero, Parity, ::testing::Values(0, 1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(Zero, Parity, ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()));
 
 // 16 Psi (dp), 8 Psi + 8 Psi/N, 4 Psi + 12 Psi/N, 16 Psi/N: held at the end of
 // a step, when no gathered unit or unreduced gradient is alive.
