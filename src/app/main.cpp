@@ -242,6 +242,7 @@ int main(int argc, char** argv) {
   plan->add_option("--world,-n", po.world, "devices to plan for")->required();
   plan->add_option("--memory-limit", memory_limit, "bytes per device, e.g. 40GiB (default: the machine's memory)");
   plan->add_option("--top", po.top, "rows to print (default 10)");
+  plan->add_option("--jobs,-j", po.jobs, "processes judging layouts at once (default: one per core)");
   plan->add_option("--set", sets, "override a deck key for every candidate (repeatable)");
   plan->add_option("--output,-o", po.output, "report path (default: results/<run.name>-plan.h5)");
   strata::sim::CalibrateOptions co;

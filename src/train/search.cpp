@@ -1,7 +1,19 @@
 #include "src/train/search.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -11,7 +23,9 @@
 #include "src/report/points.hpp"
 #include "strategies/registry.hpp"
 #include "src/sim/machine.hpp"
+#include "kernels/foundation/clock.hpp"
 #include "src/train/run.hpp"
+#include "src/train/run_control.hpp"
 #include "src/train/simulate.hpp"
 
 namespace strata::train {
@@ -67,12 +81,278 @@ struct Choice {
   std::string value;
 };
 
+// One prediction's figures at its own global batch; per pipeline stage, the
+// pipeline's part of the step and its idle time (as measure_bubble takes
+// them) and the exposed communication, in seconds.
+struct Raw {
+  double step = 0, peak = 0, flops = 0, peak_flops = 0;
+  std::vector<double> pipe, idle, exposed;
+};
+
+Raw raw_figures(const plan::Plan& cfg, const sim::Machine& machine) {
+  const Prediction pr = predict(cfg, machine);
+  Raw r;
+  r.step = pr.step.step_time;
+  for (const RankClass& k : pr.estimate.classes)
+    r.peak = std::max(r.peak, double(k.memory[core::Pool::device].total_peak));
+  r.flops = pr.model_flops;
+  r.peak_flops = pr.peak_flops;
+  for (const prof::Timeline& tl : pr.timelines) {
+    double busy = 0, optimizer = 0;
+    for (const auto& s : tl.spans())
+      if (s.step >= 0) (s.phase == prof::Phase::optimizer ? optimizer : busy) += s.end - s.start;
+    r.pipe.push_back(r.step - optimizer);
+    r.idle.push_back(std::max(0.0, r.step - optimizer - busy));
+  }
+  for (const auto& st : pr.step.stages) r.exposed.push_back(st.comm_wait);
+  return r;
+}
+
+// A layout the search chose: its plan and the choices that made it.
+struct Layout {
+  plan::Plan plan;
+  std::vector<Choice> choices;
+};
+
+// ---- candidates through a pipe: a worker's results, as bytes ----
+
+void put(std::string& b, const void* p, std::size_t n) { b.append(static_cast<const char*>(p), n); }
+void put_u64(std::string& b, std::uint64_t x) { put(b, &x, sizeof x); }
+void put_f64(std::string& b, double x) { put(b, &x, sizeof x); }
+void put_str(std::string& b, const std::string& x) {
+  put_u64(b, x.size());
+  b += x;
+}
+
+struct Reader {
+  const std::string& b;
+  std::size_t at = 0;
+  std::uint64_t u64() {
+    std::uint64_t x = 0;
+    std::memcpy(&x, b.data() + at, sizeof x);
+    at += sizeof x;
+    return x;
+  }
+  double f64() {
+    double x = 0;
+    std::memcpy(&x, b.data() + at, sizeof x);
+    at += sizeof x;
+    return x;
+  }
+  std::string str() {
+    const std::size_t n = std::size_t(u64());
+    std::string x = b.substr(at, n);
+    at += n;
+    return x;
+  }
+};
+
+// One record: the layout's index, the payload's bytes, then its candidates.
+// A worker that fails sends index kFailed and its message.
+constexpr std::uint64_t kFailed = ~std::uint64_t(0);
+
+std::string record(std::uint64_t index, const std::vector<Candidate>& cs) {
+  std::string p;
+  put_u64(p, cs.size());
+  for (const Candidate& c : cs) {
+    put_str(p, c.label), put_str(p, c.overrides), put_str(p, c.status), put_str(p, c.reason);
+    put_u64(p, std::uint64_t(c.world));
+    for (double x : {c.tokens_per_s, c.mfu, c.step_time, c.peak_bytes, c.bubble, c.exposed_comm}) put_f64(p, x);
+  }
+  std::string r;
+  put_u64(r, index);
+  put_u64(r, p.size());
+  return r + p;
+}
+
+std::vector<Candidate> candidates_of(const std::string& payload) {
+  Reader r{payload};
+  std::vector<Candidate> out(std::size_t(r.u64()));
+  for (Candidate& c : out) {
+    c.label = r.str(), c.overrides = r.str(), c.status = r.str(), c.reason = r.str();
+    c.world = int(r.u64());
+    for (double* x : {&c.tokens_per_s, &c.mfu, &c.step_time, &c.peak_bytes, &c.bubble, &c.exposed_comm}) *x = r.f64();
+  }
+  return out;
+}
+
+void write_all(int fd, const std::string& b) {
+  for (std::size_t done = 0; done < b.size();) {
+    const ssize_t w = ::write(fd, b.data() + done, b.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) ::_exit(3);  // the planner is gone: nobody to tell
+    done += std::size_t(w);
+  }
+}
+
+using Judged = std::function<void(std::size_t, std::vector<Candidate>)>;
+
+// A process of its own judging every W-th layout (a fork: its own memory,
+// nothing shared to lock), its candidates coming back through a pipe.
+class Worker {
+ public:
+  Worker(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  // What has arrived; with `to_end`, everything until the worker is done.
+  void receive(bool to_end, const Judged& got) {
+    while (fd_ >= 0) {
+      char chunk[1 << 16];
+      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!to_end) break;
+        pollfd p{fd_, POLLIN, 0};
+        ::poll(&p, 1, 1000);
+        continue;
+      }
+      if (n <= 0) {
+        ::close(fd_);
+        fd_ = -1;
+        int status = 0;
+        while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+        }
+        break;
+      }
+      buf_.append(chunk, std::size_t(n));
+      deliver(got);
+    }
+  }
+  void stop(int signal) const {
+    if (fd_ >= 0) ::kill(pid_, signal);
+  }
+
+ private:
+  void deliver(const Judged& got) {
+    std::size_t at = 0;
+    while (buf_.size() - at >= 16) {
+      std::uint64_t index = 0, bytes = 0;
+      std::memcpy(&index, buf_.data() + at, 8);
+      std::memcpy(&bytes, buf_.data() + at + 8, 8);
+      if (buf_.size() - at - 16 < bytes) break;
+      const std::string payload = buf_.substr(at + 16, std::size_t(bytes));
+      at += 16 + std::size_t(bytes);
+      if (index == kFailed) core::runtime_error("a planning worker failed: {}", payload);
+      got(std::size_t(index), candidates_of(payload));
+    }
+    buf_.erase(0, at);
+  }
+
+  pid_t pid_;
+  int fd_;
+  std::string buf_;
+};
+
+// Workers 1 .. n - 1 of n over `layouts` layouts (this process is 0).
+std::vector<Worker> start_workers(int n, std::size_t layouts,
+                                  const std::function<std::vector<Candidate>(std::size_t)>& judge) {
+  std::vector<Worker> out;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int w = 1; w < n; ++w) {
+    int fds[2];
+    if (::pipe(fds) != 0) core::runtime_error("strata plan: cannot make a pipe: {}", std::strerror(errno));
+    const pid_t pid = ::fork();
+    if (pid < 0) core::runtime_error("strata plan: cannot start a worker: {}", std::strerror(errno));
+    if (pid == 0) {
+      ::close(fds[0]);
+      try {
+        for (std::size_t i = std::size_t(w); i < layouts && stop_signal() == 0; i += std::size_t(n))
+          write_all(fds[1], record(i, judge(i)));
+      } catch (const std::exception& e) {
+        std::string r;
+        put_u64(r, kFailed);
+        put_u64(r, std::strlen(e.what()));
+        write_all(fds[1], r + e.what());
+        ::_exit(1);
+      }
+      ::_exit(0);  // no MPI_Finalize, no exit handlers: the parent owns them
+    }
+    ::close(fds[1]);
+    ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    out.emplace_back(pid, fds[0]);
+  }
+  return out;
+}
+
+// The line that says how far the search is: layouts done of all, fitting
+// candidates, the best so far, time spent and left. To stderr, every few
+// seconds and at the end, so the table on stdout stays the table.
+class Progress {
+ public:
+  explicit Progress(std::size_t total) : total_(total), start_(prof::now_seconds()), shown_(start_) {}
+  void add(const std::vector<Candidate>& cs) {
+    ++done_;
+    for (const Candidate& c : cs) {
+      if (c.status != "complete") continue;
+      ++fit_;
+      if (c.tokens_per_s > best_) best_ = c.tokens_per_s, best_label_ = c.label;
+    }
+  }
+  void show(bool last) {
+    const double now = prof::now_seconds();
+    if (!last && now - shown_ < 5) return;
+    shown_ = now;
+    const double spent = now - start_;
+    const double left = done_ > 0 ? spent / double(done_) * double(total_ - done_) : 0;
+    fmt::print(stderr, "strata plan: {}/{} layouts, {} fit, best {}, {:.0f} s{}\n", done_, total_, fit_,
+               best_ > 0 ? fmt::format("{:.0f} tokens/s ({})", best_, best_label_) : std::string("none yet"), spent,
+               last ? "" : fmt::format(", about {:.0f} s left", left));
+    std::fflush(stderr);
+  }
+
+ private:
+  std::size_t total_, done_ = 0, fit_ = 0;
+  double best_ = 0;
+  std::string best_label_;
+  double start_, shown_;
+};
+
 }  // namespace
+
+Figures plan_figures(const plan::Plan& cfg, const sim::Machine& machine) {
+  Figures f;
+  const int per_rank = cfg.data.global_batch / (cfg.parallel.dp * cfg.data.micro_batch);
+  f.micro_batches = per_rank;
+  // The line's period: one micro-batch, or a group of pp where a schedule
+  // runs them in such groups (several chunks per rank); it starts past the
+  // pipeline's warm-up, at twice its depth.
+  const int period = cfg.parallel.virtual_stages > 1 ? cfg.parallel.pp : 1;
+  const int m1 = (std::max(2, 2 * cfg.parallel.pp) + period - 1) / period * period, m2 = m1 + period;
+  auto at = [&](int m) {
+    plan::Plan c = cfg;
+    c.data.global_batch = m * cfg.parallel.dp * cfg.data.micro_batch;
+    return c;
+  };
+  Raw a, b;
+  double t = 0;  // how many periods past m1 the deck's step is
+  if (per_rank <= m2) {
+    a = b = raw_figures(cfg, machine);
+    f.simulated = per_rank;
+  } else {
+    a = raw_figures(at(m1), machine);
+    b = raw_figures(at(m2), machine);
+    t = double(per_rank - m1) / period;
+    f.simulated = m2;
+  }
+  auto line = [t](double x, double y) { return x + t * (y - x); };
+  f.step_time = line(a.step, b.step);
+  f.peak_bytes = line(a.peak, b.peak);
+  // Model FLOPs are proportional to the sequences of a step.
+  const double flops = a.flops / double(per_rank <= m2 ? per_rank : m1) * per_rank;
+  f.tokens_per_s = f.step_time > 0 ? double(cfg.data.global_batch) * cfg.model.seq_len / f.step_time : 0;
+  f.mfu = f.step_time > 0 && a.peak_flops > 0 ? flops / f.step_time / a.peak_flops : 0;
+  for (std::size_t s = 0; s < a.idle.size(); ++s) {
+    const double pipe = line(a.pipe[s], b.pipe[s]);
+    if (pipe > 0) f.bubble = std::max(f.bubble, line(a.idle[s], b.idle[s]) / pipe);
+  }
+  for (std::size_t s = 0; s < a.exposed.size(); ++s) f.exposed_comm = std::max(f.exposed_comm, line(a.exposed[s], b.exposed[s]));
+  return f;
+}
 
 int search_layouts(const std::string& deck_path, const std::string& text, const std::vector<std::string>& sets,
                    const SearchOptions& o) {
   if (o.world < 1) core::input_error("--world {}: the devices to plan for, at least 1", o.world);
   if (o.top < 1) core::input_error("--top {}: at least 1 row", o.top);
+  if (o.jobs < 0) core::input_error("--jobs {}: at least 1 process (0 or absent: one per core)", o.jobs);
   const sim::Machine machine = sim::load_machine(o.machine);
   const deck::Deck base = deck::parse_deck(deck_path, text, sets);
   const double limit = o.memory_limit > 0 ? double(o.memory_limit) : machine.memory;
@@ -90,71 +370,12 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   for (const auto* s : layout) key_of(s->key).set(start, key_of(s->key).get(plan::Plan{}));
   for (const auto* s : fit) key_of(s->key).set(start, key_of(s->key).get(plan::Plan{}));
 
-  std::vector<Candidate> all;
-  int layouts = 0;
-  // A layout: the least recomputation and offload that fits, or its refusal.
-  auto judge = [&](const plan::Plan& chosen, const std::vector<Choice>& choices) {
-    ++layouts;
-    std::vector<std::string> over, label;
-    for (const Choice& c : choices) {
-      over.push_back(override_of(*c.search, c.value));
-      if (std::string l = said(*c.search, c.value); !l.empty()) label.push_back(l);
-    }
-    std::vector<std::vector<std::string>> values;
-    for (const auto* s : fit) {
-      values.push_back(s->values(space, chosen));
-      STRATA_CHECK(!values.back().empty(), "the search of {} offers no value", s->key);
-    }
-    std::vector<std::size_t> at(fit.size(), 0);
-    for (;;) {
-      std::vector<std::string> more = over, named = label;
-      for (std::size_t i = 0; i < fit.size(); ++i) {
-        const std::string& v = values[i][at[i]];
-        more.push_back(override_of(*fit[i], v));
-        if (std::string l = said(*fit[i], v); !l.empty()) named.push_back(l);
-      }
-      Candidate c;
-      c.overrides = join(more);
-      c.label = join(named);
-      c.world = o.world;
-      std::vector<std::string> all_sets = sets;
-      all_sets.insert(all_sets.end(), more.begin(), more.end());
-      bool fits = false;
-      try {
-        const deck::Deck d = deck::parse_deck(deck_path, text, all_sets);
-        const Prediction pr = predict(d.config, machine);
-        double peak = 0;
-        for (const RankClass& k : pr.estimate.classes)
-          peak = std::max(peak, double(k.memory[core::Pool::device].total_peak));
-        c.peak_bytes = peak;
-        c.tokens_per_s = pr.tokens_per_s;
-        c.mfu = pr.mfu;
-        c.step_time = pr.step.step_time;
-        for (const Bubble& b : pr.bubbles) c.bubble = std::max(c.bubble, b.idle_over_step);
-        for (const auto& st : pr.step.stages) c.exposed_comm = std::max(c.exposed_comm, st.comm_wait);
-        fits = peak <= limit;
-        c.status = fits ? "complete" : "skipped";
-        if (!fits)
-          c.reason = fmt::format("does not fit: device peak {} > {}", core::format_bytes(peak), core::format_bytes(limit));
-      } catch (const core::Error& e) {
-        // Refused by the deck's checks (or not simulable): skipped with its
-        // reason, whatever the recomputation and offload.
-        c.status = "skipped";
-        c.reason = e.kind() == core::ErrorKind::input ? e.what() : fmt::format("cannot simulate: {}", e.what());
-        all.push_back(c);
-        return;
-      }
-      all.push_back(c);
-      if (fits) return;
-      // The next combination, the last fit search fastest.
-      std::size_t i = fit.size();
-      while (i > 0 && ++at[i - 1] == values[i - 1].size()) at[--i] = 0;
-      if (i == 0) return;
-    }
-  };
+  // Every layout first (cheap: no prediction), so that progress has a total
+  // and the work can be shared out.
+  std::vector<Layout> layouts;
   std::vector<Choice> choices;
   auto choose = [&](auto& self, std::size_t i, const plan::Plan& so_far) -> void {
-    if (i == layout.size()) return judge(so_far, choices);
+    if (i == layout.size()) return layouts.push_back({so_far, choices});
     for (const std::string& v : layout[i]->values(space, so_far)) {
       plan::Plan next = so_far;
       key_of(layout[i]->key).set(next, plan::value_of(key_of(layout[i]->key), v));
@@ -165,6 +386,98 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   };
   choose(choose, 0, start);
 
+  // A layout: the least recomputation and offload that fits, or its refusal.
+  auto judge = [&](const Layout& l) {
+    std::vector<Candidate> out;
+    std::vector<std::string> over, label;
+    for (const Choice& c : l.choices) {
+      over.push_back(override_of(*c.search, c.value));
+      if (std::string x = said(*c.search, c.value); !x.empty()) label.push_back(x);
+    }
+    std::vector<std::vector<std::string>> values;
+    for (const auto* s : fit) {
+      values.push_back(s->values(space, l.plan));
+      STRATA_CHECK(!values.back().empty(), "the search of {} offers no value", s->key);
+    }
+    std::vector<std::size_t> at(fit.size(), 0);
+    for (;;) {
+      std::vector<std::string> more = over, named = label;
+      for (std::size_t i = 0; i < fit.size(); ++i) {
+        const std::string& v = values[i][at[i]];
+        more.push_back(override_of(*fit[i], v));
+        if (std::string x = said(*fit[i], v); !x.empty()) named.push_back(x);
+      }
+      Candidate c;
+      c.overrides = join(more);
+      c.label = join(named);
+      c.world = o.world;
+      std::vector<std::string> all_sets = sets;
+      all_sets.insert(all_sets.end(), more.begin(), more.end());
+      bool fits = false;
+      try {
+        const deck::Deck d = deck::parse_deck(deck_path, text, all_sets);
+        const Figures pr = plan_figures(d.config, machine);
+        c.peak_bytes = pr.peak_bytes;
+        c.tokens_per_s = pr.tokens_per_s;
+        c.mfu = pr.mfu;
+        c.step_time = pr.step_time;
+        c.bubble = pr.bubble;
+        c.exposed_comm = pr.exposed_comm;
+        fits = pr.peak_bytes <= limit;
+        c.status = fits ? "complete" : "skipped";
+        if (!fits)
+          c.reason = fmt::format("does not fit: device peak {} > {}", core::format_bytes(pr.peak_bytes),
+                                 core::format_bytes(limit));
+      } catch (const core::Error& e) {
+        // Refused by the deck's checks (or not simulable): skipped with its
+        // reason, whatever the recomputation and offload.
+        c.status = "skipped";
+        c.reason = e.kind() == core::ErrorKind::input ? e.what() : fmt::format("cannot simulate: {}", e.what());
+        out.push_back(c);
+        return out;
+      }
+      out.push_back(c);
+      if (fits) return out;
+      // The next combination, the last fit search fastest.
+      std::size_t i = fit.size();
+      while (i > 0 && ++at[i - 1] == values[i - 1].size()) at[--i] = 0;
+      if (i == 0) return out;
+    }
+  };
+
+  // Judged by every core: worker w of W takes layouts w, w + W, ... and
+  // sends each layout's candidates back; this process is worker 0. Results
+  // are kept by layout, so the table's order is the enumeration's whatever
+  // the timing.
+  install_stop_signals();
+  const int workers = std::max(1, std::min<int>(o.jobs > 0 ? o.jobs : int(std::thread::hardware_concurrency()),
+                                                int(layouts.size())));
+  std::vector<std::optional<std::vector<Candidate>>> judged(layouts.size());
+  Progress progress(layouts.size());
+  auto note = [&](std::size_t i, std::vector<Candidate> cs) {
+    progress.add(cs);
+    judged[i] = std::move(cs);
+  };
+  std::vector<Worker> others =
+      start_workers(workers, layouts.size(), [&](std::size_t i) { return judge(layouts[i]); });
+  for (std::size_t i = 0; i < layouts.size() && stop_signal() == 0; i += std::size_t(workers)) {
+    note(i, judge(layouts[i]));
+    for (Worker& w : others) w.receive(false, note);
+    progress.show(false);
+  }
+  if (stop_signal() != 0)
+    for (Worker& w : others) w.stop(stop_signal());
+  for (Worker& w : others) w.receive(true, note);
+  progress.show(true);
+  const int stopped = stop_signal();
+
+  std::vector<Candidate> all;
+  std::size_t layouts_done = 0;
+  for (auto& j : judged)
+    if (j) {
+      ++layouts_done;
+      for (auto& c : *j) all.push_back(std::move(c));
+    }
   std::vector<std::size_t> ranked;
   for (std::size_t i = 0; i < all.size(); ++i)
     if (all[i].status == "complete") ranked.push_back(i);
@@ -214,13 +527,19 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
                  c.exposed_comm});
     }
     f.write_table(t);
-    f.set_attr("/", "status", "complete");
+    // Stopped by a signal: the candidates judged so far, and the status says so.
+    f.set_attr("/", "status", stopped ? "interrupted" : "complete");
+    if (stopped) f.set_attr("/", "interrupted_by", std::string(signal_name(stopped)));
+    f.set_attr("/", "layouts", std::int64_t(layouts.size()));
+    f.set_attr("/", "layouts_judged", std::int64_t(layouts_done));
     f.publish();
   }
 
-  fmt::print("strata plan | {} | machine {} | {} device(s), at most {} each | {} layout(s), {} candidate(s) "
+  fmt::print("strata plan | {} | machine {} | {} device(s), at most {} each | {} layout(s){}, {} candidate(s) "
              "predicted or refused, {} fit\n",
-             deck_path, machine.name, o.world, core::format_bytes(limit), layouts, all.size(), ranked.size());
+             deck_path, machine.name, o.world, core::format_bytes(limit), layouts.size(),
+             stopped ? fmt::format(" ({} judged before {})", layouts_done, signal_name(stopped)) : "", all.size(),
+             ranked.size());
   fmt::print("  {:>4} {:>12} {:>6} {:>9} {:>11} {:>7} {:>10}  {}\n", "rank", "tokens/s", "MFU%", "step_ms",
              "peak mem", "bubble", "exposed_s", "layout");
   for (std::size_t r = 0; r < ranked.size() && int(r) < o.top; ++r) {
@@ -231,6 +550,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   }
   if (ranked.empty()) fmt::print("no layout fits: see {} for why each was refused\n", path);
   fmt::print("report: {} (analysis/strata-report {} --plots DIR: throughput against memory)\n", path, path);
+  if (stopped) return interrupted_exit_code(stopped);
   return ranked.empty() ? 3 : 0;
 }
 

@@ -221,6 +221,40 @@ for o in p["overrides"]:  # every candidate uses the 4 devices
 assert any(b"parallel.cp=2" in o for o in p["overrides"]), "context parallelism is searched"
 PY
 then ok "plan: every layout of 4 devices, the fitting ones ranked"; else bad "plan"; cat plan.log plancheck.log; fi
+# One process or several judging the layouts: the same table, row for row.
+if "$strata" plan tiny.toml --machine a100-80gb --world 4 --top 3 --jobs 1 --output out/plan1.h5 > plan1.log 2>&1 \
+   && "$strata" plan tiny.toml --machine a100-80gb --world 4 --top 3 --jobs 3 --output out/plan3.h5 > plan3.log 2>&1 \
+   && "$py" - <<'PY' > planjobs.log 2>&1
+import h5py, numpy as np
+a, b = h5py.File("out/plan1.h5")["points"][:], h5py.File("out/plan3.h5")["points"][:]
+assert len(a) == len(b) > 0, (len(a), len(b))
+for n in a.dtype.names:
+    if n != "final_loss":
+        assert np.array_equal(a[n], b[n]), n
+PY
+then ok "plan: one process and three give the same table"; else bad "plan --jobs"; cat plan1.log plan3.log planjobs.log; fi
+# Stopped by SIGTERM: what was judged is written, the report says it was
+# interrupted, the exit status is 143 and no worker is left running.
+"$strata" plan "$src/inputs/gpt-7b-4096.toml" --machine h100-80gb --world 512 --jobs 2 --output out/planstop.h5 \
+  > planstop.log 2> planstop.err &
+planpid=$!
+for _ in $(seq 1 120); do grep -q "layouts" planstop.err 2>/dev/null && break; sleep 0.5; done
+kill -TERM "$planpid"
+wait "$planpid"
+rc=$?
+sleep 1
+if [[ $rc -eq 143 ]] && ! pgrep -f "out/planstop.h5" > /dev/null && grep -q "judged before SIGTERM" planstop.log \
+   && "$py" - <<'PY' > planstopcheck.log 2>&1
+import h5py
+f = h5py.File("out/planstop.h5")
+a = dict(f.attrs)
+status = a["status"].decode() if isinstance(a["status"], bytes) else a["status"]
+by = a["interrupted_by"].decode() if isinstance(a["interrupted_by"], bytes) else a["interrupted_by"]
+assert status == "interrupted" and by == "SIGTERM", (status, by)
+assert 0 < a["layouts_judged"] < a["layouts"], (a["layouts_judged"], a["layouts"])
+assert len(f["points"]) >= a["layouts_judged"]
+PY
+then ok "plan: SIGTERM writes what was judged, exit 143"; else bad "plan stop (rc $rc)"; cat planstop.log planstop.err planstopcheck.log; fi
 # Context parallelism on 2 ranks: each sequence split in two, the ring's
 # exchanges on the cp axis; the dry run prints the cp groups.
 if mpiexec -n 2 "$strata" run tiny.toml --set run.steps=2 --set parallel.cp=2 --output out/cp.h5 > cp.log 2>&1 \

@@ -5,6 +5,8 @@
 // counts; a whole deck's prediction holding the estimate's memory; and every
 // kind of bad machine description named with file, line and key.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <numeric>
@@ -16,6 +18,7 @@
 #include "src/sim/simulator.hpp"
 #include "strategies/registry.hpp"
 #include "src/train/estimate.hpp"
+#include "src/train/search.hpp"
 #include "src/train/simulate.hpp"
 #include "strategies/pp/schedule.hpp"
 
@@ -385,6 +388,43 @@ TEST(Simulator, ReductionsAfterTheBackwardPassHideNothing) {
     EXPECT_GT(b.step.stages[0].comm_wait, a.step.stages[0].comm_wait);
     // The same compute either way.
     EXPECT_DOUBLE_EQ(b.step.stages[0].compute, a.step.stages[0].compute);
+  }
+}
+
+// The planner simulates a layout of many micro-batches at two small counts
+// and extends the line (train::plan_figures): under every schedule, with
+// sharded state and with tp x pp x dp, its figures are the whole
+// simulation's.
+TEST(Plan, ManyMicroBatchesLieOnTheLineOfTwoFew) {
+  const sim::Machine m = unit_machine();
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.dp=2", "parallel.zero=2", "data.global_batch=48"},
+      {"parallel.dp=2", "parallel.zero=3", "data.global_batch=48"},
+      {"parallel.pp=2", "data.global_batch=24"},
+      {"parallel.pp=2", "parallel.schedule=\"gpipe\"", "data.global_batch=24"},
+      {"parallel.pp=2", "parallel.schedule=\"interleaved\"", "parallel.virtual_stages=2", "model.layers=4",
+       "data.global_batch=24"},
+      {"parallel.pp=2", "parallel.schedule=\"zb-h1\"", "data.global_batch=24"},
+      {"parallel.pp=2", "parallel.schedule=\"zb-v\"", "parallel.virtual_stages=2", "model.layers=4",
+       "data.global_batch=24"},
+      {"parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.zero=1", "data.global_batch=48"}};
+  for (const auto& sets : layouts) {
+    SCOPED_TRACE(fmt::format("{}", fmt::join(sets, " ")));
+    const plan::Plan cfg = tiny(sets);
+    const train::Figures f = train::plan_figures(cfg, m);
+    const train::Prediction whole = train::predict(cfg, m);
+    EXPECT_EQ(f.micro_batches, 12);
+    EXPECT_LT(f.simulated, f.micro_batches);
+    EXPECT_NEAR(f.step_time, whole.step.step_time, 1e-9 * whole.step.step_time);
+    EXPECT_NEAR(f.tokens_per_s, whole.tokens_per_s, 1e-9 * whole.tokens_per_s);
+    EXPECT_NEAR(f.mfu, whole.mfu, 1e-9 * whole.mfu);
+    double peak = 0, bubble = 0, exposed = 0;
+    for (const auto& k : whole.estimate.classes) peak = std::max(peak, double(k.memory[core::Pool::device].total_peak));
+    for (const auto& b : whole.bubbles) bubble = std::max(bubble, b.idle_over_step);
+    for (const auto& s : whole.step.stages) exposed = std::max(exposed, s.comm_wait);
+    EXPECT_NEAR(f.peak_bytes, peak, 0.5);
+    EXPECT_NEAR(f.bubble, bubble, 1e-9);
+    EXPECT_NEAR(f.exposed_comm, exposed, 1e-9 * whole.step.step_time);
   }
 }
 
