@@ -220,8 +220,10 @@ void Trainer::load_batch(std::int64_t first, int B, int T, std::int32_t* tokens,
   const std::size_t whole = std::size_t(B) * std::size_t(S), n = std::size_t(B) * std::size_t(T);
   host_tokens_.resize(whole);
   host_targets_.resize(whole);
-  fill_batch(*data_, first, B, S, host_tokens_.data(), host_targets_.data());
-  if (T < S)
+  // The meta device reads no token (its kernels only count): a dry run or a
+  // plan draws none, and copies what the run would.
+  if (!kernels::is_meta()) fill_batch(*data_, first, B, S, host_tokens_.data(), host_targets_.data());
+  if (T < S && !kernels::is_meta())
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < T; ++t) {
         const std::size_t from = std::size_t(b) * S + std::size_t(parts_.cp->position(t, S)), to = std::size_t(b) * T + t;
