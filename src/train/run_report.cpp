@@ -357,6 +357,13 @@ void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vect
   f.write_table(cm);
 }
 
+std::map<int, StepSpans> spans_by_step(const prof::Timeline& timeline) {
+  std::map<int, StepSpans> out;
+  for (const auto& s : timeline.spans())
+    if (s.step >= 0) (s.phase == prof::Phase::optimizer ? out[s.step].optimizer : out[s.step].busy) += s.end - s.start;
+  return out;
+}
+
 Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
                       int micro_batches, int virtual_stages, const strategies::pp::ScheduleInfo& schedule) {
   Bubble b{pp_rank, stages, micro_batches, virtual_stages, schedule.name};
@@ -365,17 +372,16 @@ Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepReco
   // synchronisation, norm, clipping, AdamW), which every schedule has alike
   // and the theory leaves out; its idle time is that part minus the compute.
   // Keyed by the global step: a resumed run's records start past 0.
-  std::map<int, double> busy, optimizer;
-  for (const auto& s : timeline.spans())
-    if (s.step >= 0) (s.phase == prof::Phase::optimizer ? optimizer : busy)[s.step] += s.end - s.start;
+  std::map<int, StepSpans> by_step = spans_by_step(timeline);
   std::vector<double> over_step, over_compute;
   for (const auto& r : steps) {
     if (r.warmup) continue;
-    const double pipe = r.step_time - optimizer[r.step], b_s = busy[r.step];
+    const StepSpans& s = by_step[r.step];
+    const double pipe = s.pipeline(r.step_time);
     if (pipe <= 0) continue;
-    const double idle = std::max(0.0, pipe - b_s);
+    const double idle = s.idle(r.step_time);
     over_step.push_back(idle / pipe);
-    if (b_s > 0) over_compute.push_back(idle / b_s);
+    if (s.busy > 0) over_compute.push_back(idle / s.busy);
   }
   b.idle_over_step = median(over_step);
   b.idle_over_compute = median(over_compute);

@@ -180,6 +180,14 @@ struct Bubble {
   double idle_over_compute = 0;  // idle / busy: the convention of "bubble time over ideal time"
   double theory = 0;             // the schedule's with unit costs (strategies::pp::ScheduleInfo::bubble)
 };
+// A step's spans split as the bubble takes them: the optimizer span, and
+// the forward and backward spans (busy), in seconds, by global step.
+struct StepSpans {
+  double busy = 0, optimizer = 0;
+  double pipeline(double step_time) const { return step_time - optimizer; }
+  double idle(double step_time) const { return std::max(0.0, pipeline(step_time) - busy); }
+};
+std::map<int, StepSpans> spans_by_step(const prof::Timeline& timeline);
 Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
                       int micro_batches, int virtual_stages, const strategies::pp::ScheduleInfo& schedule);
 void write_pipeline_summary(report::H5File& f, const std::vector<std::pair<int, Bubble>>& per_rank);

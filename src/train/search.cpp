@@ -85,7 +85,7 @@ struct Choice {
 // pipeline's part of the step and its idle time (as measure_bubble takes
 // them) and the exposed communication, in seconds.
 struct Raw {
-  double step = 0, peak = 0, flops = 0, peak_flops = 0;
+  double step = 0, peak = 0;
   std::vector<double> pipe, idle, exposed;
 };
 
@@ -95,14 +95,11 @@ Raw raw_figures(const plan::Plan& cfg, const sim::Machine& machine) {
   r.step = pr.step.step_time;
   for (const RankClass& k : pr.estimate.classes)
     r.peak = std::max(r.peak, double(k.memory[core::Pool::device].total_peak));
-  r.flops = pr.model_flops;
-  r.peak_flops = pr.peak_flops;
   for (const prof::Timeline& tl : pr.timelines) {
-    double busy = 0, optimizer = 0;
-    for (const auto& s : tl.spans())
-      if (s.step >= 0) (s.phase == prof::Phase::optimizer ? optimizer : busy) += s.end - s.start;
-    r.pipe.push_back(r.step - optimizer);
-    r.idle.push_back(std::max(0.0, r.step - optimizer - busy));
+    StepSpans s;  // a simulation's timeline is one step
+    for (const auto& [step, spans] : spans_by_step(tl)) s = spans;
+    r.pipe.push_back(s.pipeline(r.step));
+    r.idle.push_back(s.idle(r.step));
   }
   for (const auto& st : pr.step.stages) r.exposed.push_back(st.comm_wait);
   return r;
@@ -310,7 +307,7 @@ class Progress {
 
 Figures plan_figures(const plan::Plan& cfg, const sim::Machine& machine) {
   Figures f;
-  const int per_rank = cfg.data.global_batch / (cfg.parallel.dp * cfg.data.micro_batch);
+  const int per_rank = cfg.micro_batches();
   f.micro_batches = per_rank;
   // The line's period: one micro-batch, or a group of pp where a schedule
   // runs them in such groups (several chunks per rank); it starts past the
@@ -336,10 +333,10 @@ Figures plan_figures(const plan::Plan& cfg, const sim::Machine& machine) {
   auto line = [t](double x, double y) { return x + t * (y - x); };
   f.step_time = line(a.step, b.step);
   f.peak_bytes = line(a.peak, b.peak);
-  // Model FLOPs are proportional to the sequences of a step.
-  const double flops = a.flops / double(per_rank <= m2 ? per_rank : m1) * per_rank;
-  f.tokens_per_s = f.step_time > 0 ? double(cfg.data.global_batch) * cfg.model.seq_len / f.step_time : 0;
-  f.mfu = f.step_time > 0 && a.peak_flops > 0 ? flops / f.step_time / a.peak_flops : 0;
+  Prediction rates;
+  set_throughput(rates, cfg, machine, f.step_time);
+  f.tokens_per_s = rates.tokens_per_s;
+  f.mfu = rates.mfu;
   for (std::size_t s = 0; s < a.idle.size(); ++s) {
     const double pipe = line(a.pipe[s], b.pipe[s]);
     if (pipe > 0) f.bubble = std::max(f.bubble, line(a.idle[s], b.idle[s]) / pipe);

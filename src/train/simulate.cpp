@@ -26,6 +26,16 @@ constexpr int kEveryRankRows = 64;
 
 }  // namespace
 
+void set_throughput(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine, double t) {
+  const models::Family& family = models::family(cfg);
+  out.model_flops = family.model_flops(cfg, cfg.data.global_batch);
+  out.hardware_flops = family.hardware_flops(cfg, cfg.data.global_batch);
+  out.peak_flops = machine.peak(cfg.backend.precision) * strategies::layout_of(cfg).world();
+  out.tokens_per_s = t > 0 ? double(cfg.data.global_batch) * cfg.model.seq_len / t : 0;
+  out.mfu = t > 0 && out.peak_flops > 0 ? out.model_flops / t / out.peak_flops : 0;
+  out.hfu = t > 0 && out.peak_flops > 0 ? out.hardware_flops / t / out.peak_flops : 0;
+}
+
 Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
   const mesh::Layout l = strategies::layout_of(cfg);
   Prediction out;
@@ -37,14 +47,8 @@ Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
       if (std::find(k.ranks.begin(), k.ranks.end(), r) != k.ranks.end()) traces[std::size_t(s)] = &k.trace;
   }
   out.step = sim::simulate_step(l, traces, machine, cfg.backend.precision);
-  const models::Family& family = models::family(cfg);
   const double t = out.step.step_time;
-  out.model_flops = family.model_flops(cfg, cfg.data.global_batch);
-  out.hardware_flops = family.hardware_flops(cfg, cfg.data.global_batch);
-  out.peak_flops = machine.peak(cfg.backend.precision) * l.world();
-  out.tokens_per_s = t > 0 ? double(cfg.data.global_batch) * cfg.model.seq_len / t : 0;
-  out.mfu = t > 0 && out.peak_flops > 0 ? out.model_flops / t / out.peak_flops : 0;
-  out.hfu = t > 0 && out.peak_flops > 0 ? out.hardware_flops / t / out.peak_flops : 0;
+  set_throughput(out, cfg, machine, t);
   StepRecord& step = out.step_record;
   step.loss = std::numeric_limits<double>::quiet_NaN();
   step.grad_norm = std::numeric_limits<double>::quiet_NaN();

@@ -35,6 +35,9 @@ struct Prediction {
 };
 
 Prediction predict(const plan::Plan& cfg, const sim::Machine& machine);
+// A deck's throughput figures for a step of `step_time` seconds on `machine`
+// (predict's, and the planner's for a step it extends along a line).
+void set_throughput(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine, double step_time);
 
 // Prints the prediction and writes its report; returns the exit status.
 int simulate_deck(const deck::Deck& deck, const SimulateOptions& options);
