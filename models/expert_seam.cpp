@@ -11,7 +11,8 @@ void ExpertSeam::exchange_counts(const std::int32_t* send, std::int32_t* recv, s
 }
 
 void ExpertSeam::exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs,
-                          float* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs) {
+                          float* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
+                          std::int64_t) {
   kernels::copy_bytes(recv + recv_displs[0], send + send_displs[0], sizeof(float) * std::size_t(send_counts[0]));
 }
 

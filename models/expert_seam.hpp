@@ -21,9 +21,12 @@ class ExpertSeam {
   // from rank p.
   virtual void exchange_counts(const std::int32_t* send, std::int32_t* recv, std::int64_t per_peer);
   // Floats to and from every rank: send_counts[p] from send + send_displs[p]
-  // to rank p, recv_counts[p] from rank p into recv + recv_displs[p].
+  // to rank p, recv_counts[p] from rank p into recv + recv_displs[p]. Both
+  // buffers hold `extent` floats (a MoE layer's slots), what the exchange's
+  // communication memory is sized by whatever the routing.
   virtual void exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs,
-                        float* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs);
+                        float* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
+                        std::int64_t extent);
 };
 
 // One rank holding every expert.

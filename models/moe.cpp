@@ -72,7 +72,8 @@ void MoeLayer::exchange(const float* send, float* recv, bool out) {
   // Out: this rank's rows to their experts' ranks; back: the reverse.
   auto* sc = &out_counts_, *sd = &out_displs_, *rc = &in_counts_, *rd = &in_displs_;
   if (!out) std::swap(sc, rc), std::swap(sd, rd);
-  ep_->exchange(send, sc->data(), sd->data(), recv, rc->data(), rd->data());
+  ep_->exchange(send, sc->data(), sd->data(), recv, rc->data(), rd->data(),
+                std::int64_t(c_.experts) * cap_ * c_.d_model);
 }
 
 void MoeLayer::regroup(float* by_source, float* by_expert, bool to_experts) const {

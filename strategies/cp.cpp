@@ -50,7 +50,7 @@ void cp_axes(const Plan& p, mesh::Layout& l) {
 
 void cp_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
   comm::Communicator* cp = several(mesh.group("cp"));
-  out.cp = make_context_seam(cp);
+  out.cp = make_context_seam(cp, out.wire);
   if (cp != nullptr) out.same_params = mesh.group("dp_cp");
 }
 
@@ -76,8 +76,8 @@ const Row& context_parallel_row() {
       check_cp,
       "activations 1/cp (every buffer holds seq_len / cp tokens of each sequence; attention keeps the rows' "
       "log-sum-exp, B NH T / cp floats); workspace five key-value blocks 10 B (T / cp) C / tp floats; per block and "
-      "micro-batch cp - 1 sends of 2 B (T / cp) C / tp floats forward, 2 (cp - 1) + 1 backward (keys and values, "
-      "then their gradients)",
+      "micro-batch cp - 1 sends of 2 B (T / cp) C / tp elements forward, 2 (cp - 1) + 1 backward (keys and values, "
+      "then their gradients), in the compute precision (under 16 bits a 16-bit copy of each block in flight)",
       cp_parts,
       {{30, "parallel.cp", cp_sizes, false, "cp", "1"}}};
   return row;
@@ -108,8 +108,8 @@ void RingAttention::attention_forward(float* out, float* lse, float* scratch, co
     // The next block travels while this one is computed.
     std::vector<comm::RequestPtr> ring;
     if (s + 1 < p) {
-      ring.push_back(cp_.isend(kv[s % 2], n, comm::DType::f32, next, kKvTag));
-      ring.push_back(cp_.irecv(kv[(s + 1) % 2], n, comm::DType::f32, prev, kKvTag));
+      ring.push_back(wire_.isend(cp_, kv[s % 2], n, next, kKvTag));
+      ring.push_back(wire_.irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
     }
     const int src = (r + p - s) % p;  // whose keys and values these are
     for (int qh = 0; qh < 2; ++qh)
@@ -138,13 +138,13 @@ void RingAttention::attention_backward(float* dqkv, float* scratch, const float*
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   // One receive of a block's gradient is always posted before any send is
   // waited for, so the ring cannot wait on itself.
-  comm::RequestPtr incoming = cp_.irecv(dkv_in, n, comm::DType::f32, prev, kGradTag);
+  comm::RequestPtr incoming = wire_.irecv(cp_, dkv_in, n, prev, kGradTag);
   comm::RequestPtr sent[2];
   for (int s = 0; s < p; ++s) {
     std::vector<comm::RequestPtr> ring;
     if (s + 1 < p) {
-      ring.push_back(cp_.isend(kv[s % 2], n, comm::DType::f32, next, kKvTag));
-      ring.push_back(cp_.irecv(kv[(s + 1) % 2], n, comm::DType::f32, prev, kKvTag));
+      ring.push_back(wire_.isend(cp_, kv[s % 2], n, next, kKvTag));
+      ring.push_back(wire_.irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
     }
     const int src = (r + p - s) % p;
     float* mine = dkv_mine[s % 2];
@@ -162,11 +162,11 @@ void RingAttention::attention_backward(float* dqkv, float* scratch, const float*
     if (s > 0) {
       incoming->wait();
       kernels::add_inplace(mine, dkv_in, n);
-      incoming = cp_.irecv(dkv_in, n, comm::DType::f32, prev, kGradTag);
+      incoming = wire_.irecv(cp_, dkv_in, n, prev, kGradTag);
     }
     // On to the next rank, which meets this block at the next step; after
     // the last step the next rank is the block's owner.
-    sent[s % 2] = cp_.isend(mine, n, comm::DType::f32, next, kGradTag);
+    sent[s % 2] = wire_.isend(cp_, mine, n, next, kGradTag);
     for (auto& q : ring) q->wait();
   }
   for (auto& q : sent)
@@ -175,9 +175,9 @@ void RingAttention::attention_backward(float* dqkv, float* scratch, const float*
   kernels::copy_rows(dqkv + C, C3, dkv_in, C2, std::int64_t(B) * Tl, C2, true);
 }
 
-std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp) {
+std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp, const models::Wire& wire) {
   if (cp == nullptr || cp->size() == 1) return std::make_unique<models::WholeSequence>();
-  return std::make_unique<RingAttention>(*cp);
+  return std::make_unique<RingAttention>(*cp, wire);
 }
 
 }  // namespace strata::strategies

@@ -10,6 +10,7 @@
 
 #include "kernels/foundation/communicator.hpp"
 #include "models/context_seam.hpp"
+#include "models/wire.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::strategies {
@@ -25,7 +26,7 @@ namespace strata::strategies {
 // computes), and after cp steps reach the block's owner.
 class RingAttention final : public models::ContextSeam {
  public:
-  explicit RingAttention(comm::Communicator& cp) : cp_(cp) {}
+  RingAttention(comm::Communicator& cp, const models::Wire& wire) : cp_(cp), wire_(wire) {}
 
   int size() const override { return cp_.size(); }
   int rank() const override { return cp_.rank(); }
@@ -43,11 +44,12 @@ class RingAttention final : public models::ContextSeam {
 
  private:
   comm::Communicator& cp_;
+  models::Wire wire_;  // the blocks and their gradients travel in the compute precision
 };
 
 // The seam of the layer row cp: over `cp` (whole sequences when null or of
-// one rank).
-std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp);
+// one rank), its blocks on `wire`.
+std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp, const models::Wire& wire);
 
 // The layer seam's row of cp.
 const Row& context_parallel_row();

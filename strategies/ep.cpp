@@ -7,9 +7,9 @@
 
 namespace strata::strategies {
 
-std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep) {
+std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep, const models::Wire& wire) {
   if (ep == nullptr || ep->size() == 1) return std::make_unique<models::OneExpertRank>();
-  return std::make_unique<ExpertParallelSeam>(*ep);
+  return std::make_unique<ExpertParallelSeam>(*ep, wire);
 }
 
 ExpertParallelState::ExpertParallelState(const StateConfig& cfg, const models::ParamRegistry& reg,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "models/expert_seam.hpp"
+#include "models/wire.hpp"
 #include "models/state.hpp"
 #include "kernels/kernels.hpp"
 #include "strategies/state_strategy.hpp"
@@ -25,11 +26,12 @@
 namespace strata::strategies {
 
 // The layer seam of expert parallelism (models/expert_seam.hpp) over the ep
-// group: counts by all_to_all, rows by all_to_allv, so every exchange is
-// profiled on the `ep` axis.
+// group: counts by all_to_all, rows by all_to_allv in the compute precision
+// (models/wire.hpp: a token sent to an expert on this rank is rounded like
+// the rest), so every exchange is profiled on the `ep` axis.
 class ExpertParallelSeam final : public models::ExpertSeam {
  public:
-  explicit ExpertParallelSeam(comm::Communicator& ep) : ep_(ep) {}
+  ExpertParallelSeam(comm::Communicator& ep, const models::Wire& wire) : ep_(ep), wire_(wire) {}
   int size() const override { return ep_.size(); }
   int rank() const override { return ep_.rank(); }
   void exchange_counts(const std::int32_t* send, std::int32_t* recv, std::int64_t per_peer) override {
@@ -41,17 +43,18 @@ class ExpertParallelSeam final : public models::ExpertSeam {
         std::copy(send + rank() * per_peer, send + (rank() + 1) * per_peer, recv + q * per_peer);
   }
   void exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs, float* recv,
-                const std::int64_t* recv_counts, const std::int64_t* recv_displs) override {
-    ep_.all_to_allv(send, send_counts, send_displs, recv, recv_counts, recv_displs, comm::DType::f32);
+                const std::int64_t* recv_counts, const std::int64_t* recv_displs, std::int64_t extent) override {
+    wire_.all_to_allv(ep_, send, send_counts, send_displs, recv, recv_counts, recv_displs, extent);
   }
 
  private:
   comm::Communicator& ep_;
+  models::Wire wire_;
 };
 
 // The seam of the layer row ep: over `ep` (one rank, the plain seam, when
-// null or of one rank).
-std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep);
+// null or of one rank), its tokens on `wire`.
+std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep, const models::Wire& wire);
 
 class ExpertParallelState final : public StateStrategy, public models::ParamState {
  public:

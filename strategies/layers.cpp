@@ -69,7 +69,7 @@ void tp_axes(const Plan& p, mesh::Layout& l) {
 
 void tp_parts(const Plan& p, const MeshGroups& mesh, Parallel& out) {
   comm::Communicator* tp = several(mesh.group("tp"));
-  out.tp = make_tensor_seam(tp, p.parallel.sequence_parallel);
+  out.tp = make_tensor_seam(tp, p.parallel.sequence_parallel, out.wire);
   if (tp != nullptr) out.norm.push_back(tp);
 }
 
@@ -86,7 +86,7 @@ void ep_axes(const Plan& p, mesh::Layout& l) {
 
 void ep_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
   comm::Communicator* ep = several(mesh.group("ep"));
-  out.ep = make_expert_seam(ep);
+  out.ep = make_expert_seam(ep, out.wire);
   if (ep == nullptr) return;
   out.experts = ep;
   out.expert_data = mesh.group("edp");
@@ -132,7 +132,8 @@ const std::vector<Row>& layer_rows() {
        tp_axes,
        check_tp,
        "parameters, gradients and optimizer state of the split tensors 1/tp; per block two all-reduces of b s h "
-       "forward and two backward (with sequence parallelism, all-gather and reduce-scatter pairs of the same bytes)",
+       "forward and two backward (with sequence parallelism, all-gather and reduce-scatter pairs of the same bytes), "
+       "in the compute precision (under 16 bits through a 16-bit copy of the activations for the call)",
        tp_parts,
        {{10, "parallel.tp", tp_sizes, false, "tp"},
         {95, "parallel.sequence_parallel", sp_choices, false, "sp", "false"}}},
@@ -145,7 +146,8 @@ const std::vector<Row>& layer_rows() {
        ep_axes,
        check_ep,
        "expert parameters and state 1/ep (sharded by ZeRO over dp / ep); per MoE block and micro-batch an "
-       "all-to-all of E int32 counts and all_to_allv of the routed rows out and back, each way",
+       "all-to-all of E int32 counts and all_to_allv of the routed rows out and back, each way, in the compute "
+       "precision (under 16 bits through 16-bit copies of both slot buffers for the call)",
        ep_parts,
        {{50, "parallel.ep", ep_sizes, false, "ep", "1"}}},
       context_parallel_row(),

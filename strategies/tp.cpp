@@ -12,16 +12,16 @@ std::int64_t TensorParallelSeam::rows(std::int64_t N) const {
 
 const float* TensorParallelSeam::gather(const float* mine, float* all, std::int64_t N, int C) {
   if (!sp_) return mine;  // every rank holds every row
-  tp_.all_gather(mine, all, rows(N) * C, comm::DType::f32);
+  wire_.all_gather(tp_, mine, all, rows(N) * C);
   return all;
 }
 
 const float* TensorParallelSeam::reduce(float* partial, float* mine, std::int64_t N, int C) {
   if (!sp_) {
-    tp_.all_reduce(partial, N * C, comm::DType::f32, comm::ReduceOp::sum);
+    wire_.all_reduce(tp_, partial, N * C);
     return partial;
   }
-  tp_.reduce_scatter(partial, mine, rows(N) * C, comm::DType::f32, comm::ReduceOp::sum);
+  wire_.reduce_scatter(tp_, partial, mine, rows(N) * C);
   return mine;
 }
 
@@ -34,9 +34,10 @@ void TensorParallelSeam::reduce_replicated(float* grads, std::int64_t n) {
   if (sp_) tp_.all_reduce(grads, n, comm::DType::f32, comm::ReduceOp::sum);
 }
 
-std::unique_ptr<models::TensorSeam> make_tensor_seam(comm::Communicator* tp, bool sequence_parallel) {
+std::unique_ptr<models::TensorSeam> make_tensor_seam(comm::Communicator* tp, bool sequence_parallel,
+                                                     const models::Wire& wire) {
   if (tp == nullptr || tp->size() == 1) return std::make_unique<models::OneRank>();
-  return std::make_unique<TensorParallelSeam>(*tp, sequence_parallel);
+  return std::make_unique<TensorParallelSeam>(*tp, sequence_parallel, wire);
 }
 
 }  // namespace strata::strategies

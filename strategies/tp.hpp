@@ -16,12 +16,14 @@
 
 #include "kernels/foundation/communicator.hpp"
 #include "models/tensor_seam.hpp"
+#include "models/wire.hpp"
 
 namespace strata::strategies {
 
 class TensorParallelSeam final : public models::TensorSeam {
  public:
-  TensorParallelSeam(comm::Communicator& tp, bool sequence_parallel) : tp_(tp), sp_(sequence_parallel) {}
+  TensorParallelSeam(comm::Communicator& tp, bool sequence_parallel, const models::Wire& wire)
+      : tp_(tp), sp_(sequence_parallel), wire_(wire) {}
 
   int size() const override { return tp_.size(); }
   int rank() const override { return tp_.rank(); }
@@ -35,10 +37,15 @@ class TensorParallelSeam final : public models::TensorSeam {
  private:
   comm::Communicator& tp_;
   bool sp_;
+  // gather and reduce move activations and their gradients: in the compute
+  // precision. all_reduce (the cross-entropy's statistics) and
+  // reduce_replicated (parameter gradients) stay fp32.
+  models::Wire wire_;
 };
 
 // The seam of the layer row tp: over `tp` (one rank, the plain seam, when
-// null or of one rank).
-std::unique_ptr<models::TensorSeam> make_tensor_seam(comm::Communicator* tp, bool sequence_parallel);
+// null or of one rank), its activations on `wire`.
+std::unique_ptr<models::TensorSeam> make_tensor_seam(comm::Communicator* tp, bool sequence_parallel,
+                                                     const models::Wire& wire);
 
 }  // namespace strata::strategies

@@ -139,7 +139,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       file.set_attr("/", "device_arena_bytes", std::int64_t(arena.capacity));
       file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
     }
-    Trainer trainer(cfg, tracker, &timeline, job_peak, strategies::parallelize(cfg, &mesh));
+    Trainer trainer(cfg, tracker, &timeline, job_peak, strategies::parallelize(cfg, &mesh, tracker));
     // Room for every record up front: a growing log would pay page faults
     // inside the measured calls. Per micro-batch a unit has at most a gather,
     // a prefetch and a reduce-scatter; per step, buckets and a few scalars.

@@ -86,7 +86,7 @@ struct ScalerState {
 class Trainer {
  public:
   // parts: the run's parallel pieces, strategies::parallelize(config,
-  // mesh) (one rank's by default): the layer seams every stage model is
+  // mesh, tracker) (one rank's by default): the layer seams every stage model is
   // built with, the groups the state, the loss and the pipeline work over.
   Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline, double peak_flops,
           strategies::Parallel parts = {});

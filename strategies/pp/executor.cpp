@@ -5,8 +5,8 @@
 namespace strata::strategies::pp {
 
 Executor::Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp,
-                   std::int64_t activation_floats, const MakeModel& make)
-    : shape_(shape), pp_(pp), count_(activation_floats) {
+                   const models::Wire& wire, std::int64_t activation_floats, const MakeModel& make)
+    : shape_(shape), pp_(pp), wire_(wire), count_(activation_floats) {
   actions_ = make_schedule(row, shape)[std::size_t(rank)];
   live_ = liveness(actions_);
   chunks_.resize(std::size_t(shape.v));
@@ -16,6 +16,7 @@ Executor::Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::
     for (int k = 0; k < std::max(live_.slots[std::size_t(c)], 1); ++k) {
       ch.slots.push_back(make(stage, live_.split_backward));
       ch.free.push_back(ch.slots.back().get());
+      ch.outbox.push_back(wire_.copy(wire_.half() ? count_ : 0));
     }
     ch.of_mb.assign(std::size_t(shape.m), nullptr);
   }
@@ -43,6 +44,14 @@ void Executor::use_state(StateStrategy& strategy) {
     for (Chunk& ch : chunks_)
       ch.view = std::make_unique<models::ShiftedState>(strategy.state(), ch.first_unit,
                                                        int(ch.slots[0]->units().size()));
+}
+
+std::uint16_t* Executor::outbox(Chunk& ch, const models::Model* g) {
+  if (!wire_.half()) return nullptr;
+  for (std::size_t k = 0; k < ch.slots.size(); ++k)
+    if (ch.slots[k].get() == g) return ch.outbox[k].data();
+  STRATA_CHECK(false, "a stage model without a slot");
+  return nullptr;
 }
 
 models::ParamState& Executor::state_of(int chunk) {
@@ -103,7 +112,7 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
     auto& sent = sends[std::size_t(a.chunk * m + a.mb)];
     switch (a.op) {
       case Op::recv_act:
-        pp_.recv(take(a.chunk, a.mb)->input(), count_, comm::DType::f32, a.peer, kActTag);
+        wire_.recv(pp_, take(a.chunk, a.mb)->input(), count_, a.peer, kActTag);
         break;
       case Op::forward:
         if (live_.first_of_pair[i]) g = take(a.chunk, a.mb);  // the first stage: no activations to receive
@@ -111,10 +120,10 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
         on_forward(*g);
         break;
       case Op::send_act:
-        sent.push_back(pp_.isend(g->output(), count_, comm::DType::f32, a.peer, kActTag));
+        sent.push_back(wire_.isend(pp_, g->output(), count_, a.peer, kActTag, outbox(ch, g)));
         break;
       case Op::recv_grad:
-        pp_.recv(g->output_grad(), count_, comm::DType::f32, a.peer, kGradTag);
+        wire_.recv(pp_, g->output_grad(), count_, a.peer, kGradTag);
         break;
       case Op::backward:
       case Op::backward_input:
@@ -126,7 +135,9 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
         g->backward_weight(state, timeline);
         break;
       case Op::send_grad:
-        sent.push_back(pp_.isend(g->input_grad(), count_, comm::DType::f32, a.peer, kGradTag));
+        if (wire_.half())  // the activations have left the outbox (the peer sent their gradient)
+          for (auto& r : sent) r->wait();
+        sent.push_back(wire_.isend(pp_, g->input_grad(), count_, a.peer, kGradTag, outbox(ch, g)));
         break;
       case Op::optimizer:
         break;

@@ -27,6 +27,7 @@
 #include "models/model.hpp"
 #include "strategies/pp/liveness.hpp"
 #include "strategies/pp/schedule.hpp"
+#include "models/wire.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::strategies::pp {
@@ -36,8 +37,8 @@ class Executor {
   // A stage model of global stage `stage`, split backward or not.
   using MakeModel = std::function<std::unique_ptr<models::Model>(int stage, bool split_backward)>;
   // Rank `rank` of `shape` under `row`, its transfers of `activation_floats`
-  // floats each way on `pp`.
-  Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp,
+  // elements each way on `pp`, in the wire's precision.
+  Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp, const models::Wire& wire,
            std::int64_t activation_floats, const MakeModel& make);
 
   int chunks() const { return int(chunks_.size()); }
@@ -69,13 +70,19 @@ class Executor {
     int first_unit = 0;                          // of the chunk's units in the rank's state
     std::unique_ptr<models::ShiftedState> view;  // the chunk's units, when the rank has several chunks
     std::vector<std::unique_ptr<models::Model>> slots;
+    // Under a 16-bit wire, each slot's outgoing copy (its activations, then
+    // their gradient), held with the slot so that what is in flight does
+    // not depend on when the peer receives it.
+    std::vector<core::Buffer<std::uint16_t>> outbox;
     std::vector<models::Model*> free;
     std::vector<models::Model*> of_mb;             // the stage model holding each micro-batch of the step
   };
   models::ParamState& state_of(int chunk);
+  std::uint16_t* outbox(Chunk& ch, const models::Model* g);  // null under fp32
 
   Shape shape_;
   comm::Communicator& pp_;
+  models::Wire wire_;
   std::int64_t count_;
   std::vector<Action> actions_;
   Liveness live_;

@@ -103,7 +103,7 @@ void check(const Layout& l) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
   const bool fp32 = std::string(l.precision) == "fp32";
   const double loss_tol = fp32 ? 1e-5 : 1e-2;
   int clipped = 0;

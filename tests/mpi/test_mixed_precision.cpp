@@ -33,7 +33,7 @@ namespace {
 // 6: shards padded), on text so that the loss can fall, with a mesh and a
 // precision; MoE when experts > 0.
 struct Sizes {
-  int pp = 1, dp = 1, tp = 1, ep = 1;
+  int pp = 1, dp = 1, tp = 1, ep = 1, cp = 1;
 };
 
 plan::Plan config(Sizes l, int zero, int d_model, int global_batch, int micro_batch, int steps,
@@ -42,11 +42,11 @@ plan::Plan config(Sizes l, int zero, int d_model, int global_batch, int micro_ba
       "[run]\nsteps = {}\nwarmup_steps = 0\nseed = 21\n"
       "[model]\nlayers = 2\nd_model = {}\nheads = 2\nvocab = 256\nseq_len = 8\n{}"
       "[data]\nsource = \"text\"\npath = \"/usr/share/common-licenses/GPL-3\"\nglobal_batch = {}\nmicro_batch = {}\n"
-      "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\nzero = {}\nbucket_mb = 0.004\n"
+      "[parallel]\npp = {}\ndp = {}\ntp = {}\nep = {}\ncp = {}\nzero = {}\nbucket_mb = 0.004\n"
       "[optim]\nlr = 1e-2\nweight_decay = 0.1\ngrad_clip = 1.0\nschedule = \"cosine\"\nwarmup = 2\n"
       "[backend]\nthreads = 1\nprecision = \"{}\"\n",
       steps, d_model, experts > 0 ? fmt::format("kind = \"moe\"\nmoe_experts = {}\nmoe_every = 2\n", experts) : "",
-      global_batch, micro_batch, l.pp, l.dp, l.tp, l.ep, zero, precision);
+      global_batch, micro_batch, l.pp, l.dp, l.tp, l.ep, l.cp, zero, precision);
   return deck::parse_deck("test.toml", text, {}).config;
 }
 
@@ -62,7 +62,7 @@ Trajectory run(const plan::Plan& c, mesh::Mesh* mesh) {
   if (mesh == nullptr)
     t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0);
   else
-    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, strategies::parallelize(c, mesh));
+    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, strategies::parallelize(c, mesh, tracker));
   Trajectory r;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, nullptr, s);
@@ -85,13 +85,22 @@ Trajectory run(const plan::Plan& c, mesh::Mesh* mesh) {
 // most. Dense: whole 1e-2, tensor 0.15 (measured after 10 steps at lr 1e-2:
 // whole <= 7.7e-3, tensor <= 0.10 on one rank of pp 2 x tp 2). MoE: whole
 // 5e-2, tensor 0.3, because a rounded router logit can flip a token's
-// top-2 choice or its drop, a discrete change (measured 3.2e-2, 0.19).
+// top-2 choice or its drop, a discrete change (measured 3.2e-2, 0.19). The
+// same flips move MoE's gradient norm by more than rounding would: the
+// tokens an expert receives and returns cross the expert exchange rounded
+// to 16 bits (models/wire.hpp), and one token changing experts changes
+// that expert's gradient by a whole token's part, so its norm bound is
+// 5e-2 (measured 2.6e-2 at step 6 of dp 2 x ep 2); every loss stays within
+// 1e-2.
 void expect_close(const Trajectory& mixed, const Trajectory& ref, const std::string& what, double whole_bound = 1e-2,
-                  double tensor_bound = 0.15) {
+                  double tensor_bound = 0.15, double norm_bound = 1e-2) {
   ASSERT_EQ(mixed.steps.size(), ref.steps.size());
+  double worst_norm = 0;
   for (std::size_t s = 0; s < ref.steps.size(); ++s) {
     EXPECT_NEAR(mixed.steps[s].loss, ref.steps[s].loss, 1e-2 * std::fabs(ref.steps[s].loss)) << what << " step " << s;
-    EXPECT_NEAR(mixed.steps[s].grad_norm, ref.steps[s].grad_norm, 1e-2 * ref.steps[s].grad_norm) << what << " step " << s;
+    EXPECT_NEAR(mixed.steps[s].grad_norm, ref.steps[s].grad_norm, norm_bound * ref.steps[s].grad_norm)
+        << what << " step " << s;
+    worst_norm = std::max(worst_norm, std::fabs(mixed.steps[s].grad_norm / ref.steps[s].grad_norm - 1));
   }
   EXPECT_LT(mixed.steps.back().loss, mixed.steps.front().loss - 0.5) << what << ": the loss falls";
   double key_abs = 0, diff = 0, norm = 0;
@@ -109,8 +118,9 @@ void expect_close(const Trajectory& mixed, const Trajectory& ref, const std::str
   const double whole = std::sqrt(diff / norm);
   EXPECT_LE(whole, whole_bound) << what;
   if (mpi_test::world_rank() == 0)
-    fmt::print("{}: final loss {:.6f} vs fp32 {:.6f}; parameters {:.2e} (whole), {:.2e} ({})\n", what,
-               mixed.steps.back().loss, ref.steps.back().loss, whole, e, worst);
+    fmt::print("{}: final loss {:.6f} vs fp32 {:.6f}; gradient norm within {:.2e}; parameters {:.2e} (whole), "
+               "{:.2e} ({})\n",
+               what, mixed.steps.back().loss, ref.steps.back().loss, worst_norm, whole, e, worst);
 }
 
 std::int64_t shard_elems(const std::vector<models::Unit>& units, int n) {
@@ -153,7 +163,66 @@ TEST(MixedPrecision, TensorPipelineAndExpertLayoutsTrackFp32) {
     const Sizes l{1, n, 1, 2};
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
-    expect_close(run(config(l, 2, 16, 8, 2, 10, "bf16", 4), &mesh), ref, fmt::format("bf16 MoE dp {} x ep 2, zero 2", n), 5e-2, 0.3);
+    expect_close(run(config(l, 2, 16, 8, 2, 10, "bf16", 4), &mesh), ref, fmt::format("bf16 MoE dp {} x ep 2, zero 2", n), 5e-2, 0.3,
+                 5e-2);
+  }
+  {
+    const Trajectory ref = run(config({1, 1, 1}, 0, 16, 8, 2, 10, "fp32"), nullptr);
+    const Sizes l{.dp = n / 2, .cp = 2};
+    comm::CommLog log(prof::now_seconds());
+    mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, l.dp, 1, 1, 0, l.cp), log);
+    expect_close(run(config(l, 1, 16, 8, 2, 10, "bf16"), &mesh), ref, fmt::format("bf16 dp {} x cp 2, zero 1", n / 2));
+  }
+}
+
+// Activations and their gradients cross ranks in the compute precision
+// (models/wire.hpp): under bf16 every pipeline transfer, ring-attention
+// block, sequence-parallel gather and reduce-scatter and expert exchange
+// moves exactly half the bytes of the same step in fp32. What stays fp32
+// stays equal: the vocabulary-parallel cross-entropy's statistics and the
+// replicated parameters' gradients (tp all_reduce), the expert counts
+// (ep all_to_all).
+TEST(Wire, ActivationsCrossRanksInHalfTheBytes) {
+  const int n = parity::world_size();
+  struct Case {
+    Sizes l;
+    int experts;
+    std::vector<std::string> halved, same;
+  };
+  std::vector<Case> cases = {
+      {{.pp = 2, .tp = n / 2}, 0, {"pp send", "pp recv"}, {}},
+      {{.dp = n / 2, .cp = 2}, 0, {"cp send", "cp recv"}, {}},
+      {{.dp = n, .ep = 2}, 4, {"ep all_to_allv"}, {"ep all_to_all"}},
+  };
+  if (n >= 4) {
+    cases[0].halved.insert(cases[0].halved.end(), {"tp all_gather", "tp reduce_scatter"});
+    cases[0].same.push_back("tp all_reduce");
+  }
+  for (const Case& k : cases) {
+    std::map<std::string, std::int64_t> bytes[2];
+    for (int half = 0; half < 2; ++half) {
+      comm::CommLog log(prof::now_seconds());
+      mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(k.l.pp, k.l.dp, k.l.tp, k.l.ep, 0, k.l.cp), log);
+      auto c = config(k.l, 0, 16, 8, 2, 1, half ? "bf16" : "fp32", k.experts);
+      c.parallel.sequence_parallel = k.l.tp > 1;
+      core::MemoryTracker tracker;
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+      log.set_step(0);
+      const std::size_t before = log.records().size();
+      estimate_check::begin_step(tracker, nullptr, 0);
+      t.step(0);
+      for (std::size_t i = before; i < log.records().size(); ++i) {
+        const auto& r = log.records()[i];
+        bytes[half][std::string(r.axis) + " " + std::string(r.op)] += r.bytes;
+      }
+      // The 16-bit copies are communication memory, declared as measured.
+      estimate_check::expect_estimate_is_measured(c, tracker, t);
+    }
+    for (const auto& op : k.halved) {
+      EXPECT_GT(bytes[0][op], 0) << op;
+      EXPECT_EQ(2 * bytes[1][op], bytes[0][op]) << op;
+    }
+    for (const auto& op : k.same) EXPECT_EQ(bytes[1][op], bytes[0][op]) << op;
   }
 }
 
@@ -171,7 +240,7 @@ TEST(MixedPrecision, PerRankBytesAreZerosMixedPrecisionFigures) {
         SCOPED_TRACE(fmt::format("{} d_model {} zero {}", precision, d_model, zero));
         const auto c = config({1, n, 1}, zero, d_model, 2 * n, 2, 1, precision);
         core::MemoryTracker tracker;
-        train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
+        train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
         const std::size_t workspace_before = tracker.current(MemCategory::workspace);
         t.step(0);
         const std::uint64_t psi = std::uint64_t(t.registry().numel());
@@ -204,7 +273,7 @@ TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingSteps) {
   c.backend.loss_scale = std::ldexp(1.0, 20);
   c.backend.loss_scale_window = 3;
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
   std::vector<float> before = t.strategy().full_params();
   double scale = c.backend.loss_scale;
   int skipped = 0, good = 0;
