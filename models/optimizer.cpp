@@ -14,9 +14,10 @@
 namespace strata::models {
 
 AdamW::AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end, const AdamWSettings& s,
-             core::MemoryTracker& tracker, std::int64_t capacity, HostOffload offload, core::Precision precision)
+             core::MemoryTracker& tracker, std::int64_t capacity, HostOffload offload, core::Precision precision,
+             std::optional<core::Precision> grad_precision)
     : reg_(registry), begin_(begin), end_(end), s_(s), offload_(offload), precision_(precision),
-      capacity_(capacity < 0 ? end - begin : capacity) {
+      grad_precision_(grad_precision.value_or(precision)), capacity_(capacity < 0 ? end - begin : capacity) {
   if (nvme()) {
     // Chunks of up to the file's chunk size, fewer for a small range, each
     // a multiple of 1024 elements so every transfer stays 4096-aligned.
@@ -33,10 +34,12 @@ AdamW::AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end
   if (offload_.host != nullptr) {
     // Sized by the capacity, as the state is: every rank of a padded shard
     // holds the same bytes (the copies move end - begin elements).
-    const std::size_t bytes = std::size_t(capacity_) * std::size_t(core::element_bytes(precision));
-    host_params_ = core::Buffer<std::byte>(*offload_.host, core::MemCategory::params, bytes,
+    const std::size_t cap = std::size_t(capacity_);
+    host_params_ = core::Buffer<std::byte>(*offload_.host, core::MemCategory::params,
+                                           cap * std::size_t(core::element_bytes(precision_)),
                                            "offload: parameters on the host");
-    host_grads_ = core::Buffer<std::byte>(*offload_.host, core::MemCategory::grads, bytes,
+    host_grads_ = core::Buffer<std::byte>(*offload_.host, core::MemCategory::grads,
+                                          cap * std::size_t(core::element_bytes(grad_precision_)),
                                           "offload: gradients on the host");
   }
 }
@@ -99,17 +102,19 @@ void AdamW::stage(const void* params, const void* grads) {
   if (offload_.host == nullptr || copy_in_.valid()) return;
   // Gradients to the host (and in fp32 the parameters: in mixed precision
   // the host holds the master weights).
-  const std::size_t bytes = std::size_t(end_ - begin_) * std::size_t(core::element_bytes(precision_));
+  const std::size_t n = std::size_t(end_ - begin_);
+  const std::size_t grad_bytes = n * std::size_t(core::element_bytes(grad_precision_));
+  const std::size_t param_bytes = mixed() ? 0 : n * sizeof(float);
   void* hg = host_grads_.data();
-  void* hp = mixed() ? nullptr : host_params_.data();
-  copy_in_trace_ = prof::trace_transfer("copy_to_host", "host", std::int64_t(bytes) * (hp != nullptr ? 2 : 1));
+  void* hp = host_params_.data();
+  copy_in_trace_ = prof::trace_transfer("copy_to_host", "host", std::int64_t(grad_bytes + param_bytes));
   copy_in_ = start_copy([=] {
     const double t0 = prof::now_seconds();
-    kernels::copy_bytes(hg, grads, bytes);
-    if (hp != nullptr) kernels::copy_bytes(hp, params, bytes);
+    kernels::copy_bytes(hg, grads, grad_bytes);
+    if (param_bytes != 0) kernels::copy_bytes(hp, params, param_bytes);
     return prof::now_seconds() - t0;
   });
-  if (OffloadStats* st = offload_.stats) st->bytes_to_host += double(bytes) * (mixed() ? 1.0 : 2.0);
+  if (OffloadStats* st = offload_.stats) st->bytes_to_host += double(grad_bytes + param_bytes);
 }
 
 double AdamW::wait_for(std::future<double>& copy, int& trace) {
@@ -131,7 +136,7 @@ void AdamW::finish() { wait_for(copy_out_, copy_out_trace_); }
 void AdamW::update(void* params, void* grads, float grad_scale, float lr, int step) {
   const std::int64_t n = end_ - begin_;
   if (offload_.host == nullptr) {
-    if (!mixed() && grad_scale != 1.0f) {
+    if (!half_grads() && grad_scale != 1.0f) {
       kernels::scale_inplace(static_cast<float*>(grads), grad_scale, n);
       grad_scale = 1.0f;
     }
@@ -144,7 +149,7 @@ void AdamW::update(void* params, void* grads, float grad_scale, float lr, int st
   stage(params, grads);
   wait_for(copy_in_, copy_in_trace_);
   const double t1 = prof::now_seconds();
-  if (!mixed() && grad_scale != 1.0f && !kernels::is_meta()) {  // on the host copy: the device's stay as they are
+  if (!half_grads() && grad_scale != 1.0f && !kernels::is_meta()) {  // on the host copy: the device's stay as they are
     kernels::cpu::scale_inplace(reinterpret_cast<float*>(host_grads_.data()), grad_scale, n);
     grad_scale = 1.0f;
   }
@@ -222,16 +227,21 @@ void AdamW::update_span(std::int64_t lo, std::int64_t hi, void* params, const vo
   on_host = on_host && !kernels::is_meta();
   auto* mixed_update = on_host ? kernels::cpu::adamw_update_mixed : kernels::adamw_update_mixed;
   auto* update = on_host ? kernels::cpu::adamw_update : kernels::adamw_update;
+  auto* narrow = on_host ? kernels::cpu::narrow : kernels::narrow;
   for (const auto& spec : reg_.specs()) {
     const std::int64_t a = std::max(spec.offset, lo), b = std::min(spec.offset + spec.numel, hi);
     if (a >= b) continue;
     const std::int64_t k = a - begin_, j = a - lo;
     const float decay = spec.decay ? s_.weight_decay : 0.0f;
-    if (mixed())
+    if (mixed() && half_grads()) {
       mixed_update(master + j, static_cast<std::uint16_t*>(params) + k,
                                   static_cast<const std::uint16_t*>(grads) + k, grad_scale, m + j, v + j, b - a, lr,
                                   s_.beta1, s_.beta2, s_.eps, decay, step, precision_);
-    else
+    } else if (mixed()) {  // fp32 gradients (scaled already): fp32 AdamW on the master weights, then their rounding
+      update(master + j, static_cast<const float*>(grads) + k, m + j, v + j, b - a, lr, s_.beta1, s_.beta2, s_.eps,
+             decay, step);
+      narrow(static_cast<std::uint16_t*>(params) + k, master + j, b - a, precision_);
+    } else
       update(static_cast<float*>(params) + k, static_cast<const float*>(grads) + k, m + j, v + j,
                             b - a, lr, s_.beta1, s_.beta2, s_.eps, decay, step);
   }

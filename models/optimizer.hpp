@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <future>
 #include <vector>
 
@@ -53,16 +54,18 @@ class AdamW {
   // keeps state for its whole padded shard so every rank holds the same bytes).
   // With `offload.host`, m and v (and staging for the range's gradients
   // and parameters) come from the host tracker instead.
-  // Mixed precision (`precision` bf16 or fp16): the parameters and gradients
-  // the update takes are 16-bit, and the optimizer keeps fp32 master weights
-  // beside m and v (12 bytes per element, category optimizer); the caller
-  // initialises them (master()).
+  // Mixed precision (`precision` bf16 or fp16): the parameters the update
+  // takes are 16-bit, and the optimizer keeps fp32 master weights beside m
+  // and v (12 bytes per element, category optimizer); the caller initialises
+  // them (master()). The gradients are at `grad_precision`: the same 16-bit
+  // format, or fp32 (parallel.grad_reduce = "fp32": then the master weights
+  // take fp32 AdamW's update and the parameters are their rounding).
   AdamW(const ParamRegistry& registry, std::int64_t begin, std::int64_t end, const AdamWSettings& s,
         core::MemoryTracker& tracker, std::int64_t capacity = -1, HostOffload offload = {},
-        core::Precision precision = core::Precision::fp32);
+        core::Precision precision = core::Precision::fp32, std::optional<core::Precision> grad_precision = {});
   // params and grads point at element `begin` of their flat buffers, stored
-  // at the optimizer's precision. The gradients count `grad_scale` times
-  // (clipping, loss-scale removal); in fp32 they are scaled in place first.
+  // at the optimizer's precisions. The gradients count `grad_scale` times
+  // (clipping, loss-scale removal); fp32 gradients are scaled in place first.
   // `step` counts from 1 (bias correction).
   // With offload the copies run on their own threads: update() waits for
   // the gradients' copy to the host (started here, or earlier by stage()),
@@ -80,6 +83,7 @@ class AdamW {
   float* master() { return master_.data(); }  // null in fp32
   std::int64_t capacity() const { return capacity_; }
   bool mixed() const { return precision_ != core::Precision::fp32; }
+  bool half_grads() const { return grad_precision_ != core::Precision::fp32; }
   // Sets the master weights (capacity elements), wherever they live
   // (nothing on the meta device).
   void set_master(const float* values);
@@ -94,7 +98,7 @@ class AdamW {
   std::int64_t begin_, end_;
   AdamWSettings s_;
   HostOffload offload_;
-  core::Precision precision_;
+  core::Precision precision_, grad_precision_;
   std::int64_t capacity_;
   core::Buffer<float> m_, v_, master_;
   // Offload staging for [begin, end), at the parameters' precision.

@@ -24,10 +24,12 @@ std::vector<float> initial_values(const ParamRegistry& reg, std::uint64_t seed, 
 }
 
 ReplicatedState::ReplicatedState(const ParamRegistry& reg, std::vector<Unit> units, core::MemoryTracker& tracker,
-                                 std::uint64_t seed, core::Precision precision)
+                                 std::uint64_t seed, core::Precision precision,
+                                 std::optional<core::Precision> grad_precision)
     : units_(std::move(units)),
       params_(tracker, core::MemCategory::params, precision, std::size_t(reg.numel()), "parameters"),
-      grads_(tracker, core::MemCategory::grads, precision, std::size_t(reg.numel()), "gradients"),
+      grads_(tracker, core::MemCategory::grads, grad_precision.value_or(precision), std::size_t(reg.numel()),
+             "gradients"),
       views_(tracker, units_.size(), precision) {
   params_.load(0, reg.numel(), initial_values(reg, seed, 0, reg.numel()).data());
 }

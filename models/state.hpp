@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "models/flat.hpp"
@@ -84,12 +85,14 @@ double grad_sum_squares(const ParamRegistry& reg, const void* grads, std::int64_
 
 // The trivial state: every parameter and gradient held whole on this rank,
 // no communication. The single-rank run, and the base of data parallelism.
-// At a 16-bit precision parameters and gradients are stored 16-bit and the
-// model works on WideViews of them (models/flat.hpp).
+// At a 16-bit precision parameters are stored 16-bit and the model works on
+// WideViews of them (models/flat.hpp); so are the gradients, unless
+// `grad_precision` is fp32 (the model then writes them in place).
 class ReplicatedState : public ParamState {
  public:
   ReplicatedState(const ParamRegistry& reg, std::vector<Unit> units, core::MemoryTracker& tracker,
-                  std::uint64_t seed, core::Precision precision = core::Precision::fp32);
+                  std::uint64_t seed, core::Precision precision = core::Precision::fp32,
+                  std::optional<core::Precision> grad_precision = {});
   float* acquire_params(int unit) override;
   void release_params(int unit) override;
   float* grads(int unit) override;

@@ -45,6 +45,10 @@ enum class LrSchedule { constant, cosine };
 enum class OnDivergence { stop, continue_ };
 // backend.comm: auto is NCCL on a GPU and MPI on the CPU.
 enum class CommChoice { auto_, mpi, nccl };
+// parallel.grad_reduce: the precision gradients are accumulated over
+// micro-batches, stored and reduced over ranks in under a 16-bit precision:
+// the compute precision's, or fp32.
+enum class GradReduce { compute, fp32 };
 
 // A value a deck names from a fixed list: an enum (its i-th name names
 // value i), or a registry row. Choice<T> gives the names in order, the value
@@ -63,6 +67,7 @@ inline constexpr std::array<std::string_view, 3> kOffloads{"none", "host", "nvme
 inline constexpr std::array<std::string_view, 2> kLrSchedules{"constant", "cosine"};
 inline constexpr std::array<std::string_view, 2> kOnDivergence{"stop", "continue"};
 inline constexpr std::array<std::string_view, 3> kCommChoices{"auto", "mpi", "nccl"};
+inline constexpr std::array<std::string_view, 2> kGradReduces{"compute", "fp32"};
 inline constexpr std::array<std::string_view, 3> kRecomputes{"none", "selective", "full"};
 inline constexpr std::array<std::string_view, 3> kPrecisions{"fp32", "bf16", "fp16"};
 inline constexpr std::array<std::string_view, 3> kDevices{"cpu", "cuda", "kokkos"};  // a deck never names the meta device
@@ -71,6 +76,7 @@ template <> struct Choice<Offload> : EnumChoice<Offload, kOffloads> {};
 template <> struct Choice<LrSchedule> : EnumChoice<LrSchedule, kLrSchedules> {};
 template <> struct Choice<OnDivergence> : EnumChoice<OnDivergence, kOnDivergence> {};
 template <> struct Choice<CommChoice> : EnumChoice<CommChoice, kCommChoices> {};
+template <> struct Choice<GradReduce> : EnumChoice<GradReduce, kGradReduces> {};
 template <> struct Choice<Recompute> : EnumChoice<Recompute, kRecomputes> {};
 template <> struct Choice<core::Precision> : EnumChoice<core::Precision, kPrecisions> {};
 template <> struct Choice<kernels::Device> : EnumChoice<kernels::Device, kDevices> {};
@@ -161,6 +167,7 @@ struct ParallelSection {
   int cp = 1;        // context-parallel ranks splitting each sequence
   double bucket_mb = 25.0;  // MiB, as PyTorch DDP's bucket_cap_mb
   bool overlap_grad_reduce = true;  // reduce gradients during the backward pass (Megatron-LM's flag)
+  GradReduce grad_reduce = GradReduce::compute;  // gradients' precision under bf16 / fp16
   Schedule schedule = &strategies::pp::find_schedule("1f1b");
   int virtual_stages = 1;
   int first_stage_layers = -1;  // -1: balanced

@@ -65,11 +65,16 @@ const StateRow& data_parallel_row() {
         key<&Plan::parallel, &ParallelSection::overlap_grad_reduce>(
             "parallel", "overlap_grad_reduce",
             "reduce gradients during the backward pass, each bucket (ZeRO: each unit) as soon as it is complete; "
-            "false: all of them after the backward pass, as Megatron-LM without --overlap-grad-reduce")},
+            "false: all of them after the backward pass, as Megatron-LM without --overlap-grad-reduce"),
+        key<&Plan::parallel, &ParallelSection::grad_reduce>(
+            "parallel", "grad_reduce",
+            "under bf16 or fp16, the precision gradients are accumulated over micro-batches, held and reduced over "
+            "ranks in (dp's all-reduces, ZeRO's reduce-scatters): compute, the 16-bit format (DeepSpeed's and "
+            "FSDP's default); fp32, 4 bytes a gradient (Megatron-LM's default under bf16)")},
        dp_axes,
        check_dp,
-       "params 4 Psi, grads 4 Psi, optimizer 8 Psi (mixed precision 2 + 2 + 12 Psi); all-reduce of 4 Psi (2 Psi) "
-       "per step, in buckets",
+       "params 4 Psi, grads 4 Psi, optimizer 8 Psi (mixed precision 2 + 2 + 12 Psi, with grad_reduce fp32 "
+       "2 + 4 + 12 Psi); all-reduce of the gradients' 4 Psi (2 Psi) per step, in buckets",
        dp_parts,
        {{40, "parallel.dp", dp_sizes, false, "dp"}}},
       [](const plan::Plan& p) { return p.parallel.zero == 0; },
@@ -80,13 +85,13 @@ const StateRow& data_parallel_row() {
 
 DataParallel::DataParallel(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector<models::Unit> units,
                            comm::Communicator* dp, core::MemoryTracker& tracker)
-    : models::ReplicatedState(reg, std::move(units), tracker, cfg.seed, cfg.precision), reg_(reg),
+    : models::ReplicatedState(reg, std::move(units), tracker, cfg.seed, cfg.precision, cfg.grad_precision()), reg_(reg),
       tp_size_(cfg.tp_size), dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr), overlap_(cfg.overlap),
-      optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker, -1, cfg.offload, cfg.precision) {
+      optimizer_(reg, 0, reg.numel(), cfg.adamw, tracker, -1, cfg.offload, cfg.precision, cfg.grad_precision()) {
   const std::int64_t n = numel();
   if (optimizer_.mixed()) optimizer_.set_master(models::initial_values(reg, cfg.seed, 0, n).data());
   const std::int64_t per =
-      std::max<std::int64_t>(1, cfg.bucket_bytes / core::element_bytes(cfg.precision));
+      std::max<std::int64_t>(1, cfg.bucket_bytes / core::element_bytes(cfg.grad_precision()));
   for (std::int64_t hi = n; hi > 0; hi -= per) buckets_.push_back({std::max<std::int64_t>(0, hi - per), hi});
 }
 

@@ -45,6 +45,9 @@ struct StateConfig {
   // fp32, or mixed precision: parameters and gradients 16-bit, fp32 master
   // weights and moments in the optimizer (backend.precision).
   core::Precision precision = core::Precision::fp32;
+  // Mixed precision with fp32 gradients (parallel.grad_reduce = "fp32").
+  bool fp32_grads = false;
+  core::Precision grad_precision() const { return fp32_grads ? core::Precision::fp32 : precision; }
 };
 
 // A named range of a strategy's state buffers (parameters as this rank holds

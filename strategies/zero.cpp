@@ -104,7 +104,7 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
     : stage_(cfg.zero), reg_(reg), units_(std::move(units)), dp_(dp),
       replica_(cfg.replica != nullptr && cfg.replica->size() > 1 ? cfg.replica : nullptr), tracker_(tracker),
       tp_size_(cfg.tp_size),
-      precision_(cfg.precision), views_(tracker, units_.size(), cfg.precision),
+      precision_(cfg.precision), grad_precision_(cfg.grad_precision()), views_(tracker, units_.size(), cfg.precision),
       bucket_bytes_(cfg.bucket_bytes), overlap_(cfg.overlap) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {
@@ -134,12 +134,12 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
     params_store().load(stage_ <= 2 ? n_ * s.q : s.q, hi - lo, models::initial_values(reg_, cfg.seed, lo, hi).data());
   }
   if (stage_ == 1)
-    grads_full_ = models::Flat(tracker, MemCategory::grads, precision_, full, "gradients (padded)");
+    grads_full_ = models::Flat(tracker, MemCategory::grads, grad_precision_, full, "gradients (padded)");
   else
-    grads_shard_ = models::Flat(tracker, MemCategory::grads, precision_, shard, "gradient shard");
+    grads_shard_ = models::Flat(tracker, MemCategory::grads, grad_precision_, shard, "gradient shard");
   for (const auto& s : us_) {
     optimizers_.push_back(std::make_unique<models::AdamW>(reg_, s.own_begin, s.own_end, cfg.adamw, tracker, s.shard,
-                                                          cfg.offload, precision_));
+                                                          cfg.offload, precision_, grad_precision_));
     if (mixed())  // the padding stays zero
       optimizers_.back()->set_master(models::initial_values(reg_, cfg.seed, s.own_begin, s.own_end, s.shard).data());
   }
@@ -272,11 +272,11 @@ void Zero::prefetch(int u) {
 float* Zero::grads(int u) {
   // Stage 1 and 16-bit grads: padded to the unit's N blocks, so the
   // accumulator is exactly what the reduce-scatter takes.
-  if (mixed()) return views_.grads(u, n_ * us_[u].shard);
+  if (half_grads()) return views_.grads(u, n_ * us_[u].shard);
   if (stage_ == 1) return grads_full_.f32(n_ * us_[u].q);
   auto& b = unit_grads_[u];
   if (b.size() == 0)  // the tracker hands out zeroed memory
-    b = models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(n_ * us_[u].shard),
+    b = models::Flat(tracker_, MemCategory::comm, grad_precision_, std::size_t(n_ * us_[u].shard),
                      "unreduced unit gradients");
   return b.f32();
 }
@@ -284,7 +284,7 @@ float* Zero::grads(int u) {
 void Zero::launch_reduce_scatter(int u, models::Flat input, const void* src) {
   const auto& s = us_[u];
   Pending p{u, std::move(input),
-            models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(s.shard), "reduce-scatter output"),
+            models::Flat(tracker_, MemCategory::comm, grad_precision_, std::size_t(s.shard), "reduce-scatter output"),
             nullptr, last_, src};
   in_flight_bytes_ += std::int64_t(p.input.bytes() + p.output.bytes());
   if (overlap_) issue(p);
@@ -308,8 +308,8 @@ void Zero::grads_done(int u) {
   const std::int64_t padded = n_ * us_[u].shard;
   if (stage_ == 1) {
     // Stage 1 keeps whole gradients through accumulation and reduces once.
-    if (const float* g = mixed() ? views_.written(u) : nullptr) {
-      kernels::narrow_add(grads_full_.h16(n_ * us_[u].q), g, padded, precision_);
+    if (const float* g = half_grads() ? views_.written(u) : nullptr) {
+      kernels::narrow_add(grads_full_.h16(n_ * us_[u].q), g, padded, grad_precision_);
       views_.done(u);
     }
     if (last_) launch_reduce_scatter(u, models::Flat(), grads_full_.at(n_ * us_[u].q));
@@ -321,13 +321,13 @@ void Zero::grads_done(int u) {
     // done): nothing is left, and every dp rank, running the same schedule,
     // skips alike.
     models::Flat b;
-    if (!mixed()) {
+    if (!half_grads()) {
       if (unit_grads_[u].size() == 0) return;
       b = std::move(unit_grads_[u]);
     } else {
       const float* g = views_.written(u);
       if (g == nullptr) return;
-      b = models::Flat(tracker_, MemCategory::comm, precision_, std::size_t(padded), "unreduced unit gradients");
+      b = models::Flat(tracker_, MemCategory::comm, grad_precision_, std::size_t(padded), "unreduced unit gradients");
       b.write(0, padded, g);
       views_.done(u);
     }
@@ -402,7 +402,8 @@ void Zero::finish_gradients() {
 double Zero::grad_norm_sq() {
   double sq = 0;
   for (std::size_t u = 0; u < us_.size(); ++u)
-    sq += models::grad_sum_squares(reg_, own_grads(int(u)), us_[u].own_begin, us_[u].own_end, tp_size_, precision_);
+    sq += models::grad_sum_squares(reg_, own_grads(int(u)), us_[u].own_begin, us_[u].own_end, tp_size_,
+                                   grad_precision_);
   if (n_ > 1) dp_->all_reduce(&sq, 1, comm::DType::f64, comm::ReduceOp::sum);
   return sq;
 }

@@ -105,6 +105,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   void* own_params(int u) { return params_store().at(own_params_index(u)); }
   void* own_grads(int u) { return grads_store().at(own_grads_index(u)); }
   bool mixed() const { return precision_ != core::Precision::fp32; }
+  bool half_grads() const { return grad_precision_ != core::Precision::fp32; }
   std::vector<models::AdamW*> optimizer_list() const;
   // A unit's reduce-scatter: issued now with overlap, else held until
   // issue_held() (the end of the micro-batch's backward pass).
@@ -141,7 +142,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   int tp_size_;
   std::vector<UnitShard> us_;
   std::int64_t shard_total_ = 0;
-  core::Precision precision_;
+  core::Precision precision_, grad_precision_;  // grad_precision_: parallel.grad_reduce's
   models::Flat params_full_, grads_full_;     // stages 1-2 (params), stage 1 (grads): padded N*S
   models::Flat params_shard_, grads_shard_;   // stage 3 (params), stages 2-3 (grads): S
   std::vector<std::unique_ptr<models::AdamW>> optimizers_;  // one per unit shard

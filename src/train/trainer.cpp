@@ -63,6 +63,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   sc.zero = cfg_.parallel.zero;
   sc.bucket_bytes = std::int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
   sc.overlap = cfg_.parallel.overlap_grad_reduce;
+  sc.fp32_grads = cfg_.parallel.grad_reduce == plan::GradReduce::fp32;
   sc.adamw = {float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
               float(cfg_.optim.weight_decay)};
   sc.seed = cfg_.run.seed;

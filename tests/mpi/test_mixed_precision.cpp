@@ -260,6 +260,70 @@ TEST(MixedPrecision, PerRankBytesAreZerosMixedPrecisionFigures) {
       }
 }
 
+// parallel.grad_reduce = "fp32" (Megatron-LM's default under bf16): the
+// gradients are accumulated, held and reduced in fp32 while parameters stay
+// 16-bit. Held at the end of a step: dp 2 + 4 + 12 = 18 Psi; stage 1
+// 6 Psi + 12 Psi/N (Megatron-LM's distributed optimizer's 6 + 12/d);
+// stage 2 2 Psi + 16 Psi/N; stage 3 18 Psi/N. The gradient reduction moves
+// 4 bytes an element, twice grad_reduce = "compute"'s; the parameter
+// all-gathers are the same 16-bit ones. The trajectory tracks fp32's within
+// the bounds of 16-bit gradients (expect_close), and the dry run's estimate
+// is the measurement (run()).
+TEST(MixedPrecision, Fp32GradientsAreHeldAndReducedInFourBytes) {
+  const int n = parity::world_size(), mb = 2, G = 2 * mb * n;
+  comm::CommLog log(prof::now_seconds());
+  mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
+  for (const std::string precision : {"bf16", "fp16"})
+    for (int zero = 0; zero <= 3; ++zero) {
+      SCOPED_TRACE(fmt::format("{} zero {}", precision, zero));
+      std::map<std::string, std::int64_t> bytes[2];
+      for (int fp32 = 0; fp32 < 2; ++fp32) {
+        auto c = config({1, n, 1}, zero, 6, 2 * n, 2, 1, precision);
+        c.parallel.grad_reduce = fp32 ? plan::GradReduce::fp32 : plan::GradReduce::compute;
+        core::MemoryTracker tracker;
+        train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+        log.set_step(0);
+        const std::size_t before = log.records().size();
+        t.step(0);
+        for (std::size_t i = before; i < log.records().size(); ++i) bytes[fp32][std::string(log.records()[i].op)] += log.records()[i].bytes;
+        if (!fp32) continue;
+        const std::uint64_t psi = std::uint64_t(t.registry().numel());
+        const std::uint64_t S = std::uint64_t(shard_elems(t.units(), n)), psi_p = S * n;
+        const std::uint64_t params = tracker.current(MemCategory::params),
+                            grads = tracker.current(MemCategory::grads),
+                            opt = tracker.current(MemCategory::optimizer);
+        switch (zero) {
+          case 0: EXPECT_EQ(params, 2 * psi); EXPECT_EQ(grads, 4 * psi); EXPECT_EQ(opt, 12 * psi); break;
+          case 1: EXPECT_EQ(params, 2 * psi_p); EXPECT_EQ(grads, 4 * psi_p); EXPECT_EQ(opt, 12 * S); break;
+          case 2: EXPECT_EQ(params, 2 * psi_p); EXPECT_EQ(grads, 4 * S); EXPECT_EQ(opt, 12 * S); break;
+          case 3: EXPECT_EQ(params, 2 * S); EXPECT_EQ(grads, 4 * S); EXPECT_EQ(opt, 12 * S); break;
+        }
+        EXPECT_EQ(tracker.current(MemCategory::comm), 0u);
+        if (zero == 0) {
+          // One all-reduce of every gradient (besides the loss's and the norm's scalars).
+          EXPECT_EQ(bytes[1]["all_reduce"] - bytes[0]["all_reduce"], std::int64_t(2 * psi));
+        } else {
+          EXPECT_GT(bytes[0]["reduce_scatter"], 0);
+          EXPECT_EQ(bytes[1]["reduce_scatter"], 2 * bytes[0]["reduce_scatter"]);
+          EXPECT_EQ(bytes[1]["all_gather"], bytes[0]["all_gather"]) << "the parameters stay 16-bit";
+        }
+      }
+    }
+  const Trajectory ref = run(config({1, 1, 1}, 0, 16, G, mb, 10, "fp32"), nullptr);
+  for (const std::string precision : {"bf16", "fp16"})
+    for (int zero = 0; zero <= 3; ++zero) {
+      auto c = config({1, n, 1}, zero, 16, G, mb, 10, precision);
+      c.parallel.grad_reduce = plan::GradReduce::fp32;
+      expect_close(run(c, &mesh), ref, fmt::format("{} dp {} zero {} grad_reduce fp32", precision, n, zero));
+    }
+  // ZeRO-Offload's division with fp32 gradients: 4 bytes a gradient to the
+  // host, the update there, the 16-bit parameters back.
+  auto c = config({1, n, 1}, 2, 16, G, mb, 10, "bf16");
+  c.parallel.grad_reduce = plan::GradReduce::fp32;
+  c.parallel.offload = plan::Offload::host;
+  expect_close(run(c, &mesh), ref, fmt::format("bf16 dp {} zero 2 offload host grad_reduce fp32", n));
+}
+
 // fp16 dynamic loss scaling from a scale far too large (2^20: the scaled
 // gradients overflow fp16's 65504): the first steps are skipped on every
 // rank, each halving the scale and leaving parameters and optimizer state

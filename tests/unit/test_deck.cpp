@@ -82,7 +82,7 @@ const std::vector<std::string> kAllKeys = {
     "model.moe_renormalize", "model.moe_aux_coef", "model.kv_heads", "model.ffn_dim", "model.rope_theta",
     "model.tie_embeddings", "model.recompute",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
-    "parallel.dp", "parallel.bucket_mb", "parallel.overlap_grad_reduce", "parallel.zero", "parallel.dp_shard", "parallel.tp", "parallel.sequence_parallel", "parallel.ep", "parallel.cp",
+    "parallel.dp", "parallel.bucket_mb", "parallel.overlap_grad_reduce", "parallel.grad_reduce", "parallel.zero", "parallel.dp_shard", "parallel.tp", "parallel.sequence_parallel", "parallel.ep", "parallel.cp",
     "parallel.pp", "parallel.schedule", "parallel.virtual_stages", "parallel.first_stage_layers",
     "parallel.last_stage_layers", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
