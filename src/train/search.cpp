@@ -350,7 +350,8 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   if (o.world < 1) core::input_error("--world {}: the devices to plan for, at least 1", o.world);
   if (o.top < 1) core::input_error("--top {}: at least 1 row", o.top);
   if (o.jobs < 0) core::input_error("--jobs {}: at least 1 process (0 or absent: one per core)", o.jobs);
-  const sim::Machine machine = sim::load_machine(o.machine);
+  sim::Machine machine = sim::load_machine(o.machine);
+  machine.fused_casts = o.fused_casts;
   const deck::Deck base = deck::parse_deck(deck_path, text, sets);
   const double limit = o.memory_limit > 0 ? double(o.memory_limit) : machine.memory;
   const strategies::Space space{o.world, machine.devices_per_node};
@@ -492,6 +493,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     f.set_attr("/", "start_time", iso_time_utc());
     f.set_attr("/", "machine", machine.name);
     f.set_attr("/", "machine_path", machine.path);
+    f.set_attr("/", "fused_casts", machine.fused_casts ? "true" : "false");
     f.set_attr("/", "world_size", std::int64_t(o.world));
     f.set_attr("/", "memory_limit", limit);
     std::vector<std::string> varied, least;

@@ -31,6 +31,7 @@ struct SearchOptions {
   int jobs = 0;                   // processes judging layouts; 0: one per core
   std::string output;             // default: results/<run.name>-plan.h5
   std::string command_line;
+  bool fused_casts = false;       // sim::Machine::fused_casts
 };
 
 // A candidate's predicted figures. A step of m micro-batches per rank costs
