@@ -65,7 +65,13 @@
 // Shared memory per block, floats: forward 2 hs 65 (33 KB at hs = 64, 66 KB at
 // 128); backward 4 hs 65 + 64 80 + 128 (87 KB at hs = 64, 150 KB at 128).
 // Most are above the default 48 KB, so every launch opts in
-// (cudaFuncSetAttribute). Head sizes 1 to 128; any T >= 1.
+// (cudaFuncSetAttribute). Head sizes 1 to 128; any T >= 1. Head sizes 129
+// to 256 (Megatron-LM's 530 B and 1 T models have 160, Gemma's 256) run on
+// ring attention's warp-per-row kernels instead
+// (attention_forward_wide, ring_attention.cu): the whole sequence as one
+// block, exact in fp32, on CUDA cores, without tiles in shared memory: a
+// 64-query tile of hs 256 would need 266 KB of it in this backward, past
+// an SM's 227 KB.
 //
 // Tensor cores (bf16 math). When the run's GEMMs are bf16
 // (set_gemm_precision, bf16_math()) and the head size is a multiple of 16,
@@ -778,11 +784,12 @@ bool tensor_cores(int hs) { return bf16_math() && hs % 16 == 0 && hs <= kMaxHead
 // The head size, checked against what the kernels handle, with the
 // grouping (NKV divides NH) and B * NH against the grid's y dimension, which
 // indexes the query heads (the backward's B * NKV is no more).
+constexpr int kWideHeadSize = 256;  // attention_forward_wide's
 int head_size(int B, int C, int NH, int NKV, const char* who) {
-  if (NH <= 0 || C % NH != 0 || C / NH < 1 || C / NH > kMaxHeadSize)
+  if (NH <= 0 || C % NH != 0 || C / NH < 1 || C / NH > kWideHeadSize)
     throw std::invalid_argument(std::string(who) + ": head size C / NH = " + std::to_string(C) + " / " +
                                 std::to_string(NH) + " must be a whole number in [1, " +
-                                std::to_string(kMaxHeadSize) + "] on the CUDA backend");
+                                std::to_string(kWideHeadSize) + "] on the CUDA backend");
   if (NKV <= 0 || NH % NKV != 0)
     throw std::invalid_argument(std::string(who) + ": NKV = " + std::to_string(NKV) +
                                 " key-value heads must be positive and divide NH = " + std::to_string(NH) +
@@ -854,7 +861,9 @@ constexpr void (*kBackwardTc[])(float*, const float*, const float*, const float*
 void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH, int NKV) {
   const int hs = head_size(B, C, NH, NKV, "attention_forward");
   if (B <= 0 || T <= 0) return;
-  if (tensor_cores(hs))
+  if (hs > kMaxHeadSize)
+    attention_forward_wide(out, state, qkv, B, T, C, NH, NKV);
+  else if (tensor_cores(hs))
     kForwardTc[hs / 16 - 1](out, state, qkv, B, T, C, NH, NKV);
   else if (hs <= 16)
     launch_forward<1>(out, state, qkv, B, T, C, NH, NKV, hs);
@@ -870,6 +879,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         const float* state, int B, int T, int C, int NH, int NKV) {
   const int hs = head_size(B, C, NH, NKV, "attention_backward");
   if (B <= 0 || T <= 0) return;
+  if (hs > kMaxHeadSize) return attention_backward_wide(dqkv, dout, qkv, out, state, B, T, C, NH, NKV);
   // D per query head (dout and out are [B, T, C] whatever the grouping).
   const std::int64_t rows = std::int64_t(B) * T * NH;
   const bool tc = tensor_cores(hs);

@@ -32,4 +32,13 @@ bool bf16_math();
 
 #include "kernels/ops.inc"
 
+// Whole-sequence attention for head sizes above the fused kernels' 128, up to
+// 256 (ring_attention.cu): the sequence as one block of queries against one
+// block of keys on the ring's warp-per-row kernels, keys and values read in
+// place from qkv's rows; attention_forward and attention_backward's contracts
+// (lse as their state; D is not needed).
+void attention_forward_wide(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV);
+void attention_backward_wide(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                             int B, int T, int C, int NH, int NKV);
+
 }  // namespace strata::kernels::cuda

@@ -4,8 +4,10 @@
 // contract). The plain form: one warp per (query row, head) in the forward
 // pass and for dq, one warp per (key row, head) for dk and dv, each walking
 // the other side's rows with an online softmax or the rebuilt
-// probabilities; a lane holds head dimensions lane, lane + 32, ... (head
-// sizes up to 128). No tiles in shared memory: each key row is read once per
+// probabilities; a lane holds head dimensions lane, lane + 32, ... in
+// registers: 4 of them for head sizes up to 128, 8 up to 256 (each kernel
+// is built for both, so the common sizes keep their registers). No tiles in
+// shared memory: each key row is read once per
 // query row (from L2 when it fits). The whole-sequence kernels of
 // attention.cu remain the single-rank path.
 //
@@ -30,7 +32,7 @@ namespace strata::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 8;                 // warps per block
-constexpr int kMaxDims = 4;               // head dimensions per lane: hs <= 128
+constexpr int kMaxDims = 8;               // head dimensions per lane: hs <= 256
 constexpr unsigned kAll = 0xffffffffu;
 
 __device__ float warp_sum(float v) {
@@ -43,19 +45,20 @@ __device__ int visible_keys(int i, int Tk, int q0, int k0) { return max(0, min(T
 
 // One warp per (b, h, i): the block's softmax over the visible keys with an
 // online maximum, then merged into out and lse.
+template <int kDims>
 __global__ void block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
-                              int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0,
-                              bool accumulate, float scale) {
+                              int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0,
+                              int k0, bool accumulate, float scale) {
   const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
   if (w >= std::int64_t(B) * NH * Tq) return;  // whole warps leave together
   const int i = int(w % Tq), h = int((w / Tq) % NH), b = int(w / (std::int64_t(Tq) * NH));
   const int hs = C / NH, kvc = NKV * hs, kvh = h / (NH / NKV);
-  const std::int64_t ldq = C + 2 * std::int64_t(kvc), ldkv = 2 * std::int64_t(kvc);
+  const std::int64_t ldq = C + 2 * std::int64_t(kvc);
   const float* qr = q + (std::int64_t(b) * q_batch + i) * ldq + h * hs;
   const float* kb = kv + std::int64_t(b) * kv_batch * ldkv + kvh * hs;
-  float qd[kMaxDims], acc[kMaxDims];
-  for (int c = 0; c < kMaxDims; ++c) {
+  float qd[kDims], acc[kDims];
+  for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
     qd[c] = d < hs ? qr[d] * scale : 0.0f;
     acc[c] = 0.0f;
@@ -65,7 +68,7 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
   for (int j = 0; j < n; ++j) {
     const float* kr = kb + std::int64_t(j) * ldkv;
     float s = 0.0f;
-    for (int c = 0; c < kMaxDims; ++c) {
+    for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
       if (d < hs) s += qd[c] * kr[d];
     }
@@ -73,7 +76,7 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), p = expf(s - m_new);
     l = l * corr + p;
-    for (int c = 0; c < kMaxDims; ++c) {
+    for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
       acc[c] = acc[c] * corr + (d < hs ? p * kr[kvc + d] : 0.0f);
     }
@@ -85,7 +88,7 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
   const float old = li;  // every lane reads before lane 0 writes
   __syncwarp();
   if (!accumulate || old == -INFINITY) {
-    for (int c = 0; c < kMaxDims; ++c) {
+    for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
       if (d < hs) y[d] = n > 0 ? acc[c] / l : 0.0f;
     }
@@ -94,7 +97,7 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
     const float mx = fmaxf(old, lb);
     const float merged = mx + logf(expf(old - mx) + expf(lb - mx));
     const float a = expf(old - merged), f = expf(lb - merged) / l;
-    for (int c = 0; c < kMaxDims; ++c) {
+    for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
       if (d < hs) y[d] = y[d] * a + acc[c] * f;
     }
@@ -104,23 +107,25 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
 
 // dq of one (b, h, i): sum over its visible keys of scale dS k, with
 // P = exp(s - lse) and dS = P (dout . v - D), D = dout . out.
+template <int kDims>
 __global__ void block_backward_dq(float* dq, const float* dout, const float* q, const float* kv, const float* out,
                                   const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
-                                  std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, float scale) {
+                                  std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
+                                  float scale) {
   const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
   if (w >= std::int64_t(B) * NH * Tq) return;
   const int i = int(w % Tq), h = int((w / Tq) % NH), b = int(w / (std::int64_t(Tq) * NH));
   const int hs = C / NH, kvc = NKV * hs, kvh = h / (NH / NKV);
-  const std::int64_t ldq = C + 2 * std::int64_t(kvc), ldkv = 2 * std::int64_t(kvc);
+  const std::int64_t ldq = C + 2 * std::int64_t(kvc);
   const std::int64_t row = std::int64_t(b) * q_batch + i;
   const float* qr = q + row * ldq + h * hs;
   const float* kb = kv + std::int64_t(b) * kv_batch * ldkv + kvh * hs;
   const float* dy = dout + row * C + h * hs;
   const float* y = out + row * C + h * hs;
-  float qd[kMaxDims], od[kMaxDims], g[kMaxDims];
+  float qd[kDims], od[kDims], g[kDims];
   float D = 0.0f;
-  for (int c = 0; c < kMaxDims; ++c) {
+  for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
     qd[c] = d < hs ? qr[d] * scale : 0.0f;
     od[c] = d < hs ? dy[d] : 0.0f;
@@ -133,19 +138,19 @@ __global__ void block_backward_dq(float* dq, const float* dout, const float* q, 
   for (int j = 0; j < n; ++j) {
     const float* kr = kb + std::int64_t(j) * ldkv;
     float s = 0.0f, dp = 0.0f;
-    for (int c = 0; c < kMaxDims; ++c) {
+    for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
       if (d < hs) s += qd[c] * kr[d], dp += od[c] * kr[kvc + d];
     }
     s = warp_sum(s), dp = warp_sum(dp);
     const float ds = expf(s - li) * (dp - D);
-    for (int c = 0; c < kMaxDims; ++c) {
+    for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
       if (d < hs) g[c] += ds * kr[d];
     }
   }
   float* dqr = dq + row * ldq + h * hs;
-  for (int c = 0; c < kMaxDims; ++c) {
+  for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
     if (d < hs) dqr[d] += scale * g[c];
   }
@@ -154,18 +159,20 @@ __global__ void block_backward_dq(float* dq, const float* dout, const float* q, 
 // dk and dv of one (b, key-value head kvh, key j): sums over the queries
 // that see it, of every query head of kvh's group, so that the entry has one
 // writer, this warp.
+template <int kDims>
 __global__ void block_backward_dkv(float* dkv, const float* dout, const float* q, const float* kv, const float* out,
                                    const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
-                                   std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, float scale) {
+                                   std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
+                                  float scale) {
   const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
   if (w >= std::int64_t(B) * NKV * Tk) return;
   const int j = int(w % Tk), kvh = int((w / Tk) % NKV), b = int(w / (std::int64_t(Tk) * NKV));
   const int hs = C / NH, kvc = NKV * hs, group = NH / NKV;
-  const std::int64_t ldq = C + 2 * std::int64_t(kvc), ldkv = 2 * std::int64_t(kvc);
+  const std::int64_t ldq = C + 2 * std::int64_t(kvc);
   const float* kr = kv + (std::int64_t(b) * kv_batch + j) * ldkv + kvh * hs;
-  float kd[kMaxDims], vd[kMaxDims], gk[kMaxDims], gv[kMaxDims];
-  for (int c = 0; c < kMaxDims; ++c) {
+  float kd[kDims], vd[kDims], gk[kDims], gv[kDims];
+  for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
     kd[c] = d < hs ? kr[d] : 0.0f;
     vd[c] = d < hs ? kr[kvc + d] : 0.0f;
@@ -180,21 +187,21 @@ __global__ void block_backward_dkv(float* dkv, const float* dout, const float* q
       const float* dy = dout + row * C + h * hs;
       const float* y = out + row * C + h * hs;
       float s = 0.0f, dp = 0.0f, D = 0.0f;
-      for (int c = 0; c < kMaxDims; ++c) {
+      for (int c = 0; c < kDims; ++c) {
         const int d = lane + 32 * c;
         if (d < hs) s += qr[d] * scale * kd[c], dp += dy[d] * vd[c], D += dy[d] * y[d];
       }
       s = warp_sum(s), dp = warp_sum(dp), D = warp_sum(D);
       const float p = expf(s - lse[(std::int64_t(b) * NH + h) * q_batch + i]);
       const float ds = p * (dp - D);
-      for (int c = 0; c < kMaxDims; ++c) {
+      for (int c = 0; c < kDims; ++c) {
         const int d = lane + 32 * c;
         if (d < hs) gv[c] += p * dy[d], gk[c] += ds * scale * qr[d];
       }
     }
   }
   float* dk = dkv + (std::int64_t(b) * kv_batch + j) * ldkv + kvh * hs;
-  for (int c = 0; c < kMaxDims; ++c) {
+  for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
     if (d < hs) dk[d] += gk[c], dk[kvc + d] += gv[c];
   }
@@ -217,36 +224,82 @@ void check_heads(int C, int NH, int NKV, const char* who) {
                              std::to_string(32 * kMaxDims));
 }
 
+// The forward and backward over blocks whose key-value rows are `ldkv`
+// floats apart (2 KVC in the ring's packed blocks, C + 2 KVC read in place
+// from qkv), a lane holding up to 4 head dimensions, or 8 above 128.
+void block_forward_any(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C, int NH,
+                       int NKV, std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
+                       bool accumulate) {
+  const std::int64_t warps = std::int64_t(B) * NH * Tq;
+  if (warps == 0) return;
+  const float scale = 1.0f / std::sqrt(float(C / NH));
+  if (C / NH <= 128)
+    block_forward<4><<<warps_grid(warps), 32 * kWarps>>>(out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
+                                                         ldkv, q0, k0, accumulate, scale);
+  else
+    block_forward<8><<<warps_grid(warps), 32 * kWarps>>>(out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
+                                                         ldkv, q0, k0, accumulate, scale);
+  STRATA_CHECK_LAUNCH();
+}
+
+void block_backward_any(float* dq, float* dkv, const float* dout, const float* q, const float* kv, const float* out,
+                        const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV, std::int64_t q_batch,
+                        std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0) {
+  const float scale = 1.0f / std::sqrt(float(C / NH));
+  // dq: a warp per (query row, query head); dk and dv: a warp per (key row,
+  // key-value head), over the group's query heads.
+  const bool wide = C / NH > 128;
+  if (std::int64_t(B) * NH * Tq > 0) {
+    const int grid = warps_grid(std::int64_t(B) * NH * Tq);
+    if (wide)
+      block_backward_dq<8><<<grid, 32 * kWarps>>>(dq, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
+                                                  ldkv, q0, k0, scale);
+    else
+      block_backward_dq<4><<<grid, 32 * kWarps>>>(dq, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
+                                                  ldkv, q0, k0, scale);
+    STRATA_CHECK_LAUNCH();
+  }
+  if (std::int64_t(B) * NKV * Tk > 0) {
+    const int grid = warps_grid(std::int64_t(B) * NKV * Tk);
+    if (wide)
+      block_backward_dkv<8><<<grid, 32 * kWarps>>>(dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch,
+                                                   kv_batch, ldkv, q0, k0, scale);
+    else
+      block_backward_dkv<4><<<grid, 32 * kWarps>>>(dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch,
+                                                   kv_batch, ldkv, q0, k0, scale);
+    STRATA_CHECK_LAUNCH();
+  }
+}
+
 }  // namespace
 
 void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
                              int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0,
                              bool accumulate) {
   check_heads(C, NH, NKV, "attention_block_forward");
-  const std::int64_t warps = std::int64_t(B) * NH * Tq;
-  if (warps == 0) return;
-  block_forward<<<warps_grid(warps), 32 * kWarps>>>(out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0,
-                                                    k0, accumulate, 1.0f / std::sqrt(float(C / NH)));
-  STRATA_CHECK_LAUNCH();
+  block_forward_any(out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, 2 * std::int64_t(C / NH) * NKV, q0,
+                    k0, accumulate);
 }
 
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
                               const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
                               std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
   check_heads(C, NH, NKV, "attention_block_backward");
-  const float scale = 1.0f / std::sqrt(float(C / NH));
-  // dq: a warp per (query row, query head); dk and dv: a warp per (key row,
-  // key-value head), over the group's query heads.
-  if (std::int64_t(B) * NH * Tq > 0) {
-    block_backward_dq<<<warps_grid(std::int64_t(B) * NH * Tq), 32 * kWarps>>>(
-        dq, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0, scale);
-    STRATA_CHECK_LAUNCH();
-  }
-  if (std::int64_t(B) * NKV * Tk > 0) {
-    block_backward_dkv<<<warps_grid(std::int64_t(B) * NKV * Tk), 32 * kWarps>>>(
-        dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0, scale);
-    STRATA_CHECK_LAUNCH();
-  }
+  block_backward_any(dq, dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
+                     2 * std::int64_t(C / NH) * NKV, q0, k0);
+}
+
+void attention_forward_wide(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
+  check_heads(C, NH, NKV, "attention_forward");
+  const std::int64_t ld = C + 2 * std::int64_t(C / NH) * NKV;
+  block_forward_any(out, lse, qkv, qkv + C, B, T, T, C, NH, NKV, T, T, ld, 0, 0, false);
+}
+
+void attention_backward_wide(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                             int B, int T, int C, int NH, int NKV) {
+  check_heads(C, NH, NKV, "attention_backward");
+  const std::int64_t ld = C + 2 * std::int64_t(C / NH) * NKV;
+  block_backward_any(dqkv, dqkv + C, dout, qkv, qkv + C, out, lse, B, T, T, C, NH, NKV, T, T, ld, 0, 0);
 }
 
 void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,

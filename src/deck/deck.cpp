@@ -344,9 +344,9 @@ void Resolver::check_cross_keys() {
   if (c.backend.comm == CommChoice::nccl && c.backend.device != kernels::Device::cuda)
     error(fmt::format("{}: {} needs backend.device = \"cuda\" ({}): NCCL moves GPU memory",
                       primary({"backend.comm", "backend.device"}), show("backend.comm"), show("backend.device")));
-  if (c.backend.device == kernels::Device::cuda && c.model.heads > 0 && c.model.d_model / c.model.heads > 128)
-    error(fmt::format("{}: {} with a head size of {} (model.d_model / model.heads): the fused attention kernels "
-                      "of the CUDA backend take head sizes up to 128",
+  if (c.backend.device == kernels::Device::cuda && c.model.heads > 0 && c.model.d_model / c.model.heads > 256)
+    error(fmt::format("{}: {} with a head size of {} (model.d_model / model.heads): the attention kernels of "
+                      "the CUDA backend take head sizes up to 256",
                       primary({"backend.device", "model.d_model", "model.heads"}), show("backend.device"),
                       c.model.d_model / c.model.heads));
   if (c.run.warmup_steps >= c.run.steps)

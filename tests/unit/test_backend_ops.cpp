@@ -498,7 +498,8 @@ OP_CASE(sum_squares) {
   }
 }
 
-// Sequence lengths on and off the 64-row blocks; head sizes 16 and 64;
+// Sequence lengths on and off the 64-row blocks; head sizes 8 to 64, and
+// 160 and 256 (past the CUDA backend's fused kernels, on its wide path);
 // multi-head, grouped-query and multi-query.
 struct AttentionShape {
   int B, T, NH, hs, NKV;
@@ -506,7 +507,8 @@ struct AttentionShape {
   int W() const { return (NH + 2 * NKV) * hs; }  // a qkv row
 };
 constexpr AttentionShape kAttentionShapes[] = {
-    {2, 67, 4, 16, 4}, {1, 128, 2, 64, 2}, {3, 5, 1, 8, 1}, {2, 67, 4, 16, 2}, {1, 70, 4, 32, 1}};
+    {2, 67, 4, 16, 4}, {1, 128, 2, 64, 2}, {3, 5, 1, 8, 1}, {2, 67, 4, 16, 2}, {1, 70, 4, 32, 1},
+    {1, 67, 2, 160, 1}, {2, 40, 2, 256, 2}};
 
 // The state the selected device's backward needs (the CUDA backend keeps the
 // rows' log-sum-exp, the others the probabilities).
@@ -547,7 +549,8 @@ OP_CASE(attention_backward) {
 
 // Ring attention's blocks: a query block (the middle one of three) against
 // each key block, the diagonal first (it overwrites) and the others merged
-// in; head sizes 16 and 96, 70-row blocks; multi-head and grouped-query.
+// in; head sizes 16 to 96, and 160 and 256 (8 dimensions a lane on the CUDA
+// backend); 70-row blocks; multi-head and grouped-query.
 struct Ring {
   int B = 2, NH = 2, hs, NKV = 2, Tq = 70;
   int C() const { return NH * hs; }
@@ -555,7 +558,12 @@ struct Ring {
   int W() const { return C() + 2 * KVC(); }
   int T() const { return 3 * Tq; }  // key blocks [0, 70), [70, 140), [140, 210)
 };
-constexpr Ring kRings[] = {{.hs = 16}, {.hs = 96}, {.NH = 4, .hs = 16, .NKV = 2}, {.NH = 2, .hs = 32, .NKV = 1}};
+constexpr Ring kRings[] = {{.hs = 16},
+                           {.hs = 96},
+                           {.NH = 4, .hs = 16, .NKV = 2},
+                           {.NH = 2, .hs = 32, .NKV = 1},
+                           {.hs = 160},
+                           {.NH = 2, .hs = 256, .NKV = 1}};
 
 // q, kv and dout of a ring, and its out and lse after every key block (the CPU's).
 struct RingInputs {

@@ -308,10 +308,10 @@ TEST_F(DeckTest, StringNotAllowedNamesTheAllowedValues) {
   load_error("[parallel]\nschedule = \"pipedream\"\n",
              {"deck.toml:2:", "'parallel.schedule'", "\"1f1b\", \"gpipe\", \"interleaved\", \"zb-h1\""});
   load_error("[backend]\ncomm = \"gloo\"\n", {"deck.toml:2:", "'backend.comm'", "\"auto\", \"mpi\", \"nccl\""});
-  // NCCL needs the GPU; the fused attention takes head sizes up to 128.
+  // NCCL needs the GPU; the CUDA attention takes head sizes up to 256.
   load_error("[backend]\ncomm = \"nccl\"\n", {"backend.comm", "needs backend.device = \"cuda\""});
-  load_error("[model]\nd_model = 512\nheads = 2\n[backend]\ndevice = \"cuda\"\n",
-             {"backend.device", "head size of 256", "up to 128"});
+  load_error("[model]\nd_model = 1024\nheads = 2\n[backend]\ndevice = \"cuda\"\n",
+             {"backend.device", "head size of 512", "up to 256"});
   load_error("[backend]\nprecision = \"fp8\"\n",
              {"deck.toml:2:", "'backend.precision'", "\"fp32\", \"bf16\", \"fp16\""});
   load_error("[backend]\nloss_scale = 0.5\n", {"deck.toml:2:", "'backend.loss_scale'", ">= 1"});
