@@ -129,6 +129,18 @@ std::int64_t shard_elems(const std::vector<models::Unit>& units, int n) {
   return s;
 }
 
+// What a rank holds after a step, with the model's sizes: Psi, the shard S
+// (units padded to n blocks), Psi_p = n S; the bytes of parameters,
+// gradients and optimizer state.
+struct Held {
+  std::uint64_t psi, S, psi_p, params, grads, opt;
+};
+Held held(const train::Trainer& t, const core::MemoryTracker& tracker, int n) {
+  const std::uint64_t S = std::uint64_t(shard_elems(t.units(), n));
+  return {std::uint64_t(t.registry().numel()), S, S * n, tracker.current(MemCategory::params),
+          tracker.current(MemCategory::grads), tracker.current(MemCategory::optimizer)};
+}
+
 }  // namespace
 
 TEST(MixedPrecision, DataParallelAndZeroTrackFp32) {
@@ -243,11 +255,7 @@ TEST(MixedPrecision, PerRankBytesAreZerosMixedPrecisionFigures) {
         train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
         const std::size_t workspace_before = tracker.current(MemCategory::workspace);
         t.step(0);
-        const std::uint64_t psi = std::uint64_t(t.registry().numel());
-        const std::uint64_t S = std::uint64_t(shard_elems(t.units(), n)), psi_p = S * n;
-        const std::uint64_t params = tracker.current(MemCategory::params),
-                            grads = tracker.current(MemCategory::grads),
-                            opt = tracker.current(MemCategory::optimizer);
+        const auto [psi, S, psi_p, params, grads, opt] = held(t, tracker, n);
         switch (zero) {
           case 0: EXPECT_EQ(params, 2 * psi); EXPECT_EQ(grads, 2 * psi); EXPECT_EQ(opt, 12 * psi); break;
           case 1: EXPECT_EQ(params + grads, 4 * psi_p); EXPECT_EQ(opt, 12 * S); break;
@@ -285,13 +293,10 @@ TEST(MixedPrecision, Fp32GradientsAreHeldAndReducedInFourBytes) {
         log.set_step(0);
         const std::size_t before = log.records().size();
         t.step(0);
-        for (std::size_t i = before; i < log.records().size(); ++i) bytes[fp32][std::string(log.records()[i].op)] += log.records()[i].bytes;
+        for (std::size_t i = before; i < log.records().size(); ++i)
+          bytes[fp32][std::string(log.records()[i].op)] += log.records()[i].bytes;
         if (!fp32) continue;
-        const std::uint64_t psi = std::uint64_t(t.registry().numel());
-        const std::uint64_t S = std::uint64_t(shard_elems(t.units(), n)), psi_p = S * n;
-        const std::uint64_t params = tracker.current(MemCategory::params),
-                            grads = tracker.current(MemCategory::grads),
-                            opt = tracker.current(MemCategory::optimizer);
+        const auto [psi, S, psi_p, params, grads, opt] = held(t, tracker, n);
         switch (zero) {
           case 0: EXPECT_EQ(params, 2 * psi); EXPECT_EQ(grads, 4 * psi); EXPECT_EQ(opt, 12 * psi); break;
           case 1: EXPECT_EQ(params, 2 * psi_p); EXPECT_EQ(grads, 4 * psi_p); EXPECT_EQ(opt, 12 * S); break;
