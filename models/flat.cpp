@@ -11,10 +11,7 @@ namespace strata::models {
 Flat::Flat(core::MemoryTracker& tracker, core::MemCategory c, core::Precision p, std::size_t n, std::string_view what)
     : buf_(tracker, c, n * std::size_t(core::element_bytes(p)), what), p_(p), n_(n) {}
 
-comm::DType Flat::dtype() const {
-  return p_ == core::Precision::bf16 ? comm::DType::bf16 : p_ == core::Precision::fp16 ? comm::DType::f16
-                                                                                        : comm::DType::f32;
-}
+comm::DType Flat::dtype() const { return comm::dtype_of(p_); }
 
 float* Flat::f32(std::int64_t i) {
   STRATA_CHECK(!half(), "fp32 access to {} storage", core::precision_name(p_));

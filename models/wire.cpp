@@ -47,8 +47,6 @@ class WireRequest final : public comm::Request {
 
 Wire::Wire(core::MemoryTracker& tracker, core::Precision p) : tracker_(&tracker), p_(p) {}
 
-DType Wire::dtype() const { return p_ == core::Precision::bf16 ? DType::bf16 : DType::f16; }
-
 core::Buffer<std::uint16_t> Wire::copy(std::int64_t n) const {
   if (n == 0) return {};
   return core::Buffer<std::uint16_t>(*tracker_, core::MemCategory::comm, std::size_t(n), "16-bit wire copy");

@@ -56,7 +56,7 @@ class Wire {
   core::Buffer<std::uint16_t> copy(std::int64_t n) const;
 
  private:
-  comm::DType dtype() const;
+  comm::DType dtype() const { return comm::dtype_of(p_); }
 
   core::MemoryTracker* tracker_ = nullptr;
   core::Precision p_ = core::Precision::fp32;

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -163,7 +164,7 @@ template <int kDims>
 __global__ void block_backward_dkv(float* dkv, const float* dout, const float* q, const float* kv, const float* out,
                                    const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
                                    std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
-                                  float scale) {
+                                   float scale) {
   const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
   const int lane = threadIdx.x % 32;
   if (w >= std::int64_t(B) * NKV * Tk) return;
@@ -224,21 +225,30 @@ void check_heads(int C, int NH, int NKV, const char* who) {
                              std::to_string(32 * kMaxDims));
 }
 
+// Calls f with std::integral_constant<int, D>: the head dimensions a lane
+// holds, 4 up to head size 128 and 8 above, so the common sizes keep their
+// registers.
+template <class F>
+void with_dims(int hs, F&& f) {
+  if (hs <= 128)
+    f(std::integral_constant<int, 4>{});
+  else
+    f(std::integral_constant<int, 8>{});
+}
+
 // The forward and backward over blocks whose key-value rows are `ldkv`
 // floats apart (2 KVC in the ring's packed blocks, C + 2 KVC read in place
-// from qkv), a lane holding up to 4 head dimensions, or 8 above 128.
+// from qkv).
 void block_forward_any(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C, int NH,
                        int NKV, std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
                        bool accumulate) {
   const std::int64_t warps = std::int64_t(B) * NH * Tq;
   if (warps == 0) return;
   const float scale = 1.0f / std::sqrt(float(C / NH));
-  if (C / NH <= 128)
-    block_forward<4><<<warps_grid(warps), 32 * kWarps>>>(out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
-                                                         ldkv, q0, k0, accumulate, scale);
-  else
-    block_forward<8><<<warps_grid(warps), 32 * kWarps>>>(out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
-                                                         ldkv, q0, k0, accumulate, scale);
+  with_dims(C / NH, [&](auto dims) {
+    block_forward<decltype(dims)::value><<<warps_grid(warps), 32 * kWarps>>>(
+        out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, ldkv, q0, k0, accumulate, scale);
+  });
   STRATA_CHECK_LAUNCH();
 }
 
@@ -248,27 +258,19 @@ void block_backward_any(float* dq, float* dkv, const float* dout, const float* q
   const float scale = 1.0f / std::sqrt(float(C / NH));
   // dq: a warp per (query row, query head); dk and dv: a warp per (key row,
   // key-value head), over the group's query heads.
-  const bool wide = C / NH > 128;
-  if (std::int64_t(B) * NH * Tq > 0) {
-    const int grid = warps_grid(std::int64_t(B) * NH * Tq);
-    if (wide)
-      block_backward_dq<8><<<grid, 32 * kWarps>>>(dq, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
-                                                  ldkv, q0, k0, scale);
-    else
-      block_backward_dq<4><<<grid, 32 * kWarps>>>(dq, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
-                                                  ldkv, q0, k0, scale);
-    STRATA_CHECK_LAUNCH();
-  }
-  if (std::int64_t(B) * NKV * Tk > 0) {
-    const int grid = warps_grid(std::int64_t(B) * NKV * Tk);
-    if (wide)
-      block_backward_dkv<8><<<grid, 32 * kWarps>>>(dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch,
-                                                   kv_batch, ldkv, q0, k0, scale);
-    else
-      block_backward_dkv<4><<<grid, 32 * kWarps>>>(dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch,
-                                                   kv_batch, ldkv, q0, k0, scale);
-    STRATA_CHECK_LAUNCH();
-  }
+  with_dims(C / NH, [&](auto dims) {
+    constexpr int D = decltype(dims)::value;
+    if (std::int64_t(B) * NH * Tq > 0) {
+      block_backward_dq<D><<<warps_grid(std::int64_t(B) * NH * Tq), 32 * kWarps>>>(
+          dq, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, ldkv, q0, k0, scale);
+      STRATA_CHECK_LAUNCH();
+    }
+    if (std::int64_t(B) * NKV * Tk > 0) {
+      block_backward_dkv<D><<<warps_grid(std::int64_t(B) * NKV * Tk), 32 * kWarps>>>(
+          dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, ldkv, q0, k0, scale);
+      STRATA_CHECK_LAUNCH();
+    }
+  });
 }
 
 }  // namespace

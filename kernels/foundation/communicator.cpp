@@ -11,6 +11,10 @@
 
 namespace strata::comm {
 
+DType dtype_of(core::Precision p) {
+  return p == core::Precision::bf16 ? DType::bf16 : p == core::Precision::fp16 ? DType::f16 : DType::f32;
+}
+
 std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;

@@ -12,12 +12,16 @@
 #include <memory>
 #include <string>
 
+#include "kernels/foundation/precision.hpp"
+
 namespace strata::comm {
 
 // bf16, f16: the 16-bit formats of mixed precision (kernels/foundation/precision.hpp);
 // their sums are taken in fp32 and rounded once per pairwise combination.
 enum class DType { f32, f64, i32, i64, bf16, f16 };
 std::size_t dtype_size(DType t);
+// The type that moves elements stored at precision p.
+DType dtype_of(core::Precision p);
 enum class ReduceOp { sum, max, min };
 
 // A non-blocking operation in flight. wait() blocks until it completes;
