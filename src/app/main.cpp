@@ -249,6 +249,8 @@ int main(int argc, char** argv) {
   plan->add_option("--set", sets, "override a deck key for every candidate (repeatable)");
   plan->add_option("--output,-o", po.output, "report path (default: results/<run.name>-plan.h5)");
   plan->add_flag("--fused-casts", po.fused_casts, "price every layout with its 16-bit conversions fused away");
+  plan->add_flag("--exhaustive", po.exhaustive,
+                 "judge every layout (the whole throughput-memory front), none pruned by its lower bound");
   strata::sim::CalibrateOptions co;
   co.command_line = command_line;
   CLI::App* calibrate = app.add_subcommand(

@@ -99,6 +99,12 @@ struct HostProgress {
 class CommLog {
  public:
   explicit CommLog(double origin) : origin_(origin) {}
+  // A log whose calls take no time (the meta device: a dry run, an
+  // estimate): the profiled layer records what each call moves but reads
+  // no clock and keeps no account of progress, which would be most of
+  // what a meta call costs.
+  void untimed() { timed_ = false; }
+  bool timed() const { return timed_; }
   void set_step(int step) { step_ = step; }
   int step() const { return step_; }
   // Optional, before the first step: room for n records, with its pages
@@ -124,6 +130,7 @@ class CommLog {
 
  private:
   double origin_;
+  bool timed_ = true;
   int step_ = 0;
   std::vector<CommRecord> records_;
   HostProgress progress_;

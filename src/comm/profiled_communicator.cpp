@@ -15,6 +15,9 @@ namespace {
 
 std::int64_t bytes_of(std::int64_t count, DType t) { return count * std::int64_t(dtype_size(t)); }
 
+// The profiling clock, or the log's origin where the log is untimed.
+double now(const CommLog& log) { return log.timed() ? prof::now_seconds() : log.origin(); }
+
 // Refers to its record by index: the log's vector may reallocate meanwhile.
 class ProfiledRequest : public Request {
  public:
@@ -33,16 +36,16 @@ class ProfiledRequest : public Request {
     // Seen complete by a test: the inner wait returns at once (on the meta
     // device it is where a dry run's trace learns the code waits here).
     if (done_) return inner_->wait();
-    const double t0 = prof::now_seconds();
+    const double t0 = now(log_);
     inner_->wait();
-    finish(t0, prof::now_seconds(), true);
+    finish(t0, now(log_), true);
   }
 
   bool test() override {
     if (done_) return true;
-    const double t0 = prof::now_seconds();
+    const double t0 = now(log_);
     const bool complete = inner_->test();
-    finish(t0, prof::now_seconds(), complete);
+    finish(t0, now(log_), complete);
     return complete;
   }
 
@@ -50,7 +53,7 @@ class ProfiledRequest : public Request {
   void finish(double t0, double t1, bool complete) {
     CommRecord& r = log_.at(index_);
     r.wait += t1 - t0;
-    log_.progress().spent(t0 - log_.origin(), t1 - log_.origin());
+    if (log_.timed()) log_.progress().spent(t0 - log_.origin(), t1 - log_.origin());
     if (complete) {
       r.end = t1 - log_.origin();
       // On a GPU the operation's own start and end, from its stream's
@@ -138,11 +141,11 @@ ProfiledCommunicator::ProfiledCommunicator(std::unique_ptr<Communicator> inner, 
 
 template <typename F>
 void ProfiledCommunicator::blocking(const char* op, std::int64_t bytes, F&& call, int peer, int tag) {
-  const double t0 = prof::now_seconds();
+  const double t0 = now(log_);
   call();
-  const double t1 = prof::now_seconds();
+  const double t1 = now(log_);
   const double o = log_.origin();
-  log_.progress().spent(t0 - o, t1 - o);  // a blocking call moves the data of the calls in flight too
+  if (log_.timed()) log_.progress().spent(t0 - o, t1 - o);  // a blocking call moves the data of the calls in flight too
   double s = t0, e = t1;
   inner_->last_device_span(&s, &e);  // on a GPU, the operation's own span; the host waited t1 - t0
   log_.add(
@@ -151,16 +154,18 @@ void ProfiledCommunicator::blocking(const char* op, std::int64_t bytes, F&& call
 
 template <typename F>
 RequestPtr ProfiledCommunicator::nonblocking(const char* op, std::int64_t bytes, F&& call, int peer, int tag) {
-  const double t0 = prof::now_seconds();
+  const double t0 = now(log_);
   RequestPtr inner = call();
-  const double t1 = prof::now_seconds();
+  const double t1 = now(log_);
   const double start = t0 - log_.origin();
   // end = start until the request is seen complete, so end >= start always holds.
   const std::size_t i =
       log_.add(CommRecord{log_.step(), op, inner_->axis(), size_, bytes, true, start, start, 0.0, 0.0, start, start, peer, tag});
-  log_.progress().in_flight.push_back({i, double(std::max<std::int64_t>(bytes, 1)), 0.0});
-  // The issuing call moves the data of the calls in flight, its own among them.
-  log_.progress().spent(t0 - log_.origin(), t1 - log_.origin());
+  if (log_.timed()) {
+    log_.progress().in_flight.push_back({i, double(std::max<std::int64_t>(bytes, 1)), 0.0});
+    // The issuing call moves the data of the calls in flight, its own among them.
+    log_.progress().spent(t0 - log_.origin(), t1 - log_.origin());
+  }
   return std::make_unique<ProfiledRequest>(std::move(inner), log_, i);
 }
 
@@ -204,13 +209,13 @@ void ProfiledCommunicator::send(const void* buf, std::int64_t count, DType t, in
 // arrived or been announced (the peer was late: a pipeline bubble), and the
 // rest of `wait`, the transfer itself (a slow link).
 void ProfiledCommunicator::recv(void* buf, std::int64_t count, DType t, int peer, int tag) {
-  const double t0 = prof::now_seconds();
+  const double t0 = now(log_);
   inner_->probe(peer, tag);
-  const double t1 = prof::now_seconds();
+  const double t1 = now(log_);
   inner_->recv(buf, count, t, peer, tag);
-  const double t2 = prof::now_seconds();
+  const double t2 = now(log_);
   const double o = log_.origin();
-  log_.progress().spent(t0 - o, t2 - o);
+  if (log_.timed()) log_.progress().spent(t0 - o, t2 - o);
   log_.add(CommRecord{log_.step(), "recv", inner_->axis(), size_, bytes_of(count, t), false, t0 - o, t2 - o, t2 - t0,
                       t1 - t0, t1 - o, t2 - o, peer, tag});
 }

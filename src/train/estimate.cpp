@@ -46,6 +46,7 @@ RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume
                          std::vector<kernels::WorkCost>* compute, prof::Trace* trace) {
   const OnMeta meta;
   comm::CommLog log(prof::now_seconds());
+  log.untimed();  // meta calls take no time: their records say what they move
   mesh::Mesh mesh(strategies::layout_of(cfg), rank, log);
   core::MemoryTracker tracker;
   tracker.count_only();

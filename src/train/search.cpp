@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "src/sim/machine.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/run.hpp"
+#include "src/train/bound.hpp"
 #include "src/train/run_control.hpp"
 #include "src/train/simulate.hpp"
 
@@ -39,6 +41,7 @@ struct Candidate {
   std::string status;     // "complete" (predicted, fits) or "skipped" (see reason)
   std::string reason;
   double tokens_per_s = 0, mfu = 0, step_time = 0, peak_bytes = 0, bubble = 0, exposed_comm = 0;
+  double bound = 0;       // the layout's lower bound on its step time (src/train/bound.hpp)
 };
 
 std::string join(const std::vector<std::string>& v) {
@@ -184,26 +187,48 @@ void write_all(int fd, const std::string& b) {
 
 using Judged = std::function<void(std::size_t, std::vector<Candidate>)>;
 
-// A process of its own judging every W-th layout (a fork: its own memory,
-// nothing shared to lock), its candidates coming back through a pipe.
+// A process of its own (a fork: its own memory, nothing shared to lock)
+// judging the layouts it is sent, one at a time: their indices go down one
+// pipe, their candidates come back up another.
 class Worker {
  public:
-  Worker(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  Worker(pid_t pid, int to, int from) : pid_(pid), to_(to), from_(from) {}
+  bool idle() const { return !busy_; }
+  int fd() const { return from_; }
+  // False if the worker is gone (it failed: what it said comes with its
+  // last record).
+  bool send(std::size_t index) {
+    const std::uint64_t i = index;
+    for (std::size_t done = 0; done < sizeof i;) {
+      const ssize_t w = ::write(to_, reinterpret_cast<const char*>(&i) + done, sizeof i - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      done += std::size_t(w);
+    }
+    busy_ = true;
+    return true;
+  }
+  // No more layouts: the worker ends once its last is sent back.
+  void close_commands() {
+    if (to_ >= 0) ::close(to_);
+    to_ = -1;
+  }
   // What has arrived; with `to_end`, everything until the worker is done.
   void receive(bool to_end, const Judged& got) {
-    while (fd_ >= 0) {
+    while (from_ >= 0) {
       char chunk[1 << 16];
-      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      const ssize_t n = ::read(from_, chunk, sizeof chunk);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         if (!to_end) break;
-        pollfd p{fd_, POLLIN, 0};
+        pollfd p{from_, POLLIN, 0};
         ::poll(&p, 1, 1000);
         continue;
       }
       if (n <= 0) {
-        ::close(fd_);
-        fd_ = -1;
+        ::close(from_);
+        from_ = -1;
+        busy_ = false;
         int status = 0;
         while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
         }
@@ -214,7 +239,13 @@ class Worker {
     }
   }
   void stop(int signal) const {
-    if (fd_ >= 0) ::kill(pid_, signal);
+    if (from_ >= 0) ::kill(pid_, signal);
+  }
+  // In a later worker's process: its copies of this worker's pipe ends
+  // closed, so that this worker sees the end of its commands.
+  void forget() const {
+    if (to_ >= 0) ::close(to_);
+    if (from_ >= 0) ::close(from_);
   }
 
  private:
@@ -228,49 +259,70 @@ class Worker {
       const std::string payload = buf_.substr(at + 16, std::size_t(bytes));
       at += 16 + std::size_t(bytes);
       if (index == kFailed) core::runtime_error("a planning worker failed: {}", payload);
+      busy_ = false;
       got(std::size_t(index), candidates_of(payload));
     }
     buf_.erase(0, at);
   }
 
   pid_t pid_;
-  int fd_;
+  int to_, from_;
+  bool busy_ = false;
   std::string buf_;
 };
 
-// Workers 1 .. n - 1 of n over `layouts` layouts (this process is 0).
-std::vector<Worker> start_workers(int n, std::size_t layouts,
-                                  const std::function<std::vector<Candidate>(std::size_t)>& judge) {
+// Reads one layout index; false at the end of the commands (or a stop).
+bool next_index(int fd, std::size_t* index) {
+  std::uint64_t i = 0;
+  for (std::size_t done = 0; done < sizeof i;) {
+    const ssize_t n = ::read(fd, reinterpret_cast<char*>(&i) + done, sizeof i - done);
+    if (n < 0 && errno == EINTR) {
+      if (stop_signal() != 0) return false;
+      continue;
+    }
+    if (n <= 0) return false;
+    done += std::size_t(n);
+  }
+  *index = std::size_t(i);
+  return true;
+}
+
+std::vector<Worker> start_workers(int n, const std::function<std::vector<Candidate>(std::size_t)>& judge) {
   std::vector<Worker> out;
   std::fflush(stdout);
   std::fflush(stderr);
-  for (int w = 1; w < n; ++w) {
-    int fds[2];
-    if (::pipe(fds) != 0) core::runtime_error("strata plan: cannot make a pipe: {}", std::strerror(errno));
+  for (int w = 0; w < n; ++w) {
+    int down[2], up[2];
+    if (::pipe(down) != 0 || ::pipe(up) != 0)
+      core::runtime_error("strata plan: cannot make a pipe: {}", std::strerror(errno));
     const pid_t pid = ::fork();
     if (pid < 0) core::runtime_error("strata plan: cannot start a worker: {}", std::strerror(errno));
     if (pid == 0) {
-      ::close(fds[0]);
+      ::close(down[1]);
+      ::close(up[0]);
+      for (const Worker& other : out) other.forget();
       try {
-        for (std::size_t i = std::size_t(w); i < layouts && stop_signal() == 0; i += std::size_t(n))
-          write_all(fds[1], record(i, judge(i)));
+        std::size_t i = 0;
+        while (stop_signal() == 0 && next_index(down[0], &i)) write_all(up[1], record(i, judge(i)));
       } catch (const std::exception& e) {
         std::string r;
         put_u64(r, kFailed);
         put_u64(r, std::strlen(e.what()));
-        write_all(fds[1], r + e.what());
+        write_all(up[1], r + e.what());
         ::_exit(1);
       }
       ::_exit(0);  // no MPI_Finalize, no exit handlers: the parent owns them
     }
-    ::close(fds[1]);
-    ::fcntl(fds[0], F_SETFL, ::fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-    out.emplace_back(pid, fds[0]);
+    ::close(down[0]);
+    ::close(up[1]);
+    ::fcntl(up[0], F_SETFL, ::fcntl(up[0], F_GETFL) | O_NONBLOCK);
+    out.emplace_back(pid, down[1], up[0]);
   }
   return out;
 }
 
-// The line that says how far the search is: layouts done of all, fitting
+// The line that says how far the search is: layouts judged, and those left
+// under the bound (which the best so far may still prune), fitting
 // candidates, the best so far, time spent and left. To stderr, every few
 // seconds and at the end, so the table on stdout stays the table.
 class Progress {
@@ -284,15 +336,17 @@ class Progress {
       if (c.tokens_per_s > best_) best_ = c.tokens_per_s, best_label_ = c.label;
     }
   }
-  void show(bool last) {
+  bool due() const { return prof::now_seconds() - shown_ >= 5; }
+  // `left`: layouts not yet judged whose bound is within the table's reach.
+  void show(bool last, std::size_t left) {
     const double now = prof::now_seconds();
-    if (!last && now - shown_ < 5) return;
     shown_ = now;
     const double spent = now - start_;
-    const double left = done_ > 0 ? spent / double(done_) * double(total_ - done_) : 0;
-    fmt::print(stderr, "strata plan: {}/{} layouts, {} fit, best {}, {:.0f} s{}\n", done_, total_, fit_,
+    const double eta = done_ > 0 ? spent / double(done_) * double(left) : 0;
+    fmt::print(stderr, "strata plan: {}/{} layouts judged, {} pruned, {} fit, best {}, {:.0f} s{}\n", done_, total_,
+               total_ - done_ - left, fit_,
                best_ > 0 ? fmt::format("{:.0f} tokens/s ({})", best_, best_label_) : std::string("none yet"), spent,
-               last ? "" : fmt::format(", about {:.0f} s left", left));
+               last ? "" : fmt::format(", {} left, about {:.0f} s", left, eta));
     std::fflush(stderr);
   }
 
@@ -301,6 +355,26 @@ class Progress {
   double best_ = 0;
   std::string best_label_;
   double start_, shown_;
+};
+
+// The step time a layout must beat to enter a table of `top` rows: the
+// top-th best of the fitting candidates so far (infinite until there are
+// that many).
+class Threshold {
+ public:
+  explicit Threshold(std::size_t top) : top_(top) {}
+  void add(const std::vector<Candidate>& cs) {
+    for (const Candidate& c : cs)
+      if (c.status == "complete") best_.insert(std::upper_bound(best_.begin(), best_.end(), c.step_time), c.step_time);
+    if (best_.size() > top_) best_.resize(top_);
+  }
+  double operator()() const {
+    return best_.size() < top_ ? std::numeric_limits<double>::infinity() : best_.back();
+  }
+
+ private:
+  std::size_t top_;
+  std::vector<double> best_;  // ascending, at most top_
 };
 
 }  // namespace
@@ -443,39 +517,109 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     }
   };
 
-  // Judged by every core: worker w of W takes layouts w, w + W, ... and
-  // sends each layout's candidates back; this process is worker 0. Results
-  // are kept by layout, so the table's order is the enumeration's whatever
-  // the timing.
+  // Each layout's bound, shared work cached; then the layouts best bound
+  // first, so that the table fills early and its last row prunes the rest.
   install_stop_signals();
+  std::vector<double> bounds(layouts.size(), 0.0);
+  {
+    StepBound bound(machine);
+    double shown = prof::now_seconds();
+    const double began = shown;
+    for (std::size_t i = 0; i < layouts.size() && stop_signal() == 0; ++i) {
+      bounds[i] = bound(layouts[i].plan);
+      if (const double now = prof::now_seconds(); now - shown >= 5) {
+        fmt::print(stderr, "strata plan: the lower bounds of {}/{} layout(s), {:.0f} s\n", i + 1, layouts.size(),
+                   now - began);
+        shown = now;
+      }
+    }
+  }
+  std::vector<std::size_t> order(layouts.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return bounds[a] < bounds[b]; });
+
+  // Judged by one process per core, each sent the next layout in that
+  // order as it finishes one, while its bound is within the table's reach
+  // (every layout under --exhaustive). Results are kept by layout, so the
+  // table's order is the enumeration's whatever the timing.
   const int workers = std::max(1, std::min<int>(o.jobs > 0 ? o.jobs : int(std::thread::hardware_concurrency()),
                                                 int(layouts.size())));
   std::vector<std::optional<std::vector<Candidate>>> judged(layouts.size());
   Progress progress(layouts.size());
+  Threshold threshold(o.exhaustive ? layouts.size() + 1 : std::size_t(o.top));
   auto note = [&](std::size_t i, std::vector<Candidate> cs) {
     progress.add(cs);
+    threshold.add(cs);
     judged[i] = std::move(cs);
   };
-  std::vector<Worker> others =
-      start_workers(workers, layouts.size(), [&](std::size_t i) { return judge(layouts[i]); });
-  for (std::size_t i = 0; i < layouts.size() && stop_signal() == 0; i += std::size_t(workers)) {
-    note(i, judge(layouts[i]));
-    for (Worker& w : others) w.receive(false, note);
-    progress.show(false);
-  }
-  if (stop_signal() != 0)
-    for (Worker& w : others) w.stop(stop_signal());
-  for (Worker& w : others) w.receive(true, note);
-  progress.show(true);
-  const int stopped = stop_signal();
-
-  std::vector<Candidate> all;
-  std::size_t layouts_done = 0;
-  for (auto& j : judged)
-    if (j) {
-      ++layouts_done;
-      for (auto& c : *j) all.push_back(std::move(c));
+  std::size_t next = 0;
+  auto within = [&](std::size_t at) { return at < order.size() && bounds[order[at]] <= threshold(); };
+  auto left = [&] {
+    std::size_t n = 0;
+    for (std::size_t at = next; within(at); ++at) ++n;
+    return n;
+  };
+  if (stop_signal() == 0) {
+    std::vector<Worker> pool = start_workers(workers, [&](std::size_t i) { return judge(layouts[i]); });
+    // A worker that failed is read to its end, which throws its message.
+    ::signal(SIGPIPE, SIG_IGN);
+    while (stop_signal() == 0) {
+      for (Worker& w : pool)
+        if (w.idle() && within(next) && !w.send(order[next++])) {
+          w.receive(true, note);
+          core::runtime_error("strata plan: a planning worker ended without a word");
+        }
+      std::vector<pollfd> busy;
+      for (const Worker& w : pool)
+        if (!w.idle()) busy.push_back({w.fd(), POLLIN, 0});
+      if (busy.empty()) break;
+      ::poll(busy.data(), busy.size(), 1000);
+      for (Worker& w : pool) w.receive(false, note);
+      if (progress.due()) progress.show(false, left());
     }
+    for (Worker& w : pool) {
+      if (stop_signal() != 0) w.stop(stop_signal());
+      w.close_commands();
+    }
+    for (Worker& w : pool) w.receive(true, note);
+  }
+  const int stopped = stop_signal();
+  progress.show(true, 0);
+
+  // The table: every layout judged whose bound is within the final
+  // threshold, and every one beyond it pruned, judged or not (so the table
+  // does not depend on which process finished first); a stopped plan
+  // leaves out what it had not reached.
+  const double reach = threshold();
+  std::vector<Candidate> all;
+  std::size_t layouts_done = 0, pruned = 0;
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    if (bounds[i] > reach) {
+      ++pruned;
+      Candidate c;
+      std::vector<std::string> over, label;
+      for (const Choice& ch : layouts[i].choices) {
+        over.push_back(override_of(*ch.search, ch.value));
+        if (std::string x = said(*ch.search, ch.value); !x.empty()) label.push_back(x);
+      }
+      c.overrides = join(over);
+      c.label = join(label);
+      c.world = o.world;
+      c.status = "skipped";
+      c.reason = fmt::format("cannot win: a step takes at least {:.4g} s (the layout's lower bound), the {}th best "
+                             "predicted takes {:.4g} s",
+                             bounds[i], o.top, reach);
+      c.bound = bounds[i];
+      all.push_back(std::move(c));
+      continue;
+    }
+    if (!judged[i]) continue;
+    ++layouts_done;
+    for (auto& c : *judged[i]) {
+      c.bound = bounds[i];
+      all.push_back(std::move(c));
+    }
+  }
   std::vector<std::size_t> ranked;
   for (std::size_t i = 0; i < all.size(); ++i)
     if (all[i].status == "complete") ranked.push_back(i);
@@ -516,14 +660,16 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     report::Table t =
         report::points_table("one row per candidate layout: its overrides, status and predicted figures", what);
     t.col_f64("bubble", "1", "the largest pipeline stage's idle share of the step")
-        .col_f64("exposed_comm", "s", "the most time a simulated rank spends blocked in communication");
+        .col_f64("exposed_comm", "s", "the most time a simulated rank spends blocked in communication")
+        .col_f64("bound", "s", "the layout's lower bound on its step time, any recomputation and offload "
+                               "(src/train/bound.hpp); above the top-th best prediction, the layout is pruned");
     for (std::size_t i = 0; i < all.size(); ++i) {
       const Candidate& c = all[i];
       STRATA_CHECK(c.overrides.size() < std::size_t(report::kOverridesWidth), "a candidate's overrides exceed {} bytes: {}",
                    report::kOverridesWidth, c.overrides);
       t.add_row({std::int64_t(i), c.overrides, std::int64_t(c.world), c.status, c.reason.substr(0, 511),
                  std::string(), c.tokens_per_s, c.mfu, c.step_time, c.peak_bytes, std::nan(""), c.bubble,
-                 c.exposed_comm});
+                 c.exposed_comm, c.bound});
     }
     f.write_table(t);
     // Stopped by a signal: the candidates judged so far, and the status says so.
@@ -531,14 +677,16 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     if (stopped) f.set_attr("/", "interrupted_by", std::string(signal_name(stopped)));
     f.set_attr("/", "layouts", std::int64_t(layouts.size()));
     f.set_attr("/", "layouts_judged", std::int64_t(layouts_done));
+    f.set_attr("/", "layouts_pruned", std::int64_t(pruned));
+    f.set_attr("/", "exhaustive", o.exhaustive ? "true" : "false");
     f.publish();
   }
 
-  fmt::print("strata plan | {} | machine {} | {} device(s), at most {} each | {} layout(s){}, {} candidate(s) "
-             "predicted or refused, {} fit\n",
+  fmt::print("strata plan | {} | machine {} | {} device(s), at most {} each | {} layout(s){}, {} pruned by their "
+             "bound, {} candidate(s) predicted or refused, {} fit\n",
              deck_path, machine.name, o.world, core::format_bytes(limit), layouts.size(),
-             stopped ? fmt::format(" ({} judged before {})", layouts_done, signal_name(stopped)) : "", all.size(),
-             ranked.size());
+             stopped ? fmt::format(" ({} judged before {})", layouts_done, signal_name(stopped)) : "", pruned,
+             all.size() - pruned, ranked.size());
   fmt::print("  {:>4} {:>12} {:>6} {:>9} {:>11} {:>7} {:>10}  {}\n", "rank", "tokens/s", "MFU%", "step_ms",
              "peak mem", "bubble", "exposed_s", "layout");
   for (std::size_t r = 0; r < ranked.size() && int(r) < o.top; ++r) {

@@ -233,12 +233,46 @@ for n in a.dtype.names:
         assert np.array_equal(a[n], b[n]), n
 PY
 then ok "plan: one process and three give the same table"; else bad "plan --jobs"; cat plan1.log plan3.log planjobs.log; fi
+# Pruned by the bound or judged in full: the same table of the best, and
+# the bound under every prediction (tiny.toml's layouts on 8 devices, 4
+# micro-batches a step so that pipelines have some).
+if "$strata" plan tiny.toml --machine a100-80gb --world 8 --top 3 --set data.global_batch=32 --exhaustive \
+     --output out/planall.h5 > planall.log 2>&1 \
+   && "$strata" plan tiny.toml --machine a100-80gb --world 8 --top 3 --set data.global_batch=32 \
+     --output out/planbest.h5 > planbest.log 2>&1 \
+   && "$py" - <<'PY' > planbound.log 2>&1
+import h5py, numpy as np
+def table(path):
+    f = h5py.File(path)
+    p = f["points"][:]
+    st = np.array([s.decode() for s in p["status"]])
+    done = np.where(st == "complete")[0]
+    best = done[np.argsort(-p["tokens_per_s"][done], kind="stable")][:3]
+    return f, p, st, [(p["overrides"][i], p["tokens_per_s"][i]) for i in best]
+fa, a, sa, best_a = table("out/planall.h5")
+fb, b, sb, best_b = table("out/planbest.h5")
+assert len(best_a) == 3 and best_a == best_b, (best_a, best_b)
+predicted = a["step_time"] > 0
+assert predicted.sum() > 100, predicted.sum()
+assert np.all(a["bound"][predicted] > 0), "every layout is bounded"
+over = a["bound"][predicted] / a["step_time"][predicted]
+assert over.max() <= 1.0, [(o, x) for o, x in zip(a["overrides"][predicted], over) if x > 1]
+assert fa.attrs["layouts_pruned"] == 0 and fb.attrs["layouts_pruned"] > 0, (fa.attrs["layouts_pruned"], fb.attrs["layouts_pruned"])
+third = best_b[-1][1]
+pruned = np.array(["cannot win" in r.decode() for r in b["reason"]])
+assert pruned.sum() == fb.attrs["layouts_pruned"]
+# A pruned layout's bound is slower than the table's last row.
+steps = b["step_time"][sb == "complete"]
+assert np.all(b["bound"][pruned] > np.sort(steps)[2]), "pruned only beyond the third best"
+print("bound/prediction", over.min(), over.mean(), over.max(), "pruned", pruned.sum(), "of", fb.attrs["layouts"])
+PY
+then ok "plan: the bound never exceeds a prediction; pruning keeps the best"; else bad "plan bound"; cat planall.log planbest.log planbound.log; fi
 # Stopped by SIGTERM: what was judged is written, the report says it was
 # interrupted, the exit status is 143 and no worker is left running.
-"$strata" plan "$src/inputs/gpt-7b-4096.toml" --machine h100-80gb --world 512 --jobs 2 --output out/planstop.h5 \
-  > planstop.log 2> planstop.err &
+"$strata" plan "$src/inputs/gpt-7b-4096.toml" --machine h100-80gb --world 512 --jobs 2 --exhaustive \
+  --output out/planstop.h5 > planstop.log 2> planstop.err &
 planpid=$!
-for _ in $(seq 1 120); do grep -q "layouts" planstop.err 2>/dev/null && break; sleep 0.5; done
+for _ in $(seq 1 240); do grep -q "layouts judged" planstop.err 2>/dev/null && break; sleep 0.5; done
 kill -TERM "$planpid"
 wait "$planpid"
 rc=$?
