@@ -60,6 +60,18 @@ Parallel parallelize(const plan::Plan& p, const MeshGroups* mesh, core::MemoryTr
 }
 
 void check_plan(const plan::Plan& p, PlanChecks& checks) {
+  // The mesh's size in 64 bits: its dims may multiply past an int.
+  std::int64_t world = 1;
+  for (const mesh::Dim& d : layout_of(p).dims) world = std::min<std::int64_t>(world * d.size, kMaxWorld + 1);
+  if (world > kMaxWorld) {
+    std::string sizes;
+    for (const mesh::Dim& d : layout_of(p).dims)
+      sizes += fmt::format("{}{} {}", sizes.empty() ? "" : " x ", d.name, d.size);
+    checks.error({"parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp"},
+                 fmt::format("the layout has more than {} ranks ({}): at most {} (2^20) are supported", kMaxWorld,
+                             sizes, kMaxWorld));
+    return;
+  }
   for (const Row* r : all_rows())
     if (r->check != nullptr) r->check(p, checks);
   for (const Conflict& c : conflicts()) {
@@ -76,10 +88,14 @@ int devices_left(const Space& s, const plan::Plan& p) {
 }
 
 std::vector<int> divisors(int n) {
-  std::vector<int> out;
-  for (int d = 1; d <= n; ++d)
-    if (n % d == 0) out.push_back(d);
-  return out;
+  std::vector<int> low, high;
+  for (int d = 1; d <= n / d; ++d)
+    if (n % d == 0) {
+      low.push_back(d);
+      if (d != n / d) high.push_back(n / d);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 std::vector<const Search*> searches() {

@@ -125,6 +125,10 @@ std::vector<const Search*> searches();
 // The devices of `p`'s layout not yet given to a dim: `world` over the
 // product of its dims (a search's share before it divides them).
 int devices_left(const Space& s, const plan::Plan& p);
+// The most ranks a layout may have (checked by check_plan): twenty times the
+// largest training jobs run, and what one process estimates and simulates
+// in about a minute; past it the dims' product would near an int's range.
+constexpr int kMaxWorld = 1 << 20;
 // The divisors of n.
 std::vector<int> divisors(int n);
 

@@ -27,6 +27,7 @@
 #include "kernels/foundation/median.hpp"
 #include "src/comm/backend.hpp"
 #include "src/comm/mpi_check.hpp"
+#include "src/report/output_path.hpp"
 #include "src/sim/machine.hpp"
 #include "src/sim/simulator.hpp"
 
@@ -178,6 +179,10 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   const double batch = o.quick ? 0.01 : 0.05;
   const std::string host = host_name();
   const std::string out = !o.output.empty() ? o.output : fmt::format("results/machine-{}.toml", host);
+  // Before minutes of measuring: rank 0 judges the path, every rank ends on it.
+  const std::string problem = comm::broadcast_string(
+      rank == 0 ? report::output_file_problem(out) : std::string(), comm);
+  if (!problem.empty()) core::input_error("machine description path {}: {} (--output DIR/NAME.toml)", out, problem);
   auto say = [&](const std::string& s) {
     if (rank == 0) {
       fmt::print("{}", s);

@@ -47,6 +47,8 @@ class Reader {
     }
     std::optional<double> v = n->value<double>();
     if (!v) fail(*n, dotted, fmt::format("must be a number ({})", unit));
+    // NaN passes every comparison: finiteness first.
+    if (!std::isfinite(*v)) fail(*n, dotted, fmt::format("must be a finite number ({}), got {}", unit, *v));
     if (*v < 0 || (positive && *v == 0))
       fail(*n, dotted, fmt::format("must be {} 0 ({}), got {}", positive ? ">" : ">=", unit, *v));
     return *v;

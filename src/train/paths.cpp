@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "kernels/foundation/error.hpp"
 #include "src/comm/mpi_check.hpp"
+#include "src/report/output_path.hpp"
 
 namespace fs = std::filesystem;
 
@@ -34,19 +36,6 @@ bool same_file(const std::string& a, const std::string& b) {
   return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 
-// The nearest existing ancestor of a path that does not exist yet must be a
-// writable directory (so that the missing ones can be made).
-std::string writable_place(const fs::path& dir) {
-  std::error_code ec;
-  fs::path p = dir.empty() ? fs::path(".") : dir;
-  while (!fs::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
-  if (!fs::exists(p, ec)) p = ".";
-  if (!fs::is_directory(p, ec)) return fmt::format("{} is not a directory", p.string());
-  if (::access(p.c_str(), W_OK | X_OK) != 0)
-    return fmt::format("the directory {} is not writable: {}", p.string(), std::strerror(errno));
-  return "";
-}
-
 std::string host_name() {
   char h[256] = {};
   ::gethostname(h, sizeof h - 1);
@@ -62,22 +51,19 @@ void check_output_paths(MPI_Comm comm, const std::string& report, const std::str
   std::string problem;
   if (rank == 0) {
     std::error_code ec;
-    const fs::path r(report);
-    if (fs::is_directory(r, ec))
-      problem = fmt::format("report path {}: is a directory; give the report's file name (--output DIR/NAME.h5)", report);
-    else if (same_file(report, deck_path))
+    if (same_file(report, deck_path))
       problem = fmt::format("report path {}: is the deck itself; the report would overwrite it", report);
     else if (same_file(report, data_path))
       problem = fmt::format("report path {}: is data.path, the text the run reads", report);
-    else if (const std::string why = writable_place(r.parent_path()); !why.empty())
-      problem = fmt::format("report path {}: {}", report, why);
+    else if (const std::string why = report::output_file_problem(report); !why.empty())
+      problem = fmt::format("report path {}: {} (--output DIR/NAME.h5)", report, why);
     if (problem.empty() && checkpoints) {
       const fs::path c(checkpoint_dir);
       if (fs::exists(c, ec) && !fs::is_directory(c, ec))
         problem = fmt::format("checkpoint directory {}: exists and is not a directory", checkpoint_dir);
       else if (fs::is_directory(c, ec) && ::access(c.c_str(), W_OK | X_OK) != 0)
         problem = fmt::format("checkpoint directory {}: not writable: {}", checkpoint_dir, std::strerror(errno));
-      else if (const std::string why = writable_place(c.parent_path()); !fs::exists(c, ec) && !why.empty())
+      else if (const std::string why = report::writable_place(c.parent_path()); !fs::exists(c, ec) && !why.empty())
         problem = fmt::format("checkpoint directory {}: {}", checkpoint_dir, why);
     }
   }
@@ -113,6 +99,15 @@ PathClaim::PathClaim(MPI_Comm comm, const std::string& path, const char* what) :
       std::string host;
       long pid = 0;
       in >> host >> pid;
+      // A claim is "host pid" in printable characters; anything else was
+      // written by something other than a run.
+      const bool printable = std::all_of(host.begin(), host.end(), [](unsigned char c) { return c > 32 && c < 127; });
+      if (host.empty() || !printable || pid <= 0) {
+        problem = fmt::format("{} {}: its claim {} is not a run's claim (a run writes \"host pid\" there); if no run "
+                              "is writing {}, remove {}",
+                              what, path, lock_, path, lock_);
+        break;
+      }
       const bool here = host == host_name();
       if (here && pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH && attempt == 0) {
         said = fmt::format("{} {}: removed a stale claim of process {} (no longer running)\n", what, path, pid);

@@ -21,6 +21,7 @@
 #include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
 #include "src/report/h5file.hpp"
+#include "src/report/output_path.hpp"
 #include "src/report/points.hpp"
 #include "strategies/registry.hpp"
 #include "src/sim/machine.hpp"
@@ -421,12 +422,16 @@ Figures plan_figures(const plan::Plan& cfg, const sim::Machine& machine) {
 
 int search_layouts(const std::string& deck_path, const std::string& text, const std::vector<std::string>& sets,
                    const SearchOptions& o) {
-  if (o.world < 1) core::input_error("--world {}: the devices to plan for, at least 1", o.world);
+  if (o.world < 1 || o.world > strategies::kMaxWorld)
+    core::input_error("--world {}: the devices to plan for, 1 to {} (2^20)", o.world, strategies::kMaxWorld);
   if (o.top < 1) core::input_error("--top {}: at least 1 row", o.top);
   if (o.jobs < 0) core::input_error("--jobs {}: at least 1 process (0 or absent: one per core)", o.jobs);
   sim::Machine machine = sim::load_machine(o.machine);
   machine.fused_casts = o.fused_casts;
   const deck::Deck base = deck::parse_deck(deck_path, text, sets);
+  const std::string path = !o.output.empty() ? o.output : "results/" + base.config.run.name + "-plan.h5";
+  if (const std::string why = report::output_file_problem(path); !why.empty())
+    core::input_error("plan report path {}: {} (--output DIR/NAME.h5)", path, why);
   const double limit = o.memory_limit > 0 ? double(o.memory_limit) : machine.memory;
   const strategies::Space space{o.world, machine.devices_per_node};
 
@@ -626,7 +631,6 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   std::stable_sort(ranked.begin(), ranked.end(),
                    [&](std::size_t a, std::size_t c) { return all[a].tokens_per_s > all[c].tokens_per_s; });
 
-  const std::string path = !o.output.empty() ? o.output : "results/" + base.config.run.name + "-plan.h5";
   {
     report::H5File f(MPI_COMM_SELF, path);
     f.set_attr("/", "schema", std::string("strata-plan"));

@@ -11,6 +11,8 @@
 #include "src/comm/backend.hpp"
 #include "models/model.hpp"
 #include "src/report/h5file.hpp"
+#include "kernels/foundation/error.hpp"
+#include "src/report/output_path.hpp"
 #include "src/train/run.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
@@ -150,8 +152,10 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   sim::Machine machine = sim::load_machine(o.machine);
   machine.fused_casts = o.fused_casts;
   const mesh::Layout l = strategies::layout_of(cfg);
-  const Prediction pr = predict(cfg, machine);
   const std::string path = !o.output.empty() ? o.output : "results/" + cfg.run.name + "-sim.h5";
+  if (const std::string why = report::output_file_problem(path); !why.empty())
+    core::input_error("report path {}: {} (--output DIR/NAME.h5)", path, why);
+  const Prediction pr = predict(cfg, machine);
   write_report(deck, o, machine, pr, path);
   if (o.quiet) return 0;
 

@@ -342,6 +342,26 @@ rc=$?
 if [[ $rc -eq 3 ]] && grep -q "no layout fits" plannone.log; then ok "plan: nothing fits, exit 3"; else bad "plan nothing fits (rc $rc)"; cat plannone.log; fi
 expect_input_error "plan without devices" "--world 0" "$strata" plan tiny.toml --machine a100-80gb --world 0 --output out_bad/x.h5
 expect_input_error "plan bad memory limit" "--memory-limit 12 apples" "$strata" plan tiny.toml --machine a100-80gb --world 2 --memory-limit "12 apples" --output out_bad/x.h5
+# Outputs that are not files: a FIFO (never /dev/null here: a regression
+# would replace it) is refused by every writer before any work, and stays a
+# FIFO; claims and files being written are never outputs.
+mkfifo fifo.out
+expect_input_error "run into a FIFO" "not a regular file" "$strata" run tiny.toml --output fifo.out
+expect_input_error "simulate into a FIFO" "not a regular file" "$strata" simulate tiny.toml --machine a100-80gb --output fifo.out
+expect_input_error "plan into a FIFO" "not a regular file" "$strata" plan tiny.toml --machine a100-80gb --world 2 --output fifo.out
+expect_input_error "calibrate into a FIFO" "not a regular file" mpiexec -n 2 "$strata" calibrate --quick --output fifo.out
+if [[ -p fifo.out ]]; then ok "a FIFO given as output stays a FIFO"; else bad "the FIFO was replaced"; fi
+expect_input_error "output named as a claim" 'ends in ".lock"' "$strata" run tiny.toml --output out_bad/A.h5.lock
+expect_input_error "output named as a partial file" 'ends in ".partial"' "$strata" run tiny.toml --output out_bad/A.h5.partial
+mkdir -p out && printf '\x89HDF\r\n' > out/notaclaim.h5.lock
+expect_input_error "a malformed claim" "is not a run's claim" "$strata" run tiny.toml --output out/notaclaim.h5
+# Numbers that are not finite, in a machine description; worlds past the bound.
+sed 's/^latency_us = 8 .*/latency_us = nan/' "$src/inputs/machines/a100-80gb.toml" > nan-machine.toml
+expect_input_error "NaN in a machine" "must be a finite number" "$strata" simulate tiny.toml --machine nan-machine.toml --output out_bad/x.h5
+sed 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = inf/' "$src/inputs/machines/a100-80gb.toml" > inf-machine.toml
+expect_input_error "infinity in a machine" "must be a finite number" "$strata" simulate tiny.toml --machine inf-machine.toml --output out_bad/x.h5
+expect_input_error "plan past the world bound" "1 to 1048576" "$strata" plan tiny.toml --machine a100-80gb --world 2147483647 --output out_bad/x.h5
+expect_input_error "a layout past the world bound" "at most 1048576" "$strata" run tiny.toml --dry-run --set parallel.dp=1000000000
 expect_input_error "unknown machine" "known: a100-80gb, h100-80gb, h200" "$strata" simulate tiny.toml --machine dgx-z9 --output out_bad/x.h5
 sed 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = -5/' "$src/inputs/machines/a100-80gb.toml" > negative.toml
 expect_input_error "negative machine figure" "negative.toml:21: device.memory_bandwidth_gbs must be > 0" \
