@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
@@ -112,7 +113,10 @@ class Where {
     return v;
   }
   Val not_expr() {
-    if (eat("not")) return num(n(not_expr(), "not") == 0);
+    if (eat("not")) {
+      const Deeper d(*this);
+      return num(n(not_expr(), "not") == 0);
+    }
     return cmp();
   }
   Val cmp() {
@@ -157,7 +161,10 @@ class Where {
     }
   }
   Val unary() {
-    if (eat("-")) return num(-n(unary(), "-"));
+    if (eat("-")) {
+      const Deeper d(*this);
+      return num(-n(unary(), "-"));
+    }
     return atom();
   }
   Val atom() {
@@ -166,6 +173,7 @@ class Where {
     const char c = s_[i_];
     if (c == '(') {
       ++i_;
+      const Deeper d(*this);
       Val v = or_expr();
       if (!eat(")")) fail("a '(' is not closed");
       return v;
@@ -178,9 +186,15 @@ class Where {
       return v;
     }
     if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
-      std::size_t used = 0;
-      const double x = std::stod(s_.substr(i_), &used);
-      i_ += used;
+      // strtod: a bare '.' or an exponent past a double's range is said,
+      // not thrown as std::stod's own exceptions.
+      const char* begin = s_.c_str() + i_;
+      char* end = nullptr;
+      errno = 0;
+      const double x = std::strtod(begin, &end);
+      if (end == begin) fail(fmt::format("unexpected '{}'", s_.substr(i_)));
+      if (errno == ERANGE || !std::isfinite(x)) fail(fmt::format("'{}' is past a number's range", s_.substr(i_, std::size_t(end - begin))));
+      i_ += std::size_t(end - begin);
       return num(x);
     }
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
@@ -197,9 +211,22 @@ class Where {
     fail(fmt::format("unexpected '{}'", s_.substr(i_)));
   }
 
+  // Nesting (parentheses, not, unary minus) is bounded: each level is a
+  // frame of this recursive parser, and ten thousand of them overflow the
+  // stack.
+  static constexpr int kMaxDepth = 100;
+  struct Deeper {
+    Where& w;
+    explicit Deeper(Where& x) : w(x) {
+      if (++w.depth_ > kMaxDepth) w.fail(fmt::format("nested more than {} deep (parentheses, not, -)", kMaxDepth));
+    }
+    ~Deeper() { --w.depth_; }
+  };
+
   std::string s_;
   const Lookup* lookup_;
   std::size_t i_ = 0;
+  int depth_ = 0;
 };
 
 Val from_value(const plan::Value& v) {
@@ -306,7 +333,8 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
           try {
             Where(clause, nullptr).check();
           } catch (const std::invalid_argument& e) {
-            core::input_error("{}.where: \"{}\": {}", where_of(node), clause, e.what());
+            const std::string shown = clause.size() <= 120 ? clause : clause.substr(0, 100) + "...";
+            core::input_error("{}.where: \"{}\": {}", where_of(node), shown, e.what());
           }
           s.where.push_back(clause);
         }
@@ -456,13 +484,18 @@ int run_child(const std::vector<std::string>& argv, const std::string& log) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::string log_of(const std::string& report_path) { return report_path.substr(0, report_path.size() - 3) + ".log"; }
+
 // A point whose job died before publishing its report: the first rank's
-// message from its log, if the driver ran it.
+// message from its log, else what the driver wrote there of its launcher.
 std::string failure_in_log(const std::string& report_path) {
-  std::ifstream log(report_path.substr(0, report_path.size() - 3) + ".log");
-  for (std::string line; std::getline(log, line);)
+  std::ifstream log(log_of(report_path));
+  std::string driver;
+  for (std::string line; std::getline(log, line);) {
     if (line.rfind("strata: ", 0) == 0 && line.find("failed: ") != std::string::npos) return line;
-  return "the run ended before publishing its report";
+    if (driver.empty() && line.rfind("strata sweep: ", 0) == 0) driver = line;
+  }
+  return !driver.empty() ? driver : "the run ended before publishing its report";
 }
 
 }  // namespace
@@ -515,7 +548,7 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
       for (const auto& o : s.base_overrides) argv.insert(argv.end(), {"--set", o});
       for (const auto& o : p.overrides) argv.insert(argv.end(), {"--set", o});
       argv.insert(argv.end(), {"--output", report});
-      const std::string log = report.substr(0, report.size() - 3) + ".log";
+      const std::string log = log_of(report);
       fmt::print("{}: running on {} rank(s), output in {}\n", head, p.world, log);
       std::fflush(stdout);
       const int rc = run_child(argv, log);
@@ -523,6 +556,11 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
       if (rc == 0 && after && after->status == "complete") {
         fmt::print("{}: complete ({:.0f} tokens/s)\n", head, after->tokens_per_s);
       } else {
+        // What the launcher did goes into the point's log, where the index
+        // finds why a point without a report failed.
+        std::ofstream(log, std::ios::app) << fmt::format(
+            "strata sweep: the launcher ({}) exited with status {}{}\n", argv.front(), rc,
+            after ? "" : " and published no report");
         fmt::print("{}: FAILED (exit status {}, see {}); the sweep goes on\n", head, rc, log);
         point_failed = true;
       }
@@ -557,8 +595,9 @@ void write_index(const Sweep& s) {
   what.overrides = "the axes' section.key=value, space-separated";
   what.world = "ranks the point needs (the product of its mesh's dims; 0 if it does not resolve)";
   what.status =
-      "complete, failed (its report says so or was left unfinished), diverged or interrupted (its report says "
-      "where), not_run (valid, no report yet) or skipped (invalid: see reason)";
+      "complete, failed (its report says so, was left unfinished, or was never published by a launched run), "
+      "diverged or interrupted (its report says where), not_run (valid, not yet launched) or skipped (invalid: "
+      "see reason)";
   what.reason = "why a point is skipped, or a failed run's error";
   what.report = "path of the point's report";
   what.tokens_per_s = "the report's /summary/tokens_per_s; with run.repeats, the median over the complete runs";
@@ -591,7 +630,9 @@ void write_index(const Sweep& s) {
         if (r && (r->status == "diverged" || r->status == "interrupted")) {
           status = r->status;  // published, stopped early: its report says where
           reason = "the run " + r->status + " (see its report)";
-        } else if (r || fs::exists(p.reports[k] + ".partial", ec)) {
+        } else if (r || fs::exists(p.reports[k] + ".partial", ec) || fs::exists(log_of(p.reports[k]), ec)) {
+          // A report that failed, one left unfinished, or none though the
+          // driver ran the point (its launcher failed, or published nothing).
           status = "failed";
           reason = r && !r->error.empty() ? r->error : failure_in_log(p.reports[k]);
         } else {

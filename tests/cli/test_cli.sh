@@ -513,6 +513,33 @@ expect_input_error "sweep empty axis" "axis 'parallel.tp' is empty" "$strata" sw
 sed 's/"parallel.tp" = \[1, 3\]/"parallel.tp" = [3]/' sweep.toml > sweepnone.toml
 expect_input_error "sweep without a valid point" "no valid point in the sweep" "$strata" sweep sweepnone.toml --results out_bad
 expect_input_error "sweep where clause" "unknown deck key 'parallel.pq'" "$strata" sweep <(sed 's/parallel.pp == 1 or/parallel.pq == 1 or/' sweep.toml) --list
+# A launcher that cannot start, or that publishes no report, makes the
+# point failed with the reason, not "not run".
+for l in "/nonexistent/launcher -n {n}|cannot start /nonexistent/launcher" "true {n}|exited with status 0 and published no report"; do
+  launcher=${l%%|*} want=${l#*|}
+  rm -rf out/sweeplaunch
+  "$strata" sweep sweep.toml --results out/sweeplaunch --launcher "$launcher" > sweeplaunch.log 2>&1
+  rc=$?
+  if [[ $rc -eq 1 ]] && "$py" - "$want" <<'PY' > sweeplaunchidx.log 2>&1
+import sys, h5py
+p = h5py.File("out/sweeplaunch/clisweep/index.h5")["points"][:]
+run = [r for r in p if r["status"].decode() != "skipped"]
+assert len(run) == 3, [r["status"] for r in p]
+assert all(r["status"].decode() == "failed" and sys.argv[1] in r["reason"].decode() for r in run), \
+    [(r["status"], r["reason"]) for r in run]
+PY
+  then ok "sweep: a launcher that fails ($launcher) fails its points with the reason"
+  else bad "sweep launcher $launcher (rc $rc)"; cat sweeplaunch.log sweeplaunchidx.log; fi
+done
+# Deep nesting is a parser limit, said as such (it overflowed the stack).
+grep -v '^where = ' sweep.toml > sweepdeep.toml
+printf 'where = ["%s1"]\n' "$(printf '(%.0s' $(seq 10000))" >> sweepdeep.toml
+expect_input_error "sweep where nested too deep" "nested more than 100 deep" "$strata" sweep sweepdeep.toml --list
+grep -v '^where = ' sweep.toml > sweepnots.toml
+printf 'where = ["%s1"]\n' "$(printf 'not %.0s' $(seq 100000))" >> sweepnots.toml
+expect_input_error "sweep where with 100 000 nots" "nested more than 100 deep" "$strata" sweep sweepnots.toml --list
+sed 's/^where = .*/where = ["1e999 > parallel.pp"]/' sweep.toml > sweepbig.toml
+expect_input_error "sweep where number past range" "past a number's range" "$strata" sweep sweepbig.toml --list
 
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]
