@@ -28,6 +28,7 @@
 #include "src/report/h5file.hpp"
 #include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"
+#include "src/train/run_control.hpp"
 #include "src/sim/calibrate.hpp"
 #include "src/train/search.hpp"
 #include "src/train/simulate.hpp"
@@ -173,11 +174,19 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
     fmt::print("wrote {}/index.h5\n", s.dir);
     return 0;
   }
-  const int failed = strata::sweep::run_sweep(s, {a.world, a.launcher, a.retry_failed});
+  // A stop (SIGINT, SIGTERM, SIGUSR1) goes to the running point's job; the
+  // sweep waits for its interrupted report, writes the index and exits as
+  // an interrupted run does.
+  strata::train::install_stop_signals();
+  const int failed = strata::sweep::run_sweep(
+      s, {a.world, a.launcher, a.retry_failed, [] { return strata::train::stop_signal(); }});
   ensure_mpi();
   strata::sweep::write_index(s);
-  fmt::print("sweep '{}': index {}/index.h5{}\n", s.name, s.dir,
-             failed ? fmt::format("; {} point(s) failed", failed) : "");
+  const int stopped = strata::train::stop_signal();
+  fmt::print("sweep '{}': index {}/index.h5{}{}\n", s.name, s.dir,
+             failed ? fmt::format("; {} point(s) failed", failed) : "",
+             stopped ? fmt::format("; stopped by {}", strata::train::signal_name(stopped)) : "");
+  if (stopped) return strata::train::interrupted_exit_code(stopped);
   return failed ? 1 : 0;
 }
 

@@ -457,10 +457,14 @@ std::vector<std::string> split_words(const std::string& text) {
 // Runs argv as a child, its output going to `log`, with the launcher
 // variables of an enclosing MPI job removed (so a driver started by mpiexec
 // launches clean jobs); returns its exit status (128 + signal if killed).
-int run_child(const std::vector<std::string>& argv, const std::string& log) {
+// The child leads a process group of its own: a stop the driver receives is
+// sent to the whole job (the launcher and what it started), once, and the
+// driver waits for the job to end (its ranks write an interrupted report).
+int run_child(const std::vector<std::string>& argv, const std::string& log, const std::function<int()>& stopped) {
   const pid_t pid = fork();
   if (pid < 0) core::runtime_error("fork failed: {}", std::strerror(errno));
   if (pid == 0) {
+    setpgid(0, 0);
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, STDOUT_FILENO);
@@ -478,8 +482,16 @@ int run_child(const std::vector<std::string>& argv, const std::string& log) {
     std::fprintf(stderr, "strata sweep: cannot start %s: %s\n", args[0], std::strerror(errno));
     _exit(127);
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  setpgid(pid, pid);  // also here: whichever of the two runs first
+  int status = 0, forwarded = 0;
+  for (;;) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) break;
+    if (const int sig = stopped ? stopped() : 0; sig != 0 && forwarded == 0) {
+      kill(-pid, sig);
+      forwarded = sig;
+    }
+    usleep(50 * 1000);
   }
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -512,7 +524,9 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
   fs::create_directories(s.dir, ec);
   if (ec) core::input_error("cannot create {}: {}", s.dir, ec.message());
   int failed = 0;
+  auto stop = [&] { return opts.stopped ? opts.stopped() : 0; };
   for (const auto& p : s.points) {
+    if (stop() != 0) break;  // the points not reached stay not_run
     const std::string point_head = fmt::format("point {:>3} [{}]", p.index, p.label);
     if (!p.valid) {
       fmt::print("{}: skipped: {}\n", point_head, p.reason);
@@ -523,7 +537,7 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
       continue;
     }
     bool point_failed = false;
-    for (std::size_t k = 0; k < p.reports.size(); ++k) {
+    for (std::size_t k = 0; k < p.reports.size() && stop() == 0; ++k) {
       const std::string& report = p.reports[k];
       const std::string head = s.repeats > 1 ? fmt::format("{} run {}/{}", point_head, k + 1, s.repeats) : point_head;
       const auto h = report::read_headline(report);
@@ -551,9 +565,12 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
       const std::string log = log_of(report);
       fmt::print("{}: running on {} rank(s), output in {}\n", head, p.world, log);
       std::fflush(stdout);
-      const int rc = run_child(argv, log);
+      const int rc = run_child(argv, log, opts.stopped);
       const auto after = report::read_headline(report);
-      if (rc == 0 && after && after->status == "complete") {
+      if (stop() != 0) {
+        fmt::print("{}: stopped ({}: exit status {}{})\n", head, ::strsignal(stop()), rc,
+                   after ? ", its report says " + after->status : ", no report");
+      } else if (rc == 0 && after && after->status == "complete") {
         fmt::print("{}: complete ({:.0f} tokens/s)\n", head, after->tokens_per_s);
       } else {
         // What the launcher did goes into the point's log, where the index

@@ -6,6 +6,7 @@
 // and keeps an index of the points and their headline figures.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,12 +51,17 @@ struct RunOptions {
   int world = 0;              // ranks available; 0: SLURM_NTASKS, else no limit
   std::string launcher;       // "{n}" is replaced by the point's ranks; default: srun under SLURM, else mpiexec
   bool retry_failed = false;  // run points whose report says failed (or was left unfinished) again
+  // The stop signal received (SIGINT, SIGTERM, SIGUSR1), 0 while none: the
+  // running point's job is sent it and waited for, and no further point is
+  // started.
+  std::function<int()> stopped = nullptr;
 };
 
 // Runs every valid point that fits, one child job per point (its output in
 // <dir>/point-NNN.log), skipping those whose report is complete (resume)
 // and, unless retry_failed, those that failed before. Returns the number of
-// points that failed (in this or an earlier invocation).
+// points that failed (in this or an earlier invocation). Each job runs in a
+// process group of its own, to which a stop is forwarded (opts.stopped).
 int run_sweep(const Sweep& s, const RunOptions& opts);
 
 // Rewrites <dir>/index.h5 from the reports on disk (what a SLURM array's

@@ -51,7 +51,9 @@ void check_output_paths(MPI_Comm comm, const std::string& report, const std::str
   std::string problem;
   if (rank == 0) {
     std::error_code ec;
-    if (same_file(report, deck_path))
+    if (fs::is_directory(report, ec))
+      problem = fmt::format("report path {}: is a directory; give the report's file name (--output DIR/NAME.h5)", report);
+    else if (same_file(report, deck_path))
       problem = fmt::format("report path {}: is the deck itself; the report would overwrite it", report);
     else if (same_file(report, data_path))
       problem = fmt::format("report path {}: is data.path, the text the run reads", report);

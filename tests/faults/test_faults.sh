@@ -96,6 +96,34 @@ if [[ $n -eq 1 ]]; then
     && [[ $(attr out/term-resumed.h5 status) == complete ]] && ok "the interrupted run resumes from its checkpoint" \
     || { bad "resume after SIGTERM"; cat resume.log; }
 fi
+# A stop sent to a sweep goes to its running point: the sweep waits for the
+# point's interrupted report, writes the index (the point interrupted, the
+# next not run) and exits as an interrupted run does; nothing is orphaned.
+cp tiny.toml sweepstop.toml
+cat >> sweepstop.toml <<'DECK'
+[sweep]
+name = "stopped"
+"run.steps" = [100000, 3]
+DECK
+for sig in TERM INT USR1; do
+  rm -rf out/sweepstop
+  "$strata" sweep sweepstop.toml --results out/sweepstop > sweepstop.log 2>&1 &
+  pid=$!
+  wait_for out/sweepstop/stopped/point-000.h5.partial 60 && sleep 2
+  kill -$sig $pid
+  wait $pid
+  rc=$?
+  sleep 1
+  want=143  # as a run: 130 for SIGINT, 143 for SIGTERM and SIGUSR1 (a stop on notice)
+  [[ $sig == INT ]] && want=130
+  if [[ $rc -eq $want ]] && ! pgrep -f "sweepstop.toml" > /dev/null && "$py" - <<'PY' > sweepstopidx.log 2>&1
+import h5py
+p = h5py.File("out/sweepstop/stopped/index.h5")["points"][:]
+assert [r["status"].decode() for r in p] == ["interrupted", "not_run"], [(r["status"], r["reason"]) for r in p]
+PY
+  then ok "SIG$sig to a sweep: its point interrupted, the index written, exit $want, nothing orphaned"
+  else bad "SIG$sig to a sweep (rc $rc)"; cat sweepstop.log sweepstopidx.log; pkill -f sweepstop.toml; fi
+done
 for sig in INT USR1; do
   "$strata" run tiny.toml "${long[@]}" --output out/$sig.h5 > $sig.log 2>&1 &
   pid=$!
