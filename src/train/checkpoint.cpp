@@ -18,6 +18,8 @@
 #include <xxhash.h>
 
 #include "kernels/kernels.hpp"
+#include "models/model.hpp"
+#include "strategies/pp/schedule.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "kernels/foundation/error.hpp"
 
@@ -354,7 +356,8 @@ std::string CheckpointLayout::describe() const {
   std::string sizes = text;
   if (sizes.empty())
     for (const auto& [name, n] : axes) sizes += fmt::format("{}{} {}", sizes.empty() ? "" : ", ", name, n);
-  return fmt::format("{} rank(s): {}, zero {}, virtual_stages {}, {}", world, sizes, zero, virtual_stages, precision);
+  return fmt::format("{} rank(s): {}, zero {}, virtual_stages {}, {}{}", world, sizes, zero, virtual_stages, precision,
+                     placement.empty() ? "" : ", " + placement);
 }
 
 CheckpointLayout checkpoint_layout(const mesh::Layout& l, const plan::Plan& p, const std::string& resolved_deck) {
@@ -368,6 +371,24 @@ CheckpointLayout checkpoint_layout(const mesh::Layout& l, const plan::Plan& p, c
   c.run_name = p.run.name;
   c.resolved_deck = resolved_deck;
   c.precision = core::precision_name(p.backend.precision);
+  if (const int pp = l.size("pp"); pp > 1) {
+    const int v = c.virtual_stages;
+    const strategies::pp::Shape shape{pp, 1, v};
+    const std::vector<int> blocks = models::stage_block_counts(p.model.layers, pp * v, p.parallel.first_stage_layers,
+                                                               p.parallel.last_stage_layers);
+    std::vector<int> first(blocks.size() + 1, 1);  // the first block of each stage (1-based)
+    for (std::size_t s = 0; s < blocks.size(); ++s) first[s + 1] = first[s] + blocks[s];
+    for (int r = 0; r < pp; ++r) {
+      std::string held;
+      for (int ch = 0; ch < v; ++ch) {
+        const int s = p.parallel.schedule->placement->stage_of(shape, r, ch);
+        const int a = first[std::size_t(s)], b = first[std::size_t(s) + 1] - 1;
+        held += fmt::format("{}{}", held.empty() ? "" : ", ",
+                            b < a ? std::string("none") : a == b ? std::to_string(a) : fmt::format("{}-{}", a, b));
+      }
+      c.placement += fmt::format("{}pp {}: blocks {}", r == 0 ? "" : "; ", r, held);
+    }
+  }
   return c;
 }
 
@@ -418,6 +439,7 @@ std::string write_checkpoint(MPI_Comm comm, const std::string& dir, int step, co
     // Every other integer of [layout] is an axis's size.
     for (const auto& [name, n] : layout.axes) l.insert(name, int64_t(n));
     l.insert("text", layout.text);
+    l.insert("placement", layout.placement);
     l.insert("precision", layout.precision);
     l.insert("run_name", layout.run_name);
     m.insert("layout", std::move(l));
@@ -595,6 +617,7 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
       if (value.is_integer() && key != "world" && key != "zero" && key != "virtual_stages")
         saved.axes[std::string(key.str())] = int(value.value_or(int64_t(0)));
     saved.text = (*l)["text"].value_or(std::string());
+    saved.placement = (*l)["placement"].value_or(std::string());
     saved.precision = (*l)["precision"].value_or(std::string("fp32"));
     scale = m["loss_scale"]["scale"].value_or(1.0);
     good = int(m["loss_scale"]["good_steps"].value_or(int64_t(0)));

@@ -46,10 +46,15 @@ struct CheckpointLayout {
   std::string run_name;
   std::string resolved_deck;  // the deck the run resolved to (for the record)
   std::string precision = "fp32";
+  // With a pipeline, the blocks each pipeline rank's chunks hold ("pp 0:
+  // blocks 1-2, 7-8; pp 1: ..."): the schedule's placement and the stages'
+  // sizes decide it, and a rank's file holds those blocks. Empty without
+  // one (and in checkpoints older than this key: a re-shard then).
+  std::string placement;
   // An axis one of them lacks counts as different (a re-shard is always right).
   bool operator==(const CheckpointLayout& o) const {
     return world == o.world && zero == o.zero && virtual_stages == o.virtual_stages && precision == o.precision &&
-           axes == o.axes;
+           axes == o.axes && placement == o.placement;
   }
   std::string describe() const;
 };

@@ -238,6 +238,31 @@ cp -r cks ck_step && sed -i 's/^step = 6$/step = 5/' ck_step/step-000006/manifes
 resume_from "an edited step in the manifest" 4 "skipped step-000006: its manifest fails its checksum" --resume ck_step
 cp -r cks ck_trunc && truncate -s 200 ck_trunc/step-000006/global-00000.bin
 resume_from "a truncated global file" 4 "skipped step-000006: rank 0: global-00000.bin: checksum" --resume ck_trunc
+# A resume under another schedule: interleaved and ZB-V both give each of
+# two ranks two chunks, but place other blocks in them. The checkpoint
+# records which blocks each rank holds, so the resume re-shards and the
+# losses after it are the uninterrupted run's.
+place=(--set model.layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.first_stage_layers=0
+       --set parallel.last_stage_layers=0 --set run.steps=12 --set run.warmup_steps=0 --set data.global_batch=8)
+rm -rf ck_place
+mpiexec -n 2 "$strata" run tiny.toml "${place[@]}" --set 'parallel.schedule="interleaved"' --checkpoint-every 10 \
+  --checkpoint-dir ck_place --output out/place-whole.h5 > place1.log 2>&1 \
+  && mpiexec -n 2 "$strata" run tiny.toml "${place[@]}" --set 'parallel.schedule="zb-v"' \
+    --resume ck_place/step-000010 --output out/place-resumed.h5 > place2.log 2>&1 \
+  && grep -q "re-sharded" place2.log \
+  && "$py" - <<'PY' > place.log 2>&1
+import h5py, numpy as np
+def losses(path):
+    s = h5py.File(path)["steps"][:]
+    s = s[s["rank"] == 0]
+    return {int(r["step"]): float(r["loss"]) for r in s}
+a, b = losses("out/place-whole.h5"), losses("out/place-resumed.h5")
+assert sorted(b) == [10, 11], sorted(b)
+for k in b:
+    assert abs(a[k] - b[k]) <= 1e-5 * abs(a[k]), (k, a[k], b[k])
+PY
+if [[ $? -eq 0 ]]; then ok "a resume under another schedule's placement re-shards: the losses go on as uninterrupted"
+else bad "resume under another placement"; cat place1.log place2.log place.log; fi
 ckrun --set run.steps=8 --output out_bad/x.h5 --resume ck_flip/step-000006 > named.log 2>&1
 rc=$?
 if [[ $rc -eq 2 ]] && grep -q "ck_flip/step-000006: the checkpoint fails verification: rank 1: rank-00001.bin: checksum" named.log \
