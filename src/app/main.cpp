@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdio>
 #include <sstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -226,7 +227,7 @@ int main(int argc, char** argv) {
   run->add_option("--output,-o", ro.output, "report path (default: run.output, else results/<run.name>.h5)");
   run->add_flag("--dry-run", ro.dry_run, "validate the deck, print the resolved configuration and memory estimate");
   run->add_option("--checkpoint-every", ro.checkpoint_every, "write a sharded checkpoint after every N steps")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   run->add_option("--checkpoint-dir", ro.checkpoint_dir,
                   "where checkpoints go, one step-NNNNNN directory each (default: checkpoints/<run.name>)");
   run->add_option("--resume", ro.resume,
@@ -266,8 +267,9 @@ int main(int argc, char** argv) {
       "calibrate", "measure this machine (kernels, collectives, storage) and write its machine description");
   calibrate->add_option("--output,-o", co.output, "machine description path (default: results/machine-<host>.toml)");
   calibrate->add_flag("--quick", co.quick, "fewer shapes and sizes, shorter timings");
+  // CLI11's PositiveNumber would print its bound, the largest double, in 309 digits.
   calibrate->add_option("--threads", co.threads, "threads per rank (default 1: one rank per core)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 4096));
   SweepArgs sw;
   CLI::App* sweep = app.add_subcommand(
       "sweep", "run every valid point of a deck's [sweep] table, each as its own MPI job, and index the reports");
@@ -279,7 +281,8 @@ int main(int argc, char** argv) {
   sweep->add_option("--launcher", sw.launcher,
                     "command that starts a point on {n} ranks (default: srun --mpi=pmi2 -n {n} under SLURM, else mpiexec -n {n})");
   sweep->add_flag("--retry-failed", sw.retry_failed, "run points that failed before again");
-  sweep->add_option("--point", sw.point, "run only this point, in this MPI job (what a SLURM array task does)");
+  sweep->add_option("--point", sw.point, "run only this point, in this MPI job (what a SLURM array task does)")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   sweep->add_flag("--index", sw.index, "only rewrite results/<sweep>/index.h5 from the reports on disk");
   sweep->add_flag("--valid-points", sw.valid_points, "print '<point> <ranks>' for each valid point (for scripts)");
   sweep->add_option("--results", sw.results, "directory of sweep results (default: results)");

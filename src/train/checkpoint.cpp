@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -635,6 +636,22 @@ CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const Chec
     else if (model_section(deck) != model_section(layout.resolved_deck))
       err = fmt::format("--resume {}: the checkpoint's model differs from this deck's:\n{}\nversus\n{}", dir,
                         model_section(deck), model_section(layout.resolved_deck));
+    if (err.empty()) {
+      // The data stream is keyed by run.seed: another seed is another
+      // stream from the resumed step on. Allowed, and said.
+      auto seed = [](const std::string& resolved) -> std::optional<std::int64_t> {
+        try {
+          return toml::parse(resolved)["run"]["seed"].value<std::int64_t>();
+        } catch (const std::exception&) {
+          return std::nullopt;
+        }
+      };
+      const auto was = seed(deck), now = seed(layout.resolved_deck);
+      if (was && now && *was != *now)
+        fmt::print("--resume {}: the checkpoint's run.seed is {}, this run's {}: the data from step {} on differs "
+                   "from what the checkpointed run would have read\n",
+                   dir, *was, *now, step + 1);
+    }
   }
   agree(comm, err, core::ErrorKind::input);
   CheckpointRef ref;

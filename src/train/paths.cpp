@@ -36,6 +36,17 @@ bool same_file(const std::string& a, const std::string& b) {
   return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 
+// Why a directory a run writes into cannot be used or made, or "".
+std::string directory_problem(const std::string& dir) {
+  std::error_code ec;
+  const fs::path c(dir);
+  if (fs::exists(c, ec) && !fs::is_directory(c, ec)) return "exists and is not a directory";
+  if (fs::is_directory(c, ec) && ::access(c.c_str(), W_OK | X_OK) != 0)
+    return fmt::format("not writable: {}", std::strerror(errno));
+  if (!fs::exists(c, ec)) return report::writable_place(c.parent_path());
+  return "";
+}
+
 std::string host_name() {
   char h[256] = {};
   ::gethostname(h, sizeof h - 1);
@@ -59,16 +70,20 @@ void check_output_paths(MPI_Comm comm, const std::string& report, const std::str
       problem = fmt::format("report path {}: is data.path, the text the run reads", report);
     else if (const std::string why = report::output_file_problem(report); !why.empty())
       problem = fmt::format("report path {}: {} (--output DIR/NAME.h5)", report, why);
-    if (problem.empty() && checkpoints) {
-      const fs::path c(checkpoint_dir);
-      if (fs::exists(c, ec) && !fs::is_directory(c, ec))
-        problem = fmt::format("checkpoint directory {}: exists and is not a directory", checkpoint_dir);
-      else if (fs::is_directory(c, ec) && ::access(c.c_str(), W_OK | X_OK) != 0)
-        problem = fmt::format("checkpoint directory {}: not writable: {}", checkpoint_dir, std::strerror(errno));
-      else if (const std::string why = report::writable_place(c.parent_path()); !fs::exists(c, ec) && !why.empty())
+    if (problem.empty() && checkpoints)
+      if (const std::string why = directory_problem(checkpoint_dir); !why.empty())
         problem = fmt::format("checkpoint directory {}: {}", checkpoint_dir, why);
-    }
   }
+  agree_input(comm, problem);
+}
+
+void check_offload_dir(MPI_Comm comm, const std::string& dir) {
+  int rank = 0;
+  STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  std::string problem;
+  if (rank == 0)
+    if (const std::string why = directory_problem(dir); !why.empty())
+      problem = fmt::format("offload.path {}: {} (each rank's optimizer file goes there)", dir, why);
   agree_input(comm, problem);
 }
 

@@ -16,6 +16,10 @@ namespace strata::train {
 void check_output_paths(MPI_Comm comm, const std::string& report, const std::string& checkpoint_dir,
                         bool checkpoints, const std::string& deck_path, const std::string& data_path);
 
+// The same for parallel.offload = "nvme": offload.path is a writable
+// directory or can be made (else the first step would fail with exit 1).
+void check_offload_dir(MPI_Comm comm, const std::string& dir);
+
 // An exclusive claim on a path: the file "<path>.lock", created by rank 0
 // with O_EXCL, holding "host pid". A second run on the path is refused (input
 // error naming the holder); a claim left by a process of this host that no

@@ -47,7 +47,7 @@ void install_stop_signals() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // reads and writes in flight go on; the step boundary acts
-  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGQUIT, SIGUSR2, SIGALRM}) sigaction(sig, &sa, nullptr);
 }
 
 int stop_signal() { return g_signal; }
@@ -57,11 +57,14 @@ const char* signal_name(int signal) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
     case SIGUSR1: return "SIGUSR1";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGALRM: return "SIGALRM";
     default: return "a signal";
   }
 }
 
-int interrupted_exit_code(int signal) { return signal == SIGINT ? 128 + SIGINT : 128 + SIGTERM; }
+int interrupted_exit_code(int signal) { return signal == SIGUSR1 ? 128 + SIGTERM : 128 + signal; }
 
 Boundary agree_at_boundary(MPI_Comm control, bool diverged_here, double step_time) {
   // Small integers are exact in a double: one all-reduce for all three.

@@ -12,14 +12,17 @@
 namespace strata::train {
 
 // SIGINT, SIGTERM and SIGUSR1 (what `sbatch --signal` sends ahead of a time
-// limit) ask the run to stop at the next step boundary: the first is kept;
+// limit), and SIGQUIT, SIGUSR2 and SIGALRM (whose default action would end
+// the process with its .partial report and its claims left behind), ask the
+// run to stop at the next step boundary: the first is kept;
 // a repeat within 2 s is the same request arriving twice (from the terminal
 // and through mpiexec); one later restores the default action and re-raises,
 // so a second Ctrl-C ends the process at once.
 void install_stop_signals();
 int stop_signal();                    // the first signal received, 0 if none
 const char* signal_name(int signal);  // "SIGTERM"
-// 130 for SIGINT, 143 for SIGTERM and SIGUSR1 (128 + SIGTERM: a time limit).
+// 143 for SIGTERM and SIGUSR1 (128 + SIGTERM: a time limit), else 128 + the
+// signal (130 for SIGINT).
 int interrupted_exit_code(int signal);
 
 // What every rank saw at a step boundary: the largest pending signal (0

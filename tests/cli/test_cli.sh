@@ -362,6 +362,11 @@ sed 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = inf/' "$src/inputs/mach
 expect_input_error "infinity in a machine" "must be a finite number" "$strata" simulate tiny.toml --machine inf-machine.toml --output out_bad/x.h5
 expect_input_error "plan past the world bound" "1 to 1048576" "$strata" plan tiny.toml --machine a100-80gb --world 2147483647 --output out_bad/x.h5
 expect_input_error "a layout past the world bound" "at most 1048576" "$strata" run tiny.toml --dry-run --set parallel.dp=1000000000
+expect_input_error "run.name out of results/" "must be a file name" "$strata" run tiny.toml --set 'run.name="../../x"'
+expect_input_error "run.name with a NUL" "must be a file name" "$strata" run tiny.toml --set 'run.name="a\u0000b"'
+touch offload-file
+expect_input_error "offload.path a file" "offload.path offload-file: exists and is not a directory" \
+  "$strata" run tiny.toml --set 'parallel.offload="nvme"' --set 'offload.path="offload-file"' --output out_bad/x.h5
 expect_input_error "unknown machine" "known: a100-80gb, h100-80gb, h200" "$strata" simulate tiny.toml --machine dgx-z9 --output out_bad/x.h5
 sed 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = -5/' "$src/inputs/machines/a100-80gb.toml" > negative.toml
 expect_input_error "negative machine figure" "negative.toml:21: device.memory_bandwidth_gbs must be > 0" \
@@ -531,6 +536,7 @@ PY
   then ok "sweep: a launcher that fails ($launcher) fails its points with the reason"
   else bad "sweep launcher $launcher (rc $rc)"; cat sweeplaunch.log sweeplaunchidx.log; fi
 done
+expect_input_error "sweep --point -1" "--point: Value -1 not in range 0 to 2147483647" "$strata" sweep sweep.toml --point -1
 # Deep nesting is a parser limit, said as such (it overflowed the stack).
 grep -v '^where = ' sweep.toml > sweepdeep.toml
 printf 'where = ["%s1"]\n' "$(printf '(%.0s' $(seq 10000))" >> sweepdeep.toml

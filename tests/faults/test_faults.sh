@@ -124,15 +124,19 @@ PY
   then ok "SIG$sig to a sweep: its point interrupted, the index written, exit $want, nothing orphaned"
   else bad "SIG$sig to a sweep (rc $rc)"; cat sweepstop.log sweepstopidx.log; pkill -f sweepstop.toml; fi
 done
-for sig in INT USR1; do
+# SIGQUIT, SIGUSR2 and SIGALRM too: their default action would leave the
+# .partial report and the claim behind.
+for sig in INT USR1 QUIT USR2 ALRM; do
   "$strata" run tiny.toml "${long[@]}" --output out/$sig.h5 > $sig.log 2>&1 &
   pid=$!
   wait_for out/$sig.h5.partial 60 && sleep 1
   kill -$sig $pid
   wait $pid
   rc=$?
-  want=$([[ $sig == INT ]] && echo 130 || echo 143)
-  if [[ $rc -eq $want && $(attr out/$sig.h5 status) == interrupted && $(attr out/$sig.h5 interrupted_by) == SIG$sig ]]; then
+  want=$((128 + $(kill -l $sig)))
+  [[ $sig == USR1 ]] && want=143
+  if [[ $rc -eq $want && $(attr out/$sig.h5 status) == interrupted && $(attr out/$sig.h5 interrupted_by) == SIG$sig \
+        && ! -e out/$sig.h5.partial && ! -e out/$sig.h5.lock ]]; then
     ok "SIG$sig: report interrupted, exit $rc"
   else bad "SIG$sig (rc $rc, want $want)"; cat $sig.log; fi
 done
@@ -263,6 +267,10 @@ for k in b:
 PY
 if [[ $? -eq 0 ]]; then ok "a resume under another schedule's placement re-shards: the losses go on as uninterrupted"
 else bad "resume under another placement"; cat place1.log place2.log place.log; fi
+# Another run.seed on resume: another data stream from there, said.
+ckrun --set run.steps=8 --set run.seed=11 --output out/seed.h5 --resume cks > seed.log 2>&1 \
+  && grep -q "the checkpoint's run.seed is 3, this run's 11: the data from step 7 on differs" seed.log \
+  && ok "a resume with another run.seed says the data stream changes" || { bad "resume with another seed"; cat seed.log; }
 ckrun --set run.steps=8 --output out_bad/x.h5 --resume ck_flip/step-000006 > named.log 2>&1
 rc=$?
 if [[ $rc -eq 2 ]] && grep -q "ck_flip/step-000006: the checkpoint fails verification: rank 1: rank-00001.bin: checksum" named.log \
