@@ -1,5 +1,6 @@
 """The strata-report command."""
 import argparse
+import os
 import sys
 
 from . import compare, plots, summary, sweep, trace
@@ -8,6 +9,35 @@ from .read import Report, ReportError
 USAGE = """strata-report RUN.h5 [--plots DIR] [--trace OUT.json] [--trace-per-rank DIR]
        strata-report SWEEP/index.h5 [--plots DIR]
        strata-report compare A.h5 B.h5 [C.h5 ...] [--format text|json|csv]"""
+
+
+def _writable_dir(path, what):
+    """Raises ReportError unless `path` is a writable directory or can be made."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ReportError(f"{what} {path}: exists and is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ReportError(f"{what} {path}: the directory is not writable")
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise ReportError(f"{what} {path}: cannot be made: {parent} is not a writable directory")
+
+
+def _writable_file(path, what):
+    """Raises ReportError unless `path` can take a file: not a directory or a
+    device/FIFO, in a directory that exists and is writable."""
+    if os.path.isdir(path):
+        raise ReportError(f"{what} {path}: is a directory; give a file's name")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ReportError(f"{what} {path}: exists and is not a regular file (a device, FIFO or socket)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ReportError(f"{what} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ReportError(f"{what} {path}: the directory {parent} is not writable")
 
 
 def main(argv=None):
@@ -32,6 +62,13 @@ def main(argv=None):
         ap.add_argument("--trace-per-rank", metavar="DIR",
                         help="write one trace per rank (rank-R.json, with distributedInfo) for Holistic Trace Analysis")
         args = ap.parse_args(argv)
+        # Outputs checked before any work: a bad path is an input error, not a traceback.
+        if args.plots:
+            _writable_dir(args.plots, "--plots")
+        if args.trace:
+            _writable_file(args.trace, "--trace")
+        if args.trace_per_rank:
+            _writable_dir(args.trace_per_rank, "--trace-per-rank")
         if sweep.is_index(args.report):
             ix = sweep.Index(args.report)
             print(sweep.render(ix))

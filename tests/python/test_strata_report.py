@@ -335,6 +335,22 @@ def test_other_files_are_refused(reports, name, why):
     assert why in r.stderr and "strata-report: error:" in r.stderr
 
 
+def test_unusable_output_paths_are_refused_before_any_work(reports, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for args, why in [(["--trace", str(tmp_path / "missing" / "t.json")], "does not exist"),
+                      (["--trace", str(tmp_path)], "is a directory"),
+                      (["--trace", str(fifo)], "not a regular file"),
+                      (["--plots", str(a_file)], "exists and is not a directory"),
+                      (["--trace-per-rank", str(a_file)], "exists and is not a directory")]:
+        r = tool(str(reports / "one.h5"), *args, expect=2)
+        assert why in r.stderr and "strata-report: error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert r.stdout == "", "nothing is printed or written before the check"
+    assert fifo.is_fifo()
+
+
 def test_sweep_index_ranks_points_and_draws_the_front(reports, tmp_path):
     out = tool(str(reports / "sweeps" / "t" / "index.h5"), "--plots", str(tmp_path)).stdout
     assert "4 point(s): 2 complete, 1 failed, 1 skipped" in out
