@@ -353,9 +353,9 @@ void Resolver::check_cross_keys() {
   // -plan.h5): one file name, not a path out of results/.
   if (const std::string& n = c.run.name;
       n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos ||
-      std::any_of(n.begin(), n.end(), [](unsigned char ch) { return ch < 32 || ch == 127; }))
-    error(fmt::format("{}: {} must be a file name: not empty, not . or .., without '/' or control characters "
-                      "(it names the default report, results/<run.name>.h5)",
+      std::any_of(n.begin(), n.end(), [](unsigned char ch) { return (ch < 32 && ch != '\t') || ch == 127; }))
+    error(fmt::format("{}: {} must be a file name: not empty, not . or .., without '/', NUL or other control "
+                      "characters but tab (it names the default report, results/<run.name>.h5)",
                       primary({"run.name"}), show("run.name")));
   if (c.run.warmup_steps >= c.run.steps)
     error(fmt::format("{}: {} must be less than {}: warm-up steps are left out of the timing, so at least one "

@@ -248,7 +248,10 @@ Val from_literal(const plan::KeySpec& k, const std::string& lit) {
     return Val{true, 0, text};
   }
   if (lit == "true" || lit == "false") return Val{false, lit == "true" ? 1.0 : 0.0, ""};
-  return Val{false, std::stod(lit), ""};
+  // strtod, not std::stod: a literal TOML reads (a subnormal such as
+  // 1e-320, an infinity) must not throw out_of_range; the point's own deck
+  // check says what is wrong with it.
+  return Val{false, std::strtod(lit.c_str(), nullptr), ""};
 }
 
 // The ranks a point's layout needs (the product of its mesh's dims): the

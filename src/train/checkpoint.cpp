@@ -62,9 +62,13 @@ std::string hex(std::uint64_t h) { return fmt::format("{:016x}", h); }
 // The manifest ends with a line "# checksum <hex>" over every byte before it.
 constexpr const char* kManifestSum = "# checksum ";
 
+}  // namespace
+
 std::string seal_manifest(const std::string& body) {
   return body + kManifestSum + hex(XXH3_64bits(body.data(), body.size())) + "\n";
 }
+
+namespace {
 
 // The manifest's text without its checksum line, or an error.
 std::string unseal_manifest(const std::string& text, std::string* body) {

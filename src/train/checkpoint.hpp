@@ -89,6 +89,10 @@ struct CheckpointRef {
 // anything.
 CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointLayout& layout);
 
+// A manifest's text as written: `body` and its checksum line (the fuzzer
+// seals what it mutates, so that the manifest's own checks are reached).
+std::string seal_manifest(const std::string& body);
+
 // Restores this rank's state from `ref`: on the same layout its own file
 // into the strategy's state tensors (checksum, names and sizes checked); on
 // another, every rank rebuilds its registry's parameters and moments from
