@@ -55,9 +55,10 @@ class StepBound {
 
  private:
   // What the layout's ranks do on one stage (a prediction at pp 1 of
-  // min(2, m) micro-batches): the last micro-batch's forward and backward
-  // through the whole model, and per class of ranks, per axis, its calls'
-  // bytes by op.
+  // min(2, m) micro-batches of a two-block model): the first micro-batch's
+  // forward and backward through the whole model (blocks times the
+  // model's), and per class of ranks, per axis, its calls' bytes by op over
+  // the step (grown to the model's blocks).
   using Volumes = std::vector<std::map<std::string, std::map<std::string, double>>>;
   struct Stage {
     double forward = 0, backward = 0;
