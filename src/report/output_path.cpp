@@ -22,12 +22,12 @@ std::string writable_place(const fs::path& dir) {
   return "";
 }
 
-std::string output_file_problem(const std::string& path) {
+std::string output_file_problem(const std::string& path, const std::string& what) {
   if (path.empty()) return "an empty path";
   std::error_code ec;
   const fs::path p(path);
   const fs::file_status st = fs::status(p, ec);
-  if (fs::is_directory(st)) return "is a directory; give a file's name in it";
+  if (fs::is_directory(st)) return fmt::format("is a directory; give the {}'s file name", what);
   if (fs::exists(st) && !fs::is_regular_file(st))
     return "exists and is not a regular file (a device, FIFO or socket): give a file's path";
   for (const char* suffix : {".lock", ".partial"}) {

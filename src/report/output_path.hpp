@@ -14,7 +14,9 @@ namespace strata::report {
 // ".partial" (a run's claim on a path and a file being written: never
 // outputs, and writing one would take another run's place); or its
 // directory can neither be written nor made.
-std::string output_file_problem(const std::string& path);
+// `what` names the file in the directory case ("report": "give the
+// report's file name").
+std::string output_file_problem(const std::string& path, const std::string& what);
 
 // Why the missing directories of `dir` cannot be made, or "": the nearest
 // existing ancestor must be a writable directory.

@@ -181,7 +181,7 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   const std::string out = !o.output.empty() ? o.output : fmt::format("results/machine-{}.toml", host);
   // Before minutes of measuring: rank 0 judges the path, every rank ends on it.
   const std::string problem = comm::broadcast_string(
-      rank == 0 ? report::output_file_problem(out) : std::string(), comm);
+      rank == 0 ? report::output_file_problem(out, "machine description") : std::string(), comm);
   if (!problem.empty()) core::input_error("machine description path {}: {} (--output DIR/NAME.toml)", out, problem);
   auto say = [&](const std::string& s) {
     if (rank == 0) {

@@ -61,14 +61,11 @@ void check_output_paths(MPI_Comm comm, const std::string& report, const std::str
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   std::string problem;
   if (rank == 0) {
-    std::error_code ec;
-    if (fs::is_directory(report, ec))
-      problem = fmt::format("report path {}: is a directory; give the report's file name (--output DIR/NAME.h5)", report);
-    else if (same_file(report, deck_path))
+    if (same_file(report, deck_path))
       problem = fmt::format("report path {}: is the deck itself; the report would overwrite it", report);
     else if (same_file(report, data_path))
       problem = fmt::format("report path {}: is data.path, the text the run reads", report);
-    else if (const std::string why = report::output_file_problem(report); !why.empty())
+    else if (const std::string why = report::output_file_problem(report, "report"); !why.empty())
       problem = fmt::format("report path {}: {} (--output DIR/NAME.h5)", report, why);
     if (problem.empty() && checkpoints)
       if (const std::string why = directory_problem(checkpoint_dir); !why.empty())

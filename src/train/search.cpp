@@ -115,6 +115,15 @@ struct Layout {
   std::vector<Choice> choices;
 };
 
+// The overrides a layout's choices make, and how its label says them.
+void name_choices(const std::vector<Choice>& choices, std::vector<std::string>* overrides,
+                  std::vector<std::string>* label) {
+  for (const Choice& c : choices) {
+    overrides->push_back(override_of(*c.search, c.value));
+    if (std::string x = said(*c.search, c.value); !x.empty()) label->push_back(x);
+  }
+}
+
 // ---- candidates through a pipe: a worker's results, as bytes ----
 
 void put(std::string& b, const void* p, std::size_t n) { b.append(static_cast<const char*>(p), n); }
@@ -177,13 +186,20 @@ std::vector<Candidate> candidates_of(const std::string& payload) {
   return out;
 }
 
-void write_all(int fd, const std::string& b) {
-  for (std::size_t done = 0; done < b.size();) {
-    const ssize_t w = ::write(fd, b.data() + done, b.size() - done);
+// All of `n` bytes to `fd`; false if the reader is gone.
+bool write_fully(int fd, const void* data, std::size_t n) {
+  for (std::size_t done = 0; done < n;) {
+    const ssize_t w = ::write(fd, static_cast<const char*>(data) + done, n - done);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) ::_exit(3);  // the planner is gone: nobody to tell
+    if (w <= 0) return false;
     done += std::size_t(w);
   }
+  return true;
+}
+
+// A worker's record to the planner.
+void write_all(int fd, const std::string& b) {
+  if (!write_fully(fd, b.data(), b.size())) ::_exit(3);  // the planner is gone: nobody to tell
 }
 
 using Judged = std::function<void(std::size_t, std::vector<Candidate>)>;
@@ -200,12 +216,7 @@ class Worker {
   // last record).
   bool send(std::size_t index) {
     const std::uint64_t i = index;
-    for (std::size_t done = 0; done < sizeof i;) {
-      const ssize_t w = ::write(to_, reinterpret_cast<const char*>(&i) + done, sizeof i - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return false;
-      done += std::size_t(w);
-    }
+    if (!write_fully(to_, &i, sizeof i)) return false;
     busy_ = true;
     return true;
   }
@@ -430,7 +441,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   machine.fused_casts = o.fused_casts;
   const deck::Deck base = deck::parse_deck(deck_path, text, sets);
   const std::string path = !o.output.empty() ? o.output : "results/" + base.config.run.name + "-plan.h5";
-  if (const std::string why = report::output_file_problem(path); !why.empty())
+  if (const std::string why = report::output_file_problem(path, "plan report"); !why.empty())
     core::input_error("plan report path {}: {} (--output DIR/NAME.h5)", path, why);
   const double limit = o.memory_limit > 0 ? double(o.memory_limit) : machine.memory;
   const strategies::Space space{o.world, machine.devices_per_node};
@@ -467,10 +478,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   auto judge = [&](const Layout& l) {
     std::vector<Candidate> out;
     std::vector<std::string> over, label;
-    for (const Choice& c : l.choices) {
-      over.push_back(override_of(*c.search, c.value));
-      if (std::string x = said(*c.search, c.value); !x.empty()) label.push_back(x);
-    }
+    name_choices(l.choices, &over, &label);
     std::vector<std::vector<std::string>> values;
     for (const auto* s : fit) {
       values.push_back(s->values(space, l.plan));
@@ -603,10 +611,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
       ++pruned;
       Candidate c;
       std::vector<std::string> over, label;
-      for (const Choice& ch : layouts[i].choices) {
-        over.push_back(override_of(*ch.search, ch.value));
-        if (std::string x = said(*ch.search, ch.value); !x.empty()) label.push_back(x);
-      }
+      name_choices(layouts[i].choices, &over, &label);
       c.overrides = join(over);
       c.label = join(label);
       c.world = o.world;

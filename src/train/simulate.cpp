@@ -153,7 +153,7 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   machine.fused_casts = o.fused_casts;
   const mesh::Layout l = strategies::layout_of(cfg);
   const std::string path = !o.output.empty() ? o.output : "results/" + cfg.run.name + "-sim.h5";
-  if (const std::string why = report::output_file_problem(path); !why.empty())
+  if (const std::string why = report::output_file_problem(path, "report"); !why.empty())
     core::input_error("report path {}: {} (--output DIR/NAME.h5)", path, why);
   const Prediction pr = predict(cfg, machine);
   write_report(deck, o, machine, pr, path);
