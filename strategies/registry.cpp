@@ -61,15 +61,13 @@ Parallel parallelize(const plan::Plan& p, const MeshGroups* mesh, core::MemoryTr
 
 void check_plan(const plan::Plan& p, PlanChecks& checks) {
   // The mesh's size in 64 bits: its dims may multiply past an int.
+  const mesh::Layout layout = layout_of(p);
   std::int64_t world = 1;
-  for (const mesh::Dim& d : layout_of(p).dims) world = std::min<std::int64_t>(world * d.size, kMaxWorld + 1);
+  for (const mesh::Dim& d : layout.dims) world = std::min<std::int64_t>(world * d.size, kMaxWorld + 1);
   if (world > kMaxWorld) {
-    std::string sizes;
-    for (const mesh::Dim& d : layout_of(p).dims)
-      sizes += fmt::format("{}{} {}", sizes.empty() ? "" : " x ", d.name, d.size);
     checks.error({"parallel.dp", "parallel.tp", "parallel.pp", "parallel.cp"},
                  fmt::format("the layout has more than {} ranks ({}): at most {} (2^20) are supported", kMaxWorld,
-                             sizes, kMaxWorld));
+                             mesh::describe(layout), kMaxWorld));
     return;
   }
   for (const Row* r : all_rows())

@@ -193,7 +193,8 @@ class Where {
       errno = 0;
       const double x = std::strtod(begin, &end);
       if (end == begin) fail(fmt::format("unexpected '{}'", s_.substr(i_)));
-      if (errno == ERANGE || !std::isfinite(x)) fail(fmt::format("'{}' is past a number's range", s_.substr(i_, std::size_t(end - begin))));
+      if (errno == ERANGE || !std::isfinite(x))
+        fail(fmt::format("'{}' is past a number's range", s_.substr(i_, std::size_t(end - begin))));
       i_ += std::size_t(end - begin);
       return num(x);
     }
