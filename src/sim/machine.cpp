@@ -18,6 +18,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// No figure of a machine in the units its file uses (GiB, TFLOP/s, GB/s,
+// microseconds, elements, shares) is beyond this: a value above is a typo or
+// a unit mistake, and would carry a prediction to absurd sizes.
+constexpr double kLargestFigure = 1e9;
+
 // Reads typed figures from the description's tables, each error naming
 // the file, the line and the dotted key.
 class Reader {
@@ -34,7 +39,11 @@ class Reader {
     return n->as_table();
   }
 
-  // A number >= 0 (or > 0 with positive); `unit` says what it is in errors.
+  // Positive figures are at least a millionth of their unit, for the same reason.
+  static constexpr double kLargest = kLargestFigure, kSmallestPositive = 1e-6;
+
+  // A number >= 0 (or > 0 with positive: then at least kSmallestPositive),
+  // at most kLargest; `unit` says what it is in errors.
   double number(const std::string& dotted, const char* unit, bool positive = false, bool required = true,
                 double fallback = 0) const {
     const toml::node* n = root_.at_path(dotted).node();
@@ -51,11 +60,14 @@ class Reader {
     if (!std::isfinite(*v)) fail(*n, dotted, fmt::format("must be a finite number ({}), got {}", unit, *v));
     if (*v < 0 || (positive && *v == 0))
       fail(*n, dotted, fmt::format("must be {} 0 ({}), got {}", positive ? ">" : ">=", unit, *v));
+    if (*v > kLargest || (positive && *v < kSmallestPositive))
+      fail(*n, dotted, fmt::format("must be in [{:g}, {:g}] ({}), got {:g}", positive ? kSmallestPositive : 0.0, kLargest,
+                                   unit, *v));
     return *v;
   }
 
   // An optional array of numbers >= 0 (empty when absent).
-  std::vector<double> numbers(const std::string& dotted, const char* unit) const {
+  std::vector<double> numbers(const std::string& dotted, const char* unit, double largest) const {
     std::vector<double> out;
     const toml::node* n = root_.at_path(dotted).node();
     if (n == nullptr) return out;
@@ -63,8 +75,8 @@ class Reader {
     if (a == nullptr) fail(*n, dotted, fmt::format("must be an array of numbers ({})", unit));
     for (const toml::node& e : *a) {
       const std::optional<double> v = e.value<double>();
-      if (!v || !std::isfinite(*v) || *v < 0)
-        fail(e, dotted, fmt::format("must hold numbers >= 0 ({})", unit));
+      if (!v || !std::isfinite(*v) || *v < 0 || *v > largest)
+        fail(e, dotted, fmt::format("must hold numbers in [0, {:g}] ({})", largest, unit));
       out.push_back(*v);
     }
     return out;
@@ -216,8 +228,8 @@ Machine parse_machine(const std::string& path, const std::string& text) {
         if (!nb->is_boolean()) r.fail(*nb, at + ".nonblocking", "must be true or false");
         f.nonblocking = *nb->value<bool>();
       }
-      f.bytes = r.numbers(at + ".bytes", "bytes of a call");
-      f.seconds = r.numbers(at + ".time_us", "microseconds");
+      f.bytes = r.numbers(at + ".bytes", "bytes of a call", 1e15);
+      f.seconds = r.numbers(at + ".time_us", "microseconds", kLargestFigure);
       for (double& t : f.seconds) t /= 1e6;
       const toml::node* where = root.at_path(at).node();
       if (f.bytes.size() != f.seconds.size())

@@ -362,6 +362,14 @@ sed 's/^latency_us = 8 .*/latency_us = nan/' "$src/inputs/machines/a100-80gb.tom
 expect_input_error "NaN in a machine" "must be a finite number" "$strata" simulate tiny.toml --machine nan-machine.toml --output out_bad/x.h5
 sed 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = inf/' "$src/inputs/machines/a100-80gb.toml" > inf-machine.toml
 expect_input_error "infinity in a machine" "must be a finite number" "$strata" simulate tiny.toml --machine inf-machine.toml --output out_bad/x.h5
+# Finite but absurd: no machine figure is past 1e9 of its unit, or a
+# positive one under a millionth (a prediction would be 300 digits long).
+sed 's/^latency_us = 8 .*/latency_us = 1e300/' "$src/inputs/machines/a100-80gb.toml" > huge-machine.toml
+expect_input_error "a huge figure in a machine" "latency_us must be in [0, 1e+09] (microseconds per ring step), got 1e+300" \
+  "$strata" simulate tiny.toml --machine huge-machine.toml --output out_bad/x.h5
+sed 's/^memory_bandwidth_gbs = .*/memory_bandwidth_gbs = 1e-300/' "$src/inputs/machines/a100-80gb.toml" > tiny-machine.toml
+expect_input_error "a vanishing figure in a machine" "must be in [1e-06, 1e+09]" \
+  "$strata" simulate tiny.toml --machine tiny-machine.toml --output out_bad/x.h5
 expect_input_error "plan past the world bound" "1 to 1048576" "$strata" plan tiny.toml --machine a100-80gb --world 2147483647 --output out_bad/x.h5
 expect_input_error "a layout past the world bound" "at most 1048576" "$strata" run tiny.toml --dry-run --set parallel.dp=1000000000
 expect_input_error "run.name out of results/" "must be a file name" "$strata" run tiny.toml --set 'run.name="../../x"'
