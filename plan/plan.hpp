@@ -122,6 +122,7 @@ struct RunSection {
   std::string output;           // report path; default results/<name>.h5
   bool profile = true;          // per-layer timeline spans
   int log_every = 1;            // print a table row every N steps (0: never)
+  int flush_every = 0;          // steps of records kept before they go to the report (0: a 64 MiB window)
   OnDivergence on_divergence = OnDivergence::stop;
   int repeats = 1;              // strata sweep: runs of each point (the index shows median and spread)
 };

@@ -39,6 +39,9 @@ class Timeline {
   int micro_batch() const { return micro_batch_; }
   int chunk() const { return chunk_; }
   void reserve(std::size_t n) { spans_.reserve(n); }
+  // Drops the spans kept so far, keeping their room: a run's spans once
+  // they are written to its report.
+  void clear() { spans_.clear(); }
   // A span with its times given (a simulated timeline).
   void add(const Span& s) { spans_.push_back(s); }
   double origin() const { return origin_; }

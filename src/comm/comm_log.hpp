@@ -123,6 +123,11 @@ class CommLog {
     return records_.size() - 1;
   }
   CommRecord& at(std::size_t i) { return records_[i]; }
+  // Drops the records kept so far and their account of progress, keeping
+  // their room: a run's records once they are written to its report, at a
+  // step boundary. No call may be in flight (its record's index would
+  // outlive the record).
+  void clear();
   const std::vector<CommRecord>& records() const { return records_; }
   // The rank's non-blocking MPI calls in flight and the time inside MPI given
   // to each (see HostProgress).

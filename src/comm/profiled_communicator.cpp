@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "kernels/foundation/clock.hpp"
+#include "kernels/foundation/error.hpp"
 
 namespace strata::comm {
 
@@ -134,6 +135,14 @@ double HostProgress::complete(std::size_t record) {
   const double s = it->busy;
   in_flight.erase(it);
   return s;
+}
+
+void CommLog::clear() {
+  STRATA_CHECK(progress_.in_flight.empty(), "{} non-blocking call(s) still in flight when the log is cleared",
+               progress_.in_flight.size());
+  records_.clear();
+  progress_.inside.clear();
+  progress_.pieces.clear();
 }
 
 ProfiledCommunicator::ProfiledCommunicator(std::unique_ptr<Communicator> inner, CommLog& log)

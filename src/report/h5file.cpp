@@ -13,6 +13,7 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "src/comm/mpi_check.hpp"
@@ -389,8 +390,12 @@ void H5File::write_array(const std::string& group, const std::string& name, cons
   });
 }
 
-void H5File::write_table(const Table& table) {
-  together("write_table", [&] {
+void H5File::write_table(const Table& table) { put_table(table, false); }
+
+void H5File::append_table(const Table& table) { put_table(table, true); }
+
+void H5File::put_table(const Table& table, bool append) {
+  together(append ? "append_table" : "write_table", [&] {
     require_open(file_, published_, final_path_);
     // Rank r's rows start after the rows of ranks 0..r-1. First, before
     // anything that can fail on one rank alone (see together()).
@@ -413,9 +418,12 @@ void H5File::write_table(const Table& table) {
     // no conversion at all on x86 and ARM.
     std::vector<std::size_t> offsets;
     std::size_t row_size = 0;
+    std::string names;
     for (const auto& c : cols) {
       offsets.push_back(row_size);
       row_size += c.type == ColumnType::str ? static_cast<std::size_t>(c.str_len) : 8;
+      if (!names.empty()) names += ',';
+      names += c.name;
     }
     Id file_type(STRATA_CHECK_H5(H5Tcreate(H5T_COMPOUND, row_size)), H5Tclose);
     Id mem_type(STRATA_CHECK_H5(H5Tcreate(H5T_COMPOUND, row_size)), H5Tclose);
@@ -458,18 +466,45 @@ void H5File::write_table(const Table& table) {
       }
     }
 
-
     const std::string path = join_path("/", table.name());
-    const hsize_t dims = static_cast<hsize_t>(total);
-    Id file_space(STRATA_CHECK_H5(H5Screate_simple(1, &dims, nullptr)), H5Sclose);
-    Id lcpl = link_create_plist();
-    Id dcpl = dataset_create_plist();
-    Id dset(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), file_type, file_space, lcpl, dcpl, H5P_DEFAULT)),
-            H5Dclose);
+    // An appended table grows by every call's rows: chunked, with no limit.
+    // Its chunk is the first call's rows (at most 1 MiB of them), so a table
+    // written once is one chunk of exactly its size.
+    const bool exists = append && STRATA_CHECK_H5(H5Lexists(file_, path.c_str(), H5P_DEFAULT)) > 0;
+    hsize_t before = 0;
+    std::optional<Id> dset;
+    if (exists) {
+      dset.emplace(STRATA_CHECK_H5(H5Dopen2(file_, path.c_str(), H5P_DEFAULT)), H5Dclose);
+      Id attr(STRATA_CHECK_H5(H5Aopen(*dset, "columns", H5P_DEFAULT)), H5Aclose);
+      Id type(STRATA_CHECK_H5(H5Aget_type(attr)), H5Tclose);
+      char* text = nullptr;
+      STRATA_CHECK_H5(H5Aread(attr, type, &text));
+      const std::string had = text != nullptr ? text : "";
+      H5free_memory(text);
+      STRATA_CHECK(had == names, "appending to table '{}' of columns {} rows of columns {}", table.name(), had, names);
+      Id space(STRATA_CHECK_H5(H5Dget_space(*dset)), H5Sclose);
+      STRATA_CHECK_H5(H5Sget_simple_extent_dims(space, &before, nullptr));
+      const hsize_t after = before + static_cast<hsize_t>(total);
+      STRATA_CHECK_H5(H5Dset_extent(*dset, &after));
+    } else {
+      const hsize_t dims = static_cast<hsize_t>(total);
+      const hsize_t unlimited = H5S_UNLIMITED;
+      Id file_space(STRATA_CHECK_H5(H5Screate_simple(1, &dims, append ? &unlimited : nullptr)), H5Sclose);
+      Id lcpl = link_create_plist();
+      Id dcpl = dataset_create_plist();
+      if (append) {
+        const hsize_t chunk =
+            std::clamp<hsize_t>(dims, 1, std::max<hsize_t>(1, (hsize_t(1) << 20) / std::max<std::size_t>(row_size, 1)));
+        STRATA_CHECK_H5(H5Pset_chunk(dcpl, 1, &chunk));
+      }
+      dset.emplace(STRATA_CHECK_H5(H5Dcreate2(file_, path.c_str(), file_type, file_space, lcpl, dcpl, H5P_DEFAULT)),
+                   H5Dclose);
+    }
 
-    // total is the same on every rank, so an empty table skips the write on all.
+    // total is the same on every rank, so an empty write is skipped on all.
     if (total > 0) {
-      const hsize_t start = static_cast<hsize_t>(offset), n = static_cast<hsize_t>(count);
+      Id file_space(STRATA_CHECK_H5(H5Dget_space(*dset)), H5Sclose);
+      const hsize_t start = before + static_cast<hsize_t>(offset), n = static_cast<hsize_t>(count);
       const hsize_t mem_dims = std::max<hsize_t>(n, 1);  // a rank with no rows still needs a dataspace
       Id mem_space(STRATA_CHECK_H5(H5Screate_simple(1, &mem_dims, nullptr)), H5Sclose);
       if (n > 0) {
@@ -480,18 +515,16 @@ void H5File::write_table(const Table& table) {
       }
       Id dxpl = collective_transfer();
       unsigned char none = 0;  // HDF5 wants a buffer even for an empty selection
-      STRATA_CHECK_H5(H5Dwrite(dset, mem_type, mem_space, file_space, dxpl, buf.empty() ? &none : buf.data()));
+      STRATA_CHECK_H5(H5Dwrite(*dset, mem_type, mem_space, file_space, dxpl, buf.empty() ? &none : buf.data()));
     }
+    if (exists) return;
 
-    put_attr(dset, "doc", table.doc());
-    std::string names;
+    put_attr(*dset, "doc", table.doc());
     for (const auto& c : cols) {
-      put_attr(dset, "unit:" + c.name, c.unit);
-      put_attr(dset, "doc:" + c.name, c.doc);
-      if (!names.empty()) names += ',';
-      names += c.name;
+      put_attr(*dset, "unit:" + c.name, c.unit);
+      put_attr(*dset, "doc:" + c.name, c.doc);
     }
-    put_attr(dset, "columns", names);
+    put_attr(*dset, "columns", names);
   });
 }
 

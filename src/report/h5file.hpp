@@ -59,6 +59,11 @@ class H5File {
   // rows at the exclusive prefix sum of the row counts. Dataset attributes:
   // "doc", and per column "unit:<column>" and "doc:<column>".
   void write_table(const Table& table);
+  // The same, but the dataset grows: the first call creates it (chunked,
+  // without a limit), each later one of the same columns adds its rows after
+  // those written before, every rank's at its exclusive-scan offset. A run
+  // writes its per-step tables this way, a window of steps at a time.
+  void append_table(const Table& table);
 
   // Flushes, closes and renames the temporary file to the final path.
   void publish();
@@ -81,6 +86,7 @@ class H5File {
   bool broken_ = false;  // a call failed on some rank (all of them know it)
   static inline int left_open_ = 0;
 
+  void put_table(const Table& table, bool append);
   template <typename Body>
   void together(const char* what, Body&& body);
   // Collective, before any collective HDF5 call of a write: refuses, on

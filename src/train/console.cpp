@@ -69,17 +69,15 @@ std::string cores_shared_warning(MPI_Comm comm, int threads) {
       ranks_threads_cores[0], ranks_threads_cores[1], ranks_threads_cores[2]);
 }
 
-void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memory, int last_step) {
+void print_memory_per_rank(MPI_Comm comm, const RunningSummary& device) {
   int rank = 0, size = 1;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   STRATA_CHECK_MPI(MPI_Comm_size(comm, &size));
   constexpr int K = core::kNumMemCategories;
   std::vector<double> mine(2 * K, 0.0), all(std::size_t(2 * K) * size);
-  for (const auto& m : memory) {
-    if (m.pool != core::Pool::device) continue;  // the device's
-    const int c = int(m.category);
-    if (m.step == last_step) mine[c] = double(m.current);
-    mine[K + c] = std::max(mine[K + c], double(m.peak));
+  for (int c = 0; c < K; ++c) {
+    mine[std::size_t(c)] = double(device.held_bytes[c]);
+    mine[std::size_t(K + c)] = double(device.peak_bytes[c]);
   }
   STRATA_CHECK_MPI(MPI_Gather(mine.data(), 2 * K, MPI_DOUBLE, all.data(), 2 * K, MPI_DOUBLE, 0, comm));
   if (rank != 0) return;
@@ -155,7 +153,7 @@ void print_bubbles(MPI_Comm comm, const Bubble& b, const std::string& formula) {
 void print_run_end(MPI_Comm comm, const RunRecords& r, const plan::Plan& cfg, const std::string& report) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  print_memory_per_rank(comm, r.memory, r.steps.empty() ? -1 : r.steps.back().step);
+  print_memory_per_rank(comm, r.running());
   if (cfg.parallel.pp > 1 && cfg.run.profile) print_bubbles(comm, r.bubble, cfg.parallel.schedule->formula);
   if (rank != 0) return;
   const Summary& s = r.summary;

@@ -35,8 +35,9 @@ struct StepConsole {
 std::string cores_shared_warning(MPI_Comm comm, int threads);
 
 // Collective; rank 0 prints every rank's bytes per category at the end of
-// the last step and peak during a step (above 8 ranks: min / median / max).
-void print_memory_per_rank(MPI_Comm comm, const std::vector<MemoryRecord>& memory, int last_step);
+// the last step and peak during a step (above 8 ranks: min / median / max),
+// from each rank's `device` figures.
+void print_memory_per_rank(MPI_Comm comm, const RunningSummary& device);
 // Collective; rank 0 prints every rank's measured bubble beside the theory.
 void print_bubbles(MPI_Comm comm, const Bubble& b, const std::string& formula);
 // Collective, at a run's end: every rank's memory and (a profiled pipeline)

@@ -69,6 +69,13 @@ void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t para
       first_line = false;
     }
   }
+  const auto most = std::max_element(e.classes.begin(), e.classes.end(), [](const RankClass& a, const RankClass& b) {
+    return a.record_window_bytes < b.record_window_bytes;
+  });
+  if (most != e.classes.end())
+    fmt::print("report records: {} per rank on the host at most (ranks {}), written to the report every {} step(s) "
+               "(run.flush_every), and 32 B a step kept for the summary\n",
+               core::format_bytes(most->record_window_bytes), rank_ranges(most->ranks), most->record_window_steps);
   const auto& b = deck.config.backend;
   if (b.memory_limit != 0 || b.host_memory_limit != 0) {
     if (e.does_not_fit.empty())

@@ -6,6 +6,7 @@
 
 #include "kernels/foundation/clock.hpp"
 #include "kernels/kernels.hpp"
+#include "src/train/records.hpp"
 #include "src/train/trainer.hpp"
 #include "strategies/registry.hpp"
 
@@ -43,7 +44,7 @@ class OnMeta {
 }  // namespace
 
 RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm,
-                         std::vector<kernels::WorkCost>* compute, prof::Trace* trace) {
+                         std::vector<kernels::WorkCost>* compute, prof::Trace* trace, RankClass* cls) {
   const OnMeta meta;
   comm::CommLog log(prof::now_seconds());
   log.untimed();  // meta calls take no time: their records say what they move
@@ -63,6 +64,11 @@ RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume
   }
   if (comm != nullptr) *comm = comm_volumes(log.records(), 1);
   if (compute != nullptr) *compute = kernels::meta_costs();
+  if (cls != nullptr) {
+    const RecordWindow w = record_window(cfg, t.units().size(), t.micro_batches());
+    cls->record_window_bytes = w.bytes;
+    cls->record_window_steps = w.steps;
+  }
   return rank_memory(tracker, t.host_tracker(), t.nvme_file());
 }
 
@@ -77,10 +83,17 @@ Estimate estimate(const plan::Plan& cfg, bool with_traces) {
     std::vector<CommVolume> comm;
     std::vector<kernels::WorkCost> compute;
     prof::Trace trace;
-    const RankMemory first = estimate_rank(cfg, stage.front(), &comm, &compute, with_traces ? &trace : nullptr);
+    RankClass window;  // a stage's ranks have the same units and micro-batches
+    const RankMemory first =
+        estimate_rank(cfg, stage.front(), &comm, &compute, with_traces ? &trace : nullptr, &window);
+    const auto with_window = [&](RankClass k) {
+      k.record_window_bytes = window.record_window_bytes;
+      k.record_window_steps = window.record_window_steps;
+      return k;
+    };
     const bool alike = stage.size() == 1 || estimate_rank(cfg, stage.back()) == first;
     if (alike) {
-      e.classes.push_back({stage, first, comm, compute, std::move(trace)});
+      e.classes.push_back(with_window({stage, first, comm, compute, std::move(trace)}));
       continue;
     }
     // Ranks of this stage differ: each is estimated, and equal ones grouped.
@@ -94,7 +107,7 @@ Estimate estimate(const plan::Plan& cfg, bool with_traces) {
       auto it = std::find_if(e.classes.begin() + std::ptrdiff_t(begin), e.classes.end(),
                              [&](const RankClass& k) { return k.memory == m; });
       if (it == e.classes.end())
-        e.classes.push_back({{r}, m, c, w, std::move(tr)});
+        e.classes.push_back(with_window({{r}, m, c, w, std::move(tr)}));
       else
         it->ranks.push_back(r);
     }

@@ -45,6 +45,10 @@ struct RankClass {
   std::vector<CommVolume> comm;
   std::vector<kernels::WorkCost> compute;  // one step's kernels, per layer and phase
   prof::Trace trace;  // with_traces: the step as a program, of the class's first rank
+  // The host memory a rank of the class keeps for its report's records
+  // (src/train/records.hpp): a window of steps, written when it is full.
+  double record_window_bytes = 0;
+  int record_window_steps = 1;
 };
 
 struct Estimate {
@@ -57,8 +61,10 @@ struct Estimate {
 
 // One rank: its figures and, when given, its calls, its kernels' work and
 // its trace, over its second step (the first builds what is made on first use).
+// With `cls`, its record window too.
 RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume>* comm = nullptr,
-                         std::vector<kernels::WorkCost>* compute = nullptr, prof::Trace* trace = nullptr);
+                         std::vector<kernels::WorkCost>* compute = nullptr, prof::Trace* trace = nullptr,
+                         RankClass* cls = nullptr);
 // Every rank of the layout the deck implies (pp x dp x tp); with_traces,
 // each class's trace too (what the simulator replays).
 Estimate estimate(const plan::Plan& cfg, bool with_traces = false);

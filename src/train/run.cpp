@@ -140,11 +140,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
     }
     Trainer trainer(cfg, tracker, &timeline, job_peak, strategies::parallelize(cfg, &mesh, tracker));
-    // Room for every record up front: a growing log would pay page faults
-    // inside the measured calls. Per micro-batch a unit has at most a gather,
-    // a prefetch and a reduce-scatter; per step, buckets and a few scalars.
-    const std::size_t units = trainer.model().units().size();
-    log.reserve(std::size_t(cfg.run.steps) * (3 * units * std::size_t(trainer.micro_batches()) + units + 64));
+    records.prepare(trainer);
     if (const models::NvmeFile* f = trainer.nvme_file()) {
       prov.offload_io = f->mode();
       file.set_attr("/", "offload_io", prov.offload_io);

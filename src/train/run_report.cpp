@@ -21,15 +21,30 @@ namespace strata::train {
 
 using core::median;
 
-Summary summarise(const std::vector<StepRecord>& steps, const std::vector<MemoryRecord>& memory,
-                  double model_flops_per_step, double hardware_flops_per_step, double peak_flops) {
-  Summary s;
-  std::vector<double> times, rates;
-  for (const auto& r : steps) {
-    if (r.warmup) continue;
+void RunningSummary::add(const StepRecord& r) {
+  if (!r.warmup) {
     times.push_back(r.step_time);
     rates.push_back(r.tokens_per_s);
   }
+  skipped_steps += r.skipped;
+  if (steps == 0) initial_loss = r.loss;
+  final_loss = r.loss;
+  ++steps;
+}
+
+void RunningSummary::add(const MemoryRecord& m) {
+  if (m.pool != core::Pool::device) return;  // the device's figures; the host arena is reported apart
+  auto& p = peak_bytes[int(m.category)];
+  p = std::max(p, m.peak);
+  if (m.step > last_step) {
+    last_step = m.step;
+    std::fill(std::begin(held_bytes), std::end(held_bytes), 0);
+  }
+  if (m.step == last_step) held_bytes[int(m.category)] = m.current;
+}
+
+Summary RunningSummary::finish(double model_flops_per_step, double hardware_flops_per_step, double peak_flops) const {
+  Summary s;
   s.measured_steps = int(times.size());
   s.step_time = median(times);
   s.tokens_per_s = median(rates);
@@ -38,18 +53,20 @@ Summary summarise(const std::vector<StepRecord>& steps, const std::vector<Memory
   s.mfu = peak_flops > 0 ? s.flops_per_s / peak_flops : 0;
   s.hardware_flops_per_step = hardware_flops_per_step;
   s.hfu = peak_flops > 0 && s.step_time > 0 ? hardware_flops_per_step / s.step_time / peak_flops : 0;
-  for (const auto& r : steps) s.skipped_steps += r.skipped;
-  if (!steps.empty()) {
-    s.initial_loss = steps.front().loss;
-    s.final_loss = steps.back().loss;
-  }
-  for (const auto& m : memory) {
-    if (m.pool != core::Pool::device) continue;  // the device's figures; the host arena is reported apart
-    auto& p = s.peak_bytes[int(m.category)];
-    p = std::max(p, m.peak);
-  }
+  s.skipped_steps = skipped_steps;
+  s.initial_loss = initial_loss;
+  s.final_loss = final_loss;
+  std::copy(std::begin(peak_bytes), std::end(peak_bytes), std::begin(s.peak_bytes));
   for (auto b : s.peak_bytes) s.peak_total += b;
   return s;
+}
+
+Summary summarise(const std::vector<StepRecord>& steps, const std::vector<MemoryRecord>& memory,
+                  double model_flops_per_step, double hardware_flops_per_step, double peak_flops) {
+  RunningSummary r;
+  for (const auto& x : steps) r.add(x);
+  for (const auto& m : memory) r.add(m);
+  return r.finish(model_flops_per_step, hardware_flops_per_step, peak_flops);
 }
 
 void take_largest_rank_memory(Summary& s, MPI_Comm comm) {
@@ -88,7 +105,7 @@ std::vector<MemoryRecord> memory_records(int rank, int step, const RankMemory& m
   return out;
 }
 
-void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memory) {
+report::Table memory_table(const std::vector<MemoryRecord>& memory) {
   report::Table mem("memory", "tracked bytes per step, rank, pool and category");
   mem.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
@@ -101,7 +118,11 @@ void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memo
     mem.add_row({std::int64_t(m.rank), std::int64_t(m.step), std::string(core::category_name(m.category)),
                  std::string(core::pool_name(m.pool)), std::int64_t(m.current), std::int64_t(m.peak),
                  std::int64_t(m.pool_peak)});
-  f.write_table(mem);
+  return mem;
+}
+
+void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memory) {
+  f.write_table(memory_table(memory));
 }
 
 std::string iso_time_utc() {
@@ -220,8 +241,7 @@ void write_provenance(report::H5File& f, const Provenance& p) {
   f.set_attr("/", "status", "running");
 }
 
-void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vector<RankRows>& ranks,
-                  const std::vector<MemoryRecord>& memory) {
+report::Table ranks_table(const mesh::Layout& layout, const std::vector<RankRows>& ranks) {
   report::Table rk("ranks", "one row per rank: where it ran and its coordinate along each dim of the process mesh");
   rk.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_str("host", 64, "", "the processor name of the rank's node (MPI_Get_processor_name; \"simulated\" in a simulation)");
@@ -234,8 +254,12 @@ void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vect
     for (std::size_t d = 0; d < at.size(); ++d) row[2 + d] = std::int64_t(at[d]);
     rk.add_row(row);
   }
-  f.write_table(rk);
+  return rk;
+}
 
+std::vector<report::Table> step_tables(const mesh::Layout& layout, const std::vector<RankRows>& ranks,
+                                       const std::vector<MemoryRecord>& memory) {
+  std::vector<report::Table> out;
   report::Table st("steps", "one row per optimizer step and rank");
   st.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
@@ -289,7 +313,7 @@ void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vect
       row.insert(row.end(), r.exposed_comm.begin(), r.exposed_comm.end());
       st.add_row(row);
     }
-  f.write_table(st);
+  out.push_back(std::move(st));
 
   report::Table ex("experts", "MoE routing per step, rank, block and expert (empty for a dense model)");
   ex.col_i64("rank", "1", "MPI rank in the world communicator")
@@ -304,9 +328,8 @@ void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vect
     for (const auto& e : *rr.experts)
     ex.add_row({std::int64_t(rr.rank), std::int64_t(e.step), std::int64_t(e.layer + 1), std::int64_t(e.expert),
                 e.routed, e.dropped, e.prob_mass});
-  f.write_table(ex);
-
-  write_memory_table(f, memory);
+  out.push_back(std::move(ex));
+  out.push_back(memory_table(memory));
 
   report::Table tl("timeline", "compute spans per rank: forward and backward per layer, optimizer per step");
   tl.col_i64("rank", "1", "MPI rank in the world communicator")
@@ -325,7 +348,7 @@ void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vect
       tl.add_row({std::int64_t(rr.rank), std::int64_t(s.step), std::int64_t(s.micro_batch), std::int64_t(s.chunk),
                   std::int64_t(s.layer),
                   std::string(prof::phase_name(s.phase)), s.start, s.end});
-  f.write_table(tl);
+  out.push_back(std::move(tl));
 
   report::Table cm("comm", "one row per communication call on this rank");
   cm.col_i64("rank", "1", "MPI rank in the world communicator")
@@ -354,7 +377,14 @@ void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vect
       cm.add_row({std::int64_t(rr.rank), std::int64_t(r.step), std::string(r.op), std::string(r.axis),
                   std::int64_t(r.group_size), r.bytes, std::int64_t(r.nonblocking), r.start, r.end, r.wait,
                   r.peer_wait, r.transfer_start, r.transfer_end, std::int64_t(r.peer), std::int64_t(r.tag)});
-  f.write_table(cm);
+  out.push_back(std::move(cm));
+  return out;
+}
+
+void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vector<RankRows>& ranks,
+                  const std::vector<MemoryRecord>& memory) {
+  f.write_table(ranks_table(layout, ranks));
+  for (const report::Table& t : step_tables(layout, ranks, memory)) f.write_table(t);
 }
 
 std::map<int, StepSpans> spans_by_step(const prof::Timeline& timeline) {
@@ -364,16 +394,12 @@ std::map<int, StepSpans> spans_by_step(const prof::Timeline& timeline) {
   return out;
 }
 
-Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
-                      int micro_batches, int virtual_stages, const strategies::pp::ScheduleInfo& schedule) {
-  Bubble b{pp_rank, stages, micro_batches, virtual_stages, schedule.name};
-  b.theory = stages > 1 ? schedule.bubble({stages, micro_batches, virtual_stages}) : 0.0;
+void BubbleSamples::add(const prof::Timeline& timeline, const std::vector<StepRecord>& steps) {
   // The pipeline's part of a step is all but the optimizer span (gradient
   // synchronisation, norm, clipping, AdamW), which every schedule has alike
   // and the theory leaves out; its idle time is that part minus the compute.
   // Keyed by the global step: a resumed run's records start past 0.
   std::map<int, StepSpans> by_step = spans_by_step(timeline);
-  std::vector<double> over_step, over_compute;
   for (const auto& r : steps) {
     if (r.warmup) continue;
     const StepSpans& s = by_step[r.step];
@@ -383,9 +409,22 @@ Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepReco
     over_step.push_back(idle / pipe);
     if (s.busy > 0) over_compute.push_back(idle / s.busy);
   }
-  b.idle_over_step = median(over_step);
-  b.idle_over_compute = median(over_compute);
+}
+
+Bubble measure_bubble(const BubbleSamples& samples, int pp_rank, int stages, int micro_batches, int virtual_stages,
+                      const strategies::pp::ScheduleInfo& schedule) {
+  Bubble b{pp_rank, stages, micro_batches, virtual_stages, schedule.name};
+  b.theory = stages > 1 ? schedule.bubble({stages, micro_batches, virtual_stages}) : 0.0;
+  b.idle_over_step = median(samples.over_step);
+  b.idle_over_compute = median(samples.over_compute);
   return b;
+}
+
+Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
+                      int micro_batches, int virtual_stages, const strategies::pp::ScheduleInfo& schedule) {
+  BubbleSamples samples;
+  samples.add(timeline, steps);
+  return measure_bubble(samples, pp_rank, stages, micro_batches, virtual_stages, schedule);
 }
 
 void write_pipeline_summary(report::H5File& f, const std::vector<std::pair<int, Bubble>>& per_rank) {
@@ -419,6 +458,11 @@ std::int64_t size_class(std::int64_t bytes) {
 
 std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step) {
   std::vector<CommAggregate> out;
+  add_to_aggregates(out, log, first_step);
+  return out;
+}
+
+void add_to_aggregates(std::vector<CommAggregate>& out, const comm::CommLog& log, int first_step) {
   for (const auto& r : log.records()) {
     if (r.step < first_step) continue;
     const std::int64_t sc = size_class(r.bytes);
@@ -437,7 +481,6 @@ std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_st
     it->wait += r.wait;
     it->peer_wait += r.peer_wait;
   }
-  return out;
 }
 
 void take_group_transfer_times(std::vector<CommAggregate>& rows, const std::vector<std::string>& axes,
@@ -550,6 +593,17 @@ void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std:
   for (const auto& a : aggs)
     t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.size_class, a.count, a.bytes, a.time,
                a.group_time, a.span, a.wait, a.peer_wait, a.hidden_fraction(), a.algbw(), a.busbw()});
+  f.write_table(t);
+}
+
+void write_host_memory_summary(report::H5File& f, const std::vector<HostMemory>& per_rank) {
+  report::Table t("summary/host_memory", "per rank: the host memory of its process and of its records");
+  t.col_i64("rank", "1", "MPI rank in the world communicator")
+      .col_i64("peak_rss", "B", "the process at its largest resident set (getrusage) when the report was written")
+      .col_i64("records_bytes", "B",
+               "the most the rank's per-step records held at once: the window's room and the progress account of its "
+               "non-blocking calls, and 32 B a measured step for the summary's medians");
+  for (const HostMemory& h : per_rank) t.add_row({std::int64_t(h.rank), h.peak_rss, h.records_bytes});
   f.write_table(t);
 }
 

@@ -69,6 +69,7 @@ bool uses_pool(const plan::Plan& p, core::Pool pool);
 std::vector<MemoryRecord> memory_records(int rank, int step, const RankMemory& m, const plan::Plan& p);
 // The /memory table (rows of any ranks: a run passes its own, an estimate
 // every rank's).
+report::Table memory_table(const std::vector<MemoryRecord>& memory);
 void write_memory_table(report::H5File& f, const std::vector<MemoryRecord>& memory);
 
 struct Summary {
@@ -87,6 +88,21 @@ struct Summary {
   std::uint64_t peak_bytes[core::kNumMemCategories] = {};
   std::uint64_t peak_total = 0;
   int peak_rank = 0;
+};
+
+// What the summary needs of a run's steps, taken a step at a time: the time
+// and rate of each measured step (whose medians it reports: 16 B a step),
+// and the rest folded in as the records come.
+struct RunningSummary {
+  std::vector<double> times, rates;  // measured steps
+  int steps = 0, skipped_steps = 0;
+  double initial_loss = 0, final_loss = 0;
+  std::uint64_t peak_bytes[core::kNumMemCategories] = {};  // the device's, over every step
+  std::uint64_t held_bytes[core::kNumMemCategories] = {};  // the device's at the end of the last step
+  int last_step = -1;
+  void add(const StepRecord& r);
+  void add(const MemoryRecord& m);
+  Summary finish(double model_flops_per_step, double hardware_flops_per_step, double peak_flops) const;
 };
 
 Summary summarise(const std::vector<StepRecord>& steps, const std::vector<MemoryRecord>& memory,
@@ -128,6 +144,12 @@ struct RankRows {
 // calls it, collectively); a simulation every rank's.
 void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vector<RankRows>& ranks,
                   const std::vector<MemoryRecord>& memory);
+// The same tables, built: /ranks, and the tables of per-step rows (/steps,
+// /experts, /memory, /timeline and /comm), which a run appends a window of
+// steps at a time.
+report::Table ranks_table(const mesh::Layout& layout, const std::vector<RankRows>& ranks);
+std::vector<report::Table> step_tables(const mesh::Layout& layout, const std::vector<RankRows>& ranks,
+                                       const std::vector<MemoryRecord>& memory);
 
 // Per axis, op, group size and message-size class over this rank's records:
 // what /summary/comm holds. The class keeps an 8-byte scalar all-reduce out
@@ -150,6 +172,9 @@ struct CommAggregate {
 // The power of two a call of `bytes` falls under (0 for 0).
 std::int64_t size_class(std::int64_t bytes);
 std::vector<CommAggregate> aggregate_comm(const comm::CommLog& log, int first_step);
+// The log's records of steps from first_step on added into `rows` (a run's
+// aggregates, a window of records at a time).
+void add_to_aggregates(std::vector<CommAggregate>& rows, const comm::CommLog& log, int first_step);
 // A collective's transfer is done only when every member has done its part
 // (on the host a member's share progresses only while it is inside MPI,
 // and a peer may do part of it meanwhile), so the group's transfer time for
@@ -188,9 +213,24 @@ struct StepSpans {
   double idle(double step_time) const { return std::max(0.0, pipeline(step_time) - busy); }
 };
 std::map<int, StepSpans> spans_by_step(const prof::Timeline& timeline);
+// The bubble's two ratios of each measured step (16 B a step), whose
+// medians measure_bubble takes: from a timeline and the records of its steps.
+struct BubbleSamples {
+  std::vector<double> over_step, over_compute;
+  void add(const prof::Timeline& timeline, const std::vector<StepRecord>& steps);
+};
+Bubble measure_bubble(const BubbleSamples& samples, int pp_rank, int stages, int micro_batches, int virtual_stages,
+                      const strategies::pp::ScheduleInfo& schedule);
 Bubble measure_bubble(const prof::Timeline& timeline, const std::vector<StepRecord>& steps, int pp_rank, int stages,
                       int micro_batches, int virtual_stages, const strategies::pp::ScheduleInfo& schedule);
 void write_pipeline_summary(report::H5File& f, const std::vector<std::pair<int, Bubble>>& per_rank);
+// A run's rank's host memory: its process's peak resident set and the most
+// its records held (RunRecords), as /summary/host_memory.
+struct HostMemory {
+  int rank = 0;
+  std::int64_t peak_rss = 0, records_bytes = 0;
+};
+void write_host_memory_summary(report::H5File& f, const std::vector<HostMemory>& per_rank);
 void write_summary(report::H5File& f, const Summary& s, const Provenance& p);
 
 }  // namespace strata::train

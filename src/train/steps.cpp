@@ -69,6 +69,7 @@ void StepLoop::run(int first, LoopEnd& end) {
           session.checkpoint(s + 1, trainer.strategy(), trainer.registry(), global_writer, trainer.scaler());
       if (rank == 0) fmt::print("checkpoint: {}\n", path);
     }
+    if (!stopping && records.window_full()) records.flush(session.report());
     if (stopping) {
       end.outcome = Outcome::interrupted;
       end.stopped_by = b.signal;

@@ -79,8 +79,6 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   data_ = make_data_source(cfg_);
   tokens_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "tokens");
   targets_ = core::Buffer<std::int32_t>(tracker, core::MemCategory::activations, std::size_t(B) * T, "targets");
-  if (timeline_ != nullptr && timeline_->enabled())
-    timeline_->reserve(std::size_t(cfg_.run.steps) * (micro_batches_ * 3 * (cfg_.model.layers + 2) + 1));
 }
 
 std::size_t Trainer::pipeline_slots() const { return pipeline_ ? pipeline_->stage_models() : 1; }
