@@ -93,3 +93,8 @@ def main(argv=None):
     except ReportError as e:
         print(f"strata-report: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (| head): nothing more to say, and no traceback
+        # when the interpreter flushes stdout on exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -7,7 +7,10 @@ The stable API (strata_report.Report):
   Report(path).config       the resolved configuration, as nested dicts
   Report(path).attrs        the root attributes (provenance), strings as str
 """
+import os
+import pickle
 import tomllib
+import traceback
 
 import h5py
 import numpy as np
@@ -15,6 +18,33 @@ import numpy as np
 SCHEMA = "strata-report"
 VERSION = 1
 TABLES = ("ranks", "steps", "memory", "timeline", "comm", "experts", "summary/comm", "summary/pipeline")
+# The columns the tools read, by kind: "n" a number, "s" a string; "?" after
+# the kind: absent from older reports. Any other column must be a number or
+# a string too.
+COLUMNS = {
+    "ranks": {"rank": "n", "host": "s"},
+    "steps": {"rank": "n", "step": "n", "warmup": "n", "loss": "n", "step_time": "n", "tokens_per_s": "n",
+              "moe_aux_loss": "n?", "load_imbalance": "n?", "drop_rate": "n?", "nvme_bytes_read": "n?",
+              "nvme_io_time": "n?", "nvme_wait_time": "n?"},
+    "memory": {"rank": "n", "step": "n", "category": "s", "pool": "s?", "current_bytes": "n", "peak_bytes": "n"},
+    "timeline": {"rank": "n", "step": "n", "micro_batch": "n", "chunk": "n", "layer": "n", "phase": "s",
+                 "start": "n", "end": "n"},
+    "comm": {"rank": "n", "step": "n", "op": "s", "axis": "s", "group_size": "n", "bytes": "n", "nonblocking": "n",
+             "start": "n", "end": "n", "wait": "n", "transfer_start": "n?", "transfer_end": "n?", "peer": "n?",
+             "tag": "n?"},
+    "experts": {"rank": "n", "step": "n", "layer": "n", "expert": "n", "tokens_routed": "n", "tokens_dropped": "n"},
+    "summary/comm": {"rank": "n", "axis": "s", "op": "s", "group_size": "n", "size_class": "n?", "count": "n",
+                     "bytes": "n", "time": "n", "wait": "n", "peer_wait": "n", "hidden_fraction": "n", "busbw": "n"},
+    "summary/pipeline": {"rank": "n", "stages": "n", "schedule": "s", "bubble": "n", "theory": "n"},
+}
+# The /summary scalars that are strings; every other one is a number.
+SUMMARY_TEXT = ("layout", "peak_source", "precision", "strategy")
+# Root attributes the tools read as whole numbers, and as (finite) numbers.
+WHOLE_ATTRS = ("world_size", "schema_version", "simulated", "git_dirty", "threads", "diverged_at_step",
+               "failed_rank", "resumed_at_step", "rows_from_step")
+NUMBER_ATTRS = ("peak_flops", "duration")
+# The most ranks a layout may have (strategies::kMaxWorld).
+MAX_WORLD = 1 << 20
 
 
 class ReportError(Exception):
@@ -22,7 +52,167 @@ class ReportError(Exception):
 
 
 def text(x):
-    return x.decode() if isinstance(x, bytes) else str(x)
+    return x.decode(errors="replace") if isinstance(x, bytes) else str(x)
+
+
+def texts(column):
+    """A string column as an array of str (empty: still of str, so that a
+    comparison with a string stays elementwise)."""
+    return np.array([text(x) for x in column], dtype=str)
+
+
+def checked_table(path, name, obj, columns):
+    """The table `name` read from `obj` as a numpy structured array, after
+    checking what the tools rely on: a 1-D dataset of a compound type whose
+    columns are numbers or strings, with `columns` ({name: kind}, as COLUMNS)
+    present and of their kind. A ReportError names what is wrong."""
+    if not isinstance(obj, h5py.Dataset):
+        raise ReportError(f"{path}: /{name} is not a table (a dataset), it is a {type(obj).__name__}")
+    names = obj.dtype.names
+    if names is None or len(obj.shape) != 1:
+        raise ReportError(f"{path}: /{name} is not a table: a 1-D compound dataset was expected, it has shape "
+                          f"{obj.shape} and type {obj.dtype}")
+    for c in names:
+        kind = obj.dtype[c].kind
+        if kind not in "iufbS" or obj.dtype[c].shape != ():
+            raise ReportError(f"{path}: /{name} column {c} is of type {obj.dtype[c]}: numbers and fixed-length "
+                              f"strings only")
+    for c, want in columns.items():
+        if c not in names:
+            if want.endswith("?"):
+                continue
+            raise ReportError(f"{path}: /{name} has no column {c} (its columns: {', '.join(names)})")
+        is_text = obj.dtype[c].kind == "S"
+        if is_text != want.startswith("s"):
+            raise ReportError(f"{path}: /{name} column {c} is {'a string' if is_text else 'a number'}; "
+                              f"{'a string' if want.startswith('s') else 'a number'} was expected")
+    # Rows are stored whole (no compression), so a table cannot hold more
+    # bytes than the file: a header that says so is damaged.
+    claimed, size = obj.shape[0] * obj.dtype.itemsize, os.path.getsize(path)
+    if claimed > size:
+        raise ReportError(f"{path}: /{name} claims {obj.shape[0]} rows ({claimed} B), more than the whole file "
+                          f"({size} B): the file is damaged")
+    try:
+        return obj[...]
+    except (OSError, ValueError, TypeError) as e:
+        raise ReportError(f"{path}: /{name} cannot be read: {e}") from None
+
+
+def read_attrs(path, f):
+    """The root attributes, strings as str; those the tools take as numbers
+    checked to be (whole) numbers."""
+    attrs = {}
+    for k in f.attrs.keys():
+        try:
+            v = f.attrs[k]
+        except (OSError, TypeError, ValueError) as e:
+            raise ReportError(f"{path}: root attribute {k} cannot be read: {e}") from None
+        attrs[k] = text(v) if isinstance(v, (bytes, str)) else v
+    for k in WHOLE_ATTRS + NUMBER_ATTRS:
+        if k in attrs:
+            v = attrs[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
+                raise ReportError(f"{path}: root attribute {k} is {v!r}: a finite number was expected")
+            if k in WHOLE_ATTRS and v != int(v):
+                raise ReportError(f"{path}: root attribute {k} is {v!r}: a whole number was expected")
+            if k == "world_size" and not 1 <= v <= MAX_WORLD:
+                raise ReportError(f"{path}: root attribute world_size is {v!r}: Strata runs 1 to {MAX_WORLD} ranks")
+    for k in ("schema", "status", "resolved_config"):
+        if k in attrs and not isinstance(attrs[k], str):
+            raise ReportError(f"{path}: root attribute {k} is {attrs[k]!r}: a string was expected")
+    return attrs
+
+
+def read_file(path, body):
+    """body(the open file) for the HDF5 file at `path`, HDF5's failures
+    raised as a ReportError: a file damaged past its header fails in HDF5
+    as it is read."""
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ReportError(f"{path}: cannot open as HDF5: {e}") from None
+    with f:
+        try:
+            return body(f)
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise ReportError(f"{path}: cannot be read as HDF5: {e}") from None
+
+
+def _read_report(path):
+    """(root attributes, tables, /summary scalars) of the report at `path`,
+    each checked."""
+    return read_file(path, lambda f: _read_open_report(path, f))
+
+
+def _read_open_report(path, f):
+    attrs = read_attrs(path, f)
+    schema, version = attrs.get("schema", ""), attrs.get("schema_version", 0)
+    if schema != SCHEMA or version != VERSION:
+        raise ReportError(f"{path}: schema is '{schema}' v{version}; this tool reads '{SCHEMA}' "
+                          f"v{VERSION} (a Strata run report)")
+    tables = {}
+    summary = {}
+    for name in TABLES:
+        tables[name] = checked_table(path, name, f[name], COLUMNS[name]) if name in f else None
+    if "summary" in f:
+        if not isinstance(f["summary"], h5py.Group):
+            raise ReportError(f"{path}: /summary is not a group")
+        for k, d in f["summary"].items():
+            if isinstance(d, h5py.Dataset) and d.shape == ():
+                v = d[()]
+                want_text = k in SUMMARY_TEXT
+                if want_text and isinstance(v, (bytes, str)):
+                    summary[k] = text(v)
+                elif not want_text and isinstance(v, (int, float, np.integer, np.floating)):
+                    summary[k] = float(v)
+                else:
+                    raise ReportError(f"{path}: /summary/{k} is of type {d.dtype}: "
+                                      f"{'a string' if want_text else 'a number'} was expected")
+    return attrs, tables, summary
+
+
+# Whether read_isolated reads in a child process: always, but for a caller
+# that knows its files are whole HDF5 (the report fuzzer's structural
+# mutants, which it reads by the thousand).
+ISOLATE = True
+
+
+def read_isolated(path, read):
+    """read(path), run in a child process. HDF5 crashes on some damaged files
+    (a corrupted global heap fails inside H5HG_read), which the tool must
+    report, not die of. The child sends back what read returned, the
+    ReportError it raised, or any other error's traceback (a bug, raised
+    here as one)."""
+    if not ISOLATE:
+        return read(path)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            try:
+                payload = ("ok", read(path))
+            except ReportError as e:
+                payload = ("error", str(e))
+            except Exception:  # noqa: BLE001 - carried to the parent whole
+                payload = ("bug", traceback.format_exc())
+            with os.fdopen(w, "wb") as out:
+                out.write(pickle.dumps(payload))
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as inp:
+        data = inp.read()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) or not data:
+        why = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else "no answer"
+        raise ReportError(f"{path}: HDF5 failed while reading the file ({why}): the file is damaged")
+    kind, value = pickle.loads(data)
+    if kind == "error":
+        raise ReportError(value)
+    if kind == "bug":
+        raise RuntimeError(f"reading {path} failed:\n{value}")
+    return value
 
 
 class Report:
@@ -31,26 +221,7 @@ class Report:
 
     def __init__(self, path):
         self.path = str(path)
-        try:
-            f = h5py.File(path, "r")
-        except OSError as e:
-            raise ReportError(f"{path}: cannot open as HDF5: {e}") from None
-        with f:
-            schema = text(f.attrs.get("schema", ""))
-            version = int(f.attrs.get("schema_version", 0))
-            if schema != SCHEMA or version != VERSION:
-                raise ReportError(f"{path}: schema is '{schema}' v{version}; this tool reads '{SCHEMA}' "
-                                  f"v{VERSION} (a Strata run report)")
-            self.attrs = {k: (text(v) if isinstance(v, (bytes, str)) else v) for k, v in f.attrs.items()}
-            self.tables = {}
-            self.summary = {}
-            for name in TABLES:
-                self.tables[name] = f[name][...] if name in f else None
-            if "summary" in f:
-                for k, d in f["summary"].items():
-                    if isinstance(d, h5py.Dataset) and d.shape == ():
-                        v = d[()]
-                        self.summary[k] = text(v) if isinstance(v, (bytes, str)) else float(v)
+        self.attrs, self.tables, self.summary = read_isolated(self.path, _read_report)
         try:
             self.config = tomllib.loads(self.attrs.get("resolved_config", ""))
         except tomllib.TOMLDecodeError as e:
@@ -95,7 +266,7 @@ class Report:
         if len(t) == 0:
             return np.zeros(0)
         c = t[col]
-        return np.array([text(x) for x in c]) if c.dtype.kind == "S" else c
+        return texts(c) if c.dtype.kind == "S" else c
 
     def measured_steps(self):
         """Rows of /steps outside the warm-up."""

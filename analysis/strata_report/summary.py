@@ -1,7 +1,7 @@
 """The summary of one run as text tables."""
 import numpy as np
 
-from .read import text
+from .read import text, texts
 
 CATEGORIES = ["params", "grads", "optimizer", "activations", "workspace", "comm"]
 
@@ -30,12 +30,12 @@ def memory_per_rank(rep, pool="device"):
     if len(m) == 0:
         return out
     if "pool" in m.dtype.names:
-        m = m[np.array([text(x) for x in m["pool"]]) == pool]
+        m = m[texts(m["pool"]) == pool]
     elif pool != "device":
         return out
     if len(m) == 0:
         return out
-    cats = np.array([text(c) for c in m["category"]])
+    cats = texts(m["category"])
     last = m["step"].max()
     for r in np.unique(m["rank"]):
         held = {c: int(m["current_bytes"][(m["rank"] == r) & (m["step"] == last) & (cats == c)].sum())
@@ -53,8 +53,8 @@ def comm_per_axis_op(rep):
     rows = []
     if len(c) == 0:
         return rows
-    axes = np.array([text(a) for a in c["axis"]])
-    ops = np.array([text(o) for o in c["op"]])
+    axes = texts(c["axis"])
+    ops = texts(c["op"])
     sizes = c["size_class"] if "size_class" in c.dtype.names else np.full(len(c), -1)
     seen = []
     for a, o, g, k in zip(axes, ops, c["group_size"], sizes):
@@ -113,7 +113,7 @@ def layer_times(rep):
     s = rep.measured_steps()
     steps = np.unique(s["step"]) if len(s) else np.unique(tl["step"])
     tl = tl[np.isin(tl["step"], steps) & (tl["layer"] >= 0)]
-    phases = np.array([text(p) for p in tl["phase"]])
+    phases = texts(tl["phase"])
     dur = tl["end"] - tl["start"]
     out = []
     for layer in np.unique(tl["layer"]):
@@ -144,7 +144,7 @@ def render(rep):
     p(f"report  {rep.path}")
     p(f"status  {rep.status}" + (f": {a['error']}" if rep.status != "complete" and "error" in a else "")
       + (f" | SIMULATED on machine {text(a.get('machine', '?'))}: predicted, not measured"
-         if int(a.get("simulated", 0)) == 1 else ""))
+         if rep.simulated else ""))
     s = rep.summary
     p(f"run     {a.get('deck_path', '?')} | {rep.world} rank(s): {s.get('layout', '?')} | strategy "
       f"{s.get('strategy', '?')} | {s.get('precision', 'fp32')} | {s.get('parameters', 0) / 1e6:.3f} M parameters | "

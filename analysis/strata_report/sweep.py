@@ -6,36 +6,59 @@ import os
 import h5py
 import numpy as np
 
-from .read import ReportError, text
+from .read import ReportError, checked_table, read_attrs, read_file, read_isolated, text, texts
 from .summary import fmt_bytes
 
 SCHEMAS = ("strata-sweep", "strata-plan")
 
 
-def is_index(path):
+# The columns of /points the tools read (kinds as read.COLUMNS).
+POINT_COLUMNS = {"point": "n", "status": "s", "world": "n", "tokens_per_s": "n", "mfu": "n", "step_time": "n",
+                 "peak_bytes": "n", "overrides": "s", "reason": "s", "runs": "n?", "step_time_spread": "n?"}
+
+
+def _schema(path):
     try:
         with h5py.File(path, "r") as f:
-            return text(f.attrs.get("schema", "")) in SCHEMAS
-    except OSError:
+            return text(f.attrs.get("schema", ""))
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError):
+        return ""
+
+
+def is_index(path):
+    try:
+        return read_isolated(path, _schema) in SCHEMAS
+    except ReportError:
         return False
+
+
+def _read_index(path):
+    """(root attributes, /points) of the index at `path`, checked."""
+
+    def body(f):
+        attrs = read_attrs(path, f)
+        if attrs.get("schema", "") not in SCHEMAS or attrs.get("schema_version", 0) != 1:
+            raise ReportError(f"{path}: not a strata-sweep or strata-plan v1 index")
+        if "points" not in f:
+            raise ReportError(f"{path}: the index has no /points table")
+        return attrs, checked_table(path, "points", f["points"], POINT_COLUMNS)
+
+    return read_file(path, body)
 
 
 class Index:
     def __init__(self, path):
-        with h5py.File(path, "r") as f:
-            self.schema = text(f.attrs.get("schema", ""))
-            if self.schema not in SCHEMAS or int(f.attrs.get("schema_version", 0)) != 1:
-                raise ReportError(f"{path}: not a strata-sweep or strata-plan v1 index")
-            self.machine = text(f.attrs.get("machine", ""))
-            self.name = text(f.attrs.get("sweep", ""))
-            self.axes = text(f.attrs.get("axes", ""))
-            self.where = text(f.attrs.get("where", ""))
-            self.points = f["points"][...]
+        attrs, self.points = read_isolated(path, _read_index)
+        self.schema = attrs.get("schema", "")
+        self.machine = text(attrs.get("machine", ""))
+        self.name = text(attrs.get("sweep", ""))
+        self.axes = text(attrs.get("axes", ""))
+        self.where = text(attrs.get("where", ""))
         self.path = path
 
     def col(self, c):
         v = self.points[c]
-        return np.array([text(x) for x in v]) if v.dtype.kind == "S" else v
+        return texts(v) if v.dtype.kind == "S" else v
 
 
 def pareto(throughput, memory):

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .read import text
+from .read import text, texts
 
 
 def lanes(events):
@@ -71,6 +71,8 @@ def pipeline_flows(cm, ranks):
         if text(c["axis"]) != "pp" or int(c["peer"]) < 0:
             continue
         me = int(c["rank"])
+        if me not in coords:  # a row of a rank /ranks does not list: nothing to pair it with
+            continue
         there = list(coords[me])
         there[at] = int(c["peer"])
         other = world.get(tuple(there))
@@ -131,8 +133,8 @@ def build(rep, only_rank=None):
     # Memory held per category at the end of each step, as counters.
     mem = rep.array("memory")
     if len(mem):
-        pools = np.array([text(p) for p in mem["pool"]]) if "pool" in mem.dtype.names else np.full(len(mem), "device")
-        cats = np.array([text(c) for c in mem["category"]])
+        pools = texts(mem["pool"]) if "pool" in mem.dtype.names else np.full(len(mem), "device")
+        cats = texts(mem["category"])
         for r in np.unique(mem["rank"]):
             r = int(r)
             if not keep(r):

@@ -11,6 +11,12 @@
 // (SIGALRM after 20 s on one input) or a sanitizer report fails the run,
 // and the input is kept in <work>/finding-<parser>.txt to be added to the
 // regressions.
+//
+// Then the sweep driver's report reader (report::read_headline) on files of
+// random structure, generated rather than mutated (HDF5's own structures are
+// HDF5's to check): the root attributes it reads and the /summary scalars as
+// strings, numbers, arrays of any length, groups or compounds. It must never
+// fail, and must return every value that is a number where one belongs.
 //   fuzz_parsers SOURCE_DIR WORK_DIR SECONDS_PER_PARSER [SEED]
 #include <mpi.h>
 #include <unistd.h>
@@ -29,7 +35,10 @@
 
 #include <fmt/format.h>
 
+#include <hdf5.h>
+
 #include "kernels/foundation/error.hpp"
+#include "src/report/h5read.hpp"
 #include "src/deck/deck.hpp"
 #include "src/sim/machine.hpp"
 #include "src/sweep/sweep.hpp"
@@ -166,6 +175,156 @@ std::string run_one(const Parser& p, const std::string& input, bool* refused) {
   return why;
 }
 
+// One object of a random kind at `name` in `parent` (a file or group): a
+// double (its value in *number), an integer, a double array of any length,
+// a fixed-length string, a group, a compound, or nothing.
+void random_object(hid_t parent, const char* name, Mutator& m, double* number) {
+  *number = -1;  // none
+  const hsize_t n = hsize_t(m.below(3) == 0 ? m.below(4096) : m.below(3));
+  const hid_t scalar = H5Screate(H5S_SCALAR);
+  const hid_t array = H5Screate_simple(1, &n, nullptr);
+  std::vector<double> values(std::max<hsize_t>(n, 1), 7.0);
+  switch (m.below(7)) {
+    case 0: {
+      const double v = double(m.below(1000)) / 8;
+      const hid_t d = H5Dcreate2(parent, name, H5T_IEEE_F64LE, scalar, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &v);
+      H5Dclose(d);
+      *number = v;
+      break;
+    }
+    case 1: {
+      const std::int64_t v = std::int64_t(m.below(1000));
+      const hid_t d = H5Dcreate2(parent, name, H5T_STD_I64LE, scalar, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, &v);
+      H5Dclose(d);
+      *number = double(v);
+      break;
+    }
+    case 2: {
+      const hid_t d = H5Dcreate2(parent, name, H5T_IEEE_F64LE, array, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      if (n > 0) H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+      H5Dclose(d);
+      break;
+    }
+    case 3: {
+      const hid_t t = H5Tcopy(H5T_C_S1);
+      H5Tset_size(t, 1 + m.below(64));
+      const hid_t d = H5Dcreate2(parent, name, t, m.below(2) ? scalar : array, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      H5Dwrite(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, std::string(size_t(64) * std::max<hsize_t>(n, 1), 'x').data());
+      H5Dclose(d);
+      H5Tclose(t);
+      break;
+    }
+    case 4:
+      H5Gclose(H5Gcreate2(parent, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      break;
+    case 5: {
+      const hid_t t = H5Tcreate(H5T_COMPOUND, 16);
+      H5Tinsert(t, "a", 0, H5T_NATIVE_DOUBLE);
+      H5Tinsert(t, "b", 8, H5T_NATIVE_INT64);
+      const hid_t d = H5Dcreate2(parent, name, t, m.below(2) ? scalar : array, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      H5Dclose(d);  // unwritten: HDF5's fill value
+      H5Tclose(t);
+      break;
+    }
+    default:
+      break;
+  }
+  H5Sclose(array);
+  H5Sclose(scalar);
+}
+
+// A root attribute of a random kind: a variable-length or fixed-length
+// string, an array of strings, a number or an array of numbers, or nothing.
+void random_attr(hid_t file, const char* name, Mutator& m) {
+  const hsize_t n = hsize_t(m.below(5));
+  const hid_t space = m.below(2) ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr);
+  const std::string text(4096, 'e');
+  switch (m.below(5)) {
+    case 0: {
+      const hid_t t = H5Tcopy(H5T_C_S1);
+      H5Tset_size(t, H5T_VARIABLE);
+      std::vector<const char*> p(8, text.c_str() + m.below(4096));
+      const hid_t a = H5Acreate2(file, name, t, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, t, p.data());
+      H5Aclose(a);
+      H5Tclose(t);
+      break;
+    }
+    case 1: {
+      const hid_t t = H5Tcopy(H5T_C_S1);
+      H5Tset_size(t, 1 + m.below(300));
+      const hid_t a = H5Acreate2(file, name, t, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, t, std::string(300 * 8, 'f').data());
+      H5Aclose(a);
+      H5Tclose(t);
+      break;
+    }
+    case 2: {
+      const std::vector<double> v(8, 3.5);
+      const hid_t a = H5Acreate2(file, name, H5T_IEEE_F64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, H5T_NATIVE_DOUBLE, v.data());
+      H5Aclose(a);
+      break;
+    }
+    default:
+      break;
+  }
+  H5Sclose(space);
+}
+
+// read_headline on `seconds` of generated files; the findings.
+int fuzz_headline(const fs::path& work, double seconds, std::uint64_t seed) {
+  const char* kScalars[] = {"tokens_per_s", "mfu", "step_time", "final_loss", "peak_bytes_total"};
+  Mutator m(seed ^ 0x4845414447ULL);
+  const std::string path = (work / "headline.h5").string();
+  int findings = 0;
+  std::size_t runs = 0;
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds) {
+    double want[5] = {-1, -1, -1, -1, -1};
+    const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    random_attr(f, "status", m);
+    random_attr(f, "error", m);
+    if (m.below(4) == 0) {
+      double ignored = 0;
+      random_object(f, "summary", m, &ignored);  // not a group: no scalars at all
+    } else {
+      const hid_t g = H5Gcreate2(f, "summary", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+      for (int i = 0; i < 5; ++i) random_object(g, kScalars[i], m, &want[i]);
+      H5Gclose(g);
+    }
+    H5Fclose(f);
+    alarm(20);
+    std::string why;
+    try {
+      const std::optional<report::Headline> h = report::read_headline(path);
+      if (!h) {
+        why = "a whole HDF5 file read as no report";
+      } else {
+        const double got[5] = {h->tokens_per_s, h->mfu, h->step_time, h->final_loss, h->peak_bytes_total};
+        for (int i = 0; i < 5; ++i)
+          if (want[i] >= 0 && got[i] != want[i])
+            why = fmt::format("/summary/{} = {} read as {}", kScalars[i], want[i], got[i]);
+      }
+    } catch (const std::exception& e) {
+      why = fmt::format("read_headline threw {}", e.what());
+    }
+    alarm(0);
+    ++runs;
+    if (!why.empty()) {
+      const fs::path keep = work / fmt::format("finding-headline-{}.h5", findings);
+      fs::copy_file(path, keep, fs::copy_options::overwrite_existing);
+      std::cerr << fmt::format("FINDING headline: {} (file kept in {})\n", why, keep.string());
+      ++findings;
+    }
+  }
+  const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << fmt::format("headline: {} generated reports in {:.1f} s ({:.0f}/s)\n", runs, spent, runs / spent);
+  return findings;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -263,6 +422,7 @@ int main(int argc, char** argv) {
                              "refused as input errors, {} accepted; its first seed {}\n",
                              p.name, replayed, runs, spent, runs / spent, refused, runs - refused, first);
   }
+  findings += fuzz_headline(work, seconds, seed);
   fs::remove(g_current);
   std::cout << fmt::format("fuzz_parsers: seed {}, {} finding(s)\n", seed, findings);
   MPI_Finalize();
