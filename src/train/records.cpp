@@ -47,20 +47,17 @@ void RunRecords::prepare(const Trainer& trainer) {
   if (timeline_.enabled()) timeline_.reserve(k * window_.spans);
   steps_.reserve(k);
   memory_.reserve(k * std::size_t(core::kNumPools) * core::kNumMemCategories);
-  // Address space only: the pages of a sample are touched when it is taken.
-  const std::size_t measured = std::size_t(std::max(cfg_.run.steps - cfg_.run.warmup_steps, 0));
-  running_.times.reserve(measured);
-  running_.rates.reserve(measured);
-  bubble_samples_.over_step.reserve(measured);
-  bubble_samples_.over_compute.reserve(measured);
+  // The whole run's samples grow as windows are folded in, outside the
+  // measured steps; nothing is reserved for them (a run of 10^8 steps would
+  // ask for gigabytes of address space up front).
 }
 
 StepRecord& RunRecords::keep(StepRecord r, const Trainer& trainer, const core::MemoryTracker& tracker,
                              std::size_t first_call) {
   experts_.insert(experts_.end(), trainer.expert_records().begin(), trainer.expert_records().end());
-  for (const auto& m :
-       memory_records(mesh_.rank(), r.step, rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file()), cfg_))
-    memory_.push_back(m);
+  const RankMemory held = rank_memory(tracker, trainer.host_tracker(), trainer.nvme_file());
+  last_device_peak_ = held[core::Pool::device].total_peak;
+  for (const auto& m : memory_records(mesh_.rank(), r.step, held, cfg_)) memory_.push_back(m);
   r.exposed_comm.assign(axes_.size(), 0.0);
   for (std::size_t i = first_call; i < log_.records().size(); ++i) {
     const comm::CommRecord& c = log_.records()[i];
