@@ -5,7 +5,12 @@
 
 #include <time.h>
 
+#include <string>
+
 namespace strata::prof {
+
+// "850 ms", "42.1 s", "3m07s", "2h05m"; "?" for a negative or unknown time.
+std::string format_duration(double seconds);
 
 inline double now_seconds() {
   timespec ts;

@@ -15,29 +15,39 @@
 
 namespace strata::train {
 
-std::string format_duration(double s) {
-  if (!(s >= 0) || !std::isfinite(s)) return "?";
-  if (s < 1) return fmt::format("{:.0f} ms", s * 1e3);
-  if (s < 60) return fmt::format("{:.1f} s", s);
-  const long t = std::lround(s);
-  if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
-  return fmt::format("{}h{:02}m", t / 3600, t % 3600 / 60);
-}
+using prof::format_duration;
 
 void StepConsole::header() const {
-  fmt::print("{:>11} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>8} {:>8}", "step", "loss", "lr", "grad_norm",
-             "time_ms", "tokens/s", "tok/s/dev", "MFU%", "elapsed", "ETA");
+  fmt::print("{:>11} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>6} {:>8} {:>5} {:>8} {:>8}", "step", "loss", "lr",
+             "grad_norm", "time_ms", "tokens/s", "tok/s/dev", "MFU%", "mem_GiB", "mem%", "elapsed", "ETA");
   if (fp16) fmt::print(" {:>9}", "scale");
   if (moe) fmt::print(" {:>8} {:>6} {:>6}", "aux", "imbal", "drop%");
   fmt::print("\n");
 }
 
-void StepConsole::line(const StepRecord& r) const {
+void StepConsole::add(const StepRecord& r, double device_peak) {
+  Interval& i = interval;
+  ++i.steps;
+  i.loss += r.loss;
+  i.time += r.step_time;
+  if (!r.warmup) ++i.measured, i.measured_time += r.step_time;
+  i.peak = std::max(i.peak, device_peak);
+}
+
+void StepConsole::line(const StepRecord& r) {
+  const Interval i = interval;
+  interval = {};
   const double elapsed = prof::now_seconds() - started;
   const int done = r.step - first_step + 1, left = total_steps - 1 - r.step;
-  fmt::print("{:>11} {:>9.5f} {:>9.2e} {:>9.4f} {:>9.2f} {:>10.0f} {:>9.0f} {:>6.2f} {:>8} {:>8}",
-             fmt::format("{}/{}", r.step, total_steps), r.loss, r.lr, r.grad_norm, r.step_time * 1e3, r.tokens_per_s,
-             r.tokens_per_s / world, 100.0 * r.mfu, format_duration(elapsed),
+  // The mean over the interval's measured steps (all of them if none is);
+  // the rates follow from it as a step's follow from its time.
+  const double time = i.measured > 0 ? i.measured_time / i.measured : i.steps > 0 ? i.time / i.steps : r.step_time;
+  const double scale = time > 0 ? r.step_time / time : 0;
+  const std::string share = device_bytes > 0 ? fmt::format("{:.1f}", 100.0 * i.peak / device_bytes) : "-";
+  fmt::print("{:>11} {:>9.5f} {:>9.2e} {:>9.4f} {:>9.2f} {:>10.0f} {:>9.0f} {:>6.2f} {:>8.3f} {:>5} {:>8} {:>8}",
+             fmt::format("{}/{}", r.step + 1, total_steps), i.steps > 0 ? i.loss / i.steps : r.loss, r.lr,
+             r.grad_norm, time * 1e3, r.tokens_per_s * scale, r.tokens_per_s * scale / world, 100.0 * r.mfu * scale,
+             i.peak / double(1ull << 30), share, format_duration(elapsed),
              format_duration(done > 0 ? elapsed / done * left : 0));
   if (fp16) fmt::print(" {:>9g}", r.loss_scale);
   if (moe) fmt::print(" {:>8.5f} {:>6.2f} {:>6.2f}", r.moe_aux, r.load_imbalance, 100.0 * r.drop_rate);
@@ -150,7 +160,8 @@ void print_bubbles(MPI_Comm comm, const Bubble& b, const std::string& formula) {
              int(all[std::size_t(3 * worst)]), core::median(over));
 }
 
-void print_run_end(MPI_Comm comm, const RunRecords& r, const plan::Plan& cfg, const std::string& report) {
+void print_run_end(MPI_Comm comm, const RunRecords& r, const plan::Plan& cfg, const std::string& report,
+                   double wall_seconds) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   print_memory_per_rank(comm, r.running());
@@ -169,6 +180,7 @@ void print_run_end(MPI_Comm comm, const RunRecords& r, const plan::Plan& cfg, co
                  a.group_size, core::format_bytes(double(a.size_class)), a.count, a.bytes, a.group_time * 1e3,
                  a.algbw() / 1e9, a.busbw() / 1e9, 100.0 * a.hidden_fraction());
   }
+  fmt::print("wall time {} for {} step(s)\n", format_duration(wall_seconds), r.running().steps);
   fmt::print("report: {}\n", report);
 }
 

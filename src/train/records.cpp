@@ -70,7 +70,7 @@ StepRecord& RunRecords::keep(StepRecord r, const Trainer& trainer, const core::M
 std::size_t RunRecords::held() const {
   const comm::HostProgress& p = log_.progress();
   // The window's room (reserved, so touched); of the whole run's samples,
-  // what is taken (their room beyond is address space only).
+  // what is taken (pages past it, left by a vector's growth, are untouched).
   return steps_.capacity() * (sizeof(StepRecord) + axes_.size() * sizeof(double)) +
          experts_.capacity() * sizeof(ExpertRecord) + memory_.capacity() * sizeof(MemoryRecord) +
          log_.records().capacity() * sizeof(comm::CommRecord) + p.inside.capacity() * sizeof(p.inside[0]) +

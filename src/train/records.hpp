@@ -86,6 +86,8 @@ class RunRecords {
   // The device's bytes per category at the end of the last step and at
   // their peak over the run (the console's memory table).
   const RunningSummary& running() const { return running_; }
+  // The device's most bytes at once in the last step kept.
+  std::uint64_t last_device_peak() const { return last_device_peak_; }
   // The most bytes the records held at once, so far.
   std::size_t most_held() const { return most_held_; }
 
@@ -112,6 +114,7 @@ class RunRecords {
   const report::H5File* flushed_to_ = nullptr;  // where earlier windows went
   int next_step_ = 0;  // the first step after the windows written
   std::size_t most_held_ = 0;
+  std::uint64_t last_device_peak_ = 0;
 };
 
 }  // namespace strata::train

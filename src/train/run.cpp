@@ -127,7 +127,8 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   const Session::WriteRecords write = [&](report::H5File& to, const char* status, MPI_Comm together) {
     records.write(to, status, together, prov, started);
   };
-  StepConsole console{cfg.run.steps, world, cfg.backend.precision == core::Precision::fp16, cfg.model.moe_experts > 0};
+  StepConsole console{cfg.run.steps, world, cfg.backend.precision == core::Precision::fp16, cfg.model.moe_experts > 0,
+                      double(cfg.backend.memory_limit)};
   LoopEnd end;
   std::string failure;
   bool agreed = false;  // every rank threw the same error at the same point
@@ -138,6 +139,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       arena.open(cfg.backend.memory_limit, tracker, sharing_gpu, comm);
       file.set_attr("/", "device_arena_bytes", std::int64_t(arena.capacity));
       file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
+      if (console.device_bytes == 0) console.device_bytes = double(kernels::device_memory().total);
     }
     Trainer trainer(cfg, tracker, &timeline, job_peak, strategies::parallelize(cfg, &mesh, tracker));
     records.prepare(trainer);
@@ -195,7 +197,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     std::raise(SIGKILL);
   file.publish();
 
-  print_run_end(comm, records, cfg, file.final_path());
+  print_run_end(comm, records, cfg, file.final_path(), prof::now_seconds() - started);
   if (end.outcome == Outcome::diverged) return 3;
   if (end.outcome == Outcome::interrupted) return interrupted_exit_code(end.stopped_by);
   return 0;

@@ -66,11 +66,12 @@ const char* signal_name(int signal) {
 
 int interrupted_exit_code(int signal) { return signal == SIGUSR1 ? 128 + SIGTERM : 128 + signal; }
 
-Boundary agree_at_boundary(MPI_Comm control, bool diverged_here, double step_time) {
-  // Small integers are exact in a double: one all-reduce for all three.
-  double v[3] = {double(g_signal), diverged_here ? 1.0 : 0.0, step_time};
-  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_MAX, control));
-  return {int(v[0]), v[1] != 0, v[2]};
+Boundary agree_at_boundary(MPI_Comm control, bool diverged_here, double step_time, double device_peak) {
+  // Small integers, and byte counts below 2^53, are exact in a double: one
+  // all-reduce for all four.
+  double v[4] = {double(g_signal), diverged_here ? 1.0 : 0.0, step_time, device_peak};
+  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_DOUBLE, MPI_MAX, control));
+  return {int(v[0]), v[1] != 0, v[2], v[3]};
 }
 
 bool every_rank_failed(MPI_Comm failures, double seconds) {

@@ -28,15 +28,17 @@ int interrupted_exit_code(int signal);
 // What every rank saw at a step boundary: the largest pending signal (0
 // none), whether any rank's loss or gradient norm was not finite, and the
 // slowest rank's step time (the step's time: every rank's next step starts
-// only when the slowest's collectives let it). One small all-reduce on
+// only when the slowest's collectives let it), and the most device memory a
+// rank held at once in the step (the console's). One small all-reduce on
 // `control`, a communicator of its own (nothing else is ever issued on it,
 // so it cannot meet another collective).
 struct Boundary {
   int signal = 0;
   bool diverged = false;
   double slowest_step_time = 0;
+  double largest_device_peak = 0;  // bytes
 };
-Boundary agree_at_boundary(MPI_Comm control, bool diverged_here, double step_time);
+Boundary agree_at_boundary(MPI_Comm control, bool diverged_here, double step_time, double device_peak);
 
 // After this rank failed: whether every rank reports a failure too within
 // `seconds` (a non-blocking barrier on `failures`, a communicator used for

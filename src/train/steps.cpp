@@ -48,10 +48,13 @@ void StepLoop::run(int first, LoopEnd& end) {
     // loss is finite.
     const Boundary b = agree_at_boundary(session.control(),
                                          !std::isfinite(r.loss) || (!std::isfinite(r.grad_norm) && !r.skipped),
-                                         r.rank_step_time);
+                                         r.rank_step_time, double(records.last_device_peak()));
     r.set_time(b.slowest_step_time, job_peak);
     const int every = cfg.run.log_every;
-    if (rank == 0 && every > 0 && (s % every == 0 || s == cfg.run.steps - 1)) console.line(r);
+    if (rank == 0) {
+      console.add(r, b.largest_device_peak);
+      if (every > 0 && ((s + 1) % every == 0 || s == cfg.run.steps - 1)) console.line(r);
+    }
     if (b.diverged && end.diverged_at < 0) {
       end.diverged_at = s;
       if (rank == 0)

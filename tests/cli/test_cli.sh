@@ -38,6 +38,28 @@ if mpiexec -n 1 "$strata" run tiny.toml --output out/tiny.h5 > run.log 2>&1; the
 [[ -f out/tiny.h5 && ! -e out/tiny.h5.partial ]] && ok "report published, no partial file" || bad "report published"
 grep -q "summary:" run.log && ok "summary printed" || bad "summary printed"
 if "$py" "$src/tests/python/check_report.py" out/tiny.h5 --steps 4 --layers 2 > check.log 2>&1; then ok "report schema"; else bad "report schema"; cat check.log; fi
+# The console as training logs have it: a line per run.log_every steps,
+# counted 1..N, with the means over the steps since the last line, the
+# step's memory against the device's, and the wall time at the end.
+if "$strata" run tiny.toml --set run.steps=7 --set run.log_every=3 --set 'backend.memory_limit="1MiB"' \
+     --output out/console.h5 > console.log 2>&1 \
+   && [[ $(grep -cE '^ +[0-9]+/7 ' console.log) == 3 ]] && grep -qE '^ +7/7 ' console.log \
+   && grep -q "mem_GiB  mem%" console.log && grep -qE "^wall time .* for 7 step\(s\)$" console.log \
+   && "$py" -c "
+import h5py, re, sys
+s = h5py.File('out/console.h5')['steps']
+lines = {int(m.group(1)): m.group(0).split() for m in re.finditer(r'^ +(\d+)/7 .*$', open('console.log').read(), re.M)}
+loss, t, warm, mem = s['loss'], s['step_time'], s['warmup'], h5py.File('out/console.h5')['memory']
+peak = max(mem['pool_peak_bytes'][(mem['pool'] == b'device') & (mem['step'] < 3)])
+want = {3: (loss[0:3].mean(), t[1:3][warm[1:3] == 0].mean()), 6: (loss[3:6].mean(), t[3:6].mean()), 7: (loss[6], t[6])}
+for k, (l, ms) in want.items():
+    f = lines[k]
+    if f[1] != f'{l:.5f}' or f[4] != f'{1e3 * ms:.2f}':
+        sys.exit(f'line {k}: {f} against loss {l:.5f}, time {1e3 * ms:.2f} ms')
+if lines[3][9] != f'{100 * peak / 2**20:.1f}':
+    sys.exit(f'mem% {lines[3][9]} against {100 * peak / 2**20:.1f}')" > console.check 2>&1; then
+  ok "console: a line per log_every steps (3/7, 6/7, 7/7) with interval means, memory % of the device, wall time"
+else bad "console lines"; cat console.log console.check; fi
 # Also without mpiexec (a singleton MPI program) and with --set.
 if "$strata" run tiny.toml --set run.steps=2 --set run.name=single > single.log 2>&1 && [[ -f results/single.h5 ]]; then
   ok "singleton run with --set and default output"; else bad "singleton run"; cat single.log; fi
