@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <csignal>
@@ -19,6 +20,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include "kernels/foundation/clock.hpp"
 #include "kernels/foundation/error.hpp"
 #include "kernels/foundation/median.hpp"
 #include "src/deck/deck.hpp"
@@ -514,6 +516,34 @@ std::string failure_in_log(const std::string& report_path) {
   return !driver.empty() ? driver : "the run ended before publishing its report";
 }
 
+// The complete points ranked by throughput (the median of their runs), the
+// way the index has them.
+void print_ranking(const Sweep& s) {
+  struct Row {
+    const Point* p;
+    double tokens_per_s, mfu, step_time, peak;
+  };
+  std::vector<Row> rows;
+  for (const auto& p : s.points) {
+    if (!p.valid) continue;
+    std::vector<double> tps, mfu, step, peak;
+    for (const std::string& r : p.reports)
+      if (const auto h = report::read_headline(r); h && h->status == "complete") {
+        tps.push_back(h->tokens_per_s), mfu.push_back(h->mfu), step.push_back(h->step_time);
+        peak.push_back(h->peak_bytes_total);
+      }
+    if (!tps.empty()) rows.push_back({&p, core::median(tps), core::median(mfu), core::median(step), core::median(peak)});
+  }
+  if (rows.empty()) return;
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.tokens_per_s > b.tokens_per_s; });
+  fmt::print("complete points by throughput{}:\n  {:>5} {:>5} {:>12} {:>6} {:>10} {:>11}  {}\n",
+             s.repeats > 1 ? " (medians of their runs)" : "", "point", "ranks", "tokens/s", "MFU%", "step_ms",
+             "peak mem", "overrides");
+  for (const Row& r : rows)
+    fmt::print("  {:>5} {:>5} {:>12.0f} {:>6.1f} {:>10.2f} {:>11}  {}\n", r.p->index, r.p->world, r.tokens_per_s,
+               100 * r.mfu, 1e3 * r.step_time, core::format_bytes(r.peak), r.p->label);
+}
+
 }  // namespace
 
 int run_sweep(const Sweep& s, const RunOptions& opts) {
@@ -529,13 +559,27 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
   if (ec) core::input_error("cannot create {}: {}", s.dir, ec.message());
   int failed = 0;
   auto stop = [&] { return opts.stopped ? opts.stopped() : 0; };
+  // One line per run, counted k/N with the time so far and the time left
+  // at this pace; the invalid points in one line (--list --all says why).
+  int invalid = 0, runs = 0, done = 0;
+  for (const auto& p : s.points) {
+    invalid += !p.valid;
+    if (p.valid && (limit == 0 || p.world <= limit)) runs += int(p.reports.size());
+  }
+  fmt::print("sweep '{}': {} run(s) of {} point(s){}\n", s.name, runs, s.points.size(),
+             invalid > 0 ? fmt::format("; {} point(s) skipped as invalid (strata sweep {} --list --all says why)",
+                                       invalid, s.deck_path)
+                         : "");
+  const auto started = std::chrono::steady_clock::now();
+  const auto pace = [&] {
+    const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return fmt::format("{} elapsed, ETA {}", prof::format_duration(spent),
+                       prof::format_duration(done > 0 ? spent / done * (runs - done) : 0));
+  };
   for (const auto& p : s.points) {
     if (stop() != 0) break;  // the points not reached stay not_run
     const std::string point_head = fmt::format("point {:>3} [{}]", p.index, p.label);
-    if (!p.valid) {
-      fmt::print("{}: skipped: {}\n", point_head, p.reason);
-      continue;
-    }
+    if (!p.valid) continue;
     if (limit > 0 && p.world > limit) {
       fmt::print("{}: not run: needs {} ranks, the allocation has {}\n", point_head, p.world, limit);
       continue;
@@ -543,7 +587,10 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
     bool point_failed = false;
     for (std::size_t k = 0; k < p.reports.size() && stop() == 0; ++k) {
       const std::string& report = p.reports[k];
-      const std::string head = s.repeats > 1 ? fmt::format("{} run {}/{}", point_head, k + 1, s.repeats) : point_head;
+      ++done;
+      const std::string head = fmt::format("[{}/{}] {}", done, runs,
+                                           s.repeats > 1 ? fmt::format("{} run {}/{}", point_head, k + 1, s.repeats)
+                                                         : point_head);
       const auto h = report::read_headline(report);
       const bool partial = fs::exists(report + ".partial", ec);
       if (h && h->status == "complete") {
@@ -575,20 +622,21 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
         fmt::print("{}: stopped ({}: exit status {}{})\n", head, ::strsignal(stop()), rc,
                    after ? ", its report says " + after->status : ", no report");
       } else if (rc == 0 && after && after->status == "complete") {
-        fmt::print("{}: complete ({:.0f} tokens/s)\n", head, after->tokens_per_s);
+        fmt::print("{}: complete ({:.0f} tokens/s) | {}\n", head, after->tokens_per_s, pace());
       } else {
         // What the launcher did goes into the point's log, where the index
         // finds why a point without a report failed.
         std::ofstream(log, std::ios::app) << fmt::format(
             "strata sweep: the launcher ({}) exited with status {}{}\n", argv.front(), rc,
             after ? "" : " and published no report");
-        fmt::print("{}: FAILED (exit status {}, see {}); the sweep goes on\n", head, rc, log);
+        fmt::print("{}: FAILED (exit status {}, see {}); the sweep goes on | {}\n", head, rc, log, pace());
         point_failed = true;
       }
       std::fflush(stdout);
     }
     failed += point_failed;
   }
+  print_ranking(s);
   return failed;
 }
 
