@@ -14,6 +14,15 @@ def fmt_bytes(b):
         b /= 1024
 
 
+def fmt_flops(x):
+    """FLOP/s in engineering units: 285.49 PFLOP/s, 7.78 GFLOP/s."""
+    x = float(x)
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} FLOP/s"
+
+
 def step_times(rep):
     """Per measured step, the slowest rank's time (the step ends for all then)."""
     s = rep.measured_steps()
@@ -163,14 +172,19 @@ def render(rep):
         med = float(np.median(times))
         p("")
         p("throughput")
+        # The peak is a device's; MFU divides by it times the ranks.
+        per_device = s.get("peak_flops_per_device", s.get("peak_flops", 0) / max(rep.world, 1))
         p(f"  tokens/s {s.get('tokens_per_s', 0):.0f} ({s.get('tokens_per_s_per_device', 0):.0f} per device)   "
-          f"model FLOP/s {s.get('flops_per_s', 0) / 1e9:.2f} G   "
-          f"MFU {100 * s.get('mfu', 0):.1f}% HFU {100 * s.get('hfu', s.get('mfu', 0)):.1f}% "
-          f"(peak {s.get('peak_flops', 0) / 1e9:.1f} GFLOP/s, "
-          f"{s.get('peak_source', '?')})")
-        p(f"  step time over {len(times)} measured steps: min {1e3 * times.min():.2f} ms, median {1e3 * med:.2f} ms, "
-          f"max {1e3 * times.max():.2f} ms, spread (max-min)/median {100 * (times.max() - times.min()) / med:.1f}%")
-        p(f"  loss {s.get('initial_loss', float('nan')):.4f} -> {s.get('final_loss', float('nan')):.4f}")
+          f"model {fmt_flops(s.get('flops_per_s', 0))} ({fmt_flops(s.get('flops_per_s', 0) / max(rep.world, 1))} "
+          f"per device)   MFU {100 * s.get('mfu', 0):.1f}% HFU {100 * s.get('hfu', s.get('mfu', 0)):.1f}% "
+          f"(peak {fmt_flops(per_device)} per device, {s.get('peak_source', '?')})")
+        if rep.simulated:
+            p(f"  predicted step time {1e3 * med:.2f} ms (a simulation: no loss, no spread)")
+        else:
+            p(f"  step time over {len(times)} measured steps: min {1e3 * times.min():.2f} ms, median "
+              f"{1e3 * med:.2f} ms, max {1e3 * times.max():.2f} ms, spread (max-min)/median "
+              f"{100 * (times.max() - times.min()) / med:.1f}%")
+            p(f"  loss {s.get('initial_loss', float('nan')):.4f} -> {s.get('final_loss', float('nan')):.4f}")
         all_steps = rep.array("steps")
         if len(all_steps) and "loss_scale" in all_steps.dtype.names and s.get("precision") == "fp16":
             r0 = all_steps[all_steps["rank"] == all_steps["rank"].min()]
