@@ -18,7 +18,8 @@ struct Headline {
   double peak_bytes_total = 0;
 };
 
-// nullopt when no readable report is at `path`.
+// nullopt when no readable report is at `path`: none there, not HDF5, or
+// one HDF5 fails on (read in a child process, whose death is that answer).
 std::optional<Headline> read_headline(const std::string& path);
 
 }  // namespace strata::report
