@@ -41,8 +41,9 @@ using core::median;
 // Seconds per call: the median over batches of the batch's mean, each batch
 // long enough to be read off the clock; every rank runs at once, and the
 // slowest rank's figure is every rank's (a synchronous step goes at the pace
-// of its slowest rank, and a node's devices are not always alike).
-double time_kernel(const std::function<void()>& f, double min_batch_s, MPI_Comm comm) {
+// of its slowest rank, and a node's devices are not always alike). With
+// `spread`, how far the kept round's batches were apart.
+double time_kernel(const std::function<void()>& f, double min_batch_s, MPI_Comm comm, double* spread = nullptr) {
   f();  // warm caches, pages and any lazy set-up
   kernels::synchronize();
   int reps = 1;
@@ -56,17 +57,29 @@ double time_kernel(const std::function<void()>& f, double min_batch_s, MPI_Comm 
     if (elapsed >= min_batch_s || reps >= (1 << 20)) break;
     reps *= 2;
   }
-  std::vector<double> batches;
-  STRATA_CHECK_MPI(MPI_Barrier(comm));
-  for (int b = 0; b < 5; ++b) {
-    const double t0 = prof::now_seconds();
-    for (int i = 0; i < reps; ++i) f();
-    kernels::synchronize();
-    batches.push_back((prof::now_seconds() - t0) / reps);
+  // Up to three rounds of five batches while the batches spread beyond
+  // kTrustedSpread (a moment's noise passes), the round that spread least
+  // kept: its median, and its spread, the slowest rank's.
+  double kept[2] = {0, 1e300};
+  for (int round = 0; round < 3 && kept[1] > kTrustedSpread; ++round) {
+    std::vector<double> batches;
+    STRATA_CHECK_MPI(MPI_Barrier(comm));
+    for (int b = 0; b < 5; ++b) {
+      const double t0 = prof::now_seconds();
+      for (int i = 0; i < reps; ++i) f();
+      kernels::synchronize();
+      batches.push_back((prof::now_seconds() - t0) / reps);
+    }
+    const double med = median(batches);
+    double t[2] = {med, med > 0 ? (*std::max_element(batches.begin(), batches.end()) -
+                                   *std::min_element(batches.begin(), batches.end())) / med
+                                : 0};
+    // Every rank decides alike whether to go on.
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, t, 2, MPI_DOUBLE, MPI_MAX, comm));
+    if (t[1] < kept[1]) kept[0] = t[0], kept[1] = t[1];
   }
-  double t = median(batches);
-  STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm));
-  return t;
+  if (spread != nullptr) *spread = kept[1];
+  return kept[0];
 }
 
 // The bytes of operand sets a product's calibration cycles through: past a
@@ -164,7 +177,55 @@ double measure_storage(const fs::path& dir, std::size_t bytes) {
   return 2.0 * double(bytes) / ((t1 - t0) + (t3 - t2));
 }
 
+// The 1-minute load average (-1 where unknown).
+double load_average() {
+  double load = -1;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+    std::fclose(f);
+  }
+  return load;
+}
+
 }  // namespace
+
+std::vector<std::string> trust_problems(const Machine& m, const std::vector<Spread>& spreads, double load, int cores,
+                                        int busy) {
+  std::vector<std::string> out;
+  if (load >= 0 && cores > 0 && load - busy > 0.5 * cores)
+    out.push_back(fmt::format("the node was busy: a load average of {:.1f} on {} core(s) besides this job's {} thread(s); "
+                              "measure again with nothing else running",
+                              load, cores, busy));
+  // One line for every noisy measurement, naming the worst.
+  int noisy = 0;
+  const Spread* worst = nullptr;
+  for (const Spread& s : spreads) {
+    if (s.spread <= kTrustedSpread) continue;
+    ++noisy;
+    if (worst == nullptr || s.spread > worst->spread) worst = &s;
+  }
+  if (worst != nullptr)
+    out.push_back(fmt::format("{} of {} measurement(s) spread beyond {:.0f}% over three rounds of repeats (the "
+                              "widest: {}, {:.0f}%); measure again on an idle machine",
+                              noisy, spreads.size(), 100 * kTrustedSpread, worst->what, 100 * worst->spread));
+  for (const CommFit& f : m.fits) {
+    const std::string what = fmt::format("{} {}{} of {} rank(s)", f.level, f.nonblocking ? "non-blocking " : "", f.op,
+                                         f.group_size);
+    if (f.level == "node" && m.memory_bandwidth > 0 && f.bandwidth > m.memory_bandwidth)
+      out.push_back(fmt::format("{}: {:.3f} GB/s of bus bandwidth, above the memory's {:.3f} GB/s, which it moves "
+                                "through: the fit is wrong; measure again (without --quick for more sizes)",
+                                what, f.bandwidth / 1e9, m.memory_bandwidth / 1e9));
+    if (f.level == "node" && f.latency > kTrustedLatency)
+      out.push_back(fmt::format("{}: a latency of {:.0f} us, more than {:.0f} us inside a node: other work had the "
+                                "cores; measure again on an idle machine",
+                                what, f.latency * 1e6, kTrustedLatency * 1e6));
+    if (f.residual > kTrustedResidual)
+      out.push_back(fmt::format("{}: the fit's residual is {:.0f}% (more than {:.0f}%): its times are not a latency "
+                                "and a bandwidth; measure again",
+                                what, 100 * f.residual, 100 * kTrustedResidual));
+  }
+  return out;
+}
 
 int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   int rank = 0, world = 1;
@@ -191,6 +252,12 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   };
   say(fmt::format("strata calibrate: {} rank(s), {} on this node, {} thread(s) each, {} ({})\n", world, on_node,
                   o.threads, kernels::backend_name(), o.quick ? "quick" : "full"));
+
+  // Before anything runs: what else the node is doing.
+  double load = rank == 0 ? load_average() : -1;
+  STRATA_CHECK_MPI(MPI_Bcast(&load, 1, MPI_DOUBLE, 0, comm));
+  std::vector<Spread> spreads;
+  double spread = 0;
 
   Machine m;
   m.name = "machine-" + host;
@@ -222,7 +289,8 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
           next = (next + 1) % sets;
           kernels::matmul(false, false, M, N, K, 1.f, A, K, B, N, 0.f, C, N);
         },
-        batch, comm);
+        batch, comm, &spread);
+    spreads.push_back({fmt::format("the {}x{}x{} product", M, N, K), spread});
     flops.push_back(2.0 * M * N * K), dims.push_back(std::min({M, N, K})), secs.push_back(t);
     say(fmt::format(" {}x{}x{}: {:.1f}", M, N, K, flops.back() / t / 1e9));
   }
@@ -252,7 +320,8 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
   {
     float* x = buf.floats(big);
     float* y = buf.floats(big);
-    const double t = time_kernel([&] { kernels::add_inplace(y, x, big); }, batch, comm);
+    const double t = time_kernel([&] { kernels::add_inplace(y, x, big); }, batch, comm, &spread);
+    spreads.push_back({"the memory bandwidth", spread});
     m.memory_bandwidth = 3.0 * 4 * double(big) / t;
     const std::int64_t small = 1 << 14;
     const double tg = time_kernel([&] { kernels::gelu_forward(y, x, small); }, batch, comm);
@@ -391,7 +460,10 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
             if (c->rank() == 1) c->recv(a, count, comm::DType::f32, 0, 7), c->send(a, count, comm::DType::f32, 0, 7);
           };
         double t = 0;
-        if (rank < n) t = time_kernel(call, batch, sub);
+        spread = 0;
+        if (rank < n) t = time_kernel(call, batch, sub, &spread);
+        STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &spread, 1, MPI_DOUBLE, MPI_MAX, comm));
+        spreads.push_back({fmt::format("{} of {:.0f} B on {} rank(s)", op_name, bytes, n), spread});
         if (s == "send") t /= 2;
         STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm));  // the group's time
         const double moved = (s == "all_reduce" || s == "broadcast" || s == "send") ? double(count) * 4 : double(count / n * n) * 4;
@@ -461,6 +533,15 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     m.nvme_bandwidth = measure_storage(dir, std::size_t(o.quick ? 32 : 256) << 20);
   }
 
+  // Whether to trust it: said, and written into the file, with what to do.
+  const std::vector<std::string> problems = trust_problems(m, spreads, load, int(::sysconf(_SC_NPROCESSORS_ONLN)),
+                                                           on_node * o.threads);
+  double worst = 0;
+  for (const Spread& s : spreads) worst = std::max(worst, s.spread);
+  say(fmt::format("  repeats: {} measurement(s), the widest spread {:.0f}%{}\n", spreads.size(), 100 * worst,
+                  problems.empty() ? "; nothing found that makes the figures doubtful" : ""));
+  for (const std::string& p : problems) say(fmt::format("  NOT TO BE TRUSTED: {}\n", p));
+
   if (rank == 0) {
     char when[32];
     const std::time_t now = std::time(nullptr);
@@ -468,6 +549,7 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     std::string t;
     t += fmt::format("# Machine description measured by strata calibrate{} on {} at {}:\n# {}\n# {} rank(s), {} per node, {} thread(s) each. Every figure below was measured here;\n# docs/machines.md says what each means.\n",
                      o.quick ? " --quick" : "", host, when, o.command_line, world, on_node, o.threads);
+    for (const std::string& p : problems) t += fmt::format("# NOT TO BE TRUSTED: {}\n", p);
     t += fmt::format("name = \"{}\"\ndescription = \"{} ({}, {} thread(s) per rank)\"\ndevices_per_node = {}\n\n", m.name,
                      host, kernels::backend_name(), o.threads, m.devices_per_node);
     t += "[device]\n";
@@ -511,7 +593,8 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
       if (!f) core::runtime_error("{}: cannot write the machine description", partial);
     }
     fs::rename(partial, out);
-    fmt::print("machine description: {} (strata simulate DECK --machine {})\n", out, out);
+    fmt::print("machine description: {} (strata simulate DECK --machine {}){}\n", out, out,
+               problems.empty() ? "" : fmt::format("; {} problem(s) above make its predictions doubtful", problems.size()));
   }
   return 0;
 }

@@ -20,8 +20,29 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
+
+#include "src/sim/machine.hpp"
 
 namespace strata::sim {
+
+// How far apart one measurement's repeats were: (slowest - fastest) /
+// median of its batches, the slowest rank's.
+struct Spread {
+  std::string what;
+  double spread = 0;
+};
+
+// What makes a calibrated description untrustworthy, each with what to do:
+// a machine busy when measured (`load`, the 1-minute load average, beyond
+// the `cores` the node has, less the ranks' own `busy` threads), the
+// measurements whose repeats spread beyond kTrustedSpread (one line), a collective
+// faster than the memory it moves through (a node-level bus bandwidth above
+// the memory bandwidth) or slower to start than kTrustedLatency, a fit whose
+// residual exceeds kTrustedResidual. Empty when there is none.
+inline constexpr double kTrustedSpread = 0.25, kTrustedLatency = 1e-3, kTrustedResidual = 0.5;
+std::vector<std::string> trust_problems(const Machine& m, const std::vector<Spread>& spreads, double load, int cores,
+                                        int busy);
 
 struct CalibrateOptions {
   std::string output;  // default: results/machine-<host>.toml

@@ -221,9 +221,12 @@ if "$strata" simulate tiny.toml --machine h100-80gb --set 'backend.device="cuda"
   ok "simulate: a CUDA deck on a CPU-only machine"; else bad "simulate a CUDA deck"; cat simcuda.log; fi
 if "$strata" simulate "$src/inputs/gpt-7b-4096.toml" --machine h200 --output out/sim4096.h5 > sim4096.log 2>&1 \
    && grep -q "4096 rank(s)" sim4096.log; then ok "simulate: 4096 ranks in one process"; else bad "simulate 4096"; cat sim4096.log; fi
+# It says how far its repeats spread, and each doubt in the file too.
 if mpiexec -n 2 "$strata" calibrate --quick --output out/here.toml > calib.log 2>&1 \
+   && grep -qE "^  repeats: [0-9]+ measurement\(s\), the widest spread [0-9]+%" calib.log \
+   && [[ $(grep -c "^  NOT TO BE TRUSTED: " calib.log) == $(grep -c "^# NOT TO BE TRUSTED: " out/here.toml) ]] \
    && "$strata" simulate tiny.toml --machine out/here.toml --set parallel.dp=2 --output out/simhere.h5 > simhere.log 2>&1; then
-  ok "calibrate --quick writes a machine description simulate reads"; else bad "calibrate"; cat calib.log simhere.log; fi
+  ok "calibrate --quick writes a machine description simulate reads, with its doubts"; else bad "calibrate"; cat calib.log simhere.log; fi
 if "$strata" plan tiny.toml --machine a100-80gb --world 4 --top 3 --output out/plan.h5 > plan.log 2>&1 \
    && grep -q "rank     tokens/s" plan.log \
    && "$py" - <<'PY' > plancheck.log 2>&1

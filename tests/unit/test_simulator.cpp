@@ -13,6 +13,7 @@
 
 #include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
+#include "src/sim/calibrate.hpp"
 #include "src/sim/machine.hpp"
 #include "src/sim/pipeline_sim.hpp"
 #include "src/sim/simulator.hpp"
@@ -115,6 +116,33 @@ TEST(Machine, BadFiguresNameFileLineAndKey) {
       << typo;
   const std::string half = input_error_of(replace(kMachine, "devices_per_node = 4", "devices_per_node = 2.5"));
   EXPECT_NE(half.find("m.toml:2: devices_per_node must be a whole number"), std::string::npos) << half;
+}
+
+// What calibrate will not let pass without a word: each kind of doubtful
+// figure is named with what to do, and a sound description has none.
+TEST(Calibrate, NamesEveryFigureNotToBeTrusted) {
+  sim::Machine m;
+  m.memory_bandwidth = 10e9;
+  m.fits.push_back({"node", "all_reduce", 2, 5e-6, 4e9, 0.05, false, {}, {}});
+  EXPECT_TRUE(sim::trust_problems(m, {{"the memory bandwidth", 0.1}}, 1.0, 8, 2).empty());
+  // Faster than memory, slow to start, not a line, repeats apart, a busy node.
+  m.fits.push_back({"node", "all_gather", 4, 2e-3, 40e9, 0.7, true, {}, {}});
+  m.fits.push_back({"cluster", "all_reduce", 16, 2e-3, 40e9, 0.1, false, {}, {}});
+  const auto p = sim::trust_problems(
+      m, {{"the memory bandwidth", 0.1}, {"the 64x64x64 product", 0.6}, {"all_reduce of 4096 B", 0.3}}, 9.0, 8, 2);
+  const std::string all = fmt::format("{}", fmt::join(p, "\n"));
+  ASSERT_EQ(p.size(), 5u) << all;
+  EXPECT_NE(all.find("the node was busy: a load average of 9.0 on 8 core(s) besides this job's 2 thread(s)"),
+            std::string::npos) << all;
+  EXPECT_NE(all.find("2 of 3 measurement(s) spread beyond 25% over three rounds of repeats (the widest: the 64x64x64 "
+                     "product, 60%)"), std::string::npos) << all;
+  EXPECT_NE(all.find("node non-blocking all_gather of 4 rank(s): 40.000 GB/s of bus bandwidth, above the memory's "
+                     "10.000 GB/s"), std::string::npos) << all;
+  EXPECT_NE(all.find("node non-blocking all_gather of 4 rank(s): a latency of 2000 us"), std::string::npos) << all;
+  EXPECT_NE(all.find("the fit's residual is 70%"), std::string::npos) << all;
+  // Across nodes a bus bandwidth above one node's memory is no contradiction,
+  // nor is a latency of milliseconds.
+  EXPECT_EQ(all.find("cluster"), std::string::npos) << all;
 }
 
 TEST(Machine, ReadsAFitsMeasuredTimesAndRefusesBadOnes) {
