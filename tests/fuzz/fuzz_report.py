@@ -38,9 +38,6 @@ seed = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 sys.path.insert(0, os.path.join(src, "analysis"))
 from strata_report import cli, read  # noqa: E402
 
-# A reader that allocates without bound meets a MemoryError here (a finding),
-# not the machine's OOM killer.
-resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 os.chdir(work)
@@ -255,6 +252,10 @@ def check_in_child(path, original):
 
 def main():
     seeds = make_seeds()
+    # From here a reader that allocates without bound meets a MemoryError (a
+    # finding), not the machine's OOM killer. Not before: the seeds' runs may
+    # be sanitized builds, whose shadow memory is terabytes of address space.
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
     findings = 0
 
     def found(path, what):
