@@ -517,8 +517,9 @@ std::string failure_in_log(const std::string& report_path) {
 }
 
 // The complete points ranked by throughput (the median of their runs), the
-// way the index has them.
-void print_ranking(const Sweep& s) {
+// way the index has them, from the headlines of the complete reports the
+// sweep saw (by path).
+void print_ranking(const Sweep& s, const std::map<std::string, report::Headline>& complete) {
   struct Row {
     const Point* p;
     double tokens_per_s, mfu, step_time, peak;
@@ -528,9 +529,9 @@ void print_ranking(const Sweep& s) {
     if (!p.valid) continue;
     std::vector<double> tps, mfu, step, peak;
     for (const std::string& r : p.reports)
-      if (const auto h = report::read_headline(r); h && h->status == "complete") {
-        tps.push_back(h->tokens_per_s), mfu.push_back(h->mfu), step.push_back(h->step_time);
-        peak.push_back(h->peak_bytes_total);
+      if (const auto h = complete.find(r); h != complete.end()) {
+        tps.push_back(h->second.tokens_per_s), mfu.push_back(h->second.mfu), step.push_back(h->second.step_time);
+        peak.push_back(h->second.peak_bytes_total);
       }
     if (!tps.empty()) rows.push_back({&p, core::median(tps), core::median(mfu), core::median(step), core::median(peak)});
   }
@@ -571,6 +572,7 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
                                        invalid, s.deck_path)
                          : "");
   const auto started = std::chrono::steady_clock::now();
+  std::map<std::string, report::Headline> complete;  // report -> its headline
   const auto pace = [&] {
     const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return fmt::format("{} elapsed, ETA {}", prof::format_duration(spent),
@@ -594,6 +596,7 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
       const auto h = report::read_headline(report);
       const bool partial = fs::exists(report + ".partial", ec);
       if (h && h->status == "complete") {
+        complete[report] = *h;
         fmt::print("{}: complete already ({:.0f} tokens/s), skipped\n", head, h->tokens_per_s);
         continue;
       }
@@ -622,6 +625,7 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
         fmt::print("{}: stopped ({}: exit status {}{})\n", head, ::strsignal(stop()), rc,
                    after ? ", its report says " + after->status : ", no report");
       } else if (rc == 0 && after && after->status == "complete") {
+        complete[report] = *after;
         fmt::print("{}: complete ({:.0f} tokens/s) | {}\n", head, after->tokens_per_s, pace());
       } else {
         // What the launcher did goes into the point's log, where the index
@@ -636,7 +640,7 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
     }
     failed += point_failed;
   }
-  print_ranking(s);
+  print_ranking(s, complete);
   return failed;
 }
 
