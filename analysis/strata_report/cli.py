@@ -69,8 +69,9 @@ def main(argv=None):
             _writable_file(args.trace, "--trace")
         if args.trace_per_rank:
             _writable_dir(args.trace_per_rank, "--trace-per-rank")
-        if sweep.is_index(args.report):
-            ix = sweep.Index(args.report)
+        opened = sweep.open_file(args.report)
+        if isinstance(opened, sweep.Index):
+            ix = opened
             print(sweep.render(ix))
             if args.plots:
                 for p in sweep.plot(ix, args.plots):
@@ -78,7 +79,7 @@ def main(argv=None):
             if args.trace or args.trace_per_rank:
                 raise ReportError(f"{args.report}: a sweep index has no timeline; trace a point's report instead")
             return 0
-        rep = Report(args.report)
+        rep = opened
         print(summary.render(rep))
         if args.plots:
             for p in plots.write_all(rep, args.plots):

@@ -141,10 +141,10 @@ def read_file(path, body):
 def _read_report(path):
     """(root attributes, tables, /summary scalars) of the report at `path`,
     each checked."""
-    return read_file(path, lambda f: _read_open_report(path, f))
+    return read_file(path, lambda f: read_open_report(path, f))
 
 
-def _read_open_report(path, f):
+def read_open_report(path, f):
     attrs = read_attrs(path, f)
     schema, version = attrs.get("schema", ""), attrs.get("schema_version", 0)
     if schema != SCHEMA or version != VERSION:
@@ -219,9 +219,11 @@ class Report:
     """A report's tables, its /summary scalars, its configuration and its
     root attributes, read once when opened."""
 
-    def __init__(self, path):
+    def __init__(self, path, read=None):
+        """`read`: what _read_report returned for the file, when the caller
+        has read it already."""
         self.path = str(path)
-        self.attrs, self.tables, self.summary = read_isolated(self.path, _read_report)
+        self.attrs, self.tables, self.summary = read if read is not None else read_isolated(self.path, _read_report)
         try:
             self.config = tomllib.loads(self.attrs.get("resolved_config", ""))
         except tomllib.TOMLDecodeError as e:

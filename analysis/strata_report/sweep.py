@@ -3,10 +3,10 @@
 throughput against peak memory with the Pareto front."""
 import os
 
-import h5py
 import numpy as np
 
-from .read import ReportError, checked_table, read_attrs, read_file, read_isolated, text, texts
+from .read import (Report, ReportError, checked_table, read_attrs, read_file, read_isolated, read_open_report, text,
+                   texts)
 from .summary import fmt_bytes
 
 SCHEMAS = ("strata-sweep", "strata-plan")
@@ -17,38 +17,39 @@ POINT_COLUMNS = {"point": "n", "status": "s", "world": "n", "tokens_per_s": "n",
                  "peak_bytes": "n", "overrides": "s", "reason": "s", "runs": "n?", "step_time_spread": "n?"}
 
 
-def _schema(path):
-    try:
-        with h5py.File(path, "r") as f:
-            return text(f.attrs.get("schema", ""))
-    except (OSError, RuntimeError, KeyError, TypeError, ValueError):
-        return ""
+def _read_open_index(path, f):
+    attrs = read_attrs(path, f)
+    if attrs.get("schema", "") not in SCHEMAS or attrs.get("schema_version", 0) != 1:
+        raise ReportError(f"{path}: not a strata-sweep or strata-plan v1 index")
+    if "points" not in f:
+        raise ReportError(f"{path}: the index has no /points table")
+    return attrs, checked_table(path, "points", f["points"], POINT_COLUMNS)
 
 
-def is_index(path):
-    try:
-        return read_isolated(path, _schema) in SCHEMAS
-    except ReportError:
-        return False
-
-
-def _read_index(path):
-    """(root attributes, /points) of the index at `path`, checked."""
+def _read_either(path):
+    """("index", its parts) or ("report", its parts): one read of the file,
+    as its schema says."""
 
     def body(f):
-        attrs = read_attrs(path, f)
-        if attrs.get("schema", "") not in SCHEMAS or attrs.get("schema_version", 0) != 1:
-            raise ReportError(f"{path}: not a strata-sweep or strata-plan v1 index")
-        if "points" not in f:
-            raise ReportError(f"{path}: the index has no /points table")
-        return attrs, checked_table(path, "points", f["points"], POINT_COLUMNS)
+        if text(f.attrs.get("schema", "")) in SCHEMAS:
+            return "index", _read_open_index(path, f)
+        return "report", read_open_report(path, f)
 
     return read_file(path, body)
 
 
+def open_file(path):
+    """The Index or the Report at `path`, read once (in a child process)."""
+    kind, parts = read_isolated(path, _read_either)
+    return Index(path, parts) if kind == "index" else Report(path, parts)
+
+
 class Index:
-    def __init__(self, path):
-        attrs, self.points = read_isolated(path, _read_index)
+    def __init__(self, path, read=None):
+        """`read`: what _read_open_index returned for the file, when the
+        caller has read it already."""
+        attrs, self.points = read if read is not None else read_isolated(
+            path, lambda p: read_file(p, lambda f: _read_open_index(p, f)))
         self.schema = attrs.get("schema", "")
         self.machine = text(attrs.get("machine", ""))
         self.name = text(attrs.get("sweep", ""))
