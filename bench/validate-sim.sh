@@ -71,6 +71,10 @@ def figures(path):
         for r in dev:
             key = int(r["rank"])
             peak[key] = max(peak.get(key, 0), int(r["pool_peak_bytes"]))
+        # A simulation's rows stand for classes of ranks: each rank's peak is its class's.
+        if "rank_classes" in f:
+            peak = {m: peak[int(c["rank"])] for c in f["rank_classes"][:]
+                    for m in range(int(c["first"]), int(c["last"]) + 1)}
         return float(f["summary/step_time"][()]), peak
 print(f"median of {rounds} round(s), each calibrated afresh")
 print(f"{'layout':<26}{'measured_ms':>12}{'simulated_ms':>13}{'error':>9}  {'measured spread':>16}  memory")

@@ -89,7 +89,8 @@ def main(argv=None):
             print(f"wrote {args.trace} (open in https://ui.perfetto.dev)")
         if args.trace_per_rank:
             paths = trace.write_per_rank(rep, args.trace_per_rank)
-            print(f"wrote {len(paths)} trace(s) into {args.trace_per_rank} (one per rank, with distributedInfo)")
+            print(f"wrote {len(paths)} trace(s) into {args.trace_per_rank} (one per rank, or class of ranks, with "
+                  f"distributedInfo)")
         return 0
     except ReportError as e:
         print(f"strata-report: error: {e}", file=sys.stderr)

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .read import text  # noqa: E402
-from .summary import CATEGORIES, comm_per_axis_op, memory_per_rank  # noqa: E402
+from .summary import CATEGORIES, alike, comm_per_axis_op, memory_per_rank  # noqa: E402
 from .summary import expert_load as expert_load_of  # noqa: E402
 
 PHASE_COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "backward_input": "#dd8452",
@@ -22,12 +22,53 @@ def shown_step(rep):
     return int(s["step"].max()) if len(s) else 0
 
 
+# The most lanes (ranks or classes) the timeline draws, and bars the memory
+# picture draws: beyond them a picture is too tall or too wide to read.
+MAX_LANES = 16
+MAX_BARS = 24
+MAX_BLOCKS = 8
+
+
+def lanes(rep):
+    """(the ranks the timeline draws, {rank: label}): every rank (or class)
+    that has rows, or, past MAX_LANES, the first of each pipeline stage and
+    then others evenly spread up to MAX_LANES. Each is labelled by its ranks
+    and by the mesh coordinates that vary among those shown."""
+    have = rep.row_ranks
+    rk = rep.array("ranks")
+    coords = {}
+    dims = [n for n in rk.dtype.names if n not in ("rank", "host")] if len(rk) else []
+    for row in rk:
+        coords[int(row["rank"])] = {d: int(row[d]) for d in dims}
+    shown = have
+    if len(have) > MAX_LANES:
+        firsts, seen = [], set()
+        for r in have:
+            st = coords.get(r, {}).get("pp")
+            if st is not None and st not in seen:
+                seen.add(st)
+                firsts.append(r)
+        shown = firsts[:MAX_LANES]
+        rest = [r for r in have if r not in set(shown)]
+        room = MAX_LANES - len(shown)
+        if room > 0 and rest:
+            shown += [rest[int(i)] for i in np.linspace(0, len(rest) - 1, min(room, len(rest)))]
+        shown = sorted(set(shown))
+    varies = [d for d in dims if len({coords.get(r, {}).get(d) for r in shown}) > 1]
+    labels = {}
+    for r in shown:
+        where = ", ".join(f"{d} {coords[r][d]}" for d in varies if r in coords)
+        labels[r] = rep.rank_label(r, 20) + (f" ({where})" if where else "")
+    return shown, labels
+
+
 def timeline(rep, path, step=None):
-    """Ranks down, time across, one step: a compute lane per rank (spans
-    coloured by kind, gaps are bubbles) and a communication lane beneath it."""
+    """Ranks down, time across, one step: a compute lane per rank or class
+    (spans coloured by kind, gaps are bubbles) and a communication lane
+    beneath it; at most MAX_LANES of them."""
     tl, cm = rep.array("timeline"), rep.array("comm")
     step = shown_step(rep) if step is None else step
-    ranks = list(range(rep.world))
+    ranks, labels = lanes(rep)
     fig, ax = plt.subplots(figsize=(12, 1.8 + 0.6 * len(ranks)))
     t0 = None
     if len(tl):
@@ -37,34 +78,41 @@ def timeline(rep, path, step=None):
     if t0 is None and len(cm) and (cm["step"] == step).any():
         t0 = cm["start"][cm["step"] == step].min()
     t0 = 0.0 if t0 is None else t0
-    seen = set()
-    for r in ranks:
-        y = 2 * (len(ranks) - 1 - r)
+    # One drawing call per lane and kind: a call per span is slow past a few
+    # thousand spans.
+    bars = {}  # (y, height, kind) -> [(start, width)]
+    tl = tl[tl["step"] == step] if len(tl) else tl
+    cm = cm[cm["step"] == step] if len(cm) else cm
+    for i, r in enumerate(ranks):
+        y = 2 * (len(ranks) - 1 - i)
         if len(tl):
-            spans = tl[(tl["step"] == step) & (tl["rank"] == r)]
-            for s in spans:
-                ph = text(s["phase"])
-                ax.broken_barh([(1e3 * (s["start"] - t0), 1e3 * (s["end"] - s["start"]))], (y + 1, 0.8),
-                               color=PHASE_COLOURS.get(ph, "grey"), edgecolor="white", linewidth=0.3,
-                               label=None if ph in seen else ph)
-                seen.add(ph)
+            for s in tl[tl["rank"] == r]:
+                bars.setdefault((y + 1, 0.8, text(s["phase"])), []).append(
+                    (1e3 * (s["start"] - t0), 1e3 * (s["end"] - s["start"])))
         if len(cm):
-            calls = cm[(cm["step"] == step) & (cm["rank"] == r)]
-            for c in calls:
+            for c in cm[cm["rank"] == r]:
                 # Blocking calls (and receives) solid; non-blocking ones, in
                 # flight beside the compute, pale.
-                a = text(c["axis"])
-                key = f"comm {a}" + (" (non-blocking)" if c["nonblocking"] else "")
-                ax.broken_barh([(1e3 * (c["start"] - t0), max(1e3 * (c["end"] - c["start"]), 1e-3))], (y + 0.1, 0.7),
-                               color=AXIS_COLOURS.get(a, "black"), alpha=0.3 if c["nonblocking"] else 0.9,
-                               label=None if key in seen else key)
-                seen.add(key)
-    ax.set_yticks([2 * (len(ranks) - 1 - r) + 1 for r in ranks])
-    ax.set_yticklabels([f"rank {r}" for r in ranks])
+                key = f"comm {text(c['axis'])}" + (" (non-blocking)" if c["nonblocking"] else "")
+                bars.setdefault((y + 0.1, 0.7, key), []).append(
+                    (1e3 * (c["start"] - t0), max(1e3 * (c["end"] - c["start"]), 1e-3)))
+    seen = set()
+    for (y, h, kind), xs in bars.items():
+        if kind.startswith("comm "):
+            style = dict(color=AXIS_COLOURS.get(kind.split(" ")[1], "black"),
+                         alpha=0.3 if kind.endswith("(non-blocking)") else 0.9)
+        else:
+            style = dict(color=PHASE_COLOURS.get(kind, "grey"), edgecolor="white", linewidth=0.3)
+        ax.broken_barh(xs, (y, h), label=None if kind in seen else kind, **style)
+        seen.add(kind)
+    ax.set_yticks([2 * (len(ranks) - 1 - i) + 1 for i in range(len(ranks))])
+    ax.set_yticklabels([labels[r] for r in ranks], fontsize=8)
     ax.set_xlabel(f"ms since the first span of step {step}")
-    ax.set_title(f"timeline of step {step}: compute (upper lane) and communication (lower lane) per rank")
+    of = len(rep.row_ranks)
+    ax.set_title(f"timeline of step {step}: compute (upper lane) and communication (lower lane)"
+                 + (f"; {len(ranks)} of {of} lanes" if of > len(ranks) else ""), fontsize=10)
     fig.legend(loc="lower center", ncol=5, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.12 + 0.1 / len(ranks), 1, 1))
+    fig.tight_layout(rect=(0, 0.12 + 0.1 / max(len(ranks), 1), 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -72,23 +120,28 @@ def timeline(rep, path, step=None):
 def memory(rep, path):
     """Held bytes per rank at the end of the last step, stacked by category,
     with each rank's sum of per-category peaks marked (the categories peak at
-    different moments, so this bounds the true peak from above)."""
-    mem = memory_per_rank(rep)
-    ranks = sorted(mem)
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(ranks) + 4), 4))
-    bottom = np.zeros(len(ranks))
+    different moments, so this bounds the true peak from above). Ranks of
+    equal figures share a bar; at most MAX_BARS bars."""
+    groups = alike(rep, memory_per_rank(rep))
+    shown = groups[:MAX_BARS]
+    x = np.arange(len(shown))
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(shown) + 4), 4.5))
+    bottom = np.zeros(len(shown))
     colours = plt.get_cmap("tab10")
     for i, c in enumerate(CATEGORIES):
-        v = np.array([mem[r][0][c] for r in ranks], dtype=float) / 2**20
-        ax.bar(ranks, v, bottom=bottom, color=colours(i), label=c)
+        v = np.array([held[c] for _, (held, _) in shown], dtype=float) / 2**20
+        ax.bar(x, v, bottom=bottom, color=colours(i), label=c)
         bottom += v
-    peaks = np.array([sum(mem[r][1].values()) for r in ranks], dtype=float) / 2**20
-    ax.scatter(ranks, peaks, marker="_", s=600, color="black", label="sum of category peaks", zorder=3)
-    ax.set_xticks(ranks)
-    ax.set_xlabel("rank")
+    peaks = np.array([sum(peak.values()) for _, (_, peak) in shown], dtype=float) / 2**20
+    ax.scatter(x, peaks, marker="_", s=600, color="black", label="sum of category peaks", zorder=3)
+    ax.set_xticks(x)
+    ax.set_xticklabels([label for label, _ in shown], rotation=30 if len(shown) > 4 else 0, ha="right"
+                       if len(shown) > 4 else "center", fontsize=8)
     ax.set_ylabel("MiB")
     ax.set_ylim(0, 1.1 * max(peaks.max(initial=0), bottom.max(initial=0), 1e-9))
-    ax.set_title("memory per rank: held at the end of the last step", fontsize=10)
+    ax.set_title("memory per rank: held at the end of the last step"
+                 + (f" ({len(shown)} of {len(groups)} groups of ranks)" if len(groups) > len(shown) else ""),
+                 fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -125,6 +178,8 @@ def expert_load(rep, path):
     of its assignments dropped past its capacity (hatched)."""
     load = expert_load_of(rep)
     blocks = sorted(load)
+    if len(blocks) > MAX_BLOCKS:  # the most unbalanced ones
+        blocks = sorted(sorted(blocks, key=lambda b: -max(s for _, s, _ in load[b]))[:MAX_BLOCKS])
     fig, axes = plt.subplots(1, len(blocks), figsize=(3 + 2.5 * len(blocks), 3.5), squeeze=False)
     for ax, b in zip(axes[0], blocks):
         rows = load[b]
@@ -139,7 +194,9 @@ def expert_load(rep, path):
         ax.set_xticks(xs)
     axes[0][0].set_ylabel("% of the block's assignments")
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle("expert load over the measured steps (every rank)", fontsize=10)
+    fig.suptitle("expert load over the measured steps (every rank)"
+                 + (f": the {len(blocks)} most unbalanced of {len(load)} blocks" if len(load) > len(blocks) else ""),
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

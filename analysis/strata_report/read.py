@@ -6,6 +6,14 @@ The stable API (strata_report.Report):
   Report(path).summary      {name: float or str} of /summary's scalars
   Report(path).config       the resolved configuration, as nested dicts
   Report(path).attrs        the root attributes (provenance), strings as str
+  Report(path).row_ranks    the ranks whose rows the tables hold
+  Report(path).members(r)   how many ranks the rows of rank r stand for
+  Report(path).weights(c)   the same, for each rank of a rank column c
+  Report(path).rank_label(r)  "rank 3", or "ranks 0-511" for a class
+
+An estimate's or a simulation's report holds one row per class of identical
+ranks (/rank_classes), under the class's first rank: a mean over ranks
+weighs each row by its class's size (weights), a count of ranks sums them.
 """
 import os
 import pickle
@@ -17,7 +25,8 @@ import numpy as np
 
 SCHEMA = "strata-report"
 VERSION = 1
-TABLES = ("ranks", "steps", "memory", "timeline", "comm", "experts", "summary/comm", "summary/pipeline")
+TABLES = ("ranks", "steps", "memory", "timeline", "comm", "experts", "summary/comm", "summary/pipeline",
+          "rank_classes")
 # The columns the tools read, by kind: "n" a number, "s" a string; "?" after
 # the kind: absent from older reports. Any other column must be a number or
 # a string too.
@@ -36,6 +45,7 @@ COLUMNS = {
     "summary/comm": {"rank": "n", "axis": "s", "op": "s", "group_size": "n", "size_class": "n?", "count": "n",
                      "bytes": "n", "time": "n", "wait": "n", "peer_wait": "n", "hidden_fraction": "n", "busbw": "n"},
     "summary/pipeline": {"rank": "n", "stages": "n", "schedule": "s", "bubble": "n", "theory": "n"},
+    "rank_classes": {"rank": "n", "first": "n", "last": "n"},
 }
 # The /summary scalars that are strings; every other one is a number.
 SUMMARY_TEXT = ("layout", "peak_source", "precision", "strategy")
@@ -168,7 +178,44 @@ def read_open_report(path, f):
                 else:
                     raise ReportError(f"{path}: /summary/{k} is of type {d.dtype}: "
                                       f"{'a string' if want_text else 'a number'} was expected")
+    check_classes(path, tables["rank_classes"], int(attrs.get("world_size", 1)))
     return attrs, tables, summary
+
+
+def check_classes(path, t, world):
+    """That /rank_classes (when the report has it) puts every rank of the
+    world in one class, its rows under the class's first rank."""
+    if t is None:
+        return
+    if len(t) == 0:
+        raise ReportError(f"{path}: /rank_classes is empty: every rank belongs to a class")
+    rank, first, last = (np.asarray(t[c], dtype=np.float64) for c in ("rank", "first", "last"))
+    if not (np.all(first >= 0) and np.all(last < world) and np.all(first <= last)):
+        raise ReportError(f"{path}: /rank_classes has a row outside ranks 0-{world - 1} or with first > last")
+    order = np.argsort(first, kind="stable")
+    if np.any(first[order][1:] <= last[order][:-1]) or (last - first + 1).sum() != world:
+        raise ReportError(f"{path}: /rank_classes does not put each of the {world} ranks in one class")
+    lowest = {}
+    for r, f_ in zip(rank, first):
+        lowest[r] = min(lowest.get(r, f_), f_)
+    if any(r != f_ for r, f_ in lowest.items()):
+        raise ReportError(f"{path}: /rank_classes names a class by a rank other than its first")
+
+
+def merge_ranges(ranges):
+    """[(first, last)] sorted, with touching ranges joined."""
+    out = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def ranges_text(ranges):
+    """[(first, last)] as "0-3,8,12-15"."""
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 # Whether read_isolated reads in a child process: always, but for a caller
@@ -240,6 +287,57 @@ class Report:
     @property
     def simulated(self):
         return int(self.attrs.get("simulated", 0)) == 1
+
+    def _classes(self):
+        """{first rank: [(first, last)]} of /rank_classes, or None."""
+        if not hasattr(self, "_ranges"):
+            t = self.tables.get("rank_classes")
+            self._ranges = None
+            if t is not None:
+                self._ranges = {}
+                for r, a, b in zip(t["rank"], t["first"], t["last"]):
+                    self._ranges.setdefault(int(r), []).append((int(a), int(b)))
+        return self._ranges
+
+    @property
+    def row_ranks(self):
+        """The ranks whose rows the tables hold, ascending: every rank of a
+        run, the first of each class in an estimate or a simulation."""
+        c = self._classes()
+        return sorted(c) if c is not None else list(range(self.world))
+
+    def ranges(self, rank):
+        """[(first, last)]: the ranks the rows of `rank` stand for."""
+        c = self._classes()
+        return [(int(rank), int(rank))] if c is None else list(c.get(int(rank), []))
+
+    def members(self, rank):
+        """How many ranks the rows of `rank` stand for (1 in a run)."""
+        c = self._classes()
+        return 1 if c is None else sum(b - a + 1 for a, b in c.get(int(rank), []))
+
+    def weights(self, ranks):
+        """members() of each entry of a rank column, as floats."""
+        ranks = np.asarray(ranks)
+        if self._classes() is None:
+            return np.ones(len(ranks))
+        size = {r: float(self.members(r)) for r in self._classes()}
+        return np.array([size.get(int(r), 0.0) for r in ranks])
+
+    def rank_label(self, rank, width=40):
+        """"rank 3", or for a class "ranks 0-511" (its ranges, cut to
+        `width` characters, and how many)."""
+        c = self._classes()
+        if c is None or int(rank) not in c:
+            return f"rank {int(rank)}"
+        ranges = c[int(rank)]
+        if ranges == [(rank, rank)]:
+            return f"rank {int(rank)}"
+        t = ranges_text(ranges)
+        if len(t) > width:
+            t = t[:width].rsplit(",", 1)[0] + ",..."
+        n = self.members(rank)
+        return f"ranks {t}" + ("" if len(ranges) == 1 else f" ({n})")
 
     def array(self, name):
         """The table as a numpy structured array (strings as bytes), or an

@@ -1,7 +1,7 @@
 """The summary of one run as text tables."""
 import numpy as np
 
-from .read import text, texts
+from .read import merge_ranges, ranges_text, text, texts
 
 CATEGORIES = ["params", "grads", "optimizer", "activations", "workspace", "comm"]
 
@@ -54,10 +54,16 @@ def memory_per_rank(rep, pool="device"):
     return out
 
 
+def mean(x, w):
+    """The mean of x weighted by w (each row's ranks)."""
+    return float((np.asarray(x, dtype=float) * w).sum() / w.sum()) if w.sum() > 0 else 0.0
+
+
 def comm_per_axis_op(rep):
     """[(axis, op, group, ranks, mean calls, mean bytes, mean time, mean wait, mean peer wait, mean busbw,
-    mean hidden)] over the ranks that issued the op (from /summary/comm). Where the report has message-size
-    classes, each is its own row and its op reads "all_reduce <=4.00 MiB"."""
+    mean hidden)] over the ranks that issued the op (from /summary/comm; a class's row counts for each of its
+    ranks). Where the report has message-size classes, each is its own row and its op reads
+    "all_reduce <=4.00 MiB"."""
     c = rep.array("summary/comm")
     rows = []
     if len(c) == 0:
@@ -72,10 +78,11 @@ def comm_per_axis_op(rep):
         seen.append((a, o, g, k))
         sel = (axes == a) & (ops == o) & (c["group_size"] == g) & (sizes == k)
         t = c[sel]
-        peer = t["peer_wait"].mean() if "peer_wait" in t.dtype.names else 0.0
+        w = rep.weights(t["rank"])
+        peer = mean(t["peer_wait"], w) if "peer_wait" in t.dtype.names else 0.0
         label = o if k < 0 else f"{o} <={fmt_bytes(float(k))}"
-        rows.append((a, label, int(g), int(sel.sum()), t["count"].mean(), t["bytes"].mean(), t["time"].mean(),
-                     t["wait"].mean(), peer, t["busbw"].mean(), t["hidden_fraction"].mean()))
+        rows.append((a, label, int(g), int(w.sum()), mean(t["count"], w), mean(t["bytes"], w), mean(t["time"], w),
+                     mean(t["wait"], w), peer, mean(t["busbw"], w), mean(t["hidden_fraction"], w)))
     return rows
 
 
@@ -85,8 +92,10 @@ def moe_per_step(rep):
     s = rep.measured_steps()
     if len(s) == 0 or "drop_rate" not in s.dtype.names or len(rep.array("experts")) == 0:
         return []
-    return [(int(k), float(s["moe_aux_loss"][s["step"] == k].mean()), float(s["load_imbalance"][s["step"] == k].mean()),
-             float(s["drop_rate"][s["step"] == k].mean())) for k in np.unique(s["step"])]
+    w = rep.weights(s["rank"])
+    return [(int(k), mean(s["moe_aux_loss"][s["step"] == k], w[s["step"] == k]),
+             mean(s["load_imbalance"][s["step"] == k], w[s["step"] == k]),
+             mean(s["drop_rate"][s["step"] == k], w[s["step"] == k])) for k in np.unique(s["step"])]
 
 
 def expert_load(rep):
@@ -99,14 +108,16 @@ def expert_load(rep):
     s = rep.measured_steps()
     steps = np.unique(s["step"]) if len(s) else np.unique(e["step"])
     e = e[np.isin(e["step"], steps)]
+    w = rep.weights(e["rank"])
     out = {}
     for layer in np.unique(e["layer"]):
-        b = e[e["layer"] == layer]
-        total = max(int(b["tokens_routed"].sum()), 1)
+        at = e["layer"] == layer
+        b, wb = e[at], w[at]
+        total = max(int((b["tokens_routed"] * wb).sum()), 1)
         rows = []
         for x in np.unique(b["expert"]):
-            r = b[b["expert"] == x]
-            routed, dropped = int(r["tokens_routed"].sum()), int(r["tokens_dropped"].sum())
+            r, wr = b[b["expert"] == x], wb[b["expert"] == x]
+            routed, dropped = int((r["tokens_routed"] * wr).sum()), int((r["tokens_dropped"] * wr).sum())
             rows.append((int(x), routed / total, dropped / routed if routed else 0.0))
         out[int(layer)] = rows
     return out
@@ -115,7 +126,8 @@ def expert_load(rep):
 def layer_times(rep):
     """[(layer, {phase: seconds})]: per layer of /timeline, per phase, the
     median over measured steps of the step's summed spans (over micro-batches
-    and chunks), averaged over the ranks that ran the layer."""
+    and chunks), averaged over the ranks that ran the layer (a class's row
+    counting for each of its ranks)."""
     tl = rep.array("timeline")
     if len(tl) == 0:
         return []
@@ -132,10 +144,11 @@ def layer_times(rep):
             if not sel.any():
                 continue
             per_rank = []
-            for r in np.unique(tl["rank"][sel]):
+            ranks = np.unique(tl["rank"][sel])
+            for r in ranks:
                 per_step = [dur[sel & (tl["rank"] == r) & (tl["step"] == k)].sum() for k in steps]
                 per_rank.append(float(np.median(per_step)))
-            row[ph] = float(np.mean(per_rank))
+            row[ph] = mean(per_rank, rep.weights(ranks))
         out.append((int(layer), row))
     return out
 
@@ -144,6 +157,23 @@ def hidden(busy, waited):
     """Share of a background transfer's time the step did not wait for (0 when
     the wait, which includes starting the transfer's thread, is the longer)."""
     return max(0.0, 1.0 - waited / busy) if busy > 0 else 0.0
+
+
+def alike(rep, per_rank):
+    """[(label, figures)] of {rank: figures}: ranks (or classes) with equal
+    figures on one line, labelled by their ranks, in order of the first."""
+    groups = {}
+    for r, v in sorted(per_rank.items()):
+        groups.setdefault(repr(v), (v, []))[1].extend(rep.ranges(r))
+    out = []
+    for v, ranges in groups.values():
+        ranges = merge_ranges(ranges)
+        n = sum(b - a + 1 for a, b in ranges)
+        t = ranges_text(ranges)
+        if len(t) > 14:
+            t = t[:14].rsplit(",", 1)[0] + ",..."
+        out.append((f"{'rank' if n == 1 else 'ranks'} {t}" + (f" ({n})" if "," in t else ""), v))
+    return out
 
 
 def render(rep):
@@ -199,40 +229,59 @@ def render(rep):
         p("")
         p("time per layer (median over measured steps of the step's spans, summed over micro-batches; "
           "mean over the ranks that run it)")
-        p("  layer          " + "".join(f"{ph + '_ms':>20}" for ph in phases))
-        for layer, row in layers:
-            name = "embedding" if layer == 0 else "head + loss" if layer == last else f"block {layer}"
-            p(f"  {layer:>5} {name:<10}" + "".join(f"{1e3 * row.get(ph, 0.0):>20.3f}" for ph in phases))
+        p("  layer              " + "".join(f"{ph + '_ms':>20}" for ph in phases))
+        # Consecutive blocks of equal figures (as shown) on one line.
+        shown = [(layer, "".join(f"{1e3 * row.get(ph, 0.0):>20.3f}" for ph in phases)) for layer, row in layers]
+        i = 0
+        while i < len(shown):
+            layer, cells = shown[i]
+            j = i
+            if 0 < layer < last:
+                while j + 1 < len(shown) and 0 < shown[j + 1][0] < last and shown[j + 1][1] == cells \
+                        and shown[j + 1][0] == shown[j][0] + 1:
+                    j += 1
+            to = shown[j][0]
+            name = ("embedding" if layer == 0 else "head + loss" if layer == last
+                    else f"block {layer}" if to == layer else f"blocks {layer}-{to}")
+            p(f"  {layer if to == layer else f'{layer}-{to}':>5} {name:<14}" + cells)
+            i = j + 1
     mem = memory_per_rank(rep)
     if mem:
         p("")
-        p("memory per rank: held at the end of the last step / peak during the run")
-        p("  rank " + "".join(f"{c:>24}" for c in CATEGORIES))
-        for r, (held, peak) in sorted(mem.items()):
-            p(f"  {r:>4} " + "".join(f"{fmt_bytes(held[c]) + ' / ' + fmt_bytes(peak[c]):>24}" for c in CATEGORIES))
+        p("memory per rank: held at the end of the last step / peak during the run (ranks of equal figures "
+          "on one line)")
+        p(f"  {'ranks':<26}" + "".join(f"{c:>26}" for c in CATEGORIES))
+        for label, (held, peak) in alike(rep, mem):
+            p(f"  {label:<26}" + "".join(f"{fmt_bytes(held[c]) + ' / ' + fmt_bytes(peak[c]):>26}" for c in CATEGORIES))
     host = memory_per_rank(rep, "host")
     if host:
         p("host arena (optimizer offload), held at the end of the last step")
-        p("  rank " + "".join(f"{c:>14}" for c in ("params", "grads", "optimizer")))
-        for r, (held, _) in sorted(host.items()):
-            p(f"  {r:>4} " + "".join(f"{fmt_bytes(held[c]):>14}" for c in ("params", "grads", "optimizer")))
+        p(f"  {'ranks':<26}" + "".join(f"{c:>14}" for c in ("params", "grads", "optimizer")))
+        for label, (held, _) in alike(rep, host):
+            p(f"  {label:<26}" + "".join(f"{fmt_bytes(held[c]):>14}" for c in ("params", "grads", "optimizer")))
         s_ = rep.measured_steps()
+        ws = rep.weights(s_["rank"]) if len(s_) else np.zeros(0)
+
+        def tot(col):
+            """The column summed over ranks and measured steps (a class's row for each of its ranks)."""
+            return float((s_[col] * ws).sum())
+
         if len(s_) and "offload_bytes_to_host" in s_.dtype.names:
             n = len(np.unique(s_["step"]))
-            p(f"  per step, mean over ranks: {fmt_bytes(s_['offload_bytes_to_host'].sum() / n / rep.world)} to the host, "
-              f"{fmt_bytes(s_['offload_bytes_to_device'].sum() / n / rep.world)} back, copies "
-              f"{1e3 * s_['offload_copy_time'].sum() / n / rep.world:.2f} ms"
-              + (f" on copy threads, waited for {1e3 * s_['offload_copy_wait'].sum() / n / rep.world:.2f} ms "
-                 f"(with the threads' start; {100 * hidden(s_['offload_copy_time'].sum(), s_['offload_copy_wait'].sum()):.0f}% hidden)"
+            p(f"  per step, mean over ranks: {fmt_bytes(tot('offload_bytes_to_host') / n / rep.world)} to the host, "
+              f"{fmt_bytes(tot('offload_bytes_to_device') / n / rep.world)} back, copies "
+              f"{1e3 * tot('offload_copy_time') / n / rep.world:.2f} ms"
+              + (f" on copy threads, waited for {1e3 * tot('offload_copy_wait') / n / rep.world:.2f} ms "
+                 f"(with the threads' start; {100 * hidden(tot('offload_copy_time'), tot('offload_copy_wait')):.0f}% hidden)"
                  if "offload_copy_wait" in s_.dtype.names else "")
               + ", host update "
-              f"{1e3 * s_['offload_update_time'].sum() / n / rep.world:.2f} ms")
-        if len(s_) and "nvme_bytes_read" in s_.dtype.names and s_["nvme_bytes_read"].sum() > 0:
-            io, wait = s_["nvme_io_time"].sum(), s_["nvme_wait_time"].sum()
+              f"{1e3 * tot('offload_update_time') / n / rep.world:.2f} ms")
+        if len(s_) and "nvme_bytes_read" in s_.dtype.names and tot('nvme_bytes_read') > 0:
+            io, wait = tot('nvme_io_time'), tot('nvme_wait_time')
             p(f"  NVMe ({a.get('offload_io', '?')}), per step, mean over ranks: "
-              f"{fmt_bytes(s_['nvme_bytes_read'].sum() / n / rep.world)} read, "
-              f"{fmt_bytes(s_['nvme_bytes_written'].sum() / n / rep.world)} written, "
-              f"I/O {1e3 * io / n / rep.world:.2f} ms at {s_['nvme_bytes_read'].sum() * 2 / max(io, 1e-12) / 2**30:.2f} GiB/s, "
+              f"{fmt_bytes(tot('nvme_bytes_read') / n / rep.world)} read, "
+              f"{fmt_bytes(tot('nvme_bytes_written') / n / rep.world)} written, "
+              f"I/O {1e3 * io / n / rep.world:.2f} ms at {tot('nvme_bytes_read') * 2 / max(io, 1e-12) / 2**30:.2f} GiB/s, "
               f"waited {1e3 * wait / n / rep.world:.2f} ms ({100 * hidden(io, wait):.0f}% hidden)")
     pipe = rep.array("summary/pipeline")
     if len(pipe) and pipe["stages"].max() > 1:
@@ -240,10 +289,10 @@ def render(rep):
         sched = text(pipe["schedule"][0])
         p(f"pipeline bubble ({sched}, p {pipe['stages'][0]}, m {pipe['micro_batches'][0]}"
           + (f", v {pipe['virtual_stages'][0]}" if "virtual_stages" in pipe.dtype.names else "") + ")")
-        p("  rank  stage   bubble  idle/compute   theory")
+        p(f"  {'ranks':<26}  stage   bubble  idle/compute   theory")
         for row in sorted(pipe, key=lambda x: x["rank"]):
-            p(f"  {row['rank']:>4}  {row['pp_rank']:>5}   {row['bubble']:.3f}         {row['bubble_over_compute']:.3f}"
-              f"    {row['theory']:.3f}")
+            p(f"  {rep.rank_label(row['rank'], 18):<26}  {row['pp_rank']:>5}   {row['bubble']:.3f}         "
+              f"{row['bubble_over_compute']:.3f}    {row['theory']:.3f}")
     moe = moe_per_step(rep)
     if moe:
         p("")

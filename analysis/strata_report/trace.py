@@ -1,4 +1,4 @@
-"""Chrome/Perfetto trace JSON: one process per rank, named by its mesh
+"""Chrome/Perfetto trace JSON: one process per rank (or class of ranks), named by its mesh
 coordinates and host; one track per kind of work (compute; the optimizer;
 communication per axis, split into lanes so overlapping non-blocking calls
 never share one), complete ("X") events in microseconds, properly nested on
@@ -6,7 +6,8 @@ every track; a marker where each step begins; memory per category as
 counters; and a flow arrow from each pipeline send to its receive.
 
 `write_per_rank` writes one file per rank with a `distributedInfo` record,
-as Holistic Trace Analysis reads a job's traces."""
+as Holistic Trace Analysis reads a job's traces. A report of rank classes
+(a simulation's) has one process, and one file, per class."""
 import json
 import os
 
@@ -42,14 +43,16 @@ def mesh_dims(ranks):
 
 def rank_names(rep):
     """{rank: "rank 3 (pp 1, dp 0, cp 0, tp 1) on node07"} from /ranks, one
-    coordinate per dim of the mesh (reports without /ranks: "rank 3")."""
+    coordinate per dim of the mesh (reports without /ranks: "rank 3"); a
+    class of ranks is named by its ranks and its first one's coordinates."""
     rk = rep.array("ranks")
     dims = mesh_dims(rk)
-    names = {r: f"rank {r}" for r in range(rep.world)}
+    names = {r: rep.rank_label(r) for r in rep.row_ranks}
     for row in rk:
         r = int(row["rank"])
         where = ", ".join(f"{d} {int(row[d])}" for d in dims)
-        names[r] = f"rank {r} ({where}) on {text(row['host'])}"
+        first = " of the first" if rep.members(r) > 1 else ""
+        names[r] = f"{rep.rank_label(r)} ({where}{first}) on {text(row['host'])}"
     return names
 
 
@@ -105,7 +108,7 @@ def build(rep, only_rank=None):
         return tracks[key]
 
     names = rank_names(rep)
-    for r in range(rep.world):
+    for r in rep.row_ranks:
         if keep(r):
             ev.append({"ph": "M", "name": "process_name", "pid": r, "args": {"name": names[r]}})
             ev.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
@@ -185,14 +188,17 @@ def write(rep, path):
 
 def write_per_rank(rep, directory):
     """One trace per rank, rank-R.json, each with the distributedInfo record
-    Holistic Trace Analysis groups a job's traces by."""
+    Holistic Trace Analysis groups a job's traces by; for a report of rank
+    classes, one per class, named by its first rank, with its ranks."""
     os.makedirs(directory, exist_ok=True)
     backend = text(rep.attrs.get("comm_backend", "mpi")).split(" ")[0]
     paths = []
-    for r in range(rep.world):
+    for r in rep.row_ranks:
         t = build(rep, only_rank=r)
         t["distributedInfo"] = {"backend": backend, "rank": r, "world_size": rep.world,
                                 "layout": rep.summary.get("layout", "")}
+        if rep.members(r) > 1:
+            t["distributedInfo"]["ranks"] = rep.rank_label(r, 10**6)
         p = os.path.join(directory, f"rank-{r}.json")
         with open(p, "w") as f:
             json.dump(t, f)

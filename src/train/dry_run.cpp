@@ -86,17 +86,23 @@ void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t para
 }
 
 // The estimate as a report: the provenance of a run, status "estimate", the
-// /memory table a run writes, one row per rank, pool and category of the
-// estimated step (numbered 0), and /compute per rank class, layer and phase.
+// /memory table a run writes, one row per rank class, pool and category of
+// the estimated step (numbered 0), and /compute per rank class, layer and
+// phase.
 void write_estimate_report(const deck::Deck& deck, const RunOptions& options, const Estimate& e) {
   report::H5File file(MPI_COMM_SELF, options.output);
   write_provenance(file, provenance(deck, options.command_line, "meta"));
   file.set_attr("/", "device", std::string(plan::name_of(deck.config.backend.device)));
+  std::vector<const RankClass*> order;
+  for (const RankClass& k : e.classes) order.push_back(&k);
+  std::sort(order.begin(), order.end(), [](const RankClass* a, const RankClass* b) { return a->ranks < b->ranks; });
+  std::vector<std::vector<int>> classes;
   std::vector<MemoryRecord> rows;
-  for (const RankClass& k : e.classes)
-    for (int r : k.ranks)
-      for (const auto& m : memory_records(r, 0, k.memory, deck.config)) rows.push_back(m);
-  std::sort(rows.begin(), rows.end(), [](const MemoryRecord& a, const MemoryRecord& b) { return a.rank < b.rank; });
+  for (const RankClass* k : order) {
+    classes.push_back(k->ranks);
+    for (const auto& m : memory_records(k->ranks.front(), 0, k->memory, deck.config)) rows.push_back(m);
+  }
+  write_rank_classes(file, classes);
   write_memory_table(file, rows);
   report::Table compute("compute", "one step's kernels per rank class, layer and phase, counted on the meta device");
   compute.col_i64("rank", "1", "the first rank of the class (every rank of it does the same work)")

@@ -257,6 +257,27 @@ report::Table ranks_table(const mesh::Layout& layout, const std::vector<RankRows
   return rk;
 }
 
+report::Table rank_classes_table(const std::vector<std::vector<int>>& classes) {
+  report::Table t("rank_classes", "classes of identical ranks: the first rank of each stands for all of them in the "
+                                  "rank column of the other tables; one row per run of consecutive ranks of a class");
+  t.col_i64("rank", "1", "the first rank of the class: the rank its rows carry in the other tables")
+      .col_i64("first", "1", "the first rank of a run of consecutive ranks of the class")
+      .col_i64("last", "1", "the last rank of the run (inclusive)");
+  for (const std::vector<int>& k : classes)
+    for (std::size_t i = 0; i < k.size();) {
+      std::size_t j = i;
+      while (j + 1 < k.size() && k[j + 1] == k[j] + 1) ++j;
+      t.add_row({std::int64_t(k.front()), std::int64_t(k[i]), std::int64_t(k[j])});
+      i = j + 1;
+    }
+  return t;
+}
+
+void write_rank_classes(report::H5File& f, const std::vector<std::vector<int>>& classes) {
+  f.write_table(rank_classes_table(classes));
+  f.set_attr("/", "rank_rows", "classes");
+}
+
 std::vector<report::Table> step_tables(const mesh::Layout& layout, const std::vector<RankRows>& ranks,
                                        const std::vector<MemoryRecord>& memory) {
   std::vector<report::Table> out;

@@ -141,13 +141,21 @@ struct RankRows {
 // /ranks, /steps, /experts, /memory, /timeline and /comm of a run on
 // `layout`: /ranks has a column per dim, /steps one of exposed
 // communication per axis. A run passes its own rank's rows (every rank
-// calls it, collectively); a simulation every rank's.
+// calls it, collectively); a simulation one rank's of each rank class.
 void write_tables(report::H5File& f, const mesh::Layout& layout, const std::vector<RankRows>& ranks,
                   const std::vector<MemoryRecord>& memory);
 // The same tables, built: /ranks, and the tables of per-step rows (/steps,
 // /experts, /memory, /timeline and /comm), which a run appends a window of
 // steps at a time.
 report::Table ranks_table(const mesh::Layout& layout, const std::vector<RankRows>& ranks);
+// /rank_classes and the root attribute rank_rows = "classes" of a report
+// whose ranks come in classes of identical ones (an estimate's, a
+// simulation's): the other tables then hold the rows of each class's first
+// rank alone, so that the report's size follows the classes, not the world.
+// `classes` are the member ranks of each, ascending, together every rank
+// once; a row per run of consecutive members.
+report::Table rank_classes_table(const std::vector<std::vector<int>>& classes);
+void write_rank_classes(report::H5File& f, const std::vector<std::vector<int>>& classes);
 std::vector<report::Table> step_tables(const mesh::Layout& layout, const std::vector<RankRows>& ranks,
                                        const std::vector<MemoryRecord>& memory);
 

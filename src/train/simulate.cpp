@@ -20,14 +20,6 @@
 
 namespace strata::train {
 
-namespace {
-
-// Above this many ranks the report's /timeline and /comm hold the rows of
-// each pipeline stage's simulated rank only, not a copy for every rank.
-constexpr int kEveryRankRows = 64;
-
-}  // namespace
-
 void set_throughput(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine, double t) {
   const models::Family& family = models::family(cfg);
   out.model_flops = family.model_flops(cfg, cfg.data.global_batch);
@@ -93,18 +85,20 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   file.set_attr("/", "machine", machine.name);
   file.set_attr("/", "machine_path", machine.path);
   file.set_attr("/", "fused_casts", machine.fused_casts ? "true" : "false");
-  const bool every = l.world() <= kEveryRankRows;
-  file.set_attr("/", "simulated_rows",
-                every ? std::string("every rank") : std::string("timeline and comm: the first rank of each pipeline stage"));
-
-  // Every rank's memory, step and summaries; the timeline and calls of each
-  // stage's simulated rank, copied to the stage's other ranks when few.
+  // One row per class of identical ranks, under its first rank (the
+  // estimate's classes, each within one pipeline stage, whose simulated
+  // timeline and calls the class's row carries).
+  std::vector<const RankClass*> order;
+  for (const RankClass& k : pr.estimate.classes) order.push_back(&k);
+  std::sort(order.begin(), order.end(), [](const RankClass* a, const RankClass* b) { return a->ranks < b->ranks; });
+  std::vector<std::vector<int>> classes;
   std::vector<MemoryRecord> memory, rank0;
-  for (const RankClass& k : pr.estimate.classes)
-    for (int r : k.ranks)
-      for (const auto& m : memory_records(r, 0, k.memory, cfg)) (r == 0 ? rank0 : memory).push_back(m);
-  memory.insert(memory.end(), rank0.begin(), rank0.end());
-  std::sort(memory.begin(), memory.end(), [](const MemoryRecord& a, const MemoryRecord& b) { return a.rank < b.rank; });
+  for (const RankClass* k : order) {
+    classes.push_back(k->ranks);
+    for (const auto& m : memory_records(k->ranks.front(), 0, k->memory, cfg)) memory.push_back(m);
+    if (k->ranks.front() == 0) rank0 = memory;
+  }
+  write_rank_classes(file, classes);
 
   std::vector<StepRecord> steps = {pr.step_record};
   steps[0].exposed_comm.assign(l.axis_names().size(), 0.0);
@@ -117,10 +111,10 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   std::vector<RankRows> rows;
   std::vector<std::pair<int, std::vector<CommAggregate>>> comm_figures;
   std::vector<std::pair<int, Bubble>> bubbles;
-  for (int r = 0; r < l.world(); ++r) {
+  for (const std::vector<int>& k : classes) {
+    const int r = k.front();
     const std::size_t s = std::size_t(mesh::coord(l, r, "pp"));
-    const bool spans = every || r == pr.step.stages[s].rank;
-    rows.push_back({r, &steps, nullptr, spans ? &pr.timelines[s] : nullptr, spans ? &logs[s] : nullptr, "simulated"});
+    rows.push_back({r, &steps, nullptr, &pr.timelines[s], &logs[s], "simulated"});
     comm_figures.push_back({r, aggregates[s]});
     bubbles.push_back({r, pr.bubbles[s]});
   }
@@ -129,7 +123,7 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   write_pipeline_summary(file, bubbles);
   Summary summary = summarise(steps, rank0, pr.model_flops, pr.hardware_flops, pr.peak_flops);
   // The memory figures of the largest rank, as a run's summary has them.
-  // `memory` is sorted by rank: one run of rows per rank.
+  // `memory` is sorted by rank: one run of rows per class.
   for (auto first = memory.begin(); first != memory.end();) {
     const auto last = std::find_if(first, memory.end(), [&](const MemoryRecord& m) { return m.rank != first->rank; });
     const Summary other = summarise({}, {first, last}, 0, 0, 0);

@@ -175,19 +175,28 @@ then ok "a run killed mid-checkpoint resumes from the previous one"; else bad "k
 if "$strata" run tiny.toml --dry-run > dry.log 2>&1 && grep -q "parameters:" dry.log \
    && grep -q "optimizer" dry.log && [[ ! -e results/tiny.h5 ]]; then ok "dry run prints the estimate, writes nothing"; else bad "dry run"; cat dry.log; fi
 # With --output, the estimate is a report (status "estimate") whose /memory
-# rows are the 2-rank ZeRO-2 run's above, rank by rank, every step.
+# rows are the 2-rank ZeRO-2 run's above, rank by rank, every step: each
+# rank's are those of its class (/rank_classes), every rank in one class.
 if "$strata" run tiny.toml --set parallel.dp=2 --set parallel.zero=2 --dry-run --output out/dry.h5 > dry.log 2>&1 \
    && "$py" - out/dry.h5 out/dp2.h5 >> dry.log 2>&1 <<'PY'
 import sys, h5py
 est, run = (h5py.File(p, "r") for p in sys.argv[1:3])
 assert est.attrs["status"] == b"estimate" or est.attrs["status"] == "estimate", est.attrs["status"]
 assert int(est.attrs["world_size"]) == 2
+assert est.attrs["rank_rows"] in ("classes", b"classes")
+cls = {}
+for c in est["rank_classes"][...]:
+    for r in range(int(c["first"]), int(c["last"]) + 1):
+        assert r not in cls, f"rank {r} in two classes"
+        cls[r] = int(c["rank"])
+assert sorted(cls) == [0, 1], cls
 key = lambda r: (int(r["rank"]), r["pool"], r["category"])
 want = {key(r): (int(r["current_bytes"]), int(r["peak_bytes"]), int(r["pool_peak_bytes"])) for r in est["memory"][...]}
 got = run["memory"][...]
-assert len(want) == 2 * 6 and len(got) == 4 * 2 * 6, (len(want), len(got))
+assert len(want) == len(set(cls.values())) * 6 and len(got) == 4 * 2 * 6, (len(want), len(got))
 for r in got:
-    assert want[key(r)] == (int(r["current_bytes"]), int(r["peak_bytes"]), int(r["pool_peak_bytes"])), (r, want[key(r)])
+    k = (cls[int(r["rank"])], r["pool"], r["category"])
+    assert want[k] == (int(r["current_bytes"]), int(r["peak_bytes"]), int(r["pool_peak_bytes"])), (r, want[k])
 PY
 then ok "dry run --output: an estimate report equal to the run's /memory"; else bad "dry run --output"; cat dry.log; fi
 "$strata" run tiny.toml --dry-run --set backend.memory_limit=64KiB > dry3.log 2>&1

@@ -69,14 +69,34 @@ def main():
             for c in d.dtype.names:
                 if f"unit:{c}" not in d.attrs:
                     errors.append(f"/{name} column {c} has no unit attribute")
+        # The ranks whose rows the tables hold: every rank of a run; in a
+        # simulation the first rank of each class of identical ranks, the
+        # classes together holding every rank once.
+        rows_of = list(range(a.world))
+        if simulated:
+            if text(f.attrs.get("rank_rows", "")) != "classes" or "rank_classes" not in f:
+                errors.append("a simulation without rank classes (rank_rows, /rank_classes)")
+            else:
+                members = {}
+                for c in f["rank_classes"][...]:
+                    members.setdefault(int(c["rank"]), []).extend(range(int(c["first"]), int(c["last"]) + 1))
+                every = sorted(r for m in members.values() for r in m)
+                if every != list(range(a.world)):
+                    errors.append(f"/rank_classes does not hold each of the {a.world} ranks once: {every}")
+                if any(r != min(m) for r, m in members.items()):
+                    errors.append("/rank_classes names a class by other than its first rank")
+                rows_of = sorted(members)
         steps = f["steps"][...]
-        if len(steps) != a.steps * a.world:
-            errors.append(f"/steps has {len(steps)} rows, expected {a.steps} x {a.world} ranks")
-        if sorted(set(steps["rank"])) != list(range(a.world)):
-            errors.append(f"/steps ranks {sorted(set(steps['rank']))}")
+        if len(steps) != a.steps * len(rows_of):
+            errors.append(f"/steps has {len(steps)} rows, expected {a.steps} x {len(rows_of)} ranks")
+        if sorted(set(steps["rank"])) != rows_of:
+            errors.append(f"/steps ranks {sorted(set(steps['rank']))}, expected {rows_of}")
+        for name in ("memory", "ranks", "summary/pipeline"):
+            if sorted(set(f[name]["rank"])) != rows_of:
+                errors.append(f"/{name} ranks {sorted(set(f[name]['rank']))}, expected {rows_of}")
         if a.world > 1:
             comm = f["comm"][...]
-            if len(comm) == 0 or sorted(set(comm["rank"])) != list(range(a.world)):
+            if len(comm) == 0 or sorted(set(comm["rank"])) != rows_of:
                 errors.append("/comm lacks rows of some rank")
             if not np.all(comm["end"] >= comm["start"]) or not np.all(comm["wait"] >= 0):
                 errors.append("/comm has spans that end before they start")

@@ -79,6 +79,13 @@ def reports(tmp_path_factory):
     r = subprocess.run([os.environ["STRATA_BIN"], "sweep", "sweep.toml", "--results", "sweeps"], cwd=tmp,
                        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
     assert r.returncode == 1, r.stdout + r.stderr  # one point failed
+    # Simulations, whose reports hold one row per class of identical ranks:
+    # 8 ranks, and the README's 4096.
+    for deck, name in (("deck.toml", "sim8.h5"), (os.path.join(ROOT, "inputs", "gpt-7b-4096.toml"), "sim4096.h5")):
+        more = ["--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set", "parallel.tp=2"] if name == "sim8.h5" else []
+        r = subprocess.run([os.environ["STRATA_BIN"], "simulate", deck, "--machine", "h100-80gb", *more, "--output",
+                            name], cwd=tmp, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
     with h5py.File(tmp / "other.h5", "w") as f:
         f.attrs["schema"] = "something-else"
     return tmp
@@ -99,8 +106,8 @@ def test_summary_states_the_reports_figures(reports):
     lines = out.splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("pipeline bubble")) + 2
     rows = [l.split() for l in lines[start:start + 2]]
-    assert [r[:2] for r in rows] == [["0", "0"], ["1", "1"]]
-    assert all(abs(float(r[4]) - 1 / 13) < 1e-3 for r in rows)
+    assert [r[:3] for r in rows] == [["rank", "0", "0"], ["rank", "1", "1"]]
+    assert all(abs(float(r[5]) - 1 / 13) < 1e-3 for r in rows)
     # The recv row carries its peer wait.
     assert any(l.split()[:2] == ["pp", "recv"] for l in out.splitlines() if l.strip())
 
@@ -254,6 +261,40 @@ def test_trace_per_rank_carries_distributed_info(reports, tmp_path):
         doc = json.loads((tmp_path / "ranks" / f"rank-{r}.json").read_text())
         assert doc["distributedInfo"]["rank"] == r and doc["distributedInfo"]["world_size"] == 2
         assert {e["pid"] for e in doc["traceEvents"]} == {r}
+
+
+def test_simulation_rows_stand_for_classes_of_ranks(reports):
+    rep = Report(str(reports / "sim8.h5"))
+    assert rep.world == 8 and rep.attrs["rank_rows"] == "classes"
+    # pp 2 x dp 2 x tp 2: a class per pipeline stage, its first rank standing for it.
+    assert len(rep.row_ranks) == 2 and sum(rep.members(r) for r in rep.row_ranks) == 8
+    assert sorted(set(rep.column("steps", "rank"))) == rep.row_ranks == sorted(set(rep.column("memory", "rank")))
+    assert [rep.rank_label(r) for r in rep.row_ranks] == ["ranks 0-3", "ranks 4-7"]
+    out = tool(str(reports / "sim8.h5")).stdout
+    mem = out[out.index("memory per rank"):].splitlines()
+    assert mem[2].startswith("  ranks 0-3 ") and mem[3].startswith("  ranks 4-7 "), mem[:4]
+    # The communication table counts a class's row for each of its ranks:
+    # every rank issues the tensor-parallel all-reduce of the activations, a
+    # stage's 4 ranks the ops of that stage alone.
+    comm = [l.split() for l in out[out.index("communication per axis"):].splitlines()[2:] if l.strip()]
+    tp = [c for c in comm if c[0] == "tp" and c[1] == "all_reduce"]  # op, size class (2 words), n, ranks
+    assert tp and tp[0][4:6] == ["2", "8"] and all(c[5] in ("4", "8") for c in tp), tp
+
+
+def test_a_4096_rank_simulation_reads_in_few_lines_small_pictures_and_a_process_per_class(reports, tmp_path):
+    out = tool(str(reports / "sim4096.h5"), "--plots", str(tmp_path), "--trace", str(tmp_path / "t.json")).stdout
+    summary = out[:out.index("wrote ")]
+    assert len(summary.splitlines()) < 100, summary
+    assert not any(l.startswith("  loss ") for l in summary.splitlines()) and "PFLOP/s" in summary
+    import matplotlib.image as mpimg
+    for name in ("timeline", "memory", "comm"):
+        h, w = mpimg.imread(tmp_path / f"{name}.png").shape[:2]
+        assert h <= 1200 and w <= 2000, (name, h, w)
+    rep = Report(str(reports / "sim4096.h5"))
+    ev = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(procs) == rep.row_ranks and len(procs) < 64
+    assert procs[0].startswith("ranks 0-511 (pp 0, dp 0, cp 0, tp 0 of the first) on simulated"), procs[0]
 
 
 def test_lanes_keep_overlapping_calls_apart():
