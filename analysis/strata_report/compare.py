@@ -5,7 +5,7 @@ import io
 import json
 
 from .read import text
-from .summary import comm_per_axis_op, fmt_bytes
+from .summary import comm_per_axis_op, fmt_bytes, fmt_flops
 
 
 def schedule(rep):
@@ -31,28 +31,65 @@ def config_differences(reps):
     return {k: [f.get(k) for f in flat] for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
 
 
+def _ms(x):
+    return f"{1e3 * x:.2f}"
+
+
+# The headline figures, one row each: (key, label, unit, shown): the key and
+# SI unit name the figure in JSON and CSV; the label and shown (a value to
+# text) in the text table; shown None: the value as it is.
+FIELDS = [
+    ("status", "status", None, None),
+    ("simulated_on", "simulated on", None, None),
+    ("layout", "layout", None, None),
+    ("strategy", "strategy", None, None),
+    ("precision", "precision", None, None),
+    ("schedule", "schedule", None, None),
+    ("ranks", "ranks", "1", None),
+    ("tokens_per_s", "tokens/s", "token/s", "{:.0f}".format),
+    ("tokens_per_s_per_device", "tokens/s per device", "token/s", "{:.0f}".format),
+    ("mfu", "MFU %", "1", lambda x: f"{100 * x:.1f}"),
+    ("peak_flops_per_device", "peak per device (MFU's divisor)", "FLOP/s", fmt_flops),
+    ("step_time_s", "median step ms (slowest rank)", "s", _ms),
+    ("final_loss", "final loss", "nats/token", "{:.4f}".format),
+    ("peak_memory_bytes", "largest rank peak (sum of category peaks)", "B", fmt_bytes),
+    ("exposed_comm_s", "exposed comm per rank ms", "s", _ms),
+]
+UNITS = {k: u for k, _, u, _ in FIELDS if u is not None}
+
+
 def figures(rep):
-    """[(name, value, format)]: the report's own headline figures (/summary),
-    so that compare, strata-report and the sweep table say the same."""
+    """{key: value}: the report's own headline figures (/summary), so that
+    compare, strata-report and the sweep table say the same; SI units, as
+    UNITS."""
     s = rep.summary
-    exposed = sum(r[7] for r in comm_per_axis_op(rep))
-    return [
-        ("status", rep.status, None),
-        ("simulated on", text(rep.attrs.get("machine", "")) if rep.simulated else "no (measured)", None),
-        ("layout", s.get("layout", "?"), None),
-        ("strategy", s.get("strategy", "?"), None),
-        ("precision", s.get("precision", "fp32"), None),
-        ("schedule", schedule(rep), None),
-        ("ranks", rep.world, None),
-        ("tokens/s", s.get("tokens_per_s", 0.0), "{:.0f}"),
-        ("tokens/s per device", s.get("tokens_per_s_per_device", s.get("tokens_per_s", 0.0) / max(rep.world, 1)),
-         "{:.0f}"),
-        ("MFU %", 100 * s.get("mfu", 0.0), "{:.1f}"),
-        ("median step ms (slowest rank)", 1e3 * s.get("step_time", 0.0), "{:.2f}"),
-        ("final loss", s.get("final_loss", float("nan")), "{:.4f}"),
-        ("largest rank peak (sum of category peaks)", s.get("peak_bytes_total", 0.0), "bytes"),
-        ("exposed comm per rank ms", 1e3 * exposed, "{:.2f}"),
-    ]
+    return {
+        "status": rep.status,
+        "simulated_on": text(rep.attrs.get("machine", "")) if rep.simulated else "no (measured)",
+        "layout": s.get("layout", "?"),
+        "strategy": s.get("strategy", "?"),
+        "precision": s.get("precision", "fp32"),
+        "schedule": schedule(rep),
+        "ranks": rep.world,
+        "tokens_per_s": s.get("tokens_per_s", 0.0),
+        "tokens_per_s_per_device": s.get("tokens_per_s_per_device", s.get("tokens_per_s", 0.0) / max(rep.world, 1)),
+        "mfu": s.get("mfu", 0.0),
+        "peak_flops_per_device": s.get("peak_flops_per_device", s.get("peak_flops", 0.0) / max(rep.world, 1)),
+        "step_time_s": s.get("step_time", 0.0),
+        "final_loss": s.get("final_loss", float("nan")),
+        "peak_memory_bytes": s.get("peak_bytes_total", 0.0),
+        "exposed_comm_s": sum(r[7] for r in comm_per_axis_op(rep)),
+    }
+
+
+def peaks_differ(reps, figs):
+    """The line that says MFU divides by different peaks, or None."""
+    peaks = [f["peak_flops_per_device"] for f in figs]
+    if max(peaks) <= 0 or (max(peaks) - min(peaks)) <= 1e-9 * max(peaks):
+        return None
+    each = ", ".join(f"{_label(i)} {fmt_flops(p)} ({f['precision']})" for i, (p, f) in enumerate(zip(peaks, figs)))
+    return (f"note: MFU divides by a different peak per report ({each}): its ratio is not the ratio of "
+            f"throughput; compare tokens/s")
 
 
 def _label(i):
@@ -61,21 +98,22 @@ def _label(i):
 
 def render(reps, fmt="text"):
     """The reports side by side: fmt "text" (a table, ratios to the first),
-    "json" or "csv"."""
+    "json" (one object per report, snake_case keys, the units alongside) or
+    "csv" (one row per report)."""
     diffs = config_differences(reps)
     figs = [figures(r) for r in reps]
-    names = [n for n, _, _ in figs[0]]
     if fmt == "json":
-        return json.dumps({"reports": [r.path for r in reps], "config_differences": diffs,
-                           "figures": {n: [f[i][1] for f in figs] for i, n in enumerate(names)}}, indent=2)
+        return json.dumps({"units": UNITS, "reports": [
+            {"path": r.path, **f, "config": {k: vs[i] for k, vs in diffs.items()}}
+            for i, (r, f) in enumerate(zip(reps, figs))]}, indent=2)
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["field"] + [r.path for r in reps])
-        for k, vs in diffs.items():
-            w.writerow([f"config:{k}"] + ["" if v is None else v for v in vs])
-        for i, n in enumerate(names):
-            w.writerow([n] + [f[i][1] for f in figs])
+        keys = [k for k, _, _, _ in FIELDS]
+        w.writerow(["path"] + [f"{k} [{UNITS[k]}]" if k in UNITS else k for k in keys]
+                   + [f"config.{k}" for k in diffs])
+        for i, (r, f) in enumerate(zip(reps, figs)):
+            w.writerow([r.path] + [f[k] for k in keys] + ["" if vs[i] is None else vs[i] for vs in diffs.values()])
         return buf.getvalue().rstrip("\n")
     width = 20
     out = [f"{_label(i)}  {r.path}" for i, r in enumerate(reps)]
@@ -85,13 +123,14 @@ def render(reps, fmt="text"):
     for k, vs in diffs.items():
         out.append(f"  {k:<42}" + "".join(f"{'-' if v is None else str(v):>{width}}" for v in vs))
     out += ["", f"{'':<44}{head}{ratios}"]
-    for i, n in enumerate(names):
-        f = figs[0][i][2]
-        vals = [fg[i][1] for fg in figs]
-        if f is None:
-            out.append(f"{n:<44}" + "".join(f"{str(v):>{width}}" for v in vals))
+    for key, label, _, shown in FIELDS:
+        vals = [f[key] for f in figs]
+        if shown is None:
+            out.append(f"{label:<44}" + "".join(f"{str(v):>{width}}" for v in vals))
             continue
-        cells = [fmt_bytes(v) if f == "bytes" else f.format(v) for v in vals]
         rat = "".join(f"{v / vals[0]:>10.3f}" if vals[0] else f"{'-':>10}" for v in vals[1:])
-        out.append(f"{n:<44}" + "".join(f"{c:>{width}}" for c in cells) + rat)
+        out.append(f"{label:<44}" + "".join(f"{shown(v):>{width}}" for v in vals) + rat)
+    note = peaks_differ(reps, figs)
+    if note:
+        out += ["", note]
     return "\n".join(out)

@@ -1,7 +1,8 @@
 """Opening a report: the schema check and typed access to its tables.
 
 The stable API (strata_report.Report):
-  Report(path).table(name)  the table as a pandas DataFrame, strings as str
+  Report(path).table(name)  the table as a pandas DataFrame, strings as str,
+                            the columns' units in df.attrs["units"]
   Report(path).array(name)  the same table as a numpy structured array
   Report(path).summary      {name: float or str} of /summary's scalars
   Report(path).config       the resolved configuration, as nested dicts
@@ -108,6 +109,12 @@ def checked_table(path, name, obj, columns):
         raise ReportError(f"{path}: /{name} cannot be read: {e}") from None
 
 
+def units_of(obj):
+    """{column: unit} from a table's "unit:<column>" attributes ("" where
+    it has none; "1" is a count or a ratio)."""
+    return {c: text(obj.attrs.get(f"unit:{c}", "")) for c in obj.dtype.names or ()}
+
+
 def read_attrs(path, f):
     """The root attributes, strings as str; those the tools take as numbers
     checked to be (whole) numbers."""
@@ -162,8 +169,11 @@ def read_open_report(path, f):
                           f"v{VERSION} (a Strata run report)")
     tables = {}
     summary = {}
+    units = {}
     for name in TABLES:
         tables[name] = checked_table(path, name, f[name], COLUMNS[name]) if name in f else None
+        if name in f:
+            units[name] = units_of(f[name])
     if "summary" in f:
         if not isinstance(f["summary"], h5py.Group):
             raise ReportError(f"{path}: /summary is not a group")
@@ -179,7 +189,7 @@ def read_open_report(path, f):
                     raise ReportError(f"{path}: /summary/{k} is of type {d.dtype}: "
                                       f"{'a string' if want_text else 'a number'} was expected")
     check_classes(path, tables["rank_classes"], int(attrs.get("world_size", 1)))
-    return attrs, tables, summary
+    return attrs, tables, summary, units
 
 
 def check_classes(path, t, world):
@@ -262,6 +272,26 @@ def read_isolated(path, read):
     return value
 
 
+def data_frame(t, units, more=None):
+    """A structured array as a pandas DataFrame, strings as str, the units
+    ({column: unit}) in df.attrs["units"]; `more`: further columns
+    ({name: (values, unit)}). Empty (no columns) for None."""
+    import pandas as pd  # only where a DataFrame is asked for
+
+    if t is None:
+        return pd.DataFrame()
+    cols = {}
+    for c in t.dtype.names:
+        cols[c] = [text(x) for x in t[c]] if t.dtype[c].kind in "SOU" else t[c]
+    units = {c: units.get(c, "") for c in t.dtype.names}
+    for c, (values, unit) in (more or {}).items():
+        cols[c] = values
+        units[c] = unit
+    df = pd.DataFrame(cols)
+    df.attrs["units"] = units
+    return df
+
+
 class Report:
     """A report's tables, its /summary scalars, its configuration and its
     root attributes, read once when opened."""
@@ -270,7 +300,8 @@ class Report:
         """`read`: what _read_report returned for the file, when the caller
         has read it already."""
         self.path = str(path)
-        self.attrs, self.tables, self.summary = read if read is not None else read_isolated(self.path, _read_report)
+        self.attrs, self.tables, self.summary, self.units = (read if read is not None
+                                                             else read_isolated(self.path, _read_report))
         try:
             self.config = tomllib.loads(self.attrs.get("resolved_config", ""))
         except tomllib.TOMLDecodeError as e:
@@ -348,18 +379,11 @@ class Report:
 
     def table(self, name):
         """The table as a pandas DataFrame, one column per table column,
-        strings decoded to str; empty (no columns) when the report has none."""
-        import pandas as pd  # only where a DataFrame is asked for
-
+        strings decoded to str, and each column's unit in
+        df.attrs["units"]; empty (no columns) when the report has none."""
         if name not in TABLES:
             raise ReportError(f"{self.path}: no table '{name}'; the tables are {', '.join(TABLES)}")
-        t = self.tables.get(name)
-        if t is None:
-            return pd.DataFrame()
-        cols = {}
-        for c in t.dtype.names:
-            cols[c] = [text(x) for x in t[c]] if t.dtype[c].kind in "SOU" else t[c]
-        return pd.DataFrame(cols)
+        return data_frame(self.tables.get(name), self.units.get(name, {}))
 
     def column(self, name, col):
         t = self.array(name)

@@ -5,11 +5,13 @@ import os
 
 import numpy as np
 
-from .read import (Report, ReportError, checked_table, read_attrs, read_file, read_isolated, read_open_report, text,
-                   texts)
+from .read import (Report, ReportError, checked_table, data_frame, read_attrs, read_file, read_isolated,
+                   read_open_report, text, texts, units_of)
 from .summary import fmt_bytes
 
 SCHEMAS = ("strata-sweep", "strata-plan")
+# The most points the bar chart of sweep.png draws.
+MAX_BARS = 30
 
 
 # The columns of /points the tools read (kinds as read.COLUMNS).
@@ -23,7 +25,7 @@ def _read_open_index(path, f):
         raise ReportError(f"{path}: not a strata-sweep or strata-plan v1 index")
     if "points" not in f:
         raise ReportError(f"{path}: the index has no /points table")
-    return attrs, checked_table(path, "points", f["points"], POINT_COLUMNS)
+    return attrs, checked_table(path, "points", f["points"], POINT_COLUMNS), units_of(f["points"])
 
 
 def _read_either(path):
@@ -48,7 +50,7 @@ class Index:
     def __init__(self, path, read=None):
         """`read`: what _read_open_index returned for the file, when the
         caller has read it already."""
-        attrs, self.points = read if read is not None else read_isolated(
+        attrs, self.points, self.units = read if read is not None else read_isolated(
             path, lambda p: read_file(p, lambda f: _read_open_index(p, f)))
         self.schema = attrs.get("schema", "")
         self.machine = text(attrs.get("machine", ""))
@@ -60,6 +62,43 @@ class Index:
     def col(self, c):
         v = self.points[c]
         return texts(v) if v.dtype.kind == "S" else v
+
+    def table(self):
+        """/points as a pandas DataFrame, strings as str, and one column more
+        per deck key the points set (a sweep's axes, a plan's searches),
+        named by the key and holding its values as numbers where they are;
+        the units in df.attrs["units"]."""
+        per_point = [overrides_of(o) for o in self.col("overrides")]
+        keys = []
+        for o in per_point:
+            keys += [k for k in o if k not in keys and k not in self.points.dtype.names]
+        more = {k: ([o.get(k) for o in per_point], "") for k in keys}
+        return data_frame(self.points, self.units, more)
+
+
+def literal(v):
+    """A deck value as written in an override: an int, a float, or the text
+    (quotes removed)."""
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v[1:-1] if len(v) >= 2 and v[0] == v[-1] == '"' else v
+
+
+def overrides_of(text_):
+    """{section.key: value} of "parallel.pp=2 backend.memory_limit=\"64KiB\""
+    (space-separated section.key=value; a space inside a value stays in it)."""
+    out, key = {}, None
+    for word in text_.split(" "):
+        name, eq, value = word.partition("=")
+        if eq and "." in name and name.replace(".", "").replace("_", "").isalnum():
+            key = name
+            out[key] = value
+        elif key is not None:
+            out[key] += " " + word
+    return {k: literal(v) for k, v in out.items()}
 
 
 def pareto(throughput, memory):
@@ -117,7 +156,8 @@ def plot(ix, directory):
     done = np.where(st == "complete")[0]
     tp, mem = ix.col("tokens_per_s")[done], ix.col("peak_bytes")[done] / 2**20
     labels = [f"{ix.col('point')[i]}: {ix.col('overrides')[i]}" for i in done]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 0.35 * max(len(done), 4) + 2),
+    bars = min(len(done), MAX_BARS)  # the fastest points: past that, a bar chart is too tall to read
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 0.35 * max(bars, 4) + 2),
                                  gridspec_kw={"width_ratios": [1, 1.3]})
     front = pareto(tp, mem) if len(done) else []
     a1.scatter(mem, tp, color="#4c72b0", label="point")
@@ -129,12 +169,13 @@ def plot(ix, directory):
     a1.set_ylabel("tokens/s")
     a1.set_title("throughput against memory (higher and further left is better)", fontsize=10)
     a1.legend(fontsize=8)
-    order = np.argsort(tp)
-    a2.barh(range(len(done)), tp[order], color=["#c44e52" if k in front else "#4c72b0" for k in order])
-    a2.set_yticks(range(len(done)))
+    order = np.argsort(tp, kind="stable")[len(done) - bars:]
+    a2.barh(range(bars), tp[order], color=["#c44e52" if k in front else "#4c72b0" for k in order])
+    a2.set_yticks(range(bars))
     a2.set_yticklabels([labels[k] for k in order], fontsize=7)
     a2.set_xlabel("tokens/s")
-    a2.set_title("throughput per point (red: on the Pareto front)", fontsize=10)
+    a2.set_title("throughput per point (red: on the Pareto front)"
+                 + (f": the fastest {bars} of {len(done)}" if bars < len(done) else ""), fontsize=10)
     fig.tight_layout()
     path = os.path.join(directory, "sweep.png")
     fig.savefig(path, dpi=100)

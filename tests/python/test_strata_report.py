@@ -318,21 +318,77 @@ def test_compare_puts_two_runs_side_by_side(reports):
 def test_compare_takes_any_number_of_runs_as_json_and_csv(reports):
     paths = [str(reports / n) for n in ("one.h5", "pp.h5", "moe.h5")]
     j = json.loads(tool("compare", *paths, "--format", "json").stdout)
-    assert j["reports"] == paths
-    diffs = j["config_differences"]
-    assert diffs["parallel.pp"] == [1, 2, 1] and diffs["model.kind"] == ["gpt", "gpt", "moe"]
-    assert "run.steps" not in diffs  # the same in all three
+    # One object per report, snake_case keys, SI units alongside.
+    assert [r["path"] for r in j["reports"]] == paths
+    assert j["units"]["step_time_s"] == "s" and j["units"]["peak_memory_bytes"] == "B"
+    assert j["units"]["tokens_per_s"] == "token/s" and j["units"]["mfu"] == "1"
+    for r in j["reports"]:
+        assert all(k == k.lower() and " " not in k and "%" not in k for k in r), list(r)
+    assert [r["config"]["parallel.pp"] for r in j["reports"]] == [1, 2, 1]
+    assert [r["config"]["model.kind"] for r in j["reports"]] == ["gpt", "gpt", "moe"]
+    assert "run.steps" not in j["reports"][0]["config"]  # the same in all three
     # The headline figures are the reports' own /summary, not recomputed.
     reps = [Report(p) for p in paths]
-    assert j["figures"]["tokens/s"] == [r.summary["tokens_per_s"] for r in reps]
-    assert j["figures"]["median step ms (slowest rank)"] == [1e3 * r.summary["step_time"] for r in reps]
-    assert j["figures"]["largest rank peak (sum of category peaks)"] == [r.summary["peak_bytes_total"] for r in reps]
-    rows = list(csv.reader(io.StringIO(tool("compare", *paths, "--format", "csv").stdout)))
-    assert rows[0] == ["field"] + paths
-    assert ["config:parallel.pp", "1", "2", "1"] in rows
+    assert [r["tokens_per_s"] for r in j["reports"]] == [r.summary["tokens_per_s"] for r in reps]
+    assert [r["step_time_s"] for r in j["reports"]] == [r.summary["step_time"] for r in reps]
+    assert [r["mfu"] for r in j["reports"]] == [r.summary["mfu"] for r in reps]
+    assert [r["peak_memory_bytes"] for r in j["reports"]] == [r.summary["peak_bytes_total"] for r in reps]
+    # CSV: a header of keys with their units, then one row per report.
+    rows = list(csv.DictReader(io.StringIO(tool("compare", *paths, "--format", "csv").stdout)))
+    assert [r["path"] for r in rows] == paths
+    assert [r["config.parallel.pp"] for r in rows] == ["1", "2", "1"]
+    assert [float(r["step_time_s [s]"]) for r in rows] == [r.summary["step_time"] for r in reps]
     text_out = tool("compare", *paths).stdout
     assert "C / A" in text_out and "parallel.pp" in text_out
+    assert "different peak" not in text_out  # one peak for all three
     assert "needs at least two" in tool("compare", paths[0], expect=2).stderr
+
+
+def test_compare_says_when_mfu_divides_by_different_peaks(reports):
+    out = tool("compare", str(reports / "one.h5"), str(reports / "sim8.h5")).stdout
+    note = next(l for l in out.splitlines() if l.startswith("note: MFU divides by a different peak"))
+    assert "A 50.00 GFLOP/s (fp32)" in note and "B 67.00 TFLOP/s (fp32)" in note, note
+
+
+def test_tables_carry_their_units(reports):
+    r = Report(reports / "pp.h5")
+    units = r.table("steps").attrs["units"]
+    assert units["step_time"] == "s" and units["tokens_per_s"] == "tokens/s" and units["rank"] == "1"
+    assert r.table("memory").attrs["units"]["peak_bytes"] == "B"
+    assert set(units) == set(r.table("steps").columns)
+
+
+def test_sweep_index_reads_through_the_api_with_a_column_per_axis(reports):
+    import strata_report
+
+    ix = strata_report.open_file(str(reports / "sweeps" / "t" / "index.h5"))
+    assert isinstance(ix, strata_report.Index)
+    df = ix.table()
+    assert list(df["parallel.pp"]) == [1, 1, 2, 2]
+    assert list(df["backend.memory_limit"]) == ["0", "64KiB", "0", "64KiB"]
+    assert df.attrs["units"]["tokens_per_s"] == "tokens/s" and df.attrs["units"]["peak_bytes"] == "B"
+    assert sorted(set(df["status"])) == ["complete", "failed", "skipped"]
+    assert isinstance(strata_report.open_file(str(reports / "pp.h5")), strata_report.Report)
+
+
+def test_the_package_installs_and_runs_without_pythonpath(reports, tmp_path):
+    # A copy of analysis/, so that the build leaves nothing in the tree.
+    import shutil
+
+    src = tmp_path / "analysis"
+    shutil.copytree(os.path.join(ROOT, "analysis"), src, ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-build-isolation", "--no-deps", str(src)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", "import strata_report; print(strata_report.__file__)"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and str(venv) in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([str(venv / "bin" / "strata-report"), str(reports / "one.h5")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "status  complete" in r.stdout, r.stdout + r.stderr
 
 
 def test_report_api_gives_dataframes_summary_and_config(reports):
