@@ -285,7 +285,7 @@ std::vector<report::Table> step_tables(const mesh::Layout& layout, const std::ve
   st.col_i64("rank", "1", "MPI rank in the world communicator")
       .col_i64("step", "1", "0-based optimizer step")
       .col_i64("warmup", "1", "1 if the step is a warm-up step, excluded from timing summaries")
-      .col_f64("loss", "nats", "mean cross-entropy over the global batch")
+      .col_f64("loss", "nats/token", "mean cross-entropy over the global batch")
       .col_f64("lr", "1", "learning rate used by this step")
       .col_f64("grad_norm", "1", "global L2 norm of the gradient before clipping")
       .col_i64("clipped", "1", "1 if the gradient was scaled down by optim.grad_clip")
@@ -311,7 +311,7 @@ std::vector<report::Table> step_tables(const mesh::Layout& layout, const std::ve
       .col_f64("nvme_wait_time", "s", "NVMe offload: time the update waited for them (the rest was hidden)")
       .col_f64("loss_scale", "1", "the loss scale of the step's backward pass (fp16's dynamic scale; 1 otherwise)")
       .col_i64("skipped", "1", "1 if the gradients overflowed (fp16) and the update was skipped")
-      .col_f64("moe_aux_loss", "nats",
+      .col_f64("moe_aux_loss", "nats/token",
                "MoE: this rank's auxiliary losses, summed over its MoE blocks, mean over micro-batches (in loss)")
       .col_f64("load_imbalance", "1", "MoE: max over this rank's MoE blocks of max / mean assignments per expert")
       .col_f64("drop_rate", "1", "MoE: share of this rank's assignments dropped past an expert's capacity");
@@ -650,8 +650,8 @@ void write_summary(report::H5File& f, const Summary& s, const Provenance& p) {
   f.write_scalar(g, "hardware_flops_per_step", s.hardware_flops_per_step, "FLOP",
                  "FLOPs executed per step: the model's plus the forward work activation recomputation repeats");
   f.write_scalar(g, "hfu", s.hfu, "1", "hardware FLOPs utilisation: hardware_flops_per_step / step_time / peak_flops");
-  f.write_scalar(g, "initial_loss", s.initial_loss, "nats", "loss of step 0");
-  f.write_scalar(g, "final_loss", s.final_loss, "nats", "loss of the last step");
+  f.write_scalar(g, "initial_loss", s.initial_loss, "nats/token", "loss of step 0");
+  f.write_scalar(g, "final_loss", s.final_loss, "nats/token", "loss of the last step");
   f.write_scalar(g, "precision", p.precision, "fp32, or the 16-bit format of mixed precision (bf16, fp16)");
   f.write_scalar(g, "skipped_steps", double(s.skipped_steps), "1",
                  "steps whose update was skipped because fp16 gradients overflowed");

@@ -648,7 +648,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     f.set_attr("/", "machine_path", machine.path);
     f.set_attr("/", "fused_casts", machine.fused_casts ? "true" : "false");
     f.set_attr("/", "world_size", std::int64_t(o.world));
-    f.set_attr("/", "memory_limit", limit);
+    f.set_attr("/", "memory_limit", std::int64_t(limit));
     std::vector<std::string> varied, least;
     for (const auto* x : layout) varied.push_back(std::string(x->key));
     for (const auto* x : fit) least.push_back(std::string(x->key));
