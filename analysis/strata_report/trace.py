@@ -9,6 +9,7 @@ counters; and a flow arrow from each pipeline send to its receive.
 as Holistic Trace Analysis reads a job's traces. A report of rank classes
 (a simulation's) has one process, and one file, per class."""
 import json
+import math
 import os
 
 import numpy as np
@@ -186,17 +187,88 @@ def write(rep, path):
         json.dump(build(rep), f)
 
 
-def write_per_rank(rep, directory):
-    """One trace per rank, rank-R.json, each with the distributedInfo record
-    Holistic Trace Analysis groups a job's traces by; for a report of rank
-    classes, one per class, named by its first rank, with its ranks."""
-    os.makedirs(directory, exist_ok=True)
+# The streams of a per-rank trace for Holistic Trace Analysis: the compute
+# spans on one, each lane of each axis's communication on its own (calls on
+# one stream never overlap).
+COMPUTE_STREAM = 7
+COMM_STREAM = 20
+
+
+def hta(rep, r):
+    """Rank r's trace in the form Holistic Trace Analysis parses (PyTorch's
+    profiler's): a `ProfilerStep#N` span per step (cat user_annotation) on
+    the host; each compute span as a host `cpu_op` and a device `kernel` on
+    stream COMPUTE_STREAM, linked by a `correlation` id; each communication
+    call as a host `cpu_op` over the call and a `kernel` over its transfer on
+    a stream of its own lane, named `nccl:<op>` whatever the library (HTA
+    tells communication from computation by that name; args.backend says
+    which). Times in microseconds."""
     backend = text(rep.attrs.get("comm_backend", "mpi")).split(" ")[0]
+    tl, cm = rep.array("timeline"), rep.array("comm")
+    tl = tl[tl["rank"] == r] if len(tl) else tl
+    cm = cm[cm["rank"] == r] if len(cm) else cm
+    ev = [{"ph": "M", "name": "process_name", "pid": r, "args": {"name": rank_names(rep).get(r, f"rank {r}")}}]
+    bounds = {}
+    for row in list(tl) + list(cm):
+        k = int(row["step"])
+        a, b = bounds.get(k, (np.inf, -np.inf))
+        bounds[k] = (min(a, float(row["start"])), max(b, float(row["end"])))
+    for k, (a, b) in sorted(bounds.items()):
+        # Whole microseconds, out to the step's first and last: HTA rounds
+        # other events' times inwards and then finds their step by start.
+        ts = math.floor(1e6 * a)
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": r, "tid": 1,
+                   "ts": ts, "dur": math.ceil(1e6 * b) - ts})
+    corr = 0
+
+    def launch(name, tid, start, end, stream, k_start, k_end, args):
+        nonlocal corr
+        corr += 1
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": r, "tid": tid, "ts": 1e6 * start,
+                   "dur": 1e6 * (end - start), "args": {"correlation": corr, **args}})
+        ev.append({"ph": "X", "cat": "kernel", "name": name if stream == COMPUTE_STREAM else args["kernel"],
+                   "pid": r, "tid": stream, "ts": 1e6 * k_start, "dur": 1e6 * (k_end - k_start),
+                   "args": {"stream": stream, "correlation": corr, "device": 0, **args}})
+
+    for s_ in tl:
+        ph, layer = text(s_["phase"]), int(s_["layer"])
+        name = ph if layer < 0 else f"{ph} L{layer}"
+        launch(name, 1, float(s_["start"]), float(s_["end"]), COMPUTE_STREAM, float(s_["start"]), float(s_["end"]),
+               {"step": int(s_["step"]), "layer": layer})
+    by_axis = {}
+    for c in cm:
+        by_axis.setdefault(text(c["axis"]), []).append((float(c["start"]), float(c["end"]), c))
+    stream = COMM_STREAM
+    for axis, calls in sorted(by_axis.items()):
+        placed = lanes(calls)
+        for lane in sorted({p[0] for p in placed}):
+            for _, start, end, c in (p for p in placed if p[0] == lane):
+                op = text(c["op"])
+                t0 = float(c["transfer_start"]) if "transfer_start" in c.dtype.names else start
+                t1 = float(c["transfer_end"]) if "transfer_end" in c.dtype.names else end
+                launch(f"{op} {axis}", 100 + stream, start, end, stream, t0, max(t1, t0), {
+                    "step": int(c["step"]), "kernel": f"nccl:{op}", "backend": backend, "axis": axis,
+                    "bytes": int(c["bytes"]), "Group size": int(c["group_size"])})
+            ev.append({"ph": "M", "name": "thread_name", "pid": r, "tid": stream,
+                       "args": {"name": f"stream {stream}: comm {axis}" + (f" #{lane + 1}" if lane else "")}})
+            stream += 1
+    ev.append({"ph": "M", "name": "thread_name", "pid": r, "tid": COMPUTE_STREAM,
+               "args": {"name": f"stream {COMPUTE_STREAM}: compute"}})
+    ev.append({"ph": "M", "name": "thread_name", "pid": r, "tid": 1, "args": {"name": "host"}})
+    return {"schemaVersion": 1, "traceEvents": ev, "displayTimeUnit": "ms",
+            "distributedInfo": {"backend": backend, "rank": r, "world_size": rep.world,
+                                "layout": rep.summary.get("layout", "")}}
+
+
+def write_per_rank(rep, directory):
+    """One trace per rank, rank-R.json, in the form Holistic Trace Analysis
+    reads (hta: ProfilerStep#N, streams, kernel and cpu_op events, and the
+    distributedInfo record it groups a job's traces by); for a report of
+    rank classes, one per class, named by its first rank, with its ranks."""
+    os.makedirs(directory, exist_ok=True)
     paths = []
     for r in rep.row_ranks:
-        t = build(rep, only_rank=r)
-        t["distributedInfo"] = {"backend": backend, "rank": r, "world_size": rep.world,
-                                "layout": rep.summary.get("layout", "")}
+        t = hta(rep, r)
         if rep.members(r) > 1:
             t["distributedInfo"]["ranks"] = rep.rank_label(r, 10**6)
         p = os.path.join(directory, f"rank-{r}.json")
