@@ -4,8 +4,10 @@ import csv
 import io
 import json
 
-from .read import text
-from .summary import comm_per_axis_op, fmt_bytes, fmt_flops
+import numpy as np
+
+from .read import text, texts
+from .summary import comm_per_axis_op, fmt_bytes, fmt_flops, span_compute
 
 
 def schedule(rep):
@@ -96,6 +98,76 @@ def _label(i):
     return chr(ord("A") + i) if i < 26 else f"R{i}"
 
 
+def phase_figures(rep):
+    """{(figure, stage): value}: the step time (stage -1) and, per pipeline
+    stage, its compute per phase (span_compute: the step's spans less the
+    waits inside them), its exposed communication per axis (the step's summed
+    /comm wait), each the median over measured steps and the mean over the
+    stage's ranks, and its bubble (/summary/pipeline). Seconds, the bubble a
+    share of the step."""
+    out = {("step time s", -1): rep.summary.get("step_time", 0.0)}
+    rk = rep.array("ranks")
+    stage = {int(r["rank"]): int(r["pp"]) if "pp" in rk.dtype.names else 0 for r in rk}
+    s = rep.measured_steps()
+    steps = set(int(k) for k in np.unique(s["step"])) if len(s) else set()
+    sums = {}  # (figure, stage) -> {rank: {step: seconds}}
+
+    def add(figure, ranks, steps_, values):
+        for r, k, v in zip(ranks, steps_, values):
+            r, k = int(r), int(k)
+            if k in steps and r in stage:
+                cell = sums.setdefault((figure, stage[r]), {}).setdefault(r, {})
+                cell[k] = cell.get(k, 0.0) + float(v)
+
+    tl = rep.array("timeline")
+    if len(tl):
+        add_phase = texts(tl["phase"])
+        compute = span_compute(rep)
+        for ph in np.unique(add_phase):
+            sel = add_phase == ph
+            add(f"compute {ph} s", tl["rank"][sel], tl["step"][sel], compute[sel])
+    cm = rep.array("comm")
+    if len(cm):
+        axes = texts(cm["axis"])
+        for ax in np.unique(axes):
+            sel = axes == ax
+            add(f"exposed comm {ax} s", cm["rank"][sel], cm["step"][sel], cm["wait"][sel])
+    for (figure, st), per_rank in sums.items():
+        ranks = sorted(per_rank)
+        medians = [float(np.median([per_rank[r].get(k, 0.0) for k in sorted(steps)])) for r in ranks]
+        w = rep.weights(ranks)
+        out[(figure, st)] = float((np.array(medians) * w).sum() / w.sum()) if w.sum() > 0 else 0.0
+    pipe = rep.array("summary/pipeline")
+    if len(pipe) and pipe["stages"].max() > 1:
+        for st in np.unique(pipe["pp_rank"]):
+            sel = pipe["pp_rank"] == st
+            w = rep.weights(pipe["rank"][sel])
+            out[("bubble", int(st))] = float((pipe["bubble"][sel] * w).sum() / w.sum()) if w.sum() > 0 else 0.0
+    return out
+
+
+def predictions(reps):
+    """[(predicted report's index, measured's index, [(figure, stage,
+    measured, predicted, error)])]: each simulated report against the first
+    measured one, phase by phase, over the figures both have; error =
+    (predicted - measured) / measured."""
+    measured = [i for i, r in enumerate(reps) if not r.simulated]
+    if not measured:
+        return []
+    m = measured[0]
+    mf = phase_figures(reps[m])
+    out = []
+    for i, r in enumerate(reps):
+        if not r.simulated:
+            continue
+        pf = phase_figures(r)
+        keys = sorted(set(mf) & set(pf), key=lambda k: (k[1], k[0]))
+        rows = [(f, st, mf[(f, st)], pf[(f, st)], (pf[(f, st)] - mf[(f, st)]) / mf[(f, st)] if mf[(f, st)] else None)
+                for f, st in keys]
+        out.append((i, m, rows))
+    return out
+
+
 def render(reps, fmt="text"):
     """The reports side by side: fmt "text" (a table, ratios to the first),
     "json" (one object per report, snake_case keys, the units alongside) or
@@ -105,7 +177,10 @@ def render(reps, fmt="text"):
     if fmt == "json":
         return json.dumps({"units": UNITS, "reports": [
             {"path": r.path, **f, "config": {k: vs[i] for k, vs in diffs.items()}}
-            for i, (r, f) in enumerate(zip(reps, figs))]}, indent=2)
+            for i, (r, f) in enumerate(zip(reps, figs))],
+            "predictions": [{"predicted": reps[i].path, "measured": reps[m].path, "figures": [
+                {"figure": f, "stage": st, "measured": a, "predicted": b, "error": e} for f, st, a, b, e in rows]}
+                for i, m, rows in predictions(reps)]}, indent=2)
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
@@ -133,4 +208,13 @@ def render(reps, fmt="text"):
     note = peaks_differ(reps, figs)
     if note:
         out += ["", note]
+    for i, m, rows in predictions(reps):
+        out += ["", f"prediction against measurement, phase by phase: {_label(i)} (simulated) against {_label(m)} "
+                    f"(measured); error = (predicted - measured) / measured",
+                f"  {'figure':<32}{'stage':>6}{'measured':>14}{'predicted':>14}{'error':>9}"]
+        for f, st, a, b, e in rows:
+            shown = (lambda x: f"{100 * x:.1f}%") if f == "bubble" else (lambda x: f"{1e3 * x:.3f} ms")
+            out.append(f"  {f.replace(' s', '') if f != 'step time s' else 'step time':<32}"
+                       f"{'-' if st < 0 else st:>6}{shown(a):>14}{shown(b):>14}"
+                       f"{'-' if e is None else f'{100 * e:+.1f}%':>9}")
     return "\n".join(out)

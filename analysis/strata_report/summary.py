@@ -123,30 +123,61 @@ def expert_load(rep):
     return out
 
 
+def span_compute(rep):
+    """Per /timeline row, its span less the communication waits inside it
+    (a blocking call waits over its whole span, a non-blocking one at its
+    end, for its `wait`): the span's own compute. A span's waits are another
+    rank's lateness or a transfer, not the layer's work."""
+    tl, cm = rep.array("timeline"), rep.array("comm")
+    out = (tl["end"] - tl["start"]).astype(float) if len(tl) else np.zeros(0)
+    if len(tl) == 0 or len(cm) == 0:
+        return out
+    w0 = np.where(cm["nonblocking"] != 0, cm["end"] - cm["wait"], cm["start"])
+    w1 = cm["end"]
+    key_c = cm["rank"].astype(np.int64) * (1 << 32) + cm["step"].astype(np.int64)
+    order = np.argsort(key_c, kind="stable")
+    key_c = key_c[order]
+    key_t = tl["rank"].astype(np.int64) * (1 << 32) + tl["step"].astype(np.int64)
+    for k in np.unique(key_t):
+        rows = np.where(key_t == k)[0]
+        lo, hi = np.searchsorted(key_c, k, "left"), np.searchsorted(key_c, k, "right")
+        if lo == hi:
+            continue
+        c = order[lo:hi]
+        a, b = tl["start"][rows][:, None], tl["end"][rows][:, None]
+        out[rows] -= np.clip(np.minimum(b, w1[c][None, :]) - np.maximum(a, w0[c][None, :]), 0, None).sum(axis=1)
+    return np.maximum(out, 0.0)
+
+
 def layer_times(rep):
-    """[(layer, {phase: seconds})]: per layer of /timeline, per phase, the
-    median over measured steps of the step's summed spans (over micro-batches
-    and chunks), averaged over the ranks that ran the layer (a class's row
-    counting for each of its ranks)."""
+    """[(layer, {phase: seconds, "waits": seconds})]: per layer of /timeline,
+    per phase, the median over measured steps of the step's compute in its
+    spans (summed over micro-batches and chunks, less the communication waits
+    inside them: span_compute), and under "waits" those waits over every
+    phase; averaged over the ranks that ran the layer (a class's row counting
+    for each of its ranks)."""
     tl = rep.array("timeline")
     if len(tl) == 0:
         return []
     s = rep.measured_steps()
     steps = np.unique(s["step"]) if len(s) else np.unique(tl["step"])
-    tl = tl[np.isin(tl["step"], steps) & (tl["layer"] >= 0)]
+    keep = np.isin(tl["step"], steps) & (tl["layer"] >= 0)
+    compute = span_compute(rep)[keep]
+    tl = tl[keep]
+    waits = (tl["end"] - tl["start"]) - compute
     phases = texts(tl["phase"])
-    dur = tl["end"] - tl["start"]
     out = []
     for layer in np.unique(tl["layer"]):
         row = {}
-        for ph in ("forward", "backward", "backward_input", "backward_weight"):
-            sel = (tl["layer"] == layer) & (phases == ph)
+        for ph in ("forward", "backward", "backward_input", "backward_weight", "waits"):
+            sel = (tl["layer"] == layer) & ((phases == ph) if ph != "waits" else (phases != "optimizer"))
             if not sel.any():
                 continue
+            what = waits if ph == "waits" else compute
             per_rank = []
             ranks = np.unique(tl["rank"][sel])
             for r in ranks:
-                per_step = [dur[sel & (tl["rank"] == r) & (tl["step"] == k)].sum() for k in steps]
+                per_step = [what[sel & (tl["rank"] == r) & (tl["step"] == k)].sum() for k in steps]
                 per_rank.append(float(np.median(per_step)))
             row[ph] = mean(per_rank, rep.weights(ranks))
         out.append((int(layer), row))
@@ -224,11 +255,11 @@ def render(rep):
     layers = layer_times(rep)
     if layers:
         last = max(l for l, _ in layers)
-        phases = [ph for ph in ("forward", "backward", "backward_input", "backward_weight")
+        phases = [ph for ph in ("forward", "backward", "backward_input", "backward_weight", "waits")
                   if any(ph in row for _, row in layers)]
         p("")
-        p("time per layer (median over measured steps of the step's spans, summed over micro-batches; "
-          "mean over the ranks that run it)")
+        p("time per layer: compute per phase (the step's spans less the communication waits inside them, summed "
+          "over micro-batches) and those waits; median over measured steps, mean over the ranks that run it")
         p("  layer              " + "".join(f"{ph + '_ms':>20}" for ph in phases))
         # Consecutive blocks of equal figures (as shown) on one line.
         shown = [(layer, "".join(f"{1e3 * row.get(ph, 0.0):>20.3f}" for ph in phases)) for layer, row in layers]

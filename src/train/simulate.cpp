@@ -1,6 +1,8 @@
 #include "src/train/simulate.hpp"
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <cmath>
 #include <ctime>
 #include <limits>
@@ -141,6 +143,81 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
 
 }  // namespace
 
+namespace {
+
+// Of a span [a, b], the time no blocked communication wait covers: a
+// blocking call waits over its whole span, a non-blocking one at its end.
+double compute_in(double a, double b, const std::vector<comm::CommRecord>& comms) {
+  double waited = 0;
+  for (const comm::CommRecord& c : comms) {
+    const double w0 = c.nonblocking ? c.end - c.wait : c.start, w1 = c.end;
+    waited += std::max(0.0, std::min(b, w1) - std::max(a, w0));
+  }
+  return std::max(0.0, (b - a) - waited);
+}
+
+// Per pipeline stage: compute by phase (its spans less the waits inside
+// them), the bubble, and communication by axis and op: transfer, exposed
+// (blocked) and hidden share; then the largest causes of exposed time.
+void print_breakdown(const Prediction& pr, const mesh::Layout& l) {
+  struct Cause {
+    double exposed;
+    std::size_t stage;
+    std::string what;
+  };
+  std::vector<Cause> causes;
+  const double ms = 1e3;
+  fmt::print("per stage: compute by phase (spans less the waits in them), bubble, and each axis and op's "
+             "transfer, exposed (blocked) and hidden share\n");
+  for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
+    const sim::StageTiming& st = pr.step.stages[s];
+    std::map<std::string, double> phase;
+    for (const prof::Span& sp : st.spans) phase[prof::phase_name(sp.phase)] += compute_in(sp.start, sp.end, st.comms);
+    std::string phases;
+    for (const char* name : {"forward", "backward", "backward_input", "backward_weight", "optimizer"})
+      if (phase.count(name)) phases += fmt::format("{}{} {:.2f}", phases.empty() ? "" : ", ", name, ms * phase[name]);
+    std::vector<int> stage_ranks;
+    for (int r = 0; r < l.world(); ++r)
+      if (mesh::coord(l, r, "pp") == int(s)) stage_ranks.push_back(r);
+    fmt::print("  stage {} (ranks {}): compute ms {} | bubble {:.1f}% | exposed comm {:.2f} ms\n", s,
+               rank_ranges(stage_ranks), phases, 100 * pr.bubbles[s].idle_over_step, ms * st.comm_wait);
+    // (axis, op) in order of first use.
+    std::vector<std::pair<std::string, std::string>> order;
+    // calls, transfer, exposed, span, waiting for the group (blocked beyond the transfer)
+    std::map<std::pair<std::string, std::string>, std::array<double, 5>> by;
+    for (const comm::CommRecord& c : st.comms) {
+      const auto key = std::make_pair(c.axis, c.op);
+      if (!by.count(key)) order.push_back(key);
+      auto& f = by[key];
+      const double transfer = c.transfer_end - c.transfer_start;
+      f[0] += 1, f[1] += transfer, f[2] += c.wait, f[3] += c.end - c.start, f[4] += std::max(0.0, c.wait - transfer);
+    }
+    for (const auto& key : order) {
+      const auto& f = by[key];
+      fmt::print("      {:<5} {:<15} {:>5} calls  transfer {:>8.2f} ms  exposed {:>8.2f} ms (waiting for the group "
+                 "{:>8.2f})  hidden {:>4.0f}%\n",
+                 key.first, key.second, f[0], ms * f[1], ms * f[2], ms * f[4],
+                 f[3] > 0 ? 100 * std::max(0.0, 1 - f[2] / f[3]) : 0);
+      const std::string what = key.first + " " + key.second;
+      auto it = std::find_if(causes.begin(), causes.end(), [&](const Cause& c) { return c.what == what; });
+      if (it == causes.end()) causes.push_back({f[2], s, what});
+      else if (f[2] > it->exposed) *it = {f[2], s, what};
+    }
+  }
+  // Each axis and op once, at the stage where it exposes the most.
+  std::stable_sort(causes.begin(), causes.end(), [](const Cause& a, const Cause& b) { return a.exposed > b.exposed; });
+  if (!causes.empty() && causes.front().exposed > 0) {
+    fmt::print("largest causes of exposed time (each at the stage where it exposes the most):");
+    for (std::size_t i = 0; i < std::min<std::size_t>(3, causes.size()) && causes[i].exposed > 0; ++i)
+      fmt::print("{} {}. {} on stage {}: {:.2f} ms ({:.0f}% of the step){}", i ? ";" : "", i + 1, causes[i].what,
+                 causes[i].stage, ms * causes[i].exposed, 100 * causes[i].exposed / pr.step.step_time,
+                 causes[i].what == "pp recv" ? ", the pipeline's wait for the neighbouring stage" : "");
+    fmt::print("\n");
+  }
+}
+
+}  // namespace
+
 int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   const plan::Plan& cfg = deck.config;
   sim::Machine machine = sim::load_machine(o.machine);
@@ -172,6 +249,7 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
     fmt::print("  {:>5} {:>6} {:>12.4f} {:>12.4f} {:>12.4f} {:>8.3f} {:>12}\n", s, st.rank, st.compute, st.comm_wait,
                st.end, pr.bubbles[s].idle_over_step, core::format_bytes(double(peak)));
   }
+  print_breakdown(pr, l);
   for (const RankClass& k : pr.estimate.classes) {
     const double peak = double(k.memory[core::Pool::device].total_peak);
     if (machine.memory > 0 && peak > machine.memory)

@@ -225,6 +225,30 @@ if "$strata" simulate tiny.toml --machine a100-80gb --set parallel.pp=2 --set pa
    && "$py" "$src/tests/python/check_report.py" out/sim.h5 --steps 1 --layers 2 --world 4 > checksim.log 2>&1 \
    && "$py" -c "import h5py,sys; f=h5py.File('out/sim.h5'); m=f.attrs['machine']; m=m.decode() if isinstance(m,bytes) else m; sys.exit(0 if f.attrs['simulated']==1 and m=='a100-80gb' else 1)"; then
   ok "simulate: a 4-rank layout's report, marked simulated"; else bad "simulate"; cat sim.log checksim.log; fi
+# It explains its step: per stage, compute by phase adds up to the stage's
+# compute, each op's exposed time to the stage's exposed communication, and
+# the largest causes come largest first.
+if "$py" - sim.log > simexplain.log 2>&1 <<'PY'
+import re, sys
+log = open(sys.argv[1]).read()
+table = {int(m[0]): (float(m[1]), float(m[2])) for m in
+         re.findall(r"^ +(\d+) +\d+ +([\d.]+) +([\d.]+) +[\d.]+ +[\d.]+ ", log, re.M)}
+stages = re.split(r"^  stage (?=\d+ \()", log, flags=re.M)[1:]
+assert len(stages) == len(table) == 2, (table, len(stages))
+for block in stages:
+    s = int(block.split()[0])
+    head = block.splitlines()[0]
+    phases = [float(x) for x in re.findall(r"(?:forward|backward|optimizer) ([\d.]+)", head)]
+    assert abs(sum(phases) - 1e3 * table[s][0]) < 0.06 + 0.005 * len(phases), (head, table[s])
+    exposed = float(re.search(r"exposed comm ([\d.]+) ms", head).group(1))
+    ops = [float(x) for x in re.findall(r"exposed +([\d.]+) ms \(waiting", block)]
+    assert ops and abs(sum(ops) - exposed) < 0.005 * (len(ops) + 1), (ops, exposed)
+    assert abs(exposed - 1e3 * table[s][1]) < 0.06, (exposed, table[s])
+causes = [float(x) for x in re.findall(r"\d\. [a-z]+ [a-z_]+ on stage \d: ([\d.]+) ms", log)]
+assert len(causes) == 3 and causes == sorted(causes, reverse=True), causes
+PY
+then ok "simulate: per stage, phases and ops add up to the stage's figures; causes largest first"
+else bad "simulate explains its step"; cat sim.log simexplain.log; fi
 if "$strata" simulate tiny.toml --machine h100-80gb --set 'backend.device="cuda"' --set backend.precision='"bf16"' \
      --output out/simcuda.h5 > simcuda.log 2>&1 && grep -q "bf16" simcuda.log; then
   ok "simulate: a CUDA deck on a CPU-only machine"; else bad "simulate a CUDA deck"; cat simcuda.log; fi

@@ -79,6 +79,11 @@ def reports(tmp_path_factory):
     r = subprocess.run([os.environ["STRATA_BIN"], "sweep", "sweep.toml", "--results", "sweeps"], cwd=tmp,
                        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
     assert r.returncode == 1, r.stdout + r.stderr  # one point failed
+    # The 2-rank pipeline above, predicted.
+    r = subprocess.run([os.environ["STRATA_BIN"], "simulate", "deck.toml", "--machine", "a100-80gb", "--set",
+                        "parallel.pp=2", "--set", 'parallel.schedule="zb-h1"', "--output", "simpp.h5"], cwd=tmp,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
     # Simulations, whose reports hold one row per class of identical ranks:
     # 8 ranks, and the README's 4096.
     for deck, name in (("deck.toml", "sim8.h5"), (os.path.join(ROOT, "inputs", "gpt-7b-4096.toml"), "sim4096.h5")):
@@ -316,6 +321,40 @@ def test_trace_per_rank_reads_as_holistic_trace_analysis_reads_it(reports, tmp_p
             assert ((k["ts"].values[1:] - (k["ts"] + k["dur"]).values[:-1]) >= 0).all()
 
 
+def test_simulation_rows_stand_for_classes_of_ranks(reports):
+    rep = Report(str(reports / "sim8.h5"))
+    assert rep.world == 8 and rep.attrs["rank_rows"] == "classes"
+    # pp 2 x dp 2 x tp 2: a class per pipeline stage, its first rank standing for it.
+    assert len(rep.row_ranks) == 2 and sum(rep.members(r) for r in rep.row_ranks) == 8
+    assert sorted(set(rep.column("steps", "rank"))) == rep.row_ranks == sorted(set(rep.column("memory", "rank")))
+    assert [rep.rank_label(r) for r in rep.row_ranks] == ["ranks 0-3", "ranks 4-7"]
+    out = tool(str(reports / "sim8.h5")).stdout
+    mem = out[out.index("memory per rank"):].splitlines()
+    assert mem[2].startswith("  ranks 0-3 ") and mem[3].startswith("  ranks 4-7 "), mem[:4]
+    # The communication table counts a class's row for each of its ranks:
+    # every rank issues the tensor-parallel all-reduce of the activations, a
+    # stage's 4 ranks the ops of that stage alone.
+    comm = [l.split() for l in out[out.index("communication per axis"):].splitlines()[2:] if l.strip()]
+    tp = [c for c in comm if c[0] == "tp" and c[1] == "all_reduce"]  # op, size class (2 words), n, ranks
+    assert tp and tp[0][4:6] == ["2", "8"] and all(c[5] in ("4", "8") for c in tp), tp
+
+
+def test_a_4096_rank_simulation_reads_in_few_lines_small_pictures_and_a_process_per_class(reports, tmp_path):
+    out = tool(str(reports / "sim4096.h5"), "--plots", str(tmp_path), "--trace", str(tmp_path / "t.json")).stdout
+    summary = out[:out.index("wrote ")]
+    assert len(summary.splitlines()) < 100, summary
+    assert not any(l.startswith("  loss ") for l in summary.splitlines()) and "PFLOP/s" in summary
+    import matplotlib.image as mpimg
+    for name in ("timeline", "memory", "comm"):
+        h, w = mpimg.imread(tmp_path / f"{name}.png").shape[:2]
+        assert h <= 1200 and w <= 2000, (name, h, w)
+    rep = Report(str(reports / "sim4096.h5"))
+    ev = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(procs) == rep.row_ranks and len(procs) < 64
+    assert procs[0].startswith("ranks 0-511 (pp 0, dp 0, cp 0, tp 0 of the first) on simulated"), procs[0]
+
+
 def test_lanes_keep_overlapping_calls_apart():
     placed = trace_mod.lanes([(0, 10, "a"), (2, 5, "b"), (6, 12, "c"), (11, 13, "d")])
     lane = {p: l for l, _, _, p in placed}
@@ -367,6 +406,53 @@ def test_compare_says_when_mfu_divides_by_different_peaks(reports):
     out = tool("compare", str(reports / "one.h5"), str(reports / "sim8.h5")).stdout
     note = next(l for l in out.splitlines() if l.startswith("note: MFU divides by a different peak"))
     assert "A 50.00 GFLOP/s (fp32)" in note and "B 67.00 TFLOP/s (fp32)" in note, note
+
+
+def test_compare_sets_a_prediction_beside_its_run_phase_by_phase(reports):
+    paths = [str(reports / "pp.h5"), str(reports / "simpp.h5")]
+    j = json.loads(tool("compare", *paths, "--format", "json").stdout)
+    (pred,) = j["predictions"]
+    assert pred["predicted"] == paths[1] and pred["measured"] == paths[0]
+    rows = {(f["figure"], f["stage"]): f for f in pred["figures"]}
+    run, sim = Report(paths[0]), Report(paths[1])
+    assert rows[("step time s", -1)]["measured"] == run.summary["step_time"]
+    assert rows[("step time s", -1)]["predicted"] == sim.summary["step_time"]
+    for stage in (0, 1):
+        for figure in ("compute forward s", "compute backward_input s", "compute backward_weight s",
+                       "compute optimizer s", "exposed comm pp s", "bubble"):
+            assert (figure, stage) in rows, (figure, stage)
+    for f in pred["figures"]:
+        assert f["measured"] >= 0 and f["error"] == pytest.approx((f["predicted"] - f["measured"]) / f["measured"])
+    # The bubble is each stage's own, as /summary/pipeline has it.
+    pipe = run.table("summary/pipeline")
+    for _, p in pipe.iterrows():
+        assert rows[("bubble", int(p["pp_rank"]))]["measured"] == pytest.approx(p["bubble"])
+    out = tool("compare", *paths).stdout
+    assert "prediction against measurement, phase by phase: B (simulated) against A (measured)" in out
+
+
+class FakeReport:
+    """Tables as a Report gives them, for the arithmetic of one helper."""
+
+    def __init__(self, **tables):
+        self.tables = tables
+
+    def array(self, name):
+        return self.tables.get(name, np.zeros(0))
+
+
+def test_a_spans_compute_leaves_out_the_waits_inside_it():
+    from strata_report.summary import span_compute
+
+    tl = np.array([(0, 0, 0.0, 10.0), (0, 0, 10.0, 20.0), (1, 0, 0.0, 10.0)],
+                  dtype=[("rank", "i8"), ("step", "i8"), ("start", "f8"), ("end", "f8")])
+    # Rank 0: a blocking call over [5, 7] (wait 2); a non-blocking one from 8
+    # to 15 whose 3 s of wait come at its end, [12, 15]. Rank 1's spans know
+    # nothing of rank 0's calls.
+    cm = np.array([(0, 0, 5.0, 7.0, 2.0, 0), (0, 0, 8.0, 15.0, 3.0, 1)],
+                  dtype=[("rank", "i8"), ("step", "i8"), ("start", "f8"), ("end", "f8"), ("wait", "f8"),
+                         ("nonblocking", "i8")])
+    assert list(span_compute(FakeReport(timeline=tl, comm=cm))) == [8.0, 7.0, 10.0]
 
 
 def test_tables_carry_their_units(reports):
