@@ -61,8 +61,8 @@ def mean(x, w):
 
 def comm_per_axis_op(rep):
     """[(axis, op, group, ranks, mean calls, mean bytes, mean time, mean wait, mean peer wait, mean busbw,
-    mean hidden)] over the ranks that issued the op (from /summary/comm; a class's row counts for each of its
-    ranks). Where the report has message-size classes, each is its own row and its op reads
+    mean hidden, mean group wait)] over the ranks that issued the op (from /summary/comm; a class's row counts
+    for each of its ranks). Where the report has message-size classes, each is its own row and its op reads
     "all_reduce <=4.00 MiB"."""
     c = rep.array("summary/comm")
     rows = []
@@ -81,8 +81,9 @@ def comm_per_axis_op(rep):
         w = rep.weights(t["rank"])
         peer = mean(t["peer_wait"], w) if "peer_wait" in t.dtype.names else 0.0
         label = o if k < 0 else f"{o} <={fmt_bytes(float(k))}"
+        late = mean(t["group_wait"], w) if "group_wait" in t.dtype.names else 0.0
         rows.append((a, label, int(g), int(w.sum()), mean(t["count"], w), mean(t["bytes"], w), mean(t["time"], w),
-                     mean(t["wait"], w), peer, mean(t["busbw"], w), mean(t["hidden_fraction"], w)))
+                     mean(t["wait"], w), peer, mean(t["busbw"], w), mean(t["hidden_fraction"], w), late))
     return rows
 
 
@@ -337,10 +338,12 @@ def render(rep):
     comm = comm_per_axis_op(rep)
     if comm:
         p("")
-        p("communication per axis and op (mean over the ranks that issue it, measured steps)")
-        p(f"  {'axis':<5} {'op':<28} {'n':>3} {'ranks':>5} {'calls':>7} {'bytes':>12} {'time_ms':>9} {'wait_ms':>9} "
-          f"{'peer_ms':>8} {'busbw_GB/s':>10} {'hidden':>7}")
-        for ax, op, g, nr, calls, b, t, w, pw, bw, h in comm:
-            p(f"  {ax:<5} {op:<28} {g:>3} {nr:>5} {calls:>7.0f} {fmt_bytes(b):>12} {1e3 * t:>9.2f} {1e3 * w:>9.2f} "
-              f"{1e3 * pw:>8.2f} {bw / 1e9:>10.3f} {100 * h:>6.0f}%")
+        p("communication per axis and op (mean over the ranks that issue it, measured steps): xfer_ms the "
+          "transfer, late_ms the time waiting for the group's last member (another rank's lateness, not the "
+          "network), wait_ms the time blocked, peer_ms a receive's wait for its sender")
+        p(f"  {'axis':<5} {'op':<28} {'n':>3} {'ranks':>5} {'calls':>7} {'bytes':>12} {'xfer_ms':>9} {'late_ms':>9} "
+          f"{'wait_ms':>9} {'peer_ms':>8} {'busbw_GB/s':>10} {'hidden':>7}")
+        for ax, op, g, nr, calls, b, t, w, pw, bw, h, late in comm:
+            p(f"  {ax:<5} {op:<28} {g:>3} {nr:>5} {calls:>7.0f} {fmt_bytes(b):>12} {1e3 * (t - late):>9.2f} "
+              f"{1e3 * late:>9.2f} {1e3 * w:>9.2f} {1e3 * pw:>8.2f} {bw / 1e9:>10.3f} {100 * h:>6.0f}%")
     return "\n".join(out)

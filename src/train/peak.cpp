@@ -86,8 +86,14 @@ Peak measure_or_read(const plan::Plan& cfg) {
                      : cfg.backend.precision == core::Precision::fp16 ? "cuBLAS fp16 GEMM"
                                                                       : "cuBLAS sgemm";
   const double f = kernels::measure_gemm_flops(n, reps, cfg.backend.precision);
-  how = fmt::format("{} {}^3, best of {}, {} thread(s), measured {}", what, n, reps, kernels::num_threads(),
-                    iso_time_utc());
+  // The host backends compute 16-bit products in fp32: their peak is an
+  // sgemm's whatever the precision, and the label says so.
+  const std::string products = !gpu && cfg.backend.precision != core::Precision::fp32
+                                   ? fmt::format(" (fp32 products: this backend computes {} in fp32)",
+                                                 core::precision_name(cfg.backend.precision))
+                                   : "";
+  how = fmt::format("{} {}^3{}, best of {}, {} thread(s), measured {}", what, n, products, reps,
+                    kernels::num_threads(), iso_time_utc());
   if (path.empty())
     return {f, fmt::format("measured: {} (not cached: neither STRATA_PEAK_CACHE, XDG_CACHE_HOME nor HOME is set)", how)};
   const std::string why = write_cache(path, f, how);

@@ -517,10 +517,17 @@ void take_group_transfer_times(std::vector<CommAggregate>& rows, const std::vect
     int n[2] = {int(mine.size()), -int(mine.size())};
     STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, n, 2, MPI_INT, MPI_MAX, c));
     if (n[0] != -n[1] || n[0] == 0) continue;
-    std::vector<double> t;
+    std::vector<double> t, least;
     for (const CommAggregate* a : mine) t.push_back(a->time);
+    least = t;
     STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, t.data(), n[0], MPI_DOUBLE, MPI_MAX, c));
-    for (std::size_t i = 0; i < mine.size(); ++i) mine[i]->group_time = t[i];
+    STRATA_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, least.data(), n[0], MPI_DOUBLE, MPI_MIN, c));
+    // The member that came last waited for no one: the least time is the
+    // transfer, the rest of a member's its wait for the last.
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      mine[i]->group_time = t[i];
+      mine[i]->group_wait = std::max(0.0, mine[i]->time - least[i]);
+    }
   }
 }
 
@@ -607,13 +614,16 @@ void write_comm_summary(report::H5File& f, const std::vector<std::pair<int, std:
       .col_f64("span", "s", "summed end - start: from issue to seen complete (a non-blocking call's spans its overlap)")
       .col_f64("wait", "s", "summed time blocked (exposed communication)")
       .col_f64("peer_wait", "s", "recv: summed time waiting for the peer's message (the rest of wait is transfer)")
+      .col_f64("group_wait", "s",
+               "collectives: the part of time spent waiting for the group's last member (this rank's time less the "
+               "least of its members'; simulated: blocked beyond the transfer); else 0")
       .col_f64("hidden_fraction", "1", "1 - wait / span: share of the calls' spans this rank was not blocked in")
       .col_f64("algbw", "B/s", "bytes / group_time (the transfer time, never the span)")
       .col_f64("busbw", "B/s", "algbw x nccl-tests factor: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n");
   for (const auto& [rank, aggs] : per_rank)
   for (const auto& a : aggs)
     t.add_row({std::int64_t(rank), a.axis, a.op, std::int64_t(a.group_size), a.size_class, a.count, a.bytes, a.time,
-               a.group_time, a.span, a.wait, a.peer_wait, a.hidden_fraction(), a.algbw(), a.busbw()});
+               a.group_time, a.span, a.wait, a.peer_wait, a.group_wait, a.hidden_fraction(), a.algbw(), a.busbw()});
   f.write_table(t);
 }
 

@@ -173,6 +173,11 @@ struct CommAggregate {
   double span = 0;       // summed end - start: issued to seen complete
   double wait = 0;       // summed time blocked
   double peer_wait = 0;  // recv: summed time before the peer's message arrived
+  // Collectives: the part of `time` spent waiting for the group's last
+  // member: this rank's time less the least of its members' (a run:
+  // take_group_transfer_times), or the time blocked beyond the transfer
+  // (a simulation, whose transfer is its own); else 0.
+  double group_wait = 0;
   double algbw() const { return group_time > 0 ? bytes / group_time : 0; }
   double hidden_fraction() const { return span > 0 ? std::max(0.0, 1.0 - wait / span) : 0; }
   double busbw() const;  // algbw x the nccl-tests factor of the op

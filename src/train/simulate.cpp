@@ -109,6 +109,10 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
     for (const auto& c : pr.step.stages[s].comms) logs[s].add(c);
     aggregates.push_back(aggregate_comm(logs[s], 0));
+    // A simulated call's transfer is its own; blocked beyond it, a
+    // collective waited for the group's last member.
+    for (CommAggregate& a : aggregates.back())
+      if (a.op != "send" && a.op != "recv") a.group_wait = std::max(0.0, a.wait - a.time);
   }
   std::vector<RankRows> rows;
   std::vector<std::pair<int, std::vector<CommAggregate>>> comm_figures;

@@ -24,7 +24,7 @@ TABLES = {
     "comm": ["rank", "step", "op", "axis", "group_size", "bytes", "nonblocking", "start", "end", "wait", "peer_wait",
              "transfer_start", "transfer_end", "peer", "tag"],
     "summary/comm": ["rank", "axis", "op", "group_size", "size_class", "count", "bytes", "time", "group_time", "span", "wait",
-                     "peer_wait", "algbw", "busbw"],
+                     "peer_wait", "group_wait", "algbw", "busbw"],
     "summary/pipeline": ["rank", "pp_rank", "stages", "micro_batches", "virtual_stages", "schedule", "bubble",
                          "bubble_over_compute", "theory"],
 }
@@ -111,6 +111,20 @@ def main():
             coll = sc[(sc["op"] != b"send") & (sc["op"] != b"recv")]
             if not simulated and not np.all(coll["group_time"] >= coll["time"]):
                 errors.append("/summary/comm has a group time below a member's time")
+            # Waiting for the last member is part of a member's time (of its
+            # time blocked, in a simulation, whose time is the transfer
+            # alone), and the member that came last waited for no one.
+            bound = coll["wait"] if simulated else coll["time"]
+            if not np.all((coll["group_wait"] >= 0) & (coll["group_wait"] <= bound + 1e-12)):
+                errors.append("/summary/comm has a group wait outside [0, time]")
+            if not np.all(sc["group_wait"][(sc["op"] == b"send") | (sc["op"] == b"recv")] == 0):
+                errors.append("/summary/comm gives a send or recv a group wait")
+            if not simulated:
+                whole = coll[coll["group_size"] == a.world]
+                for key in {(r["axis"], r["op"], r["size_class"]) for r in whole}:
+                    rows = whole[(whole["axis"] == key[0]) & (whole["op"] == key[1]) & (whole["size_class"] == key[2])]
+                    if len(rows) == a.world and rows["group_wait"].min() != 0:
+                        errors.append(f"/summary/comm {key}: every member waited for another")
             # One step time per step: the slowest rank's, on every rank.
             for s in range(a.steps):
                 t = steps["step_time"][steps["step"] == s]

@@ -315,8 +315,9 @@ def test_trace_per_rank_reads_as_holistic_trace_analysis_reads_it(reports, tmp_p
         # One kernel per compute span and per call; communication is named as HTA classifies it.
         comm = kernels["name"].str.startswith("nccl:")
         assert (~comm).sum() == len(mine_tl) and comm.sum() == len(mine_cm)
-        # Kernels on one stream never overlap.
-        for _, k in kernels.groupby("stream"):
+        # Kernels on one stream never overlap (those HTA's rounding leaves a
+        # whole microsecond or more: a shorter one rounds to nothing).
+        for _, k in kernels[kernels["dur"] > 0].groupby("stream"):
             k = k.sort_values("ts")
             assert ((k["ts"].values[1:] - (k["ts"] + k["dur"]).values[:-1]) >= 0).all()
 
