@@ -168,6 +168,18 @@ def predictions(reps):
     return out
 
 
+def finite(x):
+    """x with every NaN or infinity (a simulation's loss) as None: JSON has
+    no such numbers, and strict parsers refuse them."""
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    if isinstance(x, (float, np.floating)) and not np.isfinite(x):
+        return None
+    return x
+
+
 def render(reps, fmt="text"):
     """The reports side by side: fmt "text" (a table, ratios to the first),
     "json" (one object per report, snake_case keys, the units alongside) or
@@ -175,12 +187,12 @@ def render(reps, fmt="text"):
     diffs = config_differences(reps)
     figs = [figures(r) for r in reps]
     if fmt == "json":
-        return json.dumps({"units": UNITS, "reports": [
+        return json.dumps(finite({"units": UNITS, "reports": [
             {"path": r.path, **f, "config": {k: vs[i] for k, vs in diffs.items()}}
             for i, (r, f) in enumerate(zip(reps, figs))],
             "predictions": [{"predicted": reps[i].path, "measured": reps[m].path, "figures": [
                 {"figure": f, "stage": st, "measured": a, "predicted": b, "error": e} for f, st, a, b, e in rows]}
-                for i, m, rows in predictions(reps)]}, indent=2)
+                for i, m, rows in predictions(reps)]}), indent=2, allow_nan=False)
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
@@ -214,7 +226,7 @@ def render(reps, fmt="text"):
                 f"  {'figure':<32}{'stage':>6}{'measured':>14}{'predicted':>14}{'error':>9}"]
         for f, st, a, b, e in rows:
             shown = (lambda x: f"{100 * x:.1f}%") if f == "bubble" else (lambda x: f"{1e3 * x:.3f} ms")
-            out.append(f"  {f.replace(' s', '') if f != 'step time s' else 'step time':<32}"
+            out.append(f"  {f.removesuffix(' s'):<32}"
                        f"{'-' if st < 0 else st:>6}{shown(a):>14}{shown(b):>14}"
                        f"{'-' if e is None else f'{100 * e:+.1f}%':>9}")
     return "\n".join(out)

@@ -202,6 +202,8 @@ def check_classes(path, t, world):
     rank, first, last = (np.asarray(t[c], dtype=np.float64) for c in ("rank", "first", "last"))
     if not (np.all(first >= 0) and np.all(last < world) and np.all(first <= last)):
         raise ReportError(f"{path}: /rank_classes has a row outside ranks 0-{world - 1} or with first > last")
+    if not all(np.all(x == np.floor(x)) for x in (rank, first, last)):
+        raise ReportError(f"{path}: /rank_classes holds a rank that is not a whole number")
     order = np.argsort(first, kind="stable")
     if np.any(first[order][1:] <= last[order][:-1]) or (last - first + 1).sum() != world:
         raise ReportError(f"{path}: /rank_classes does not put each of the {world} ranks in one class")
@@ -226,6 +228,18 @@ def merge_ranges(ranges):
 def ranges_text(ranges):
     """[(first, last)] as "0-3,8,12-15"."""
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def cut_ranges(ranges, width):
+    """ranges_text, cut to the whole ranges that fit in `width` characters
+    (at least the first), with ",..." where some are left out."""
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in ranges]
+    shown = parts[:1]
+    for x in parts[1:]:
+        if len(",".join(shown + [x])) > width:
+            break
+        shown.append(x)
+    return ",".join(shown) + (",..." if len(shown) < len(parts) else "")
 
 
 # Whether read_isolated reads in a child process: always, but for a caller
@@ -364,9 +378,7 @@ class Report:
         ranges = c[int(rank)]
         if ranges == [(rank, rank)]:
             return f"rank {int(rank)}"
-        t = ranges_text(ranges)
-        if len(t) > width:
-            t = t[:width].rsplit(",", 1)[0] + ",..."
+        t = cut_ranges(ranges, width)
         n = self.members(rank)
         return f"ranks {t}" + ("" if len(ranges) == 1 else f" ({n})")
 

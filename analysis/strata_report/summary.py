@@ -1,7 +1,7 @@
 """The summary of one run as text tables."""
 import numpy as np
 
-from .read import merge_ranges, ranges_text, text, texts
+from .read import cut_ranges, merge_ranges, ranges_text, text, texts
 
 CATEGORIES = ["params", "grads", "optimizer", "activations", "workspace", "comm"]
 
@@ -144,10 +144,27 @@ def span_compute(rep):
         lo, hi = np.searchsorted(key_c, k, "left"), np.searchsorted(key_c, k, "right")
         if lo == hi:
             continue
-        c = order[lo:hi]
+        # The waits' union: calls waited for together overlap, and a moment
+        # blocked counts once.
+        u0, u1 = union(w0[order[lo:hi]], w1[order[lo:hi]])
         a, b = tl["start"][rows][:, None], tl["end"][rows][:, None]
-        out[rows] -= np.clip(np.minimum(b, w1[c][None, :]) - np.maximum(a, w0[c][None, :]), 0, None).sum(axis=1)
+        out[rows] -= np.clip(np.minimum(b, u1[None, :]) - np.maximum(a, u0[None, :]), 0, None).sum(axis=1)
     return np.maximum(out, 0.0)
+
+
+def union(starts, ends):
+    """The intervals [starts, ends) merged where they overlap: (starts, ends)."""
+    order = np.argsort(starts, kind="stable")
+    u0, u1 = [], []
+    for a, b in zip(np.asarray(starts)[order], np.asarray(ends)[order]):
+        if b <= a:
+            continue
+        if u1 and a <= u1[-1]:
+            u1[-1] = max(u1[-1], b)
+        else:
+            u0.append(a)
+            u1.append(b)
+    return np.array(u0, dtype=float), np.array(u1, dtype=float)
 
 
 def layer_times(rep):
@@ -201,9 +218,7 @@ def alike(rep, per_rank):
     for v, ranges in groups.values():
         ranges = merge_ranges(ranges)
         n = sum(b - a + 1 for a, b in ranges)
-        t = ranges_text(ranges)
-        if len(t) > 14:
-            t = t[:14].rsplit(",", 1)[0] + ",..."
+        t = cut_ranges(ranges, 14)
         out.append((f"{'rank' if n == 1 else 'ranks'} {t}" + (f" ({n})" if "," in t else ""), v))
     return out
 
@@ -344,6 +359,9 @@ def render(rep):
         p(f"  {'axis':<5} {'op':<28} {'n':>3} {'ranks':>5} {'calls':>7} {'bytes':>12} {'xfer_ms':>9} {'late_ms':>9} "
           f"{'wait_ms':>9} {'peer_ms':>8} {'busbw_GB/s':>10} {'hidden':>7}")
         for ax, op, g, nr, calls, b, t, w, pw, bw, h, late in comm:
-            p(f"  {ax:<5} {op:<28} {g:>3} {nr:>5} {calls:>7.0f} {fmt_bytes(b):>12} {1e3 * (t - late):>9.2f} "
+            # A run's time holds its wait for the last member; a simulation's
+            # is the transfer alone (docs/report-schema.md, group_wait).
+            xfer = t if rep.simulated else t - late
+            p(f"  {ax:<5} {op:<28} {g:>3} {nr:>5} {calls:>7.0f} {fmt_bytes(b):>12} {1e3 * xfer:>9.2f} "
               f"{1e3 * late:>9.2f} {1e3 * w:>9.2f} {1e3 * pw:>8.2f} {bw / 1e9:>10.3f} {100 * h:>6.0f}%")
     return "\n".join(out)

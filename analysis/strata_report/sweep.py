@@ -77,8 +77,10 @@ class Index:
 
 
 def literal(v):
-    """A deck value as written in an override: an int, a float, or the text
-    (quotes removed)."""
+    """A deck value as written in an override: an int, a float, a bool, or
+    the text (quotes removed)."""
+    if v in ("true", "false"):
+        return v == "true"
     for kind in (int, float):
         try:
             return kind(v)

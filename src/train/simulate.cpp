@@ -149,14 +149,26 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
 
 namespace {
 
-// Of a span [a, b], the time no blocked communication wait covers: a
-// blocking call waits over its whole span, a non-blocking one at its end.
-double compute_in(double a, double b, const std::vector<comm::CommRecord>& comms) {
-  double waited = 0;
-  for (const comm::CommRecord& c : comms) {
-    const double w0 = c.nonblocking ? c.end - c.wait : c.start, w1 = c.end;
-    waited += std::max(0.0, std::min(b, w1) - std::max(a, w0));
+// The intervals a rank is blocked in communication, merged: a blocking call
+// waits over its whole span, a non-blocking one for its wait at its end, and
+// calls waited for together overlap (a moment blocked counts once).
+std::vector<std::pair<double, double>> blocked(const std::vector<comm::CommRecord>& comms) {
+  std::vector<std::pair<double, double>> w;
+  for (const comm::CommRecord& c : comms)
+    if (c.wait > 0) w.push_back({c.nonblocking ? c.end - c.wait : c.start, c.end});
+  std::sort(w.begin(), w.end());
+  std::vector<std::pair<double, double>> out;
+  for (const auto& [a, b] : w) {
+    if (!out.empty() && a <= out.back().second) out.back().second = std::max(out.back().second, b);
+    else out.push_back({a, b});
   }
+  return out;
+}
+
+// Of a span [a, b], the time no blocked interval covers: its compute.
+double compute_in(double a, double b, const std::vector<std::pair<double, double>>& blocked) {
+  double waited = 0;
+  for (const auto& [w0, w1] : blocked) waited += std::max(0.0, std::min(b, w1) - std::max(a, w0));
   return std::max(0.0, (b - a) - waited);
 }
 
@@ -176,7 +188,8 @@ void print_breakdown(const Prediction& pr, const mesh::Layout& l) {
   for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
     const sim::StageTiming& st = pr.step.stages[s];
     std::map<std::string, double> phase;
-    for (const prof::Span& sp : st.spans) phase[prof::phase_name(sp.phase)] += compute_in(sp.start, sp.end, st.comms);
+    const std::vector<std::pair<double, double>> waits = blocked(st.comms);
+    for (const prof::Span& sp : st.spans) phase[prof::phase_name(sp.phase)] += compute_in(sp.start, sp.end, waits);
     std::string phases;
     for (const char* name : {"forward", "backward", "backward_input", "backward_weight", "optimizer"})
       if (phase.count(name)) phases += fmt::format("{}{} {:.2f}", phases.empty() ? "" : ", ", name, ms * phase[name]);

@@ -332,6 +332,12 @@ def test_simulation_rows_stand_for_classes_of_ranks(reports):
     out = tool(str(reports / "sim8.h5")).stdout
     mem = out[out.index("memory per rank"):].splitlines()
     assert mem[2].startswith("  ranks 0-3 ") and mem[3].startswith("  ranks 4-7 "), mem[:4]
+    # A simulated call's time is its transfer alone; waiting for the group
+    # is apart, and neither is negative.
+    for line in out[out.index("communication per axis"):].splitlines()[2:]:
+        if line.strip():
+            xfer, late = (float(x) for x in line.split()[-6:-4])
+            assert xfer >= 0 and late >= 0, line
     # The communication table counts a class's row for each of its ranks:
     # every rank issues the tensor-parallel all-reduce of the activations, a
     # stage's 4 ranks the ops of that stage alone.
@@ -411,7 +417,13 @@ def test_compare_says_when_mfu_divides_by_different_peaks(reports):
 
 def test_compare_sets_a_prediction_beside_its_run_phase_by_phase(reports):
     paths = [str(reports / "pp.h5"), str(reports / "simpp.h5")]
-    j = json.loads(tool("compare", *paths, "--format", "json").stdout)
+
+    def refuse(c):
+        raise ValueError(f"not JSON: {c}")
+
+    # Strict JSON: a simulation's NaN loss is null.
+    j = json.loads(tool("compare", *paths, "--format", "json").stdout, parse_constant=refuse)
+    assert j["reports"][1]["final_loss"] is None
     (pred,) = j["predictions"]
     assert pred["predicted"] == paths[1] and pred["measured"] == paths[0]
     rows = {(f["figure"], f["stage"]): f for f in pred["figures"]}
@@ -450,7 +462,9 @@ def test_a_spans_compute_leaves_out_the_waits_inside_it():
     # Rank 0: a blocking call over [5, 7] (wait 2); a non-blocking one from 8
     # to 15 whose 3 s of wait come at its end, [12, 15]. Rank 1's spans know
     # nothing of rank 0's calls.
-    cm = np.array([(0, 0, 5.0, 7.0, 2.0, 0), (0, 0, 8.0, 15.0, 3.0, 1)],
+    # A third call, waited for together with the second ([13, 15]), adds
+    # no blocked time: a moment blocked counts once.
+    cm = np.array([(0, 0, 5.0, 7.0, 2.0, 0), (0, 0, 8.0, 15.0, 3.0, 1), (0, 0, 9.0, 15.0, 2.0, 1)],
                   dtype=[("rank", "i8"), ("step", "i8"), ("start", "f8"), ("end", "f8"), ("wait", "f8"),
                          ("nonblocking", "i8")])
     assert list(span_compute(FakeReport(timeline=tl, comm=cm))) == [8.0, 7.0, 10.0]
