@@ -516,33 +516,51 @@ std::string failure_in_log(const std::string& report_path) {
   return !driver.empty() ? driver : "the run ended before publishing its report";
 }
 
-// The complete points ranked by throughput (the median of their runs), the
-// way the index has them, from the headlines of the complete reports the
-// sweep saw (by path).
+// A point's figures over its complete runs, as the index has them: the
+// medians of tokens/s, MFU and step time, the largest peak, the least and
+// most tokens/s, and the spread (max - min) / median of the step times.
+struct PointFigures {
+  double tokens_per_s = 0, mfu = 0, step_time = 0, peak = 0, tokens_min = 0, tokens_max = 0, spread = 0;
+};
+PointFigures point_figures(const std::vector<report::Headline>& done) {
+  PointFigures f;
+  if (done.empty()) return f;
+  std::vector<double> tps, mfu, time;
+  for (const auto& h : done) {
+    tps.push_back(h.tokens_per_s), mfu.push_back(h.mfu), time.push_back(h.step_time);
+    f.peak = std::max(f.peak, h.peak_bytes_total);
+  }
+  f.tokens_per_s = core::median(tps), f.mfu = core::median(mfu), f.step_time = core::median(time);
+  f.tokens_min = *std::min_element(tps.begin(), tps.end()), f.tokens_max = *std::max_element(tps.begin(), tps.end());
+  if (time.size() > 1 && f.step_time > 0)
+    f.spread = (*std::max_element(time.begin(), time.end()) - *std::min_element(time.begin(), time.end())) / f.step_time;
+  return f;
+}
+
+// The complete points ranked by throughput, with the index's figures, from
+// the headlines of the complete reports the sweep saw (by path).
 void print_ranking(const Sweep& s, const std::map<std::string, report::Headline>& complete) {
   struct Row {
     const Point* p;
-    double tokens_per_s, mfu, step_time, peak;
+    PointFigures f;
   };
   std::vector<Row> rows;
   for (const auto& p : s.points) {
     if (!p.valid) continue;
-    std::vector<double> tps, mfu, step, peak;
+    std::vector<report::Headline> done;
     for (const std::string& r : p.reports)
-      if (const auto h = complete.find(r); h != complete.end()) {
-        tps.push_back(h->second.tokens_per_s), mfu.push_back(h->second.mfu), step.push_back(h->second.step_time);
-        peak.push_back(h->second.peak_bytes_total);
-      }
-    if (!tps.empty()) rows.push_back({&p, core::median(tps), core::median(mfu), core::median(step), core::median(peak)});
+      if (const auto h = complete.find(r); h != complete.end()) done.push_back(h->second);
+    if (!done.empty()) rows.push_back({&p, point_figures(done)});
   }
   if (rows.empty()) return;
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.tokens_per_s > b.tokens_per_s; });
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const Row& a, const Row& b) { return a.f.tokens_per_s > b.f.tokens_per_s; });
   fmt::print("complete points by throughput{}:\n  {:>5} {:>5} {:>12} {:>6} {:>10} {:>11}  {}\n",
              s.repeats > 1 ? " (medians of their runs)" : "", "point", "ranks", "tokens/s", "MFU%", "step_ms",
              "peak mem", "overrides");
   for (const Row& r : rows)
-    fmt::print("  {:>5} {:>5} {:>12.0f} {:>6.1f} {:>10.2f} {:>11}  {}\n", r.p->index, r.p->world, r.tokens_per_s,
-               100 * r.mfu, 1e3 * r.step_time, core::format_bytes(r.peak), r.p->label);
+    fmt::print("  {:>5} {:>5} {:>12.0f} {:>6.1f} {:>10.2f} {:>11}  {}\n", r.p->index, r.p->world, r.f.tokens_per_s,
+               100 * r.f.mfu, 1e3 * r.f.step_time, core::format_bytes(r.f.peak), r.p->label);
 }
 
 }  // namespace
@@ -685,7 +703,6 @@ void write_index(const Sweep& s) {
       .col_f64("tokens_per_s_max", "tokens/s", "the most tokens/s of the complete runs")
       .col_f64("step_time_spread", "1", "(max - min) / median of the complete runs' step times; 0 for one run");
   std::error_code ec;
-  using core::median;
   for (const auto& p : s.points) {
     std::string status = "skipped", reason = p.reason;
     std::vector<report::Headline> done;
@@ -713,23 +730,13 @@ void write_index(const Sweep& s) {
         }
       }
     }
-    std::vector<double> tps, mfu, time;
-    double peak = 0;
-    for (const auto& h : done) {
-      tps.push_back(h.tokens_per_s), mfu.push_back(h.mfu), time.push_back(h.step_time);
-      peak = std::max(peak, h.peak_bytes_total);
-    }
-    const double t_med = median(time);
-    const double spread = time.size() > 1 && t_med > 0
-                              ? (*std::max_element(time.begin(), time.end()) - *std::min_element(time.begin(), time.end())) / t_med
-                              : 0.0;
+    const PointFigures fig = point_figures(done);
     if (reason.size() > 511) reason.resize(511);
     t.add_row({std::int64_t(p.index), p.label.substr(0, 255), std::int64_t(p.world), status, reason,
-               p.report.substr(0, 255), done.empty() ? first.tokens_per_s : median(tps),
-               done.empty() ? first.mfu : median(mfu), done.empty() ? first.step_time : t_med,
-               done.empty() ? first.peak_bytes_total : peak, first.final_loss, std::int64_t(done.size()),
-               tps.empty() ? 0.0 : *std::min_element(tps.begin(), tps.end()),
-               tps.empty() ? 0.0 : *std::max_element(tps.begin(), tps.end()), spread});
+               p.report.substr(0, 255), done.empty() ? first.tokens_per_s : fig.tokens_per_s,
+               done.empty() ? first.mfu : fig.mfu, done.empty() ? first.step_time : fig.step_time,
+               done.empty() ? first.peak_bytes_total : fig.peak, first.final_loss, std::int64_t(done.size()),
+               fig.tokens_min, fig.tokens_max, fig.spread});
   }
   f.write_table(t);
   f.publish();

@@ -93,14 +93,11 @@ void write_estimate_report(const deck::Deck& deck, const RunOptions& options, co
   report::H5File file(MPI_COMM_SELF, options.output);
   write_provenance(file, provenance(deck, options.command_line, "meta"));
   file.set_attr("/", "device", std::string(plan::name_of(deck.config.backend.device)));
-  std::vector<const RankClass*> order;
-  for (const RankClass& k : e.classes) order.push_back(&k);
-  std::sort(order.begin(), order.end(), [](const RankClass* a, const RankClass* b) { return a->ranks < b->ranks; });
   std::vector<std::vector<int>> classes;
   std::vector<MemoryRecord> rows;
-  for (const RankClass* k : order) {
-    classes.push_back(k->ranks);
-    for (const auto& m : memory_records(k->ranks.front(), 0, k->memory, deck.config)) rows.push_back(m);
+  for (const RankClass& k : e.classes) {  // by first rank
+    classes.push_back(k.ranks);
+    for (const auto& m : memory_records(k.ranks.front(), 0, k.memory, deck.config)) rows.push_back(m);
   }
   write_rank_classes(file, classes);
   write_memory_table(file, rows);

@@ -112,6 +112,10 @@ Estimate estimate(const plan::Plan& cfg, bool with_traces) {
         it->ranks.push_back(r);
     }
   }
+  // By first rank, whatever the order of the mesh's dims (the reports write
+  // a class's rows in this order).
+  std::sort(e.classes.begin(), e.classes.end(),
+            [](const RankClass& a, const RankClass& b) { return a.ranks.front() < b.ranks.front(); });
   const std::uint64_t limits[2] = {cfg.backend.memory_limit, cfg.backend.host_memory_limit};
   for (const RankClass& k : e.classes)
     for (int p = 0; p < 2; ++p) {

@@ -90,15 +90,12 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   // One row per class of identical ranks, under its first rank (the
   // estimate's classes, each within one pipeline stage, whose simulated
   // timeline and calls the class's row carries).
-  std::vector<const RankClass*> order;
-  for (const RankClass& k : pr.estimate.classes) order.push_back(&k);
-  std::sort(order.begin(), order.end(), [](const RankClass* a, const RankClass* b) { return a->ranks < b->ranks; });
   std::vector<std::vector<int>> classes;
   std::vector<MemoryRecord> memory, rank0;
-  for (const RankClass* k : order) {
-    classes.push_back(k->ranks);
-    for (const auto& m : memory_records(k->ranks.front(), 0, k->memory, cfg)) memory.push_back(m);
-    if (k->ranks.front() == 0) rank0 = memory;
+  for (const RankClass& k : pr.estimate.classes) {  // by first rank: rank 0's class first
+    classes.push_back(k.ranks);
+    for (const auto& m : memory_records(k.ranks.front(), 0, k.memory, cfg)) memory.push_back(m);
+    if (k.ranks.front() == 0) rank0 = memory;
   }
   write_rank_classes(file, classes);
 
