@@ -121,10 +121,10 @@ def phase_figures(rep):
 
     tl = rep.array("timeline")
     if len(tl):
-        add_phase = texts(tl["phase"])
+        phases = texts(tl["phase"])
         compute = span_compute(rep)
-        for ph in np.unique(add_phase):
-            sel = add_phase == ph
+        for ph in np.unique(phases):
+            sel = phases == ph
             add(f"compute {ph} s", tl["rank"][sel], tl["step"][sel], compute[sel])
     cm = rep.array("comm")
     if len(cm):

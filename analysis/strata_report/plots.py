@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from .read import text  # noqa: E402
+from .trace import mesh_dims  # noqa: E402
 from .summary import CATEGORIES, alike, comm_per_axis_op, memory_per_rank  # noqa: E402
 from .summary import expert_load as expert_load_of  # noqa: E402
 
@@ -37,7 +38,7 @@ def lanes(rep):
     have = rep.row_ranks
     rk = rep.array("ranks")
     coords = {}
-    dims = [n for n in rk.dtype.names if n not in ("rank", "host")] if len(rk) else []
+    dims = mesh_dims(rk)
     for row in rk:
         coords[int(row["rank"])] = {d: int(row[d]) for d in dims}
     shown = have
@@ -49,7 +50,8 @@ def lanes(rep):
                 seen.add(st)
                 firsts.append(r)
         shown = firsts[:MAX_LANES]
-        rest = [r for r in have if r not in set(shown)]
+        first = set(shown)
+        rest = [r for r in have if r not in first]
         room = MAX_LANES - len(shown)
         if room > 0 and rest:
             shown += [rest[int(i)] for i in np.linspace(0, len(rest) - 1, min(room, len(rest)))]

@@ -225,21 +225,19 @@ def merge_ranges(ranges):
     return out
 
 
-def ranges_text(ranges):
-    """[(first, last)] as "0-3,8,12-15"."""
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
-
-
-def cut_ranges(ranges, width):
-    """ranges_text, cut to the whole ranges that fit in `width` characters
-    (at least the first), with ",..." where some are left out."""
+def ranges_label(ranges, width):
+    """"rank 3", "ranks 0-511", or "ranks 0-3,8,... (12)": the ranges cut to
+    the whole ones that fit in `width` characters (at least the first), and
+    how many ranks where there is more than one range."""
     parts = [str(a) if a == b else f"{a}-{b}" for a, b in ranges]
     shown = parts[:1]
     for x in parts[1:]:
         if len(",".join(shown + [x])) > width:
             break
         shown.append(x)
-    return ",".join(shown) + (",..." if len(shown) < len(parts) else "")
+    n = sum(b - a + 1 for a, b in ranges)
+    return (f"{'rank' if n == 1 else 'ranks'} " + ",".join(shown) + (",..." if len(shown) < len(parts) else "")
+            + (f" ({n})" if len(parts) > 1 else ""))
 
 
 # Whether read_isolated reads in a child process: always, but for a caller
@@ -316,6 +314,13 @@ class Report:
         self.path = str(path)
         self.attrs, self.tables, self.summary, self.units = (read if read is not None
                                                              else read_isolated(self.path, _read_report))
+        # {first rank: [(first, last)]} of /rank_classes; None in a run's report.
+        self.classes = None
+        if self.tables.get("rank_classes") is not None:
+            t = self.tables["rank_classes"]
+            self.classes = {}
+            for r, a, b in zip(t["rank"], t["first"], t["last"]):
+                self.classes.setdefault(int(r), []).append((int(a), int(b)))
         try:
             self.config = tomllib.loads(self.attrs.get("resolved_config", ""))
         except tomllib.TOMLDecodeError as e:
@@ -333,54 +338,32 @@ class Report:
     def simulated(self):
         return int(self.attrs.get("simulated", 0)) == 1
 
-    def _classes(self):
-        """{first rank: [(first, last)]} of /rank_classes, or None."""
-        if not hasattr(self, "_ranges"):
-            t = self.tables.get("rank_classes")
-            self._ranges = None
-            if t is not None:
-                self._ranges = {}
-                for r, a, b in zip(t["rank"], t["first"], t["last"]):
-                    self._ranges.setdefault(int(r), []).append((int(a), int(b)))
-        return self._ranges
-
     @property
     def row_ranks(self):
         """The ranks whose rows the tables hold, ascending: every rank of a
         run, the first of each class in an estimate or a simulation."""
-        c = self._classes()
-        return sorted(c) if c is not None else list(range(self.world))
+        return sorted(self.classes) if self.classes is not None else list(range(self.world))
 
     def ranges(self, rank):
         """[(first, last)]: the ranks the rows of `rank` stand for."""
-        c = self._classes()
-        return [(int(rank), int(rank))] if c is None else list(c.get(int(rank), []))
+        return [(int(rank), int(rank))] if self.classes is None else list(self.classes.get(int(rank), []))
 
     def members(self, rank):
         """How many ranks the rows of `rank` stand for (1 in a run)."""
-        c = self._classes()
-        return 1 if c is None else sum(b - a + 1 for a, b in c.get(int(rank), []))
+        return sum(b - a + 1 for a, b in self.ranges(rank))
 
     def weights(self, ranks):
         """members() of each entry of a rank column, as floats."""
         ranks = np.asarray(ranks)
-        if self._classes() is None:
+        if self.classes is None:
             return np.ones(len(ranks))
-        size = {r: float(self.members(r)) for r in self._classes()}
+        size = {r: float(self.members(r)) for r in self.classes}
         return np.array([size.get(int(r), 0.0) for r in ranks])
 
     def rank_label(self, rank, width=40):
         """"rank 3", or for a class "ranks 0-511" (its ranges, cut to
         `width` characters, and how many)."""
-        c = self._classes()
-        if c is None or int(rank) not in c:
-            return f"rank {int(rank)}"
-        ranges = c[int(rank)]
-        if ranges == [(rank, rank)]:
-            return f"rank {int(rank)}"
-        t = cut_ranges(ranges, width)
-        n = self.members(rank)
-        return f"ranks {t}" + ("" if len(ranges) == 1 else f" ({n})")
+        return ranges_label(self.ranges(rank) or [(int(rank), int(rank))], width)
 
     def array(self, name):
         """The table as a numpy structured array (strings as bytes), or an

@@ -1,7 +1,7 @@
 """The summary of one run as text tables."""
 import numpy as np
 
-from .read import cut_ranges, merge_ranges, ranges_text, text, texts
+from .read import merge_ranges, ranges_label, text, texts
 
 CATEGORIES = ["params", "grads", "optimizer", "activations", "workspace", "comm"]
 
@@ -214,13 +214,7 @@ def alike(rep, per_rank):
     groups = {}
     for r, v in sorted(per_rank.items()):
         groups.setdefault(repr(v), (v, []))[1].extend(rep.ranges(r))
-    out = []
-    for v, ranges in groups.values():
-        ranges = merge_ranges(ranges)
-        n = sum(b - a + 1 for a, b in ranges)
-        t = cut_ranges(ranges, 14)
-        out.append((f"{'rank' if n == 1 else 'ranks'} {t}" + (f" ({n})" if "," in t else ""), v))
-    return out
+    return [(ranges_label(merge_ranges(ranges), 14), v) for v, ranges in groups.values()]
 
 
 def render(rep):

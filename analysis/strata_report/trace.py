@@ -194,7 +194,7 @@ COMPUTE_STREAM = 7
 COMM_STREAM = 20
 
 
-def hta(rep, r):
+def hta(rep, r, names=None):
     """Rank r's trace in the form Holistic Trace Analysis parses (PyTorch's
     profiler's): a `ProfilerStep#N` span per step (cat user_annotation) on
     the host; each compute span as a host `cpu_op` and a device `kernel` on
@@ -202,12 +202,14 @@ def hta(rep, r):
     call as a host `cpu_op` over the call and a `kernel` over its transfer on
     a stream of its own lane, named `nccl:<op>` whatever the library (HTA
     tells communication from computation by that name; args.backend says
-    which). Times in microseconds."""
+    which). Times in microseconds. `names`: rank_names(rep), when the
+    caller has them."""
     backend = text(rep.attrs.get("comm_backend", "mpi")).split(" ")[0]
     tl, cm = rep.array("timeline"), rep.array("comm")
     tl = tl[tl["rank"] == r] if len(tl) else tl
     cm = cm[cm["rank"] == r] if len(cm) else cm
-    ev = [{"ph": "M", "name": "process_name", "pid": r, "args": {"name": rank_names(rep).get(r, f"rank {r}")}}]
+    names = rank_names(rep) if names is None else names
+    ev = [{"ph": "M", "name": "process_name", "pid": r, "args": {"name": names.get(r, f"rank {r}")}}]
     bounds = {}
     for row in list(tl) + list(cm):
         k = int(row["step"])
@@ -267,8 +269,9 @@ def write_per_rank(rep, directory):
     rank classes, one per class, named by its first rank, with its ranks."""
     os.makedirs(directory, exist_ok=True)
     paths = []
+    names = rank_names(rep)
     for r in rep.row_ranks:
-        t = hta(rep, r)
+        t = hta(rep, r, names)
         if rep.members(r) > 1:
             t["distributedInfo"]["ranks"] = rep.rank_label(r, 10**6)
         p = os.path.join(directory, f"rank-{r}.json")

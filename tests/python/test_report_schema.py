@@ -18,26 +18,11 @@ import subprocess
 import h5py
 import numpy as np
 import pytest
+from tiny_deck import DECK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOC = os.path.join(ROOT, "docs", "report-schema.md")
 
-DECK = """[run]
-steps = 3
-warmup_steps = 1
-[model]
-layers = 2
-d_model = 16
-heads = 2
-vocab = 64
-seq_len = 16
-[data]
-global_batch = 4
-micro_batch = 1
-[backend]
-threads = 1
-peak_tflops = 0.05
-"""
 
 # Documented names the files of this test lack, and the case that writes them.
 NOT_MADE = {

@@ -22,26 +22,10 @@ TOOL = os.path.join(ROOT, "analysis", "strata-report")
 sys.path.insert(0, os.path.join(ROOT, "analysis"))
 
 from strata_report import sweep as sweep_mod  # noqa: E402
+from tiny_deck import DECK  # noqa: E402
 from strata_report import trace as trace_mod  # noqa: E402
 from strata_report.read import Report  # noqa: E402
 
-DECK = """[run]
-steps = 4
-warmup_steps = 1
-seed = 5
-[model]
-layers = 4
-d_model = 16
-heads = 2
-vocab = 64
-seq_len = 16
-[data]
-global_batch = 4
-micro_batch = 1
-[backend]
-threads = 1
-peak_tflops = 0.05
-"""
 
 
 def strata(tmp, *args, ranks=1, expect=0):
