@@ -7,29 +7,24 @@
 # counted, as the paper counts them) and the mean absolute error. The table
 # does not say which pipelines ran the interleaved schedule, so each
 # pipelined row is simulated twice: 1F1B (the decks') and interleaved with
-# the fewest chunks per rank that divide its layers. Megatron-LM's kernels
-# read and write 16-bit tensors, so the step is priced with Strata's 16-bit
-# conversions fused away (--fused-casts); CASTS=strata prices Strata's own
-# step, conversions included.
-#   bench/megatron-table1.sh [MACHINE]     (STRATA=build/strata OUT=results/megatron CASTS=fused)
+# the fewest chunks per rank that divide its layers.
+#   bench/megatron-table1.sh [MACHINE]     (STRATA=build/strata OUT=results/megatron)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STRATA=${STRATA:-build/strata}
 OUT=${OUT:-results/megatron}
 MACHINE=${1:-a100-80gb}
-casts=()
-[[ ${CASTS:-fused} == fused ]] && casts=(--fused-casts)
 mkdir -p "$OUT"
 names=()
 for d in 1.7b 3.6b 7.5b 18.4b 39.1b 76.1b 145.6b 310.1b 529.6b 1008b; do
   deck=inputs/megatron/gpt-$d.toml
-  "$STRATA" simulate "$deck" --machine "$MACHINE" "${casts[@]}" --output "$OUT/gpt-$d.h5" > "$OUT/gpt-$d.log"
+  "$STRATA" simulate "$deck" --machine "$MACHINE" --output "$OUT/gpt-$d.h5" > "$OUT/gpt-$d.log"
   layers=$(sed -n 's/^layers = \([0-9]*\).*/\1/p' "$deck")
   pp=$(sed -n 's/^pp = \([0-9]*\).*/\1/p' "$deck")
   if (( pp > 1 && layers / pp > 1 )); then
     per=$((layers / pp)) v=2
     while (( v <= per && per % v != 0 )); do v=$((v + 1)); done
-    "$STRATA" simulate "$deck" --machine "$MACHINE" "${casts[@]}" --set 'parallel.schedule="interleaved"' \
+    "$STRATA" simulate "$deck" --machine "$MACHINE" --set 'parallel.schedule="interleaved"' \
       --set parallel.virtual_stages=$v --output "$OUT/gpt-$d-interleaved.h5" > "$OUT/gpt-$d-interleaved.log"
   fi
   names+=("$d")

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/foundation/precision.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::kernels {
 
@@ -26,13 +26,13 @@ namespace backend {
 
 // Changed with the table's layout: a module from another build is refused
 // (abi and size are checked) instead of being called through wrong slots.
-inline constexpr int kBackendAbi = 2;
+inline constexpr int kBackendAbi = 3;
 
 // The runtime's rows; the operations' come from kernel_ops.inc.
 #define STRATA_RUNTIME_ROWS(ROW)                                                                                      \
   ROW(backend_name) ROW(device_count) ROW(describe_devices) ROW(describe_versions) ROW(use_device) ROW(synchronize) \
   ROW(host_accessible) ROW(malloc_device) ROW(free_device) ROW(copy_bytes) ROW(zero_bytes) ROW(memory_info)         \
-  ROW(set_gemm_precision) ROW(measure_gemm_flops)
+  ROW(measure_gemm_flops)
 
 struct DeviceBackend {
   int abi = 0;

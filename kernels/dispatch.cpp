@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
+#include "kernels/cpu/onednn.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "kernels/foundation/timeline.hpp"
 #include "kernels/kernels.hpp"
@@ -229,7 +230,7 @@ std::string cpu_blas_version();  // kernels/cpu/runtime.cpp
 
 std::string library_versions() {
   if (on_device()) return g_backend->describe_versions();
-  return cpu_blas_version();
+  return cpu_blas_version() + "; " + cpu::onednn_description();
 }
 
 const char* backend_name() { return on_device() ? g_backend->backend_name() : on_meta() ? "meta" : "cpu/openblas-openmp"; }
@@ -277,11 +278,6 @@ DeviceMemory device_memory() {
   return m;
 }
 
-void set_gemm_precision(core::Precision p) {
-  // The CPU computes in fp32 whatever p is.
-  if (on_device()) g_backend->set_gemm_precision(p);
-}
-
 double measure_gemm_flops(int n, int reps, core::Precision p) {
   if (on_meta()) return 0;
   if (on_device()) return g_backend->measure_gemm_flops(n, reps, p);
@@ -290,159 +286,167 @@ double measure_gemm_flops(int n, int reps, core::Precision p) {
     a[i] = float(i % 13) * 0.01f;
     b[i] = float(i % 7) * 0.02f;
   }
-  return prof::best_rate(2.0 * double(n) * n * n, reps, [&] {
-    cpu::matmul(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-  });
+  if (p == core::Precision::fp32)
+    return prof::best_rate(2.0 * double(n) * n * n, reps, [&] {
+      cpu::matmul(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    });
+  // Under mixed precision the run's GEMMs are 16-bit: measure those.
+  std::vector<std::uint16_t> ah(a.size()), bh(b.size()), ch(c.size());
+  const core::Ptr A(ah.data(), p), B(bh.data(), p), C(ch.data(), p);
+  cpu::convert(A, a.data(), std::int64_t(a.size()));
+  cpu::convert(B, b.data(), std::int64_t(b.size()));
+  return prof::best_rate(2.0 * double(n) * n * n, reps,
+                         [&] { cpu::matmul(false, false, n, n, n, 1.0f, A, n, B, n, 0.0f, C, n); });
 }
 
-std::int64_t attention_state_floats(bool fused, int B, int NH, int T) {
+std::int64_t attention_state_elements(bool fused, int B, int NH, int T) {
   return fused ? std::int64_t(B) * NH * T : std::int64_t(B) * NH * T * T;
 }
 
-std::int64_t attention_scratch_floats(bool fused, int B, int NH, int T) {
-  return attention_state_floats(fused, B, NH, T);
+std::int64_t attention_scratch_elements(bool fused, int B, int NH, int T, int C) {
+  return fused ? std::int64_t(B) * NH * T + std::int64_t(B) * T * C : attention_state_elements(false, B, NH, T);
+}
+
+const char* cpu_gemm_path(core::Precision p) {
+  if (p == core::Precision::fp32) return "openblas";
+  return cpu::onednn_gemm(p) ? "onednn" : "openblas";
 }
 
 // ---- the operations ----
 
-void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::CPtr A, int lda, core::CPtr B, int ldb, float beta, core::Ptr C, int ldc) {
   STRATA_DISPATCH(matmul, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, std::int64_t stride_a, const float* B, int ldb, std::int64_t stride_b, float beta, float* C, int ldc, std::int64_t stride_c, int batch) {
+void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::CPtr A, int lda, std::int64_t stride_a, core::CPtr B, int ldb, std::int64_t stride_b, float beta, core::Ptr C, int ldc, std::int64_t stride_c, int batch) {
   STRATA_DISPATCH(matmul_strided_batched, trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c, batch);
 }
 
-void linear_bias_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC, int OC,
-                         float beta) {
+void linear_bias_forward(core::Ptr out, core::CPtr inp, core::CPtr w, core::CPtr bias, int N, int IC, int OC, float beta) {
   STRATA_DISPATCH(linear_bias_forward, out, inp, w, bias, N, IC, OC, beta);
 }
 
-void bias_add(float* out, const float* bias, int N, int C) {
+void bias_add(core::Ptr out, core::CPtr bias, int N, int C) {
   STRATA_DISPATCH(bias_add, out, bias, N, C);
 }
 
-void bias_backward(float* dbias, const float* dout, int N, int C) {
+void bias_backward(float* dbias, core::CPtr dout, int N, int C) {
   STRATA_DISPATCH(bias_backward, dbias, dout, N, C);
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C, float eps) {
+void layernorm_forward(core::Ptr out, float* mean, float* rstd, core::CPtr inp, core::CPtr weight, core::CPtr bias, int N, int C, float eps) {
   STRATA_DISPATCH(layernorm_forward, out, mean, rstd, inp, weight, bias, N, C, eps);
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C) {
+void layernorm_backward(core::Ptr dinp, float* dweight, float* dbias, core::CPtr dout, core::CPtr inp, core::CPtr weight, const float* mean, const float* rstd, int N, int C) {
   STRATA_DISPATCH(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
+void rmsnorm_forward(core::Ptr out, float* rstd, core::CPtr inp, core::CPtr weight, int N, int C, float eps) {
   STRATA_DISPATCH(rmsnorm_forward, out, rstd, inp, weight, N, C, eps);
 }
 
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, int N, int C) {
+void rmsnorm_backward(core::Ptr dinp, float* dweight, core::CPtr dout, core::CPtr inp, core::CPtr weight, const float* rstd, int N, int C) {
   STRATA_DISPATCH(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 
-void rope_forward(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+void rope_forward(core::Ptr x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
   STRATA_DISPATCH(rope_forward, x, B, T, ld, heads, hs, pos0, theta);
 }
 
-void rope_backward(float* dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+void rope_backward(core::Ptr dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
   STRATA_DISPATCH(rope_backward, dx, B, T, ld, heads, hs, pos0, theta);
 }
 
-void swiglu_forward(float* out, const float* inp, int N, int F) {
+void swiglu_forward(core::Ptr out, core::CPtr inp, int N, int F) {
   STRATA_DISPATCH(swiglu_forward, out, inp, N, F);
 }
 
-void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+void swiglu_backward(core::Ptr dinp, core::CPtr inp, core::CPtr dout, int N, int F) {
   STRATA_DISPATCH(swiglu_backward, dinp, inp, dout, N, F);
 }
 
-void gelu_forward(float* out, const float* inp, std::int64_t n) {
+void gelu_forward(core::Ptr out, core::CPtr inp, std::int64_t n) {
   STRATA_DISPATCH(gelu_forward, out, inp, n);
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+void gelu_backward(core::Ptr dinp, core::CPtr inp, core::CPtr dout, std::int64_t n) {
   STRATA_DISPATCH(gelu_backward, dinp, inp, dout, n);
 }
 
-void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+void residual_forward(core::Ptr out, core::CPtr a, core::CPtr b, std::int64_t n) {
   STRATA_DISPATCH(residual_forward, out, a, b, n);
 }
 
-void add_inplace(float* y, const float* x, std::int64_t n) {
+void add_inplace(core::Ptr y, core::CPtr x, std::int64_t n) {
   STRATA_DISPATCH(add_inplace, y, x, n);
 }
 
-void scale_inplace(float* x, float s, std::int64_t n) {
+void scale_inplace(core::Ptr x, float s, std::int64_t n) {
   STRATA_DISPATCH(scale_inplace, x, s, n);
 }
 
-void fill_zero(float* x, std::int64_t n) {
+void fill_zero(core::Ptr x, std::int64_t n) {
   STRATA_DISPATCH(fill_zero, x, n);
 }
 
-double sum_squares(const float* x, std::int64_t n) {
+void convert(core::Ptr y, core::CPtr x, std::int64_t n) {
+  STRATA_DISPATCH(convert, y, x, n);
+}
+
+double sum_squares(core::CPtr x, std::int64_t n) {
   STRATA_DISPATCH(sum_squares, x, n);
 }
 
-void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH, int NKV) {
+void attention_forward(core::Ptr out, core::Ptr state, core::CPtr qkv, int B, int T, int C, int NH, int NKV) {
   STRATA_DISPATCH(attention_forward, out, state, qkv, B, T, C, NH, NKV);
 }
 
-void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out, const float* state, int B, int T, int C, int NH, int NKV) {
+void attention_backward(core::Ptr dqkv, core::Ptr scratch, core::CPtr dout, core::CPtr qkv, core::CPtr out, core::CPtr state, int B, int T, int C, int NH, int NKV) {
   STRATA_DISPATCH(attention_backward, dqkv, scratch, dout, qkv, out, state, B, T, C, NH, NKV);
 }
 
-void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
-                             int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0,
-                             bool accumulate) {
-  STRATA_DISPATCH(attention_block_forward, out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0,
-                  accumulate);
+void attention_block_forward(core::Ptr out, float* lse, core::CPtr q, core::CPtr kv, int B, int Tq, int Tk, int C, int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
+  STRATA_DISPATCH(attention_block_forward, out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0, accumulate);
 }
 
-void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
-                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
-                              std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
-  STRATA_DISPATCH(attention_block_backward, dq, dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
-                  q0, k0);
+void attention_block_backward(core::Ptr dq, core::Ptr dkv, core::CPtr dout, core::CPtr q, core::CPtr kv, core::CPtr out, const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
+  STRATA_DISPATCH(attention_block_backward, dq, dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0);
 }
 
-void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
-               std::int64_t cols, bool add) {
+void copy_rows(core::Ptr dst, std::int64_t ld_dst, core::CPtr src, std::int64_t ld_src, std::int64_t rows, std::int64_t cols, bool add) {
   STRATA_DISPATCH(copy_rows, dst, ld_dst, src, ld_src, rows, cols, add);
 }
 
-void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_begin, int v_count) {
+void embedding_forward(core::Ptr out, const std::int32_t* tokens, core::CPtr wte, core::CPtr wpe, int B, int T, int C, int v_begin, int v_count) {
   STRATA_DISPATCH(embedding_forward, out, tokens, wte, wpe, B, T, C, v_begin, v_count);
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T, int C, int v_begin, int v_count) {
+void embedding_backward(float* dwte, float* dwpe, core::CPtr dout, const std::int32_t* tokens, int B, int T, int C, int v_begin, int v_count) {
   STRATA_DISPATCH(embedding_backward, dwte, dwpe, dout, tokens, B, T, C, v_begin, v_count);
 }
 
-void add_position_rows(float* out, const float* wpe, int rows, int C, int T, int r0) {
+void add_position_rows(core::Ptr out, core::CPtr wpe, int rows, int C, int T, int r0) {
   STRATA_DISPATCH(add_position_rows, out, wpe, rows, C, T, r0);
 }
 
-void softmax_cross_entropy_forward(float* losses, const float* logits, const std::int32_t* targets, int N, int V) {
+void softmax_cross_entropy_forward(float* losses, core::CPtr logits, const std::int32_t* targets, int N, int V) {
   STRATA_DISPATCH(softmax_cross_entropy_forward, losses, logits, targets, N, V);
 }
 
-void softmax_cross_entropy_backward(float* dlogits, const float* logits, const std::int32_t* targets, float dloss, int N, int V) {
+void softmax_cross_entropy_backward(core::Ptr dlogits, core::CPtr logits, const std::int32_t* targets, float dloss, int N, int V) {
   STRATA_DISPATCH(softmax_cross_entropy_backward, dlogits, logits, targets, dloss, N, V);
 }
 
-void row_max(float* m, const float* logits, int N, int V) {
+void row_max(float* m, core::CPtr logits, int N, int V) {
   STRATA_DISPATCH(row_max, m, logits, N, V);
 }
 
-void row_exp_sum(float* s, const float* logits, const float* m, int N, int V) {
+void row_exp_sum(float* s, core::CPtr logits, const float* m, int N, int V) {
   STRATA_DISPATCH(row_exp_sum, s, logits, m, N, V);
 }
 
-void pick_target_logits(float* x, const float* logits, const std::int32_t* targets, int v_begin, int N, int V) {
+void pick_target_logits(float* x, core::CPtr logits, const std::int32_t* targets, int v_begin, int N, int V) {
   STRATA_DISPATCH(pick_target_logits, x, logits, targets, v_begin, N, V);
 }
 
@@ -450,33 +454,12 @@ void cross_entropy_from_parts(float* losses, const float* m, const float* s, con
   STRATA_DISPATCH(cross_entropy_from_parts, losses, m, s, x, N);
 }
 
-void softmax_cross_entropy_backward_sharded(float* dlogits, const float* logits, const float* m, const float* s, const std::int32_t* targets, int v_begin, float dloss, int N, int V) {
+void softmax_cross_entropy_backward_sharded(core::Ptr dlogits, core::CPtr logits, const float* m, const float* s, const std::int32_t* targets, int v_begin, float dloss, int N, int V) {
   STRATA_DISPATCH(softmax_cross_entropy_backward_sharded, dlogits, logits, m, s, targets, v_begin, dloss, N, V);
 }
 
-void widen(float* y, const std::uint16_t* x, std::int64_t n, core::Precision p) {
-  STRATA_DISPATCH(widen, y, x, n, p);
-}
-
-void narrow(std::uint16_t* y, const float* x, std::int64_t n, core::Precision p) {
-  STRATA_DISPATCH(narrow, y, x, n, p);
-}
-
-void narrow_add(std::uint16_t* y, const float* x, std::int64_t n, core::Precision p) {
-  STRATA_DISPATCH(narrow_add, y, x, n, p);
-}
-
-void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, core::Precision p) {
-  STRATA_DISPATCH(add_half, y, x, n, p);
-}
-
-double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const double* divisors, int count,
-                           core::Precision p) {
+double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const double* divisors, int count, core::Precision p) {
   STRATA_DISPATCH(sum_squares_tensors, xs, ns, divisors, count, p);
-}
-
-double sum_squares_half(const std::uint16_t* x, std::int64_t n, core::Precision p) {
-  STRATA_DISPATCH(sum_squares_half, x, n, p);
 }
 
 void adamw_update_mixed(float* master, std::uint16_t* param, const std::uint16_t* grad, float grad_scale, float* m, float* v, std::int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int step, core::Precision p) {

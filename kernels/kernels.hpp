@@ -9,7 +9,10 @@
 // accounted for by the caller.
 //
 // Conventions
-//   * Row-major, fp32, contiguous unless a leading dimension says otherwise.
+//   * Row-major, contiguous unless a leading dimension says otherwise.
+//   * Tensors are core::Ptr / CPtr: an address and a format (fp32, bf16,
+//     fp16; kernels/foundation/ptr.hpp); ops.inc says which arguments share
+//     the call's format and which are always fp32.
 //   * Pointers are on the selected device (host memory for the CPU).
 //   * Shapes: B batch, T sequence, C channels (d_model), NH heads, V vocab,
 //     N = B*T rows.
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "kernels/foundation/precision.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::kernels {
 
@@ -105,11 +109,6 @@ DeviceMemory device_memory();
 void guard_device_memory(void* base, std::size_t bytes);
 
 // ---- numerics ----
-// The GEMMs' arithmetic under mixed precision: with bf16 the CUDA backend's
-// GEMMs round their fp32 inputs to bf16 and accumulate in fp32 on tensor
-// cores (autocast's arithmetic); fp32 (the default) and the CPU compute in fp32.
-void set_gemm_precision(core::Precision p);
-
 // The best FLOP/s of `reps` n x n x n GEMMs on the selected device: the CPU's
 // sgemm; on a GPU, under mixed precision (p not fp32) bf16 inputs with fp32
 // accumulation (the tensor cores' rate), else sgemm. Buffers are its own.
@@ -141,11 +140,22 @@ void reset_meta_costs();
 void count_meta_cost(const char* name, double matmul_flops, double other_flops, double bytes, int m = 0, int n = 0,
                      int k = 0);
 
-// Floats of attention_forward's `state` and attention_backward's `scratch`:
-// the probabilities and their gradient on the CPU; for the fused kernels
-// (`fused`, the CUDA backend) the rows' log-sum-exp and their dot(dout, out).
-std::int64_t attention_state_floats(bool fused, int B, int NH, int T);
-std::int64_t attention_scratch_floats(bool fused, int B, int NH, int T);
+// Elements of attention_forward's `state` and attention_backward's
+// `scratch`, and their format for a run whose activations are `act`: the
+// probabilities and their gradient on the CPU, in the activations' format;
+// for the fused kernels (`fused`, the CUDA backend) the rows' log-sum-exp,
+// and their dot(dout, out) and an accumulator of dq (B T C), fp32.
+std::int64_t attention_state_elements(bool fused, int B, int NH, int T);
+std::int64_t attention_scratch_elements(bool fused, int B, int NH, int T, int C);
+inline core::Precision attention_state_format(bool fused, core::Precision act) {
+  return fused ? core::Precision::fp32 : act;
+}
+
+// How the CPU backend multiplies 16-bit matrices: "onednn" (bf16 through
+// oneDNN's matmul, where the processor has AVX512-BF16 or AMX), or "openblas"
+// (widened to fp32 tile by tile and multiplied by sgemm). fp32 always goes to
+// OpenBLAS. For the report's provenance.
+const char* cpu_gemm_path(core::Precision p);
 
 #include "kernels/ops.inc"
 

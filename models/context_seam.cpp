@@ -5,11 +5,11 @@
 namespace strata::models {
 
 std::int64_t ContextSeam::state_floats(bool fused, int B, int NH, int, int Tl, int) const {
-  return kernels::attention_state_floats(fused, B, NH, Tl);
+  return kernels::attention_state_elements(fused, B, NH, Tl);
 }
 
-std::int64_t ContextSeam::scratch_floats(bool fused, int B, int NH, int, int Tl, int) const {
-  return kernels::attention_scratch_floats(fused, B, NH, Tl);
+std::int64_t ContextSeam::scratch_floats(bool fused, int B, int NH, int, int Tl, int C) const {
+  return kernels::attention_scratch_elements(fused, B, NH, Tl, C);
 }
 
 void ContextSeam::attention_forward(float* out, float* state, float*, const float* qkv, int B, int Tl, int C, int NH,

@@ -27,7 +27,7 @@ void Flat::zero() { kernels::zero_bytes(buf_.data(), buf_.bytes()); }
 
 void Flat::write(std::int64_t i, std::int64_t n, const float* in) {
   if (half())
-    kernels::narrow(h16(i), in, n, p_);
+    kernels::convert(core::Ptr(h16(i), p_), in, n);
   else
     kernels::copy_bytes(f32(i), in, sizeof(float) * std::size_t(n));
 }
@@ -37,16 +37,13 @@ void Flat::load(std::int64_t i, std::int64_t n, const float* host) {
   if (!half()) return kernels::copy_bytes(f32(i), host, sizeof(float) * std::size_t(n));
   // Rounded on the host (the same rounding as the device's), then copied.
   std::vector<std::uint16_t> rounded(static_cast<std::size_t>(n));
-  kernels::cpu::narrow(rounded.data(), host, n, p_);
+  kernels::cpu::convert(core::Ptr(rounded.data(), p_), host, n);
   kernels::copy_bytes(h16(i), rounded.data(), rounded.size() * sizeof(std::uint16_t));
 }
 
 void Flat::add(std::int64_t i, std::int64_t n, const Flat& src, std::int64_t j) {
   STRATA_CHECK(src.p_ == p_, "adding {} to {}", core::precision_name(src.p_), core::precision_name(p_));
-  if (half())
-    kernels::add_half(h16(i), static_cast<const std::uint16_t*>(src.at(j)), n, p_);
-  else
-    kernels::add_inplace(f32(i), static_cast<const float*>(src.at(j)), n);
+  kernels::add_inplace(core::Ptr(at(i), p_), core::CPtr(src.at(j), p_), n);
 }
 
 WideViews::WideViews(core::MemoryTracker& tracker, std::size_t units, core::Precision p)
@@ -57,7 +54,7 @@ float* WideViews::acquire(int u, const std::uint16_t* src, std::int64_t n) {
   if (v.refs++ == 0) {
     v.params = core::Buffer<float>(tracker_, core::MemCategory::workspace, std::size_t(n),
                                    "fp32 view of a unit's parameters");
-    kernels::widen(v.params.data(), src, n, p_);
+    kernels::convert(v.params.data(), core::CPtr(src, p_), n);
   }
   return v.params.data();
 }

@@ -227,7 +227,7 @@ void AdamW::update_span(std::int64_t lo, std::int64_t hi, void* params, const vo
   on_host = on_host && !kernels::is_meta();
   auto* mixed_update = on_host ? kernels::cpu::adamw_update_mixed : kernels::adamw_update_mixed;
   auto* update = on_host ? kernels::cpu::adamw_update : kernels::adamw_update;
-  auto* narrow = on_host ? kernels::cpu::narrow : kernels::narrow;
+  auto* convert = on_host ? kernels::cpu::convert : kernels::convert;
   for (const auto& spec : reg_.specs()) {
     const std::int64_t a = std::max(spec.offset, lo), b = std::min(spec.offset + spec.numel, hi);
     if (a >= b) continue;
@@ -240,7 +240,7 @@ void AdamW::update_span(std::int64_t lo, std::int64_t hi, void* params, const vo
     } else if (mixed()) {  // fp32 gradients (scaled already): fp32 AdamW on the master weights, then their rounding
       update(master + j, static_cast<const float*>(grads) + k, m + j, v + j, b - a, lr, s_.beta1, s_.beta2, s_.eps,
              decay, step);
-      narrow(static_cast<std::uint16_t*>(params) + k, master + j, b - a, precision_);
+      convert(core::Ptr(static_cast<std::uint16_t*>(params) + k, precision_), master + j, b - a);
     } else
       update(static_cast<float*>(params) + k, static_cast<const float*>(grads) + k, m + j, v + j,
                             b - a, lr, s_.beta1, s_.beta2, s_.eps, decay, step);

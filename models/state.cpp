@@ -52,7 +52,7 @@ void ReplicatedState::grads_done(int unit) {
   if (!grads_.half()) return;
   if (const float* g = views_.written(unit)) {
     const Unit& u = units_[std::size_t(unit)];
-    kernels::narrow_add(grads_.h16(u.begin), g, u.size(), grads_.precision());
+    kernels::add_inplace(core::Ptr(grads_.h16(u.begin), grads_.precision()), g, u.size());
     views_.done(unit);
   }
 }

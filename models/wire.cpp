@@ -34,7 +34,7 @@ class WireRequest final : public comm::Request {
 
  private:
   void arrived() {
-    if (into_ != nullptr) kernels::widen(into_, copy_.data(), std::int64_t(copy_.size()), p_);
+    if (into_ != nullptr) kernels::convert(into_, core::CPtr(copy_.data(), p_), std::int64_t(copy_.size()));
     into_ = nullptr;
   }
   core::Buffer<std::uint16_t> copy_;
@@ -55,27 +55,27 @@ core::Buffer<std::uint16_t> Wire::copy(std::int64_t n) const {
 void Wire::all_reduce(comm::Communicator& c, float* x, std::int64_t n) const {
   if (!half()) return c.all_reduce(x, n, DType::f32, ReduceOp::sum);
   auto h = copy(n);
-  kernels::narrow(h.data(), x, n, p_);
+  kernels::convert(core::Ptr(h.data(), p_), x, n);
   c.all_reduce(h.data(), n, dtype(), ReduceOp::sum);
-  kernels::widen(x, h.data(), n, p_);
+  kernels::convert(x, core::CPtr(h.data(), p_), n);
 }
 
 void Wire::all_gather(comm::Communicator& c, const float* mine, float* all, std::int64_t count) const {
   if (!half()) return c.all_gather(mine, all, count, DType::f32);
   auto h = copy(count * c.size());
   std::uint16_t* own = h.data() + std::int64_t(c.rank()) * count;
-  kernels::narrow(own, mine, count, p_);
+  kernels::convert(core::Ptr(own, p_), mine, count);
   c.all_gather(own, h.data(), count, dtype());
-  kernels::widen(all, h.data(), count * c.size(), p_);
+  kernels::convert(all, core::CPtr(h.data(), p_), count * c.size());
 }
 
 void Wire::reduce_scatter(comm::Communicator& c, const float* send, float* recv, std::int64_t recv_count) const {
   if (!half()) return c.reduce_scatter(send, recv, recv_count, DType::f32, ReduceOp::sum);
   auto h = copy(recv_count * (c.size() + 1));
   std::uint16_t* out = h.data() + recv_count * c.size();
-  kernels::narrow(h.data(), send, recv_count * c.size(), p_);
+  kernels::convert(core::Ptr(h.data(), p_), send, recv_count * c.size());
   c.reduce_scatter(h.data(), out, recv_count, dtype(), ReduceOp::sum);
-  kernels::widen(recv, out, recv_count, p_);
+  kernels::convert(recv, core::CPtr(out, p_), recv_count);
 }
 
 void Wire::all_to_allv(comm::Communicator& c, const float* send, const std::int64_t* send_counts,
@@ -91,27 +91,27 @@ void Wire::all_to_allv(comm::Communicator& c, const float* send, const std::int6
   }
   STRATA_CHECK(ns <= extent && nr <= extent, "an exchange of {} and {} elements in buffers of {}", ns, nr, extent);
   auto h = copy(2 * extent);
-  kernels::narrow(h.data(), send, ns, p_);
+  kernels::convert(core::Ptr(h.data(), p_), send, ns);
   c.all_to_allv(h.data(), send_counts, send_displs, h.data() + extent, recv_counts, recv_displs, dtype());
-  kernels::widen(recv, h.data() + extent, nr, p_);
+  kernels::convert(recv, core::CPtr(h.data() + extent, p_), nr);
 }
 
 void Wire::recv(comm::Communicator& c, float* y, std::int64_t n, int peer, int tag) const {
   if (!half()) return c.recv(y, n, DType::f32, peer, tag);
   auto h = copy(n);
   c.recv(h.data(), n, dtype(), peer, tag);
-  kernels::widen(y, h.data(), n, p_);
+  kernels::convert(y, core::CPtr(h.data(), p_), n);
 }
 
 comm::RequestPtr Wire::isend(comm::Communicator& c, const float* x, std::int64_t n, int peer, int tag,
                              std::uint16_t* held) const {
   if (!half()) return c.isend(x, n, DType::f32, peer, tag);
   if (held != nullptr) {
-    kernels::narrow(held, x, n, p_);
+    kernels::convert(core::Ptr(held, p_), x, n);
     return c.isend(held, n, dtype(), peer, tag);
   }
   auto h = copy(n);
-  kernels::narrow(h.data(), x, n, p_);
+  kernels::convert(core::Ptr(h.data(), p_), x, n);
   const std::uint16_t* data = h.data();
   auto r = std::make_unique<WireRequest>(std::move(h), p_, nullptr);
   r->start(c.isend(data, n, dtype(), peer, tag));

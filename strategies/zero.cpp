@@ -309,7 +309,7 @@ void Zero::grads_done(int u) {
   if (stage_ == 1) {
     // Stage 1 keeps whole gradients through accumulation and reduces once.
     if (const float* g = half_grads() ? views_.written(u) : nullptr) {
-      kernels::narrow_add(grads_full_.h16(n_ * us_[u].q), g, padded, grad_precision_);
+      kernels::add_inplace(core::Ptr(grads_full_.h16(n_ * us_[u].q), grad_precision_), g, padded);
       views_.done(u);
     }
     if (last_) launch_reduce_scatter(u, models::Flat(), grads_full_.at(n_ * us_[u].q));

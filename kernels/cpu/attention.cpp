@@ -1,6 +1,6 @@
-// Causal self-attention on BLAS: per (batch, query head), S = q k^T scaled
-// (k and v of the key-value head the query head reads), a causal softmax in
-// place, and probs @ v written straight into the head's columns of out; the
+// Causal self-attention on matrix products: per (batch, query head), S =
+// q k^T scaled (k and v of the key-value head the query head reads), a causal
+// softmax, and probs @ v written straight into the head's columns of out; the
 // backward pass runs the same products transposed, a thread per (batch,
 // key-value head) taking the query heads of its group one after another, so
 // that their gradients of the shared k and v add up without a race.
@@ -9,6 +9,13 @@
 // time, so their scores take 64 x Tk floats of per-thread scratch (the
 // probabilities are not kept: the backward pass rebuilds them from the rows'
 // log-sum-exp).
+//
+// Formats. Scores, the softmax and its backward are fp32; the probabilities
+// kept for the backward pass (`state`) and the score gradients of the
+// backward's scratch are in the call's format, as an unfused 16-bit
+// attention keeps them, and every product reads its operands in that format.
+// Under fp32 the scores are computed in place in the state; under 16 bits a
+// row block of them goes through per-thread fp32 scratch and is rounded once.
 #include <omp.h>
 
 #include <algorithm>
@@ -16,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.hpp"
@@ -24,6 +32,10 @@
 namespace strata::kernels::cpu {
 namespace {
 
+using core::CPtr;
+using core::from_float;
+using core::Ptr;
+using core::to_float;
 using kernels::exp_vec;
 
 // Rows of S are produced in blocks; block [r0, r1) only needs keys 0..r1-1,
@@ -36,54 +48,76 @@ constexpr int kRowBlock = 64;
 // one after another and OpenBLAS uses the threads.
 bool parallel_over_heads(int B, int NH) { return B * NH >= omp_get_max_threads(); }
 
-}  // namespace
+// Per-thread scratch of fp32 (and of E) rows, grown to the largest block seen.
+template <typename X>
+X* scratch_of(std::size_t n, int which = 0) {
+  thread_local std::vector<X> s[2];
+  if (s[which].size() < n) s[which].resize(n);
+  return s[which].data();
+}
 
-void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH, int NKV) {
+// n fp32 values as E: the values themselves under fp32, else rounded into tmp.
+template <typename E>
+const E* in_format(float* x, E* tmp, std::int64_t n) {
+  if constexpr (std::is_same_v<E, float>) {
+    return x;
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) tmp[i] = from_float<E>(x[i]);
+    return tmp;
+  }
+}
+
+// A causal softmax over row t's keys 0..t of s (fp32, in place); the row's
+// entries above the diagonal are zeroed.
+void softmax_row(float* row, int t, int T) {
+  float m = row[0];
+#pragma omp simd reduction(max : m)
+  for (int j = 0; j <= t; ++j) m = row[j] > m ? row[j] : m;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j <= t; ++j) {
+    row[j] = exp_vec(row[j] - m);
+    sum += row[j];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int j = 0; j <= t; ++j) row[j] *= inv;
+  for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+}
+
+template <typename E>
+void attention_forward_(E* out, E* probs, const E* qkv, int B, int T, int C, int NH, int NKV) {
+  constexpr bool kWide = std::is_same_v<E, float>;
   const int hs = C / NH, KVC = NKV * hs, group = NH / NKV;
   const int C3 = C + 2 * KVC;  // a qkv row
   const float scale = 1.0f / std::sqrt(float(hs));
 #pragma omp parallel for collapse(2) schedule(static) if (parallel_over_heads(B, NH))
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const float* row = qkv + std::int64_t(b) * T * C3;
-      const float* q = row + h * hs;
-      const float* k = row + C + (h / group) * hs;
-      const float* v = k + KVC;
-      float* att = probs + (std::int64_t(b) * NH + h) * T * T;
-      float* y = out + std::int64_t(b) * T * C + h * hs;
-
+      const E* row = qkv + std::int64_t(b) * T * C3;
+      const E* q = row + h * hs;
+      const E* k = row + C + (h / group) * hs;
+      const E* v = k + KVC;
+      E* att = probs + (std::int64_t(b) * NH + h) * T * T;
+      E* y = out + std::int64_t(b) * T * C + h * hs;
       for (int r0 = 0; r0 < T; r0 += kRowBlock) {
         const int r1 = (r0 + kRowBlock < T) ? r0 + kRowBlock : T;
-        matmul(false, true, r1 - r0, r1, hs, scale, q + std::int64_t(r0) * C3, C3, k, C3, 0.0f,
-               att + std::int64_t(r0) * T, T);
-      }
-      for (int t = 0; t < T; ++t) {
-        float* row = att + std::int64_t(t) * T;
-        float m = row[0];
-#pragma omp simd reduction(max : m)
-        for (int j = 0; j <= t; ++j) m = row[j] > m ? row[j] : m;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j <= t; ++j) {
-          row[j] = exp_vec(row[j] - m);
-          sum += row[j];
-        }
-        const float inv = 1.0f / sum;
-#pragma omp simd
-        for (int j = 0; j <= t; ++j) row[j] *= inv;
-        for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
-      }
-      for (int r0 = 0; r0 < T; r0 += kRowBlock) {
-        const int r1 = (r0 + kRowBlock < T) ? r0 + kRowBlock : T;
-        matmul(false, false, r1 - r0, hs, r1, 1.0f, att + std::int64_t(r0) * T, T, v, C3, 0.0f,
-               y + std::int64_t(r0) * C, C);
+        E* p = att + std::int64_t(r0) * T;
+        float* s = kWide ? reinterpret_cast<float*>(p) : scratch_of<float>(std::size_t(kRowBlock) * T);
+        matmul(false, true, r1 - r0, r1, hs, scale, q + std::int64_t(r0) * C3, C3, k, C3, 0.0f, s, T);
+        for (int t = r0; t < r1; ++t) softmax_row(s + std::int64_t(t - r0) * T, t, T);
+        if constexpr (!kWide)
+          for (std::int64_t i = 0; i < std::int64_t(r1 - r0) * T; ++i) p[i] = from_float<E>(s[i]);
+        matmul(false, false, r1 - r0, hs, r1, 1.0f, p, T, v, C3, 0.0f, y + std::int64_t(r0) * C, C);
       }
     }
   }
 }
 
-void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, const float* qkv, const float* /*out*/, const float* probs,
-                        int B, int T, int C, int NH, int NKV) {
+template <typename E>
+void attention_backward_(E* dqkv, E* dprobs_scratch, const E* dout, const E* qkv, const E* probs, int B, int T, int C,
+                         int NH, int NKV) {
+  constexpr bool kWide = std::is_same_v<E, float>;
   const int hs = C / NH, KVC = NKV * hs, group = NH / NKV;
   const int C3 = C + 2 * KVC;
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -93,37 +127,40 @@ void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, c
   for (int b = 0; b < B; ++b) {
     for (int g = 0; g < NKV; ++g) {
       for (int h = g * group; h < (g + 1) * group; ++h) {
-        const float* row = qkv + std::int64_t(b) * T * C3;
-        const float* q = row + h * hs;
-        const float* k = row + C + g * hs;
-        const float* v = k + KVC;
-        float* drow = dqkv + std::int64_t(b) * T * C3;
-        float* dq = drow + h * hs;
-        float* dk = drow + C + g * hs;
-        float* dv = dk + KVC;
-        const float* att = probs + (std::int64_t(b) * NH + h) * T * T;
-        float* datt = dprobs_scratch + (std::int64_t(b) * NH + h) * T * T;
-        const float* dy = dout + std::int64_t(b) * T * C + h * hs;
+        const E* row = qkv + std::int64_t(b) * T * C3;
+        const E* q = row + h * hs;
+        const E* k = row + C + g * hs;
+        const E* v = k + KVC;
+        E* drow = dqkv + std::int64_t(b) * T * C3;
+        E* dq = drow + h * hs;
+        E* dk = drow + C + g * hs;
+        E* dv = dk + KVC;
+        const E* att = probs + (std::int64_t(b) * NH + h) * T * T;
+        E* datt = dprobs_scratch + (std::int64_t(b) * NH + h) * T * T;
+        const E* dy = dout + std::int64_t(b) * T * C + h * hs;
 
         for (int r0 = 0; r0 < T; r0 += kRowBlock) {
           const int r1 = (r0 + kRowBlock < T) ? r0 + kRowBlock : T;
-          // dP = dout v^T
-          matmul(false, true, r1 - r0, r1, hs, 1.0f, dy + std::int64_t(r0) * C, C, v, C3, 0.0f,
-                 datt + std::int64_t(r0) * T, T);
+          // dP = dout v^T, then (the rows are whole) dS = P * (dP - sum_j dP_j
+          // P_j), zero above the diagonal, in fp32.
+          E* ds = datt + std::int64_t(r0) * T;
+          float* d = kWide ? reinterpret_cast<float*>(ds) : scratch_of<float>(std::size_t(kRowBlock) * T);
+          matmul(false, true, r1 - r0, r1, hs, 1.0f, dy + std::int64_t(r0) * C, C, v, C3, 0.0f, d, T);
+          for (int t = r0; t < r1; ++t) {
+            const E* p = att + std::int64_t(t) * T;
+            float* dr = d + std::int64_t(t - r0) * T;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int j = 0; j <= t; ++j) dot += dr[j] * to_float(p[j]);
+#pragma omp simd
+            for (int j = 0; j <= t; ++j) dr[j] = to_float(p[j]) * (dr[j] - dot);
+            for (int j = t + 1; j < T; ++j) dr[j] = 0.0f;
+          }
+          if constexpr (!kWide)
+            for (std::int64_t i = 0; i < std::int64_t(r1 - r0) * T; ++i) ds[i] = from_float<E>(d[i]);
           // dv += P^T dout
           matmul(true, false, r1, hs, r1 - r0, 1.0f, att + std::int64_t(r0) * T, T, dy + std::int64_t(r0) * C, C, 1.0f,
                  dv, C3);
-        }
-        // Softmax backward: dS = P * (dP - sum_j dP_j P_j), zero above the diagonal.
-        for (int t = 0; t < T; ++t) {
-          const float* p = att + std::int64_t(t) * T;
-          float* d = datt + std::int64_t(t) * T;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int j = 0; j <= t; ++j) dot += d[j] * p[j];
-#pragma omp simd
-          for (int j = 0; j <= t; ++j) d[j] = p[j] * (d[j] - dot);
-          for (int j = t + 1; j < T; ++j) d[j] = 0.0f;
         }
         for (int r0 = 0; r0 < T; r0 += kRowBlock) {
           const int r1 = (r0 + kRowBlock < T) ? r0 + kRowBlock : T;
@@ -138,23 +175,12 @@ void attention_backward(float* dqkv, float* dprobs_scratch, const float* dout, c
   }
 }
 
-namespace {
-
 // Keys of the block query i may attend: 0 .. visible - 1 (causal on global positions).
 int visible_keys(int i, int Tk, int q0, int k0) { return std::clamp(q0 + i - k0 + 1, 0, Tk); }
 
-// Per-thread scratch of the block kernels, grown to the largest block seen.
-std::vector<float>& block_scratch(std::size_t n) {
-  thread_local std::vector<float> s;
-  if (s.size() < n) s.resize(n);
-  return s;
-}
-
-}  // namespace
-
-void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
-                             int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0,
-                             bool accumulate) {
+template <typename E>
+void block_forward_(E* out, float* lse, const E* q, const E* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
+                    std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
   const int hs = C / NH, KVC = NKV * hs, group = NH / NKV;
   const std::int64_t C3 = std::int64_t(C) + 2 * KVC, C2 = 2 * std::int64_t(KVC);
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -162,15 +188,15 @@ void attention_block_forward(float* out, float* lse, const float* q, const float
 #pragma omp parallel for collapse(2) schedule(static) if (parallel_over_heads(B, NH))
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const float* qh = q + std::int64_t(b) * q_batch * C3 + h * hs;
-      const float* k = kv + std::int64_t(b) * kv_batch * C2 + (h / group) * hs;
-      const float* v = k + KVC;
-      float* y = out + std::int64_t(b) * q_batch * C + h * hs;
+      const E* qh = q + std::int64_t(b) * q_batch * C3 + h * hs;
+      const E* k = kv + std::int64_t(b) * kv_batch * C2 + (h / group) * hs;
+      const E* v = k + KVC;
+      E* y = out + std::int64_t(b) * q_batch * C + h * hs;
       float* l = lse + (std::int64_t(b) * NH + h) * q_batch;
-      std::vector<float>& scratch = block_scratch(std::size_t(kRowBlock) * (std::size_t(Tk) + hs + 1));
-      float* att = scratch.data();                       // [rows, nk]: scores, then probabilities
+      float* att = scratch_of<float>(std::size_t(kRowBlock) * (std::size_t(Tk) + hs + 1));  // [rows, nk]: scores, then P
       float* ob = att + std::int64_t(kRowBlock) * Tk;    // [rows, hs]: the block's attention
       float* lb = ob + std::int64_t(kRowBlock) * hs;     // [rows]: the block's log-sum-exp
+      E* pe = scratch_of<E>(std::size_t(kRowBlock) * Tk, 1);  // P in the call's format (16-bit)
       for (int r0 = 0; r0 < Tq; r0 += kRowBlock) {
         const int rows = std::min(kRowBlock, Tq - r0);
         const int nk = visible_keys(r0 + rows - 1, Tk, q0, k0);  // what the block's last row sees: the most
@@ -194,24 +220,25 @@ void attention_block_forward(float* out, float* lse, const float* q, const float
             }
             for (int j = n; j < nk; ++j) row[j] = 0.0f;
           }
-          matmul(false, false, rows, hs, nk, 1.0f, att, nk, v, int(C2), 0.0f, ob, hs);
+          matmul(false, false, rows, hs, nk, 1.0f, in_format(att, pe, std::int64_t(rows) * nk), nk, v, int(C2), 0.0f,
+                 ob, hs);
         } else {
           for (int i = 0; i < rows; ++i) lb[i] = ninf;
         }
         for (int i = 0; i < rows; ++i) {
-          float* yr = y + std::int64_t(r0 + i) * C;
+          E* yr = y + std::int64_t(r0 + i) * C;
           const float* o = ob + std::int64_t(i) * hs;
           float& li = l[r0 + i];
           if (!accumulate || li == ninf) {
             // The first block a row meets (or the first it may attend).
-            for (int d = 0; d < hs; ++d) yr[d] = lb[i] == ninf ? 0.0f : o[d];
+            for (int d = 0; d < hs; ++d) yr[d] = from_float<E>(lb[i] == ninf ? 0.0f : o[d]);
             li = lb[i];
           } else if (lb[i] != ninf) {
             // The running log-sum-exp merge.
             const float mx = std::max(li, lb[i]);
             const float merged = mx + std::log(std::exp(li - mx) + std::exp(lb[i] - mx));
             const float a = std::exp(li - merged), c = std::exp(lb[i] - merged);
-            for (int d = 0; d < hs; ++d) yr[d] = yr[d] * a + o[d] * c;
+            for (int d = 0; d < hs; ++d) yr[d] = from_float<E>(to_float(yr[d]) * a + o[d] * c);
             li = merged;
           }
         }
@@ -220,9 +247,11 @@ void attention_block_forward(float* out, float* lse, const float* q, const float
   }
 }
 
-void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
-                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
-                              std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
+// DQ, DKV: E or float (accumulators).
+template <typename E, typename DQ, typename DKV>
+void block_backward_(DQ* dq, DKV* dkv, const E* dout, const E* q, const E* kv, const E* out, const float* lse, int B,
+                     int Tq, int Tk, int C, int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0,
+                     int k0) {
   const int hs = C / NH, KVC = NKV * hs, group = NH / NKV;
   const std::int64_t C3 = std::int64_t(C) + 2 * KVC, C2 = 2 * std::int64_t(KVC);
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -232,18 +261,19 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
   for (int b = 0; b < B; ++b) {
     for (int g = 0; g < NKV; ++g) {
       for (int h = g * group; h < (g + 1) * group; ++h) {
-        const float* qh = q + std::int64_t(b) * q_batch * C3 + h * hs;
-        const float* k = kv + std::int64_t(b) * kv_batch * C2 + g * hs;
-        const float* v = k + KVC;
-        float* dqh = dq + std::int64_t(b) * q_batch * C3 + h * hs;
-        float* dk = dkv + std::int64_t(b) * kv_batch * C2 + g * hs;
-        float* dv = dk + KVC;
-        const float* y = out + std::int64_t(b) * q_batch * C + h * hs;
-        const float* dy = dout + std::int64_t(b) * q_batch * C + h * hs;
+        const E* qh = q + std::int64_t(b) * q_batch * C3 + h * hs;
+        const E* k = kv + std::int64_t(b) * kv_batch * C2 + g * hs;
+        const E* v = k + KVC;
+        DQ* dqh = dq + std::int64_t(b) * q_batch * C3 + h * hs;
+        DKV* dk = dkv + std::int64_t(b) * kv_batch * C2 + g * hs;
+        DKV* dv = dk + KVC;
+        const E* y = out + std::int64_t(b) * q_batch * C + h * hs;
+        const E* dy = dout + std::int64_t(b) * q_batch * C + h * hs;
         const float* l = lse + (std::int64_t(b) * NH + h) * q_batch;
-        std::vector<float>& scratch = block_scratch(std::size_t(kRowBlock) * 2 * std::size_t(Tk));
-        float* p = scratch.data();                        // [rows, nk]: P, rebuilt from the rows' log-sum-exp
-        float* dp = p + std::int64_t(kRowBlock) * Tk;     // [rows, nk]: dP, then dS
+        float* p = scratch_of<float>(std::size_t(kRowBlock) * 2 * std::size_t(Tk));  // [rows, nk]: P from the lse
+        float* dp = p + std::int64_t(kRowBlock) * Tk;                              // [rows, nk]: dP, then dS
+        E* pe = scratch_of<E>(std::size_t(kRowBlock) * 2 * std::size_t(Tk), 1);    // P and dS in the call's format
+        E* dse = pe + std::int64_t(kRowBlock) * Tk;
         for (int r0 = 0; r0 < Tq; r0 += kRowBlock) {
           const int rows = std::min(kRowBlock, Tq - r0);
           const int nk = visible_keys(r0 + rows - 1, Tk, q0, k0);
@@ -257,7 +287,8 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
             // D_i = dout_i . out_i: the softmax backward's row term over every
             // key of every block, which out (the final one) carries.
             float D = 0.0f;
-            for (int d = 0; d < hs; ++d) D += dy[std::int64_t(r0 + i) * C + d] * y[std::int64_t(r0 + i) * C + d];
+            for (int d = 0; d < hs; ++d)
+              D += to_float(dy[std::int64_t(r0 + i) * C + d]) * to_float(y[std::int64_t(r0 + i) * C + d]);
             const float li = l[r0 + i];
             for (int j = 0; j < n; ++j) {
               pr[j] = exp_vec(pr[j] - li);
@@ -265,14 +296,45 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
             }
             for (int j = n; j < nk; ++j) pr[j] = dr[j] = 0.0f;
           }
+          const E* pk = in_format(p, pe, std::int64_t(rows) * nk);
+          const E* ds = in_format(dp, dse, std::int64_t(rows) * nk);
           // dv += P^T dout; dq += scale dS k; dk += scale dS^T q.
-          matmul(true, false, nk, hs, rows, 1.0f, p, nk, dy + std::int64_t(r0) * C, C, 1.0f, dv, int(C2));
-          matmul(false, false, rows, hs, nk, scale, dp, nk, k, int(C2), 1.0f, dqh + std::int64_t(r0) * C3, int(C3));
-          matmul(true, false, nk, hs, rows, scale, dp, nk, qh + std::int64_t(r0) * C3, int(C3), 1.0f, dk, int(C2));
+          matmul(true, false, nk, hs, rows, 1.0f, pk, nk, dy + std::int64_t(r0) * C, C, 1.0f, dv, int(C2));
+          matmul(false, false, rows, hs, nk, scale, ds, nk, k, int(C2), 1.0f, dqh + std::int64_t(r0) * C3, int(C3));
+          matmul(true, false, nk, hs, rows, scale, ds, nk, qh + std::int64_t(r0) * C3, int(C3), 1.0f, dk, int(C2));
         }
       }
     }
   }
+}
+
+}  // namespace
+
+void attention_forward(Ptr out, Ptr probs, CPtr qkv, int B, int T, int C, int NH, int NKV) {
+  STRATA_BY_FORMAT(out, attention_forward_(out.as<E>(), probs.as<E>(), qkv.as<E>(), B, T, C, NH, NKV));
+}
+
+void attention_backward(Ptr dqkv, Ptr scratch, CPtr dout, CPtr qkv, CPtr /*out*/, CPtr probs, int B, int T, int C,
+                        int NH, int NKV) {
+  STRATA_BY_FORMAT(dqkv, attention_backward_(dqkv.as<E>(), scratch.as<E>(), dout.as<E>(), qkv.as<E>(), probs.as<E>(),
+                                             B, T, C, NH, NKV));
+}
+
+void attention_block_forward(Ptr out, float* lse, CPtr q, CPtr kv, int B, int Tq, int Tk, int C, int NH, int NKV,
+                             std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
+  STRATA_BY_FORMAT(out, block_forward_(out.as<E>(), lse, q.as<E>(), kv.as<E>(), B, Tq, Tk, C, NH, NKV, q_batch,
+                                       kv_batch, q0, k0, accumulate));
+}
+
+void attention_block_backward(Ptr dq, Ptr dkv, CPtr dout, CPtr q, CPtr kv, CPtr out, const float* lse, int B, int Tq,
+                              int Tk, int C, int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0,
+                              int k0) {
+  STRATA_BY_FORMAT(q, core::with_accumulator<E>(dq.precision(), [&](auto qt) {
+    core::with_accumulator<E>(dkv.precision(), [&](auto kt) {
+      block_backward_(dq.as<decltype(qt)>(), dkv.as<decltype(kt)>(), dout.as<E>(), q.as<E>(), kv.as<E>(), out.as<E>(),
+                      lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, q0, k0);
+    });
+  }));
 }
 
 }  // namespace strata::kernels::cpu

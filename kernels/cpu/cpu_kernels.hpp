@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/foundation/precision.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::kernels::cpu {
 

@@ -1,6 +1,7 @@
 // Token + position embedding: a gather on the way forward, a scatter-add on
 // the way back. Token ids are int32 and assumed in [0, V); the data loader
-// checks them once rather than every kernel call.
+// checks them once rather than every kernel call. Tables and rows are in the
+// call's format; the gradients fp32.
 #include <omp.h>
 
 #include <cstdint>
@@ -9,32 +10,35 @@
 
 namespace strata::kernels::cpu {
 
-void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C, int v_begin, int v_count) {
+namespace {
+
+using core::CPtr;
+using core::from_float;
+using core::Ptr;
+using core::to_float;
+
+template <typename E>
+void embedding_forward_(E* out, const std::int32_t* tokens, const E* wte, const E* wpe, int B, int T, int C,
+                        int v_begin, int v_count) {
 #pragma omp parallel for collapse(2) schedule(static) if (std::int64_t(B) * T * C >= (1 << 15))
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const std::int64_t n = std::int64_t(b) * T + t;
       const int row = tokens[n] - v_begin;
-      float* y = out + n * C;
-      if (v_count >= 0 && (row < 0 || row >= v_count)) {
-        for (int c = 0; c < C; ++c) y[c] = 0.0f;
-      } else {
-        const float* te = wte + std::int64_t(row) * C;
+      E* y = out + n * C;
+      const bool local = v_count < 0 || (row >= 0 && row < v_count);
+      const E* te = local ? wte + std::int64_t(row) * C : nullptr;
+      const E* pe = wpe != nullptr ? wpe + std::int64_t(t) * C : nullptr;
 #pragma omp simd
-        for (int c = 0; c < C; ++c) y[c] = te[c];
-      }
-      if (wpe != nullptr) {
-        const float* pe = wpe + std::int64_t(t) * C;
-#pragma omp simd
-        for (int c = 0; c < C; ++c) y[c] += pe[c];
-      }
+      for (int c = 0; c < C; ++c)
+        y[c] = from_float<E>((te != nullptr ? to_float(te[c]) : 0.0f) + (pe != nullptr ? to_float(pe[c]) : 0.0f));
     }
   }
 }
 
-void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens, int B, int T, int C,
-                        int v_begin, int v_count) {
+template <typename E>
+void embedding_backward_(float* dwte, float* dwpe, const E* dout, const std::int32_t* tokens, int B, int T, int C,
+                         int v_begin, int v_count) {
   // A token may repeat within the batch, so rows of dwte can have several
   // writers. Splitting the channels (not the rows) among threads keeps every
   // element single-writer and the summation order fixed: results do not
@@ -46,31 +50,48 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const std::
     for (int b = 0; b < B; ++b) {
       for (int t = 0; t < T; ++t) {
         const std::int64_t n = std::int64_t(b) * T + t;
-        const float* dy = dout + n * C;
+        const E* dy = dout + n * C;
         const int row = tokens[n] - v_begin;
         if (v_count < 0 || (row >= 0 && row < v_count)) {
           float* dte = dwte + std::int64_t(row) * C;
 #pragma omp simd
-          for (int c = c_begin; c < c_end; ++c) dte[c] += dy[c];
+          for (int c = c_begin; c < c_end; ++c) dte[c] += to_float(dy[c]);
         }
         if (dwpe != nullptr) {
           float* dpe = dwpe + std::int64_t(t) * C;
 #pragma omp simd
-          for (int c = c_begin; c < c_end; ++c) dpe[c] += dy[c];
+          for (int c = c_begin; c < c_end; ++c) dpe[c] += to_float(dy[c]);
         }
       }
     }
   }
 }
 
-void add_position_rows(float* out, const float* wpe, int rows, int C, int T, int r0) {
+template <typename E>
+void add_position_rows_(E* out, const E* wpe, int rows, int C, int T, int r0) {
 #pragma omp parallel for schedule(static) if (std::int64_t(rows) * C >= (1 << 15))
   for (int i = 0; i < rows; ++i) {
-    float* o = out + std::int64_t(i) * C;
-    const float* p = wpe + std::int64_t((r0 + i) % T) * C;
+    E* o = out + std::int64_t(i) * C;
+    const E* p = wpe + std::int64_t((r0 + i) % T) * C;
 #pragma omp simd
-    for (int c = 0; c < C; ++c) o[c] += p[c];
+    for (int c = 0; c < C; ++c) o[c] = from_float<E>(to_float(o[c]) + to_float(p[c]));
   }
+}
+
+}  // namespace
+
+void embedding_forward(Ptr out, const std::int32_t* tokens, CPtr wte, CPtr wpe, int B, int T, int C, int v_begin,
+                       int v_count) {
+  STRATA_BY_FORMAT(out, embedding_forward_(out.as<E>(), tokens, wte.as<E>(), wpe.as<E>(), B, T, C, v_begin, v_count));
+}
+
+void embedding_backward(float* dwte, float* dwpe, CPtr dout, const std::int32_t* tokens, int B, int T, int C,
+                        int v_begin, int v_count) {
+  STRATA_BY_FORMAT(dout, embedding_backward_(dwte, dwpe, dout.as<E>(), tokens, B, T, C, v_begin, v_count));
+}
+
+void add_position_rows(Ptr out, CPtr wpe, int rows, int C, int T, int r0) {
+  STRATA_BY_FORMAT(out, add_position_rows_(out.as<E>(), wpe.as<E>(), rows, C, T, r0));
 }
 
 }  // namespace strata::kernels::cpu

@@ -13,6 +13,11 @@ namespace strata::kernels::cpu {
 
 namespace {
 
+using core::CPtr;
+using core::from_float;
+using core::Ptr;
+using core::to_float;
+
 // A norm's weight (and bias) gradients, sums over the N rows: each thread
 // owns a slice of columns so that no element has two writers, and `add`
 // accumulates row n's terms of columns [c0, c0 + width) in double; the sums
@@ -36,48 +41,48 @@ void column_sums(int N, int C, bool parallel, Add add, float* dw_out, float* db_
   }
 }
 
-}  // namespace
-
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps) {
+template <typename E>
+void layernorm_forward_(E* out, float* mean, float* rstd, const E* inp, const E* weight, const E* bias, int N, int C,
+                        float eps) {
 #pragma omp parallel for schedule(static) if (std::int64_t(N) * C >= (1 << 15))
   for (int n = 0; n < N; ++n) {
-    const float* x = inp + std::int64_t(n) * C;
-    float* y = out + std::int64_t(n) * C;
+    const E* x = inp + std::int64_t(n) * C;
+    E* y = out + std::int64_t(n) * C;
     float m = 0.0f;
 #pragma omp simd reduction(+ : m)
-    for (int c = 0; c < C; ++c) m += x[c];
+    for (int c = 0; c < C; ++c) m += to_float(x[c]);
     m /= C;
     // Two passes (mean, then squared deviations) rather than E[x^2] - m^2,
     // which cancels badly when |mean| >> std.
     float v = 0.0f;
 #pragma omp simd reduction(+ : v)
-    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    for (int c = 0; c < C; ++c) v += (to_float(x[c]) - m) * (to_float(x[c]) - m);
     v /= C;
     const float s = 1.0f / std::sqrt(v + eps);
 #pragma omp simd
-    for (int c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    for (int c = 0; c < C; ++c) y[c] = from_float<E>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
     mean[n] = m;
     rstd[n] = s;
   }
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+template <typename E>
+void layernorm_backward_(E* dinp, float* dweight, float* dbias, const E* dout, const E* inp, const E* weight,
+                         const float* mean, const float* rstd, int N, int C) {
   const bool parallel = std::int64_t(N) * C >= (1 << 15);
   // dinp: rows are independent.
 #pragma omp parallel for schedule(static) if (parallel)
   for (int n = 0; n < N; ++n) {
-    const float* x = inp + std::int64_t(n) * C;
-    const float* dy = dout + std::int64_t(n) * C;
-    float* dx = dinp + std::int64_t(n) * C;
+    const E* x = inp + std::int64_t(n) * C;
+    const E* dy = dout + std::int64_t(n) * C;
+    E* dx = dinp + std::int64_t(n) * C;
     const float m = mean[n], s = rstd[n];
     // dnorm = dy * weight; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
     float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
     for (int c = 0; c < C; ++c) {
-      const float norm = (x[c] - m) * s;
-      const float dnorm = dy[c] * weight[c];
+      const float norm = (to_float(x[c]) - m) * s;
+      const float dnorm = to_float(dy[c]) * to_float(weight[c]);
       dnorm_mean += dnorm;
       dnorm_norm_mean += dnorm * norm;
     }
@@ -85,62 +90,86 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     dnorm_norm_mean /= C;
 #pragma omp simd
     for (int c = 0; c < C; ++c) {
-      const float norm = (x[c] - m) * s;
-      const float dnorm = dy[c] * weight[c];
-      dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+      const float norm = (to_float(x[c]) - m) * s;
+      const float dnorm = to_float(dy[c]) * to_float(weight[c]);
+      dx[c] = from_float<E>(to_float(dx[c]) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s);
     }
   }
   column_sums(N, C, parallel, [&](int n, int c0, int width, double* dw, double* db) {
-    const float* x = inp + std::int64_t(n) * C + c0;
-    const float* dy = dout + std::int64_t(n) * C + c0;
+    const E* x = inp + std::int64_t(n) * C + c0;
+    const E* dy = dout + std::int64_t(n) * C + c0;
     const float m = mean[n], s = rstd[n];
 #pragma omp simd
     for (int c = 0; c < width; ++c) {
-      dw[c] += double((x[c] - m) * s * dy[c]);
-      db[c] += double(dy[c]);
+      dw[c] += double((to_float(x[c]) - m) * s * to_float(dy[c]));
+      db[c] += double(to_float(dy[c]));
     }
   }, dweight, dbias);
 }
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
+template <typename E>
+void rmsnorm_forward_(E* out, float* rstd, const E* inp, const E* weight, int N, int C, float eps) {
 #pragma omp parallel for schedule(static) if (std::int64_t(N) * C >= (1 << 15))
   for (int n = 0; n < N; ++n) {
-    const float* x = inp + std::int64_t(n) * C;
-    float* y = out + std::int64_t(n) * C;
+    const E* x = inp + std::int64_t(n) * C;
+    E* y = out + std::int64_t(n) * C;
     float ms = 0.0f;
 #pragma omp simd reduction(+ : ms)
-    for (int c = 0; c < C; ++c) ms += x[c] * x[c];
+    for (int c = 0; c < C; ++c) ms += to_float(x[c]) * to_float(x[c]);
     const float s = 1.0f / std::sqrt(ms / C + eps);
 #pragma omp simd
-    for (int c = 0; c < C; ++c) y[c] = x[c] * s * weight[c];
+    for (int c = 0; c < C; ++c) y[c] = from_float<E>(to_float(x[c]) * s * to_float(weight[c]));
     rstd[n] = s;
   }
 }
 
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, int N, int C) {
+template <typename E>
+void rmsnorm_backward_(E* dinp, float* dweight, const E* dout, const E* inp, const E* weight, const float* rstd, int N,
+                       int C) {
   const bool parallel = std::int64_t(N) * C >= (1 << 15);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int n = 0; n < N; ++n) {
-    const float* x = inp + std::int64_t(n) * C;
-    const float* dy = dout + std::int64_t(n) * C;
-    float* dx = dinp + std::int64_t(n) * C;
+    const E* x = inp + std::int64_t(n) * C;
+    const E* dy = dout + std::int64_t(n) * C;
+    E* dx = dinp + std::int64_t(n) * C;
     const float s = rstd[n];
     // norm = x s; dnorm = dy * weight; dx = s * (dnorm - norm * mean(dnorm * norm))
     float dnorm_norm_mean = 0.0f;
 #pragma omp simd reduction(+ : dnorm_norm_mean)
-    for (int c = 0; c < C; ++c) dnorm_norm_mean += dy[c] * weight[c] * x[c] * s;
+    for (int c = 0; c < C; ++c) dnorm_norm_mean += to_float(dy[c]) * to_float(weight[c]) * to_float(x[c]) * s;
     dnorm_norm_mean /= C;
 #pragma omp simd
-    for (int c = 0; c < C; ++c) dx[c] += (dy[c] * weight[c] - x[c] * s * dnorm_norm_mean) * s;
+    for (int c = 0; c < C; ++c)
+      dx[c] = from_float<E>(to_float(dx[c]) +
+                            (to_float(dy[c]) * to_float(weight[c]) - to_float(x[c]) * s * dnorm_norm_mean) * s);
   }
   column_sums(N, C, parallel, [&](int n, int c0, int width, double* dw, double*) {
-    const float* x = inp + std::int64_t(n) * C + c0;
-    const float* dy = dout + std::int64_t(n) * C + c0;
+    const E* x = inp + std::int64_t(n) * C + c0;
+    const E* dy = dout + std::int64_t(n) * C + c0;
     const float s = rstd[n];
 #pragma omp simd
-    for (int c = 0; c < width; ++c) dw[c] += double(x[c] * s * dy[c]);
+    for (int c = 0; c < width; ++c) dw[c] += double(to_float(x[c]) * s * to_float(dy[c]));
   }, dweight, nullptr);
+}
+
+}  // namespace
+
+void layernorm_forward(Ptr out, float* mean, float* rstd, CPtr inp, CPtr weight, CPtr bias, int N, int C, float eps) {
+  STRATA_BY_FORMAT(out, layernorm_forward_(out.as<E>(), mean, rstd, inp.as<E>(), weight.as<E>(), bias.as<E>(), N, C, eps));
+}
+
+void layernorm_backward(Ptr dinp, float* dweight, float* dbias, CPtr dout, CPtr inp, CPtr weight, const float* mean,
+                        const float* rstd, int N, int C) {
+  STRATA_BY_FORMAT(dinp, layernorm_backward_(dinp.as<E>(), dweight, dbias, dout.as<E>(), inp.as<E>(), weight.as<E>(),
+                                             mean, rstd, N, C));
+}
+
+void rmsnorm_forward(Ptr out, float* rstd, CPtr inp, CPtr weight, int N, int C, float eps) {
+  STRATA_BY_FORMAT(out, rmsnorm_forward_(out.as<E>(), rstd, inp.as<E>(), weight.as<E>(), N, C, eps));
+}
+
+void rmsnorm_backward(Ptr dinp, float* dweight, CPtr dout, CPtr inp, CPtr weight, const float* rstd, int N, int C) {
+  STRATA_BY_FORMAT(dinp, rmsnorm_backward_(dinp.as<E>(), dweight, dout.as<E>(), inp.as<E>(), weight.as<E>(), rstd, N, C));
 }
 
 }  // namespace strata::kernels::cpu

@@ -12,8 +12,10 @@ namespace strata::kernels::cpu {
 
 namespace {
 
-// sign +1 turns each pair forward by its angle, -1 back.
-void rope(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta, float sign) {
+// sign +1 turns each pair forward by its angle, -1 back; each element is
+// rounded once to the call's format.
+template <typename E>
+void rope(E* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta, float sign) {
   const int pairs = hs / 2;
   // A pair's frequency theta^(-2i / hs) is the same at every position: one
   // pow per pair and call, not per row.
@@ -29,14 +31,14 @@ void rope(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, 
       cs[std::size_t(2 * i + 1)] = sign * float(std::sin(angle));
     }
     for (int b = 0; b < B; ++b) {
-      float* row = x + (std::int64_t(b) * T + t) * ld;
+      E* row = x + (std::int64_t(b) * T + t) * ld;
       for (int h = 0; h < heads; ++h) {
-        float* v = row + std::int64_t(h) * hs;
+        E* v = row + std::int64_t(h) * hs;
         for (int i = 0; i < pairs; ++i) {
           const float c = cs[std::size_t(2 * i)], s = cs[std::size_t(2 * i + 1)];
-          const float a = v[2 * i], d = v[2 * i + 1];
-          v[2 * i] = a * c - d * s;
-          v[2 * i + 1] = a * s + d * c;
+          const float a = core::to_float(v[2 * i]), d = core::to_float(v[2 * i + 1]);
+          v[2 * i] = core::from_float<E>(a * c - d * s);
+          v[2 * i + 1] = core::from_float<E>(a * s + d * c);
         }
       }
     }
@@ -45,12 +47,12 @@ void rope(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, 
 
 }  // namespace
 
-void rope_forward(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
-  rope(x, B, T, ld, heads, hs, pos0, theta, 1.0f);
+void rope_forward(core::Ptr x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  STRATA_BY_FORMAT(x, rope(x.as<E>(), B, T, ld, heads, hs, pos0, theta, 1.0f));
 }
 
-void rope_backward(float* dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
-  rope(dx, B, T, ld, heads, hs, pos0, theta, -1.0f);
+void rope_backward(core::Ptr dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  STRATA_BY_FORMAT(dx, rope(dx.as<E>(), B, T, ld, heads, hs, pos0, theta, -1.0f));
 }
 
 }  // namespace strata::kernels::cpu

@@ -126,6 +126,15 @@
 // each) and the backward's dK, dV accumulators (2 hs / 16 fragments of 8
 // floats a lane: 128 registers at hs 128).
 // Requires sm_80 or later (bf16 WMMA); the build targets sm_90.
+//
+// Formats. q, k, v, out and dout are in the call's format (E: fp32, bf16 or
+// fp16), read as fp32 (the tensor-core kernels stage bf16 as it is) and
+// written rounded once; lse and D are fp32. dq is summed over key tiles
+// with atomics, which a 2-byte format cannot take: the backward adds dq
+// into an fp32 accumulator in the scratch ([B, T, C] after D, as
+// FlashAttention-2's dq_accum) and adds it to dqkv once at the end. bf16
+// runs on tensor cores (head sizes a multiple of 16 up to 128); fp32 and
+// fp16 on CUDA cores.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -133,15 +142,16 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/launch.cuh"
 
 namespace strata::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kTile = 64;             // query rows and keys per tile
 constexpr int kStride = kTile + 1;    // of the transposed [hs][kTile] tiles: odd, so columns don't conflict
 constexpr int kDsStride = kTile + 16; // of the [kTile][kTile] dS tile: the two rows a warp writes land 16 banks apart
@@ -161,17 +171,18 @@ __device__ float half_warp_sum(float v) {
 // rows [r0, r0 + kTile) of one head's q, k, v or dO slice (row stride ld),
 // transposed into dst[d * kStride + row], times `mul`; rows at or past T read
 // as 0 so that the padded tile entries stay finite.
-__device__ void load_transposed(float* dst, const float* src, std::int64_t ld, int r0, int T, int hs, float mul) {
+template <typename E>
+__device__ void load_transposed(float* dst, const E* src, std::int64_t ld, int r0, int T, int hs, float mul) {
   for (int e = threadIdx.x; e < kTile * hs; e += kThreads) {
     const int i = e / hs, d = e % hs;
-    dst[d * kStride + i] = r0 + i < T ? src[std::int64_t(r0 + i) * ld + d] * mul : 0.0f;
+    dst[d * kStride + i] = r0 + i < T ? to_float(src[std::int64_t(r0 + i) * ld + d]) * mul : 0.0f;
   }
 }
 
 // kDpt: head dimensions per thread, hs <= 16 kDpt.
-template <int kDpt>
+template <int kDpt, typename E>
 __global__ void __launch_bounds__(kThreads, 2)
-    attention_forward_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, int NKV, float scale) {
+    attention_forward_kernel(E* out, float* lse, const E* qkv, int T, int C, int NH, int NKV, float scale) {
   extern __shared__ float smem[];
   const int hs = C / NH, kvc = NKV * hs;
   float* qt = smem;                // [hs][kStride]: q tile, scaled, transposed
@@ -180,10 +191,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int qb = gridDim.x - 1 - blockIdx.x;  // longest first
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
   const std::int64_t ld = std::int64_t(C) + 2 * std::int64_t(kvc);
-  const float* seq = qkv + std::int64_t(b) * T * ld;  // the sequence's qkv rows
-  const float* q = seq + h * hs;
-  const float* k = seq + C + kvh * hs;  // the group's key-value head
-  const float* v = k + kvc;
+  const E* seq = qkv + std::int64_t(b) * T * ld;  // the sequence's qkv rows
+  const E* q = seq + h * hs;
+  const E* k = seq + C + kvh * hs;  // the group's key-value head
+  const E* v = k + kvc;
   const int i0 = qb * kTile;
 
   load_transposed(qt, q, ld, i0, T, hs, scale);
@@ -240,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();  // k is read: v may overwrite it
     for (int e = threadIdx.x; e < kTile * hs; e += kThreads) {
       const int j = e / hs, d = e % hs;
-      kv[e] = j0 + j < T ? v[std::int64_t(j0 + j) * ld + d] : 0.0f;
+      kv[e] = j0 + j < T ? to_float(v[std::int64_t(j0 + j) * ld + d]) : 0.0f;
     }
     __syncthreads();
 
@@ -271,33 +282,31 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int i = i0 + ty + 16 * r;
     if (i >= T) continue;
     const float inv = 1.0f / l[r];
-    float* y = out + (std::int64_t(b) * T + i) * C + h * hs;
+    E* y = out + (std::int64_t(b) * T + i) * C + h * hs;
 #pragma unroll
     for (int c = 0; c < kDpt; ++c)
-      if (tx + 16 * c < hs) y[tx + 16 * c] = acc[r][c] * inv;
+      if (tx + 16 * c < hs) y[tx + 16 * c] = from_float<E>(acc[r][c] * inv);
     if (tx == 0) lse[std::int64_t(bh) * T + i] = m[r] + logf(l[r]);
   }
 }
 
 // D[b, h, t] = sum_d dout[b, t, h, d] out[b, t, h, d]: one warp per (b, t, h),
 // consecutive warps on consecutive heads of a token (contiguous memory).
-// round_dy (the tensor-core backward): dout rounded to bf16 first, as the
-// products dP = dO V^T see it, so that dP - D cancels where it should: in a
-// row with a single key (the first row; T = 1) out is v's bf16 rounding and
-// dP - D is then fp32 summation noise, not dO's rounding error (about 1e-2
-// of the gradient's scale).
-__global__ void attention_row_dots(float* D, const float* dout, const float* out, int B, int T, int C, int NH,
-                                   bool round_dy) {
+// dout in the call's format is what the products dP = dO V^T see, so that
+// dP - D cancels where it should (in a row with a single key, out is v and
+// dP - D is fp32 summation noise).
+template <typename E>
+__global__ void attention_row_dots(float* D, const E* dout, const E* out, int B, int T, int C, int NH) {
   const std::int64_t row = (std::int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= std::int64_t(B) * T * NH) return;  // whole warps leave together
   const int hs = C / NH;
   const int h = int(row % NH);
   const std::int64_t bt = row / NH;
-  const float* dy = dout + bt * C + h * hs;
-  const float* y = out + bt * C + h * hs;
+  const E* dy = dout + bt * C + h * hs;
+  const E* y = out + bt * C + h * hs;
   float acc = 0.0f;
-  for (int d = lane; d < hs; d += 32) acc += (round_dy ? __bfloat162float(__float2bfloat16(dy[d])) : dy[d]) * y[d];
+  for (int d = lane; d < hs; d += 32) acc += to_float(dy[d]) * to_float(y[d]);
   for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(kFull, acc, o);
   if (lane == 0) {
     const std::int64_t b = bt / T, t = bt % T;
@@ -305,9 +314,10 @@ __global__ void attention_row_dots(float* D, const float* dout, const float* out
   }
 }
 
-template <int kDpt>
+// dq_acc: fp32 [B, T, C], the query columns' gradients summed over key tiles.
+template <int kDpt, typename E>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_backward_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D,
+    attention_backward_kernel(E* dqkv, float* dq_acc, const E* dout, const E* qkv, const float* lse, const float* D,
                               int T, int C, int NH, int NKV, float scale) {
   extern __shared__ float smem[];
   const int hs = C / NH, kvc = NKV * hs;
@@ -338,9 +348,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kb .. nq - 1.
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     const std::int64_t bh = std::int64_t(b) * NH + h;
-    const float* q = qkv + row0 + h * hs;
-    const float* dy = dout + std::int64_t(b) * T * C + h * hs;
-    float* dq = dqkv + row0 + h * hs;
+    const E* q = qkv + row0 + h * hs;
+    const E* dy = dout + std::int64_t(b) * T * C + h * hs;
+    float* dq = dq_acc + std::int64_t(b) * T * C + h * hs;  // rows C apart
     for (int qb = kb; qb < nq; ++qb) {
       const int i0 = qb * kTile;
       __syncthreads();  // the previous query tile's q, dO and dS are read
@@ -438,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (i >= T) continue;
 #pragma unroll
         for (int c = 0; c < kDpt; ++c)
-          if (tx + 16 * c < hs) atomicAdd(dq + std::int64_t(i) * ld + tx + 16 * c, scale * g[r][c]);
+          if (tx + 16 * c < hs) atomicAdd(dq + std::int64_t(i) * C + tx + 16 * c, scale * g[r][c]);
       }
     }
   }
@@ -447,14 +457,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 4; ++r) {
     const int j = j0 + ty + 16 * r;
     if (j >= T) continue;
-    float* dkj = dqkv + row0 + std::int64_t(j) * ld + kcol;
-    float* dvj = dkj + kvc;
+    E* dkj = dqkv + row0 + std::int64_t(j) * ld + kcol;
+    E* dvj = dkj + kvc;
 #pragma unroll
     for (int c = 0; c < kDpt; ++c) {
       const int d = tx + 16 * c;
       if (d < hs) {
-        dkj[d] += dk[r][c];
-        dvj[d] += dv[r][c];
+        dkj[d] = from_float<E>(to_float(dkj[d]) + dk[r][c]);
+        dvj[d] = from_float<E>(to_float(dvj[d]) + dv[r][c]);
       }
     }
   }
@@ -485,19 +495,18 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 // Rows [r0, r0 + kTile) of one head's q, k, v or dO slice (row stride ld,
 // kHs columns) into dst[row * ldd + d], rounded to bf16; rows at or past T as
 // 0, so that the padded tile entries stay finite.
-template <int kHs>
-__device__ void stage_bf16(bf16* dst, int ldd, const float* src, std::int64_t ld, int r0, int T) {
+template <int kHs, typename E>
+__device__ void stage_bf16(bf16* dst, int ldd, const E* src, std::int64_t ld, int r0, int T) {
   for (int e = threadIdx.x; e < kTile * kHs; e += kTcThreads) {
     const int i = e / kHs, d = e % kHs;
-    dst[i * ldd + d] = __float2bfloat16(r0 + i < T ? src[std::int64_t(r0 + i) * ld + d] : 0.0f);
+    dst[i * ldd + d] = __float2bfloat16(r0 + i < T ? to_float(src[std::int64_t(r0 + i) * ld + d]) : 0.0f);
   }
 }
 
 // kF = hs / 16: the fragments along a head dimension.
-template <int kF>
+template <int kF, typename E>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_forward_tc_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH, int NKV,
-                                float scale) {
+    attention_forward_tc_kernel(E* out, float* lse, const E* qkv, int T, int C, int NH, int NKV, float scale) {
   constexpr int kHs = 16 * kF, kLdh = kHs + kBfPad, kLdo = kHs + kF32Pad;
   extern __shared__ __align__(128) unsigned char tc_smem[];
   bf16* qs = reinterpret_cast<bf16*>(tc_smem);           // [kTile][kLdh]: the query tile
@@ -512,10 +521,10 @@ __global__ void __launch_bounds__(kTcThreads)
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kvh = h / (NH / NKV);
   const int kvc = NKV * kHs;
   const std::int64_t ld = std::int64_t(C) + 2 * std::int64_t(kvc);
-  const float* seq = qkv + std::int64_t(b) * T * ld;  // the sequence's qkv rows
-  const float* q = seq + h * kHs;
-  const float* k = seq + C + kvh * kHs;  // the group's key-value head
-  const float* v = k + kvc;
+  const E* seq = qkv + std::int64_t(b) * T * ld;  // the sequence's qkv rows
+  const E* q = seq + h * kHs;
+  const E* k = seq + C + kvh * kHs;  // the group's key-value head
+  const E* v = k + kvc;
   const int i0 = qb * kTile;
   const int w0 = 16 * warp;  // the warp's first row of the tile
 
@@ -600,14 +609,15 @@ __global__ void __launch_bounds__(kTcThreads)
   __syncwarp();  // the warp's O rows and 1 / l are written
   for (int e = lane; e < 16 * kHs; e += 32) {
     const int rr = w0 + e / kHs, d = e % kHs;
-    if (i0 + rr < T) out[(std::int64_t(b) * T + i0 + rr) * C + h * kHs + d] = os[rr * kLdo + d] * row_inv[rr];
+    if (i0 + rr < T)
+      out[(std::int64_t(b) * T + i0 + rr) * C + h * kHs + d] = from_float<E>(os[rr * kLdo + d] * row_inv[rr]);
   }
 }
 
-template <int kF>
+template <int kF, typename E>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_backward_tc_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D,
-                                 int T, int C, int NH, int NKV, float scale) {
+    attention_backward_tc_kernel(E* dqkv, float* dq_acc, const E* dout, const E* qkv, const float* lse,
+                                 const float* D, int T, int C, int NH, int NKV, float scale) {
   constexpr int kHs = 16 * kF, kLdh = kHs + kBfPad, kLdg = kHs + kF32Pad;
   // dQ's tile (and at the end dK's, dV's) goes over S^T and dP^T.
   static_assert(kTile * kLdg <= 2 * kTile * kScoreLd, "the dq tile must fit over S^T and dP^T");
@@ -648,9 +658,9 @@ __global__ void __launch_bounds__(kTcThreads)
   // kb .. nq - 1.
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     const std::int64_t bh = std::int64_t(b) * NH + h;
-    const float* q = qkv + row0 + h * kHs;
-    const float* dy = dout + std::int64_t(b) * T * C + h * kHs;
-    float* dq = dqkv + row0 + h * kHs;
+    const E* q = qkv + row0 + h * kHs;
+    const E* dy = dout + std::int64_t(b) * T * C + h * kHs;
+    float* dq = dq_acc + std::int64_t(b) * T * C + h * kHs;  // rows C apart
     for (int qb = kb; qb < nq; ++qb) {
       const int i0 = qb * kTile;
       // No barrier needed before restaging: every read of the previous query
@@ -741,7 +751,7 @@ __global__ void __launch_bounds__(kTcThreads)
       __syncwarp();
       for (int e = lane; e < 16 * kHs; e += 32) {
         const int r = w0 + e / kHs, d = e % kHs;
-        if (i0 + r < T) atomicAdd(dq + std::int64_t(i0 + r) * ld + d, scale * gs[r * kLdg + d]);
+        if (i0 + r < T) atomicAdd(dq + std::int64_t(i0 + r) * C + d, scale * gs[r * kLdg + d]);
       }
     }
   }
@@ -755,10 +765,13 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
     for (int d = 0; d < kF; ++d) wmma::store_matrix_sync(gs + w0 * kLdg + 16 * d, acc[d], kLdg, wmma::mem_row_major);
     __syncwarp();
-    float* dst = dqkv + row0 + col;
+    E* dst = dqkv + row0 + col;
     for (int e = lane; e < 16 * kHs; e += 32) {
       const int r = w0 + e / kHs, d = e % kHs;
-      if (j0 + r < T) dst[std::int64_t(j0 + r) * ld + d] += mul * gs[r * kLdg + d];
+      if (j0 + r < T) {
+        E& x = dst[std::int64_t(j0 + r) * ld + d];
+        x = from_float<E>(to_float(x) + mul * gs[r * kLdg + d]);
+      }
     }
   };
   add_rows(dk, kcol, scale);
@@ -776,10 +789,23 @@ std::size_t backward_tc_smem(int hs) {
          sizeof(float) * (2 * kTile * kScoreLd + 2 * kTile);
 }
 
-// The tensor-core kernels: under bf16 math, for head sizes they tile (the
-// launch tables below hold hs / 16 = 1 .. 8).
+// The tensor-core kernels: for bf16 tensors, at head sizes they tile
+// (hs / 16 = 1 .. 8).
 static_assert(kMaxHeadSize == 16 * 8);
-bool tensor_cores(int hs) { return bf16_math() && hs % 16 == 0 && hs <= kMaxHeadSize; }
+template <typename E>
+bool tensor_cores(int hs) {
+  return std::is_same_v<E, core::Bf16> && hs % 16 == 0 && hs <= kMaxHeadSize;
+}
+
+// dqkv's query columns += dq_acc [B, T, C], rounded once.
+template <typename E>
+__global__ void add_dq(E* dqkv, const float* dq_acc, std::int64_t rows, int C, std::int64_t ld) {
+  for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < rows * C;
+       e += std::int64_t(gridDim.x) * blockDim.x) {
+    E& x = dqkv[(e / C) * ld + e % C];
+    x = from_float<E>(to_float(x) + dq_acc[e]);
+  }
+}
 
 // The head size, checked against what the kernels handle, with the
 // grouping (NKV divides NH) and B * NH against the grid's y dimension, which
@@ -805,96 +831,125 @@ int head_size(int B, int C, int NH, int NKV, const char* who) {
 dim3 forward_grid(int B, int T, int NH) { return dim3((T + kTile - 1) / kTile, B * NH); }
 dim3 backward_grid(int B, int T, int NKV) { return dim3((T + kTile - 1) / kTile, B * NKV); }
 
-template <int kDpt>
-void launch_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV, int hs) {
+template <int kDpt, typename E>
+void launch_forward(E* out, float* lse, const E* qkv, int B, int T, int C, int NH, int NKV, int hs) {
   const std::size_t smem = forward_smem(hs);
-  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_kernel<kDpt>,
+  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_kernel<kDpt, E>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  attention_forward_kernel<kDpt><<<forward_grid(B, T, NH), kThreads, smem>>>(out, lse, qkv, T, C, NH, NKV,
-                                                                             1.0f / std::sqrt(float(hs)));
+  attention_forward_kernel<kDpt, E><<<forward_grid(B, T, NH), kThreads, smem>>>(out, lse, qkv, T, C, NH, NKV,
+                                                                                1.0f / std::sqrt(float(hs)));
   STRATA_CHECK_LAUNCH();
 }
 
-template <int kDpt>
-void launch_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
+template <int kDpt, typename E>
+void launch_backward(E* dqkv, float* dq_acc, const E* dout, const E* qkv, const float* lse, const float* D, int B,
                      int T, int C, int NH, int NKV, int hs) {
   const std::size_t smem = backward_smem(hs);
-  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_kernel<kDpt>,
+  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_kernel<kDpt, E>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  attention_backward_kernel<kDpt><<<backward_grid(B, T, NKV), kThreads, smem>>>(dqkv, dout, qkv, lse, D, T, C, NH,
-                                                                                NKV, 1.0f / std::sqrt(float(hs)));
+  attention_backward_kernel<kDpt, E><<<backward_grid(B, T, NKV), kThreads, smem>>>(
+      dqkv, dq_acc, dout, qkv, lse, D, T, C, NH, NKV, 1.0f / std::sqrt(float(hs)));
   STRATA_CHECK_LAUNCH();
 }
 
-template <int kF>
-void launch_forward_tc(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
+template <int kF, typename E>
+void launch_forward_tc(E* out, float* lse, const E* qkv, int B, int T, int C, int NH, int NKV) {
   const std::size_t smem = forward_tc_smem(16 * kF);
-  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_tc_kernel<kF>,
+  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_forward_tc_kernel<kF, E>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  attention_forward_tc_kernel<kF><<<forward_grid(B, T, NH), kTcThreads, smem>>>(out, lse, qkv, T, C, NH, NKV,
-                                                                                1.0f / std::sqrt(float(16 * kF)));
+  attention_forward_tc_kernel<kF, E><<<forward_grid(B, T, NH), kTcThreads, smem>>>(
+      out, lse, qkv, T, C, NH, NKV, 1.0f / std::sqrt(float(16 * kF)));
   STRATA_CHECK_LAUNCH();
 }
 
-template <int kF>
-void launch_backward_tc(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* D, int B,
+template <int kF, typename E>
+void launch_backward_tc(E* dqkv, float* dq_acc, const E* dout, const E* qkv, const float* lse, const float* D, int B,
                         int T, int C, int NH, int NKV) {
   const std::size_t smem = backward_tc_smem(16 * kF);
-  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_tc_kernel<kF>,
+  STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_tc_kernel<kF, E>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  attention_backward_tc_kernel<kF><<<backward_grid(B, T, NKV), kTcThreads, smem>>>(
-      dqkv, dout, qkv, lse, D, T, C, NH, NKV, 1.0f / std::sqrt(float(16 * kF)));
+  attention_backward_tc_kernel<kF, E><<<backward_grid(B, T, NKV), kTcThreads, smem>>>(
+      dqkv, dq_acc, dout, qkv, lse, D, T, C, NH, NKV, 1.0f / std::sqrt(float(16 * kF)));
   STRATA_CHECK_LAUNCH();
 }
 
-// By hs / 16 - 1.
-constexpr void (*kForwardTc[])(float*, float*, const float*, int, int, int, int, int) = {
-    launch_forward_tc<1>, launch_forward_tc<2>, launch_forward_tc<3>, launch_forward_tc<4>,
-    launch_forward_tc<5>, launch_forward_tc<6>, launch_forward_tc<7>, launch_forward_tc<8>};
-constexpr void (*kBackwardTc[])(float*, const float*, const float*, const float*, const float*, int, int, int, int,
-                                int) = {launch_backward_tc<1>, launch_backward_tc<2>, launch_backward_tc<3>,
-                                        launch_backward_tc<4>, launch_backward_tc<5>, launch_backward_tc<6>,
-                                        launch_backward_tc<7>, launch_backward_tc<8>};
+// f(std::integral_constant<int, kF>) for hs = 16 kF, kF = 1 .. 8.
+template <class F>
+void with_fragments(int hs, F&& f) {
+  switch (hs / 16) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
+// f(std::integral_constant<int, kDpt>): the head dimensions a thread of the
+// CUDA-core kernels holds, hs <= 16 kDpt.
+template <class F>
+void with_dims_per_thread(int hs, F&& f) {
+  if (hs <= 16) return f(std::integral_constant<int, 1>{});
+  if (hs <= 32) return f(std::integral_constant<int, 2>{});
+  if (hs <= 64) return f(std::integral_constant<int, 4>{});
+  f(std::integral_constant<int, 8>{});
+}
+
+template <typename E>
+void forward_(E* out, float* lse, const E* qkv, int B, int T, int C, int NH, int NKV, int hs) {
+  if constexpr (std::is_same_v<E, core::Bf16>)
+    if (tensor_cores<E>(hs))
+      return with_fragments(hs, [&](auto f) { launch_forward_tc<decltype(f)::value, E>(out, lse, qkv, B, T, C, NH, NKV); });
+  with_dims_per_thread(hs, [&](auto d) { launch_forward<decltype(d)::value, E>(out, lse, qkv, B, T, C, NH, NKV, hs); });
+}
+
+template <typename E>
+void backward_(E* dqkv, float* scratch, const E* dout, const E* qkv, const E* out, const float* lse, int B, int T,
+               int C, int NH, int NKV, int hs) {
+  // D per query head (dout and out are [B, T, C] whatever the grouping),
+  // then the fp32 dq accumulator after it, zeroed.
+  const std::int64_t rows = std::int64_t(B) * T * NH;
+  float* D = scratch;
+  float* dq_acc = scratch + rows;
+  STRATA_CHECK_CUDA(cudaMemsetAsync(dq_acc, 0, sizeof(float) * std::size_t(B) * T * C));
+  attention_row_dots<E><<<int((rows * 32 + kThreads - 1) / kThreads), kThreads>>>(D, dout, out, B, T, C, NH);
+  STRATA_CHECK_LAUNCH();
+  bool done = false;
+  if constexpr (std::is_same_v<E, core::Bf16>)
+    if (tensor_cores<E>(hs)) {
+      with_fragments(hs, [&](auto f) {
+        launch_backward_tc<decltype(f)::value, E>(dqkv, dq_acc, dout, qkv, lse, D, B, T, C, NH, NKV);
+      });
+      done = true;
+    }
+  if (!done)
+    with_dims_per_thread(hs, [&](auto d) {
+      launch_backward<decltype(d)::value, E>(dqkv, dq_acc, dout, qkv, lse, D, B, T, C, NH, NKV, hs);
+    });
+  const std::int64_t tokens = std::int64_t(B) * T;
+  add_dq<E><<<blocks_for(tokens * C), kThreads>>>(dqkv, dq_acc, tokens, C, C + 2 * std::int64_t(C / NH) * NKV);
+  STRATA_CHECK_LAUNCH();
+}
 
 }  // namespace
 
-void attention_forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH, int NKV) {
+void attention_forward(core::Ptr out, core::Ptr state, core::CPtr qkv, int B, int T, int C, int NH, int NKV) {
   const int hs = head_size(B, C, NH, NKV, "attention_forward");
   if (B <= 0 || T <= 0) return;
-  if (hs > kMaxHeadSize)
-    attention_forward_wide(out, state, qkv, B, T, C, NH, NKV);
-  else if (tensor_cores(hs))
-    kForwardTc[hs / 16 - 1](out, state, qkv, B, T, C, NH, NKV);
-  else if (hs <= 16)
-    launch_forward<1>(out, state, qkv, B, T, C, NH, NKV, hs);
-  else if (hs <= 32)
-    launch_forward<2>(out, state, qkv, B, T, C, NH, NKV, hs);
-  else if (hs <= 64)
-    launch_forward<4>(out, state, qkv, B, T, C, NH, NKV, hs);
-  else
-    launch_forward<8>(out, state, qkv, B, T, C, NH, NKV, hs);
+  if (hs > kMaxHeadSize) return attention_forward_wide(out, state.f32(), qkv, B, T, C, NH, NKV);
+  STRATA_BY_FORMAT(out, forward_(out.as<E>(), state.f32(), qkv.as<E>(), B, T, C, NH, NKV, hs));
 }
 
-void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                        const float* state, int B, int T, int C, int NH, int NKV) {
+void attention_backward(core::Ptr dqkv, core::Ptr scratch, core::CPtr dout, core::CPtr qkv, core::CPtr out,
+                        core::CPtr state, int B, int T, int C, int NH, int NKV) {
   const int hs = head_size(B, C, NH, NKV, "attention_backward");
   if (B <= 0 || T <= 0) return;
-  if (hs > kMaxHeadSize) return attention_backward_wide(dqkv, dout, qkv, out, state, B, T, C, NH, NKV);
-  // D per query head (dout and out are [B, T, C] whatever the grouping).
-  const std::int64_t rows = std::int64_t(B) * T * NH;
-  const bool tc = tensor_cores(hs);
-  attention_row_dots<<<int((rows * 32 + kThreads - 1) / kThreads), kThreads>>>(scratch, dout, out, B, T, C, NH, tc);
-  STRATA_CHECK_LAUNCH();
-  if (tc)
-    kBackwardTc[hs / 16 - 1](dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV);
-  else if (hs <= 16)
-    launch_backward<1>(dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV, hs);
-  else if (hs <= 32)
-    launch_backward<2>(dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV, hs);
-  else if (hs <= 64)
-    launch_backward<4>(dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV, hs);
-  else
-    launch_backward<8>(dqkv, dout, qkv, state, scratch, B, T, C, NH, NKV, hs);
+  if (hs > kMaxHeadSize) return attention_backward_wide(dqkv, dout, qkv, out, state.f32(), B, T, C, NH, NKV);
+  STRATA_BY_FORMAT(dqkv, backward_(dqkv.as<E>(), scratch.f32(), dout.as<E>(), qkv.as<E>(), out.as<E>(), state.f32(),
+                                   B, T, C, NH, NKV, hs));
 }
 
 }  // namespace strata::kernels::cuda

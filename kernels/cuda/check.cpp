@@ -12,4 +12,9 @@ void cublas_failed(const char* call, int status, const char* file, int line) {
   core::runtime_error("{} failed: cuBLAS status {} ({}:{})", call, status, file, line);
 }
 
+void formats_refused(const char* op, core::Precision a, core::Precision b, core::Precision c) {
+  core::runtime_error("internal check failed: {} of {} and {} elements into {} ones", op, core::precision_name(a),
+                      core::precision_name(b), core::precision_name(c));
+}
+
 }  // namespace strata::kernels::cuda

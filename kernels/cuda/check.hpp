@@ -5,9 +5,14 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/foundation/precision.hpp"
+
 namespace strata::kernels::cuda {
 [[noreturn]] void cuda_failed(const char* call, cudaError_t rc, const char* file, int line);
 [[noreturn]] void cublas_failed(const char* call, int status, const char* file, int line);
+// An operation handed tensors whose formats do not go together (a bug in
+// the caller): its operands' formats a and b and its result's c.
+[[noreturn]] void formats_refused(const char* op, core::Precision a, core::Precision b, core::Precision c);
 }
 
 #define STRATA_CHECK_CUDA(call)                                                              \

@@ -13,22 +13,20 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/foundation/precision.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::kernels::cuda {
 
 // ---- runtime (kernels/runtime.inc) ----
 // device_count: CUDA devices; describe_versions: "CUDA runtime 13.0, driver
 // 13.0, cuBLAS 13.0.0; NVIDIA H200 (sm_90)"; copies in any direction
-// (unified addressing); memory_info: cudaMemGetInfo; set_gemm_precision(bf16):
-// fp32 inputs rounded to bf16 with fp32 accumulation on tensor cores
-// (CUBLAS_COMPUTE_32F_FAST_16BF); measure_gemm_flops at bf16 (fp16): 16-bit
-// inputs and outputs with fp32 accumulation, the tensor cores' rate MFU is
-// measured against under mixed precision; at fp32 sgemm.
+// (unified addressing); memory_info: cudaMemGetInfo; measure_gemm_flops at
+// bf16 (fp16): 16-bit inputs and outputs with fp32 accumulation, the tensor
+// cores' rate MFU is measured against under mixed precision; at fp32 sgemm.
+// A GEMM's arithmetic follows its operands' format: 16-bit operands on tensor
+// cores with fp32 accumulation, fp32 ones in fp32 (TF32 would change results
+// beyond the tests' bound).
 #include "kernels/runtime.inc"
-// True when set_gemm_precision was given bf16: the fused attention then runs
-// its products on tensor cores too (bf16 inputs, fp32 accumulation).
-bool bf16_math();
 
 #include "kernels/ops.inc"
 
@@ -37,8 +35,8 @@ bool bf16_math();
 // block of keys on the ring's warp-per-row kernels, keys and values read in
 // place from qkv's rows; attention_forward and attention_backward's contracts
 // (lse as their state; D is not needed).
-void attention_forward_wide(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV);
-void attention_backward_wide(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+void attention_forward_wide(core::Ptr out, float* lse, core::CPtr qkv, int B, int T, int C, int NH, int NKV);
+void attention_backward_wide(core::Ptr dqkv, core::CPtr dout, core::CPtr qkv, core::CPtr out, const float* lse,
                              int B, int T, int C, int NH, int NKV);
 
 }  // namespace strata::kernels::cuda

@@ -1,11 +1,13 @@
-// The GEMMs' arithmetic as cuBLAS names it (set_gemm_precision), for the
-// files that call cuBLAS or cuBLASLt (internal to kernels/cuda).
+// The data types of cuBLAS for the formats of kernels/foundation/ptr.hpp,
+// for the files that call cuBLAS or cuBLASLt (internal to kernels/cuda).
 #pragma once
 
-#include <cublas_api.h>
+#include <library_types.h>
+
+#include "kernels/foundation/precision.hpp"
 
 namespace strata::kernels::cuda {
 
-cublasComputeType_t gemm_compute_type();
+cudaDataType_t cuda_type(core::Precision p);
 
 }  // namespace strata::kernels::cuda

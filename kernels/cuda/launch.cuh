@@ -4,8 +4,14 @@
 #include <cstdint>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::kernels::cuda {
+
+// Elements of any format read as fp32 and written rounded once: host and
+// device functions (kernels/foundation/ptr.hpp).
+using core::from_float;
+using core::to_float;
 
 inline constexpr int kThreads = 256;
 

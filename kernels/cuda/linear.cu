@@ -5,8 +5,9 @@
 // it: out[N, OC] = inp[N, IC] w[OC, IC]^T is, column-major, the OC x N
 // matrix w^T-as-stored (IC x OC, transposed) times inp (IC x N), and the
 // bias runs along the OC rows of that result, which is what the epilogue
-// adds. The arithmetic is the GEMMs' (set_gemm_precision). A shape cuBLASLt
-// has no algorithm for falls back to the GEMM and a bias pass.
+// adds. Every operand is in the call's format, the arithmetic the GEMMs'
+// (fp32 accumulation), the result rounded once. A shape cuBLASLt has no
+// algorithm for falls back to the GEMM and a bias pass.
 #include <cublasLt.h>
 
 #include <cstdint>
@@ -66,13 +67,14 @@ std::uint32_t alignment(const void* p) {
   return n;
 }
 
-// N, IC, OC, compute type, and the alignments of w, inp and out.
+// N, IC, OC, the format, and the alignments of w, inp and out.
 using Key = std::tuple<int, int, int, int, std::uint32_t, std::uint32_t, std::uint32_t>;
 
-Plan make_plan(int N, int IC, int OC, cublasComputeType_t compute, std::uint32_t align_w, std::uint32_t align_inp,
+Plan make_plan(int N, int IC, int OC, core::Precision format, std::uint32_t align_w, std::uint32_t align_inp,
                std::uint32_t align_out) {
   Plan p;
-  STRATA_CHECK_CUBLASLT(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  const cudaDataType_t t = cuda_type(format);
+  STRATA_CHECK_CUBLASLT(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   STRATA_CHECK_CUBLASLT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   STRATA_CHECK_CUBLASLT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
@@ -81,9 +83,11 @@ Plan make_plan(int N, int IC, int OC, cublasComputeType_t compute, std::uint32_t
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
   // Column-major views: w as stored is IC x OC (leading dimension IC), used
   // transposed; inp is IC x N; out is OC x N.
-  STRATA_CHECK_CUBLASLT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, IC, OC, IC));
-  STRATA_CHECK_CUBLASLT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, IC, N, IC));
-  STRATA_CHECK_CUBLASLT(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, OC, N, OC));
+  STRATA_CHECK_CUBLASLT(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof t));
+  STRATA_CHECK_CUBLASLT(cublasLtMatrixLayoutCreate(&p.a, t, IC, OC, IC));
+  STRATA_CHECK_CUBLASLT(cublasLtMatrixLayoutCreate(&p.b, t, IC, N, IC));
+  STRATA_CHECK_CUBLASLT(cublasLtMatrixLayoutCreate(&p.c, t, OC, N, OC));
   cublasLtMatmulPreference_t pref = nullptr;
   STRATA_CHECK_CUBLASLT(cublasLtMatmulPreferenceCreate(&pref));
   STRATA_CHECK_CUBLASLT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -107,29 +111,36 @@ Plan make_plan(int N, int IC, int OC, cublasComputeType_t compute, std::uint32_t
 
 }  // namespace
 
-void linear_bias_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC, int OC,
+void linear_bias_forward(core::Ptr out, core::CPtr inp, core::CPtr w, core::CPtr bias, int N, int IC, int OC,
                          float beta) {
   if (N <= 0 || OC <= 0) return;
-  const cublasComputeType_t compute = gemm_compute_type();
+  const core::Precision format = out.precision();
+  if (inp.precision() != format || w.precision() != format || bias.precision() != format)
+    formats_refused("linear_bias_forward", inp.precision(), w.precision(), format);
   static std::map<Key, Plan> plans;
-  const Key key{N, IC, OC, int(compute), alignment(w), alignment(inp), alignment(out)};
+  const Key key{N, IC, OC, int(format), alignment(w.get()), alignment(inp.get()), alignment(out.get())};
   auto it = plans.find(key);
   if (it == plans.end())
-    it = plans.emplace(key, make_plan(N, IC, OC, compute, alignment(w), alignment(inp), alignment(out))).first;
+    it = plans
+             .emplace(key, make_plan(N, IC, OC, format, alignment(w.get()), alignment(inp.get()),
+                                     alignment(out.get())))
+             .first;
   Plan& p = it->second;
   // The GEMM, then the bias: for a shape without a fused algorithm, a bias
   // less aligned than 16 bytes (the epilogue reads it with vector loads), or
-  // a plan cuBLASLt refuses at launch after all (unfused from then on).
+  // a plan cuBLASLt refuses at launch after all (unfused from then on; a
+  // 16-bit product is then rounded before the bias is added).
   auto unfused = [&] {
     matmul(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
     bias_add(out, bias, N, OC);
   };
-  if (!p.usable || alignment(bias) < 16) return unfused();
+  if (!p.usable || alignment(bias.get()) < 16) return unfused();
+  const void* bias_data = bias.get();
   STRATA_CHECK_CUBLASLT(
-      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_data, sizeof bias_data));
   const float alpha = 1.0f;
-  const cublasStatus_t rc = cublasLtMatmul(lt().handle, p.desc, &alpha, w, p.a, inp, p.b, &beta, out, p.c, out, p.c,
-                                           &p.algo, lt().workspace, kWorkspace, nullptr);
+  const cublasStatus_t rc = cublasLtMatmul(lt().handle, p.desc, &alpha, w.get(), p.a, inp.get(), p.b, &beta, out.get(),
+                                           p.c, out.get(), p.c, &p.algo, lt().workspace, kWorkspace, nullptr);
   if (rc == CUBLAS_STATUS_NOT_SUPPORTED) {
     p.usable = false;
     return unfused();

@@ -1,10 +1,9 @@
 // GEMMs through cuBLAS, row-major as kernels.hpp states them: a row-major
 // C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T, so cuBLAS is
-// called with the operands swapped and no copy. fp32 math by default (TF32
-// would change results beyond the tests' bound); under bf16 mixed precision
-// the inputs are rounded to bf16 and multiplied on tensor cores with fp32
-// accumulation (CUBLAS_COMPUTE_32F_FAST_16BF), autocast's arithmetic with
-// fp32 storage.
+// called with the operands swapped and no copy. The operands' format is the
+// GEMM's: fp32 in fp32 (TF32 would change results beyond the tests' bound),
+// bf16 and fp16 on tensor cores, all with fp32 accumulation; C in the
+// operands' format or fp32.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -38,33 +37,37 @@ cublasHandle_t handle() {
 
 cublasOperation_t op(bool t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-cublasComputeType_t g_compute = CUBLAS_COMPUTE_32F;
+void check_formats(core::CPtr A, core::CPtr B, core::CPtr C) {
+  const core::Precision p = A.precision();
+  if (B.precision() != p || (C.precision() != p && C.precision() != core::Precision::fp32))
+    formats_refused("matmul", p, B.precision(), C.precision());
+}
 
 }  // namespace
 
-cublasComputeType_t gemm_compute_type() { return g_compute; }
-
-void set_gemm_precision(core::Precision p) {
-  g_compute = p == core::Precision::bf16   ? CUBLAS_COMPUTE_32F_FAST_16BF
-              : p == core::Precision::fp16 ? CUBLAS_COMPUTE_32F_FAST_16F
-                                           : CUBLAS_COMPUTE_32F;
+cudaDataType_t cuda_type(core::Precision p) {
+  return p == core::Precision::bf16 ? CUDA_R_16BF : p == core::Precision::fp16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-bool bf16_math() { return g_compute == CUBLAS_COMPUTE_32F_FAST_16BF; }
-
-void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-            int ldb, float beta, float* C, int ldc) {
-  STRATA_CHECK_CUBLAS(cublasGemmEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, CUDA_R_32F, ldb, A,
-                                   CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, g_compute, CUBLAS_GEMM_DEFAULT),
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::CPtr A, int lda, core::CPtr B,
+            int ldb, float beta, core::Ptr C, int ldc) {
+  check_formats(A, B, C);
+  if (M == 0 || N == 0) return;
+  STRATA_CHECK_CUBLAS(cublasGemmEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B.get(),
+                                   cuda_type(B.precision()), ldb, A.get(), cuda_type(A.precision()), lda, &beta, C.get(),
+                                   cuda_type(C.precision()), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                       "cublasGemmEx");
 }
 
-void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                            std::int64_t stride_a, const float* B, int ldb, std::int64_t stride_b, float beta,
-                            float* C, int ldc, std::int64_t stride_c, int batch) {
-  STRATA_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B, CUDA_R_32F,
-                                                 ldb, stride_b, A, CUDA_R_32F, lda, stride_a, &beta, C, CUDA_R_32F, ldc,
-                                                 stride_c, batch, g_compute, CUBLAS_GEMM_DEFAULT),
+void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::CPtr A, int lda,
+                            std::int64_t stride_a, core::CPtr B, int ldb, std::int64_t stride_b, float beta,
+                            core::Ptr C, int ldc, std::int64_t stride_c, int batch) {
+  check_formats(A, B, C);
+  STRATA_CHECK_CUBLAS(cublasGemmStridedBatchedEx(handle(), op(trans_b), op(trans_a), N, M, K, &alpha, B.get(),
+                                                 cuda_type(B.precision()), ldb, stride_b, A.get(),
+                                                 cuda_type(A.precision()), lda, stride_a, &beta, C.get(),
+                                                 cuda_type(C.precision()), ldc, stride_c, batch, CUBLAS_COMPUTE_32F,
+                                                 CUBLAS_GEMM_DEFAULT),
                       "cublasGemmStridedBatchedEx");
 }
 

@@ -1,8 +1,7 @@
-// Bulk conversions between fp32 and the 16-bit formats, sums of squares of
-// fp32 and 16-bit buffers and the mixed-precision AdamW step. Every element runs the
-// CPU backend's code (core's scalar conversions, AdamWStep), so the two
-// backends' 16-bit results are bit-identical; only the sum of squares adds
-// in another order.
+// Sums of squares of fp32 and 16-bit buffers and the mixed-precision AdamW
+// step. Every element runs the CPU backend's code (core's scalar
+// conversions, AdamWStep), so the two backends' 16-bit results are
+// bit-identical; only the sum of squares adds in another order.
 #include <algorithm>
 #include <cstdint>
 
@@ -31,24 +30,6 @@ __global__ void sum_squares_kernel(double* out, const void* x, std::int64_t n, P
 
 }  // namespace
 
-void widen(float* y, const std::uint16_t* x, std::int64_t n, Precision p) {
-  launch(n, [=] __device__(std::int64_t i) { y[i] = core::half_to_float(x[i], p); });
-}
-
-void narrow(std::uint16_t* y, const float* x, std::int64_t n, Precision p) {
-  launch(n, [=] __device__(std::int64_t i) { y[i] = core::float_to_half(x[i], p); });
-}
-
-void narrow_add(std::uint16_t* y, const float* x, std::int64_t n, Precision p) {
-  launch(n, [=] __device__(std::int64_t i) { y[i] = core::float_to_half(core::half_to_float(y[i], p) + x[i], p); });
-}
-
-void add_half(std::uint16_t* y, const std::uint16_t* x, std::int64_t n, Precision p) {
-  launch(n, [=] __device__(std::int64_t i) {
-    y[i] = core::float_to_half(core::half_to_float(y[i], p) + core::half_to_float(x[i], p), p);
-  });
-}
-
 // Every tensor's kernel adds into one device double; the host reads it once.
 double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const double* divisors, int count,
                            Precision p) {
@@ -64,16 +45,10 @@ double sum_squares_tensors(const void* const* xs, const std::int64_t* ns, const 
   return h;
 }
 
-double sum_squares(const float* x, std::int64_t n) {
-  const void* xs[] = {x};
+double sum_squares(core::CPtr x, std::int64_t n) {
+  const void* xs[] = {x.get()};
   const double one[] = {1.0};
-  return sum_squares_tensors(xs, &n, one, 1, Precision::fp32);
-}
-
-double sum_squares_half(const std::uint16_t* x, std::int64_t n, Precision p) {
-  const void* xs[] = {x};
-  const double one[] = {1.0};
-  return sum_squares_tensors(xs, &n, one, 1, p);
+  return sum_squares_tensors(xs, &n, one, 1, x.precision());
 }
 
 void adamw_update_mixed(float* master, std::uint16_t* param, const std::uint16_t* grad, float grad_scale, float* m,

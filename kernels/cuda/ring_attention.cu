@@ -1,4 +1,6 @@
-// Ring attention's blocks (context parallelism) on the CUDA cores, in fp32:
+// Ring attention's blocks (context parallelism) on the CUDA cores, in fp32
+// arithmetic over elements of the call's format (E; dq and dkv may be fp32
+// accumulators), each output element written once per call:
 // a block of queries against a block of keys at global positions, merged
 // into the running output and log-sum-exp (kernels/ops.inc states the
 // contract). The plain form: one warp per (query row, head) in the forward
@@ -46,8 +48,8 @@ __device__ int visible_keys(int i, int Tk, int q0, int k0) { return max(0, min(T
 
 // One warp per (b, h, i): the block's softmax over the visible keys with an
 // online maximum, then merged into out and lse.
-template <int kDims>
-__global__ void block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
+template <int kDims, typename E>
+__global__ void block_forward(E* out, float* lse, const E* q, const E* kv, int B, int Tq, int Tk, int C,
                               int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0,
                               int k0, bool accumulate, float scale) {
   const std::int64_t w = (std::int64_t(blockIdx.x) * kWarps + threadIdx.x / 32);
@@ -56,22 +58,22 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
   const int i = int(w % Tq), h = int((w / Tq) % NH), b = int(w / (std::int64_t(Tq) * NH));
   const int hs = C / NH, kvc = NKV * hs, kvh = h / (NH / NKV);
   const std::int64_t ldq = C + 2 * std::int64_t(kvc);
-  const float* qr = q + (std::int64_t(b) * q_batch + i) * ldq + h * hs;
-  const float* kb = kv + std::int64_t(b) * kv_batch * ldkv + kvh * hs;
+  const E* qr = q + (std::int64_t(b) * q_batch + i) * ldq + h * hs;
+  const E* kb = kv + std::int64_t(b) * kv_batch * ldkv + kvh * hs;
   float qd[kDims], acc[kDims];
   for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
-    qd[c] = d < hs ? qr[d] * scale : 0.0f;
+    qd[c] = d < hs ? to_float(qr[d]) * scale : 0.0f;
     acc[c] = 0.0f;
   }
   const int n = visible_keys(i, Tk, q0, k0);
   float m = -INFINITY, l = 0.0f;
   for (int j = 0; j < n; ++j) {
-    const float* kr = kb + std::int64_t(j) * ldkv;
+    const E* kr = kb + std::int64_t(j) * ldkv;
     float s = 0.0f;
     for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
-      if (d < hs) s += qd[c] * kr[d];
+      if (d < hs) s += qd[c] * to_float(kr[d]);
     }
     s = warp_sum(s);
     const float m_new = fmaxf(m, s);
@@ -79,11 +81,11 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
     l = l * corr + p;
     for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
-      acc[c] = acc[c] * corr + (d < hs ? p * kr[kvc + d] : 0.0f);
+      acc[c] = acc[c] * corr + (d < hs ? p * to_float(kr[kvc + d]) : 0.0f);
     }
     m = m_new;
   }
-  float* y = out + (std::int64_t(b) * q_batch + i) * C + h * hs;
+  E* y = out + (std::int64_t(b) * q_batch + i) * C + h * hs;
   float& li = lse[(std::int64_t(b) * NH + h) * q_batch + i];
   const float lb = n > 0 ? m + logf(l) : -INFINITY;
   const float old = li;  // every lane reads before lane 0 writes
@@ -91,7 +93,7 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
   if (!accumulate || old == -INFINITY) {
     for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
-      if (d < hs) y[d] = n > 0 ? acc[c] / l : 0.0f;
+      if (d < hs) y[d] = from_float<E>(n > 0 ? acc[c] / l : 0.0f);
     }
     if (lane == 0) li = lb;
   } else if (n > 0) {
@@ -100,7 +102,7 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
     const float a = expf(old - merged), f = expf(lb - merged) / l;
     for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
-      if (d < hs) y[d] = y[d] * a + acc[c] * f;
+      if (d < hs) y[d] = from_float<E>(to_float(y[d]) * a + acc[c] * f);
     }
     if (lane == 0) li = merged;
   }
@@ -108,8 +110,8 @@ __global__ void block_forward(float* out, float* lse, const float* q, const floa
 
 // dq of one (b, h, i): sum over its visible keys of scale dS k, with
 // P = exp(s - lse) and dS = P (dout . v - D), D = dout . out.
-template <int kDims>
-__global__ void block_backward_dq(float* dq, const float* dout, const float* q, const float* kv, const float* out,
+template <int kDims, typename E, typename DQ>
+__global__ void block_backward_dq(DQ* dq, const E* dout, const E* q, const E* kv, const E* out,
                                   const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
                                   std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
                                   float scale) {
@@ -120,48 +122,48 @@ __global__ void block_backward_dq(float* dq, const float* dout, const float* q, 
   const int hs = C / NH, kvc = NKV * hs, kvh = h / (NH / NKV);
   const std::int64_t ldq = C + 2 * std::int64_t(kvc);
   const std::int64_t row = std::int64_t(b) * q_batch + i;
-  const float* qr = q + row * ldq + h * hs;
-  const float* kb = kv + std::int64_t(b) * kv_batch * ldkv + kvh * hs;
-  const float* dy = dout + row * C + h * hs;
-  const float* y = out + row * C + h * hs;
+  const E* qr = q + row * ldq + h * hs;
+  const E* kb = kv + std::int64_t(b) * kv_batch * ldkv + kvh * hs;
+  const E* dy = dout + row * C + h * hs;
+  const E* y = out + row * C + h * hs;
   float qd[kDims], od[kDims], g[kDims];
   float D = 0.0f;
   for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
-    qd[c] = d < hs ? qr[d] * scale : 0.0f;
-    od[c] = d < hs ? dy[d] : 0.0f;
-    D += d < hs ? od[c] * y[d] : 0.0f;
+    qd[c] = d < hs ? to_float(qr[d]) * scale : 0.0f;
+    od[c] = d < hs ? to_float(dy[d]) : 0.0f;
+    D += d < hs ? od[c] * to_float(y[d]) : 0.0f;
     g[c] = 0.0f;
   }
   D = warp_sum(D);
   const float li = lse[(std::int64_t(b) * NH + h) * q_batch + i];
   const int n = visible_keys(i, Tk, q0, k0);
   for (int j = 0; j < n; ++j) {
-    const float* kr = kb + std::int64_t(j) * ldkv;
+    const E* kr = kb + std::int64_t(j) * ldkv;
     float s = 0.0f, dp = 0.0f;
     for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
-      if (d < hs) s += qd[c] * kr[d], dp += od[c] * kr[kvc + d];
+      if (d < hs) s += qd[c] * to_float(kr[d]), dp += od[c] * to_float(kr[kvc + d]);
     }
     s = warp_sum(s), dp = warp_sum(dp);
     const float ds = expf(s - li) * (dp - D);
     for (int c = 0; c < kDims; ++c) {
       const int d = lane + 32 * c;
-      if (d < hs) g[c] += ds * kr[d];
+      if (d < hs) g[c] += ds * to_float(kr[d]);
     }
   }
-  float* dqr = dq + row * ldq + h * hs;
+  DQ* dqr = dq + row * ldq + h * hs;
   for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
-    if (d < hs) dqr[d] += scale * g[c];
+    if (d < hs) dqr[d] = from_float<DQ>(to_float(dqr[d]) + scale * g[c]);
   }
 }
 
 // dk and dv of one (b, key-value head kvh, key j): sums over the queries
 // that see it, of every query head of kvh's group, so that the entry has one
 // writer, this warp.
-template <int kDims>
-__global__ void block_backward_dkv(float* dkv, const float* dout, const float* q, const float* kv, const float* out,
+template <int kDims, typename E, typename DKV>
+__global__ void block_backward_dkv(DKV* dkv, const E* dout, const E* q, const E* kv, const E* out,
                                    const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
                                    std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
                                    float scale) {
@@ -171,12 +173,12 @@ __global__ void block_backward_dkv(float* dkv, const float* dout, const float* q
   const int j = int(w % Tk), kvh = int((w / Tk) % NKV), b = int(w / (std::int64_t(Tk) * NKV));
   const int hs = C / NH, kvc = NKV * hs, group = NH / NKV;
   const std::int64_t ldq = C + 2 * std::int64_t(kvc);
-  const float* kr = kv + (std::int64_t(b) * kv_batch + j) * ldkv + kvh * hs;
+  const E* kr = kv + (std::int64_t(b) * kv_batch + j) * ldkv + kvh * hs;
   float kd[kDims], vd[kDims], gk[kDims], gv[kDims];
   for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
-    kd[c] = d < hs ? kr[d] : 0.0f;
-    vd[c] = d < hs ? kr[kvc + d] : 0.0f;
+    kd[c] = d < hs ? to_float(kr[d]) : 0.0f;
+    vd[c] = d < hs ? to_float(kr[kvc + d]) : 0.0f;
     gk[c] = gv[c] = 0.0f;
   }
   // The queries that see key j: k0 + j <= q0 + i, of each head of the group.
@@ -184,27 +186,33 @@ __global__ void block_backward_dkv(float* dkv, const float* dout, const float* q
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int i = first; i < Tq; ++i) {
       const std::int64_t row = std::int64_t(b) * q_batch + i;
-      const float* qr = q + row * ldq + h * hs;
-      const float* dy = dout + row * C + h * hs;
-      const float* y = out + row * C + h * hs;
+      const E* qr = q + row * ldq + h * hs;
+      const E* dy = dout + row * C + h * hs;
+      const E* y = out + row * C + h * hs;
       float s = 0.0f, dp = 0.0f, D = 0.0f;
       for (int c = 0; c < kDims; ++c) {
         const int d = lane + 32 * c;
-        if (d < hs) s += qr[d] * scale * kd[c], dp += dy[d] * vd[c], D += dy[d] * y[d];
+        if (d < hs) {
+          const float yy = to_float(dy[d]);
+          s += to_float(qr[d]) * scale * kd[c], dp += yy * vd[c], D += yy * to_float(y[d]);
+        }
       }
       s = warp_sum(s), dp = warp_sum(dp), D = warp_sum(D);
       const float p = expf(s - lse[(std::int64_t(b) * NH + h) * q_batch + i]);
       const float ds = p * (dp - D);
       for (int c = 0; c < kDims; ++c) {
         const int d = lane + 32 * c;
-        if (d < hs) gv[c] += p * dy[d], gk[c] += ds * scale * qr[d];
+        if (d < hs) gv[c] += p * to_float(dy[d]), gk[c] += ds * scale * to_float(qr[d]);
       }
     }
   }
-  float* dk = dkv + (std::int64_t(b) * kv_batch + j) * ldkv + kvh * hs;
+  DKV* dk = dkv + (std::int64_t(b) * kv_batch + j) * ldkv + kvh * hs;
   for (int c = 0; c < kDims; ++c) {
     const int d = lane + 32 * c;
-    if (d < hs) dk[d] += gk[c], dk[kvc + d] += gv[c];
+    if (d < hs) {
+      dk[d] = from_float<DKV>(to_float(dk[d]) + gk[c]);
+      dk[kvc + d] = from_float<DKV>(to_float(dk[kvc + d]) + gv[c]);
+    }
   }
 }
 
@@ -239,34 +247,36 @@ void with_dims(int hs, F&& f) {
 // The forward and backward over blocks whose key-value rows are `ldkv`
 // floats apart (2 KVC in the ring's packed blocks, C + 2 KVC read in place
 // from qkv).
-void block_forward_any(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C, int NH,
-                       int NKV, std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
+template <typename E>
+void block_forward_any(E* out, float* lse, const E* q, const E* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
+                       std::int64_t q_batch, std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0,
                        bool accumulate) {
   const std::int64_t warps = std::int64_t(B) * NH * Tq;
   if (warps == 0) return;
   const float scale = 1.0f / std::sqrt(float(C / NH));
   with_dims(C / NH, [&](auto dims) {
-    block_forward<decltype(dims)::value><<<warps_grid(warps), 32 * kWarps>>>(
+    block_forward<decltype(dims)::value, E><<<warps_grid(warps), 32 * kWarps>>>(
         out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, ldkv, q0, k0, accumulate, scale);
   });
   STRATA_CHECK_LAUNCH();
 }
 
-void block_backward_any(float* dq, float* dkv, const float* dout, const float* q, const float* kv, const float* out,
-                        const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV, std::int64_t q_batch,
-                        std::int64_t kv_batch, std::int64_t ldkv, int q0, int k0) {
+template <typename E, typename DQ, typename DKV>
+void block_backward_any(DQ* dq, DKV* dkv, const E* dout, const E* q, const E* kv, const E* out, const float* lse,
+                        int B, int Tq, int Tk, int C, int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch,
+                        std::int64_t ldkv, int q0, int k0) {
   const float scale = 1.0f / std::sqrt(float(C / NH));
   // dq: a warp per (query row, query head); dk and dv: a warp per (key row,
   // key-value head), over the group's query heads.
   with_dims(C / NH, [&](auto dims) {
     constexpr int D = decltype(dims)::value;
     if (std::int64_t(B) * NH * Tq > 0) {
-      block_backward_dq<D><<<warps_grid(std::int64_t(B) * NH * Tq), 32 * kWarps>>>(
+      block_backward_dq<D, E, DQ><<<warps_grid(std::int64_t(B) * NH * Tq), 32 * kWarps>>>(
           dq, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, ldkv, q0, k0, scale);
       STRATA_CHECK_LAUNCH();
     }
     if (std::int64_t(B) * NKV * Tk > 0) {
-      block_backward_dkv<D><<<warps_grid(std::int64_t(B) * NKV * Tk), 32 * kWarps>>>(
+      block_backward_dkv<D, E, DKV><<<warps_grid(std::int64_t(B) * NKV * Tk), 32 * kWarps>>>(
           dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, ldkv, q0, k0, scale);
       STRATA_CHECK_LAUNCH();
     }
@@ -275,48 +285,40 @@ void block_backward_any(float* dq, float* dkv, const float* dout, const float* q
 
 }  // namespace
 
-void attention_block_forward(float* out, float* lse, const float* q, const float* kv, int B, int Tq, int Tk, int C,
+void attention_block_forward(core::Ptr out, float* lse, core::CPtr q, core::CPtr kv, int B, int Tq, int Tk, int C,
                              int NH, int NKV, std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0,
                              bool accumulate) {
   check_heads(C, NH, NKV, "attention_block_forward");
-  block_forward_any(out, lse, q, kv, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, 2 * std::int64_t(C / NH) * NKV, q0,
-                    k0, accumulate);
+  STRATA_BY_FORMAT(out, block_forward_any(out.as<E>(), lse, q.as<E>(), kv.as<E>(), B, Tq, Tk, C, NH, NKV, q_batch,
+                                          kv_batch, 2 * std::int64_t(C / NH) * NKV, q0, k0, accumulate));
 }
 
-void attention_block_backward(float* dq, float* dkv, const float* dout, const float* q, const float* kv,
-                              const float* out, const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
+void attention_block_backward(core::Ptr dq, core::Ptr dkv, core::CPtr dout, core::CPtr q, core::CPtr kv,
+                              core::CPtr out, const float* lse, int B, int Tq, int Tk, int C, int NH, int NKV,
                               std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0) {
   check_heads(C, NH, NKV, "attention_block_backward");
-  block_backward_any(dq, dkv, dout, q, kv, out, lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch,
-                     2 * std::int64_t(C / NH) * NKV, q0, k0);
+  STRATA_BY_FORMAT(q, core::with_accumulator<E>(dq.precision(), [&](auto qt) {
+    core::with_accumulator<E>(dkv.precision(), [&](auto kt) {
+      block_backward_any(dq.as<decltype(qt)>(), dkv.as<decltype(kt)>(), dout.as<E>(), q.as<E>(), kv.as<E>(),
+                         out.as<E>(), lse, B, Tq, Tk, C, NH, NKV, q_batch, kv_batch, 2 * std::int64_t(C / NH) * NKV,
+                         q0, k0);
+    });
+  }));
 }
 
-void attention_forward_wide(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
+void attention_forward_wide(core::Ptr out, float* lse, core::CPtr qkv, int B, int T, int C, int NH, int NKV) {
   check_heads(C, NH, NKV, "attention_forward");
   const std::int64_t ld = C + 2 * std::int64_t(C / NH) * NKV;
-  block_forward_any(out, lse, qkv, qkv + C, B, T, T, C, NH, NKV, T, T, ld, 0, 0, false);
+  STRATA_BY_FORMAT(out, block_forward_any(out.as<E>(), lse, qkv.as<E>(), (qkv + C).as<E>(), B, T, T, C, NH, NKV, T,
+                                          T, ld, 0, 0, false));
 }
 
-void attention_backward_wide(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                             int B, int T, int C, int NH, int NKV) {
+void attention_backward_wide(core::Ptr dqkv, core::CPtr dout, core::CPtr qkv, core::CPtr out, const float* lse, int B,
+                             int T, int C, int NH, int NKV) {
   check_heads(C, NH, NKV, "attention_backward");
   const std::int64_t ld = C + 2 * std::int64_t(C / NH) * NKV;
-  block_backward_any(dqkv, dqkv + C, dout, qkv, qkv + C, out, lse, B, T, T, C, NH, NKV, T, T, ld, 0, 0);
-}
-
-void copy_rows(float* dst, std::int64_t ld_dst, const float* src, std::int64_t ld_src, std::int64_t rows,
-               std::int64_t cols, bool add) {
-  if (rows <= 0 || cols <= 0) return;
-  if (!add) {
-    STRATA_CHECK_CUDA(cudaMemcpy2DAsync(dst, std::size_t(ld_dst) * sizeof(float), src,
-                                        std::size_t(ld_src) * sizeof(float), std::size_t(cols) * sizeof(float),
-                                        std::size_t(rows), cudaMemcpyDeviceToDevice));
-    return;
-  }
-  launch(rows * cols, [=] __device__(std::int64_t e) {
-    const std::int64_t r = e / cols, c = e % cols;
-    dst[r * ld_dst + c] += src[r * ld_src + c];
-  });
+  STRATA_BY_FORMAT(dqkv, block_backward_any(dqkv.as<E>(), (dqkv + C).as<E>(), dout.as<E>(), qkv.as<E>(),
+                                            (qkv + C).as<E>(), out.as<E>(), lse, B, T, T, C, NH, NKV, T, T, ld, 0, 0));
 }
 
 }  // namespace strata::kernels::cuda

@@ -19,7 +19,8 @@ namespace {
 
 // sign +1 turns each pair forward by its angle, -1 back (the backward: the
 // rotation is orthogonal, its inverse its transpose).
-void rope(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta, float sign) {
+template <typename E>
+void rope(E* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta, float sign) {
   const int pairs = hs / 2;
   if (B <= 0 || T <= 0 || heads <= 0 || pairs <= 0) return;
   launch(std::int64_t(B) * T * pairs, [=] __device__(std::int64_t e) {
@@ -29,23 +30,23 @@ void rope(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, 
     double sn = 0, cs = 0;
     sincos(angle, &sn, &cs);
     const float c = float(cs), s = sign * float(sn);
-    float* v = x + row * ld + 2 * i;
+    E* v = x + row * ld + 2 * i;
     for (int h = 0; h < heads; ++h, v += hs) {
-      const float a = v[0], d = v[1];
-      v[0] = a * c - d * s;
-      v[1] = a * s + d * c;
+      const float a = to_float(v[0]), d = to_float(v[1]);
+      v[0] = from_float<E>(a * c - d * s);
+      v[1] = from_float<E>(a * s + d * c);
     }
   });
 }
 
 }  // namespace
 
-void rope_forward(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
-  rope(x, B, T, ld, heads, hs, pos0, theta, 1.0f);
+void rope_forward(core::Ptr x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  STRATA_BY_FORMAT(x, rope(x.as<E>(), B, T, ld, heads, hs, pos0, theta, 1.0f));
 }
 
-void rope_backward(float* dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
-  rope(dx, B, T, ld, heads, hs, pos0, theta, -1.0f);
+void rope_backward(core::Ptr dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  STRATA_BY_FORMAT(dx, rope(dx.as<E>(), B, T, ld, heads, hs, pos0, theta, -1.0f));
 }
 
 }  // namespace strata::kernels::cuda

@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/foundation/precision.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::kernels::kokkos {
 
@@ -23,7 +23,9 @@ namespace strata::kernels::kokkos {
 // use_device starts Kokkos (Kokkos::initialize, device `ordinal` on a device
 // space) and finalizes it at exit; device_count is 1 unless the space is
 // CUDA's; memory_info is the host's on a host space and unknown (0, 0) on a
-// device space; GEMMs are fp32 at every precision.
+// device space. fp32 GEMMs go through KokkosBlas, 16-bit ones through a
+// kernel of the backend's own (fp32 accumulation; KokkosBlas has no 16-bit
+// GEMM).
 #include "kernels/runtime.inc"
 
 #include "kernels/ops.inc"

@@ -5,7 +5,9 @@
 // than the matrix except as LayoutStride, which only KokkosKernels' own gemm
 // takes: on a host space with the BLAS the backend then calls KokkosKernels'
 // host BLAS wrapper (the one its gemm uses) with the leading dimensions, and
-// elsewhere KokkosBlas::gemm on strided views.
+// elsewhere KokkosBlas::gemm on strided views. KokkosBlas multiplies fp32
+// only: 16-bit matrices go through a plain kernel of this backend, an output
+// element per thread, its products summed in fp32 and rounded once.
 #include <KokkosBlas3_gemm.hpp>
 #include <KokkosKernels_config.h>
 #if defined(KOKKOSKERNELS_ENABLE_TPL_BLAS)
@@ -25,11 +27,22 @@ StridedMat strided(const float* p, int rows, int cols, int ld) {
   return StridedMat(const_cast<float*>(p), Kokkos::LayoutStride(rows, ld, cols, 1));
 }
 
-}  // namespace
+template <typename E, typename EC>
+void matmul_16(bool ta, bool tb, int M, int N, int K, float alpha, const E* A, int lda, const E* B, int ldb, float beta,
+               EC* C, int ldc) {
+  Kokkos::parallel_for(
+      "strata::matmul_16", Range(0, std::int64_t(M) * N), KOKKOS_LAMBDA(std::int64_t idx) {
+        const std::int64_t i = idx / N, j = idx % N;
+        float acc = 0.0f;
+        for (std::int64_t k = 0; k < K; ++k)
+          acc += to_float(A[ta ? k * lda + i : i * lda + k]) * to_float(B[tb ? j * ldb + k : k * ldb + j]);
+        EC& c = C[i * ldc + j];
+        c = from_float<EC>(beta == 0.0f ? alpha * acc : alpha * acc + beta * to_float(c));
+      });
+}
 
-void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-            int ldb, float beta, float* C, int ldc) {
-  if (M == 0 || N == 0) return;
+void matmul_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                const float* B, int ldb, float beta, float* C, int ldc) {
   // A is stored a_rows x a_cols (K x M when transposed), B b_rows x b_cols.
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
@@ -52,17 +65,49 @@ void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const 
                    strided(C, M, N, ldc));
 }
 
-void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
-                            std::int64_t stride_a, const float* B, int ldb, std::int64_t stride_b, float beta, float* C,
-                            int ldc, std::int64_t stride_c, int batch) {
+// out[n, :] = out[n, :] (beta 1) + inp[n, :] w^T + bias, rounded once.
+template <typename E>
+void linear_bias_16(E* out, const E* inp, const E* w, const E* bias, int N, int IC, int OC, float beta) {
+  Kokkos::parallel_for(
+      "strata::linear_bias_16", Range(0, std::int64_t(N) * OC), KOKKOS_LAMBDA(std::int64_t idx) {
+        const std::int64_t n = idx / OC, o = idx % OC;
+        float acc = to_float(bias[o]);
+        for (std::int64_t k = 0; k < IC; ++k) acc += to_float(inp[n * IC + k]) * to_float(w[o * IC + k]);
+        E& y = out[idx];
+        y = from_float<E>(beta == 0.0f ? acc : acc + beta * to_float(y));
+      });
+}
+
+}  // namespace
+
+void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::CPtr A, int lda, core::CPtr B, int ldb,
+            float beta, core::Ptr C, int ldc) {
+  if (M == 0 || N == 0) return;
+  if (A.precision() == core::Precision::fp32)
+    return matmul_f32(trans_a, trans_b, M, N, K, alpha, A.f32(), lda, B.f32(), ldb, beta, C.f32(), ldc);
+  STRATA_BY_FORMAT(A, {
+    if (C.precision() == core::Precision::fp32)
+      matmul_16(trans_a, trans_b, M, N, K, alpha, A.as<E>(), lda, B.as<E>(), ldb, beta, C.f32(), ldc);
+    else
+      matmul_16(trans_a, trans_b, M, N, K, alpha, A.as<E>(), lda, B.as<E>(), ldb, beta, C.as<E>(), ldc);
+  });
+}
+
+void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::CPtr A, int lda,
+                            std::int64_t stride_a, core::CPtr B, int ldb, std::int64_t stride_b, float beta,
+                            core::Ptr C, int ldc, std::int64_t stride_c, int batch) {
   for (int i = 0; i < batch; ++i)
     matmul(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c, ldc);
 }
 
-void linear_bias_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC, int OC,
+void linear_bias_forward(core::Ptr out, core::CPtr inp, core::CPtr w, core::CPtr bias, int N, int IC, int OC,
                          float beta) {
+  if (out.precision() != core::Precision::fp32 && bias) {
+    STRATA_BY_FORMAT(out, linear_bias_16(out.as<E>(), inp.as<E>(), w.as<E>(), bias.as<E>(), N, IC, OC, beta));
+    return;
+  }
   matmul(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
-  bias_add(out, bias, N, OC);
+  if (bias) bias_add(out, bias, N, OC);
 }
 
 }  // namespace strata::kernels::kokkos

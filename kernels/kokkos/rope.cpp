@@ -17,7 +17,8 @@ namespace {
 // Turns every pair by the row's angles, or back by them (sign -1: the
 // rotation's transpose, which is its inverse; float(sin(-a)) = -float(sin(a))
 // exactly, so the backward's factors are the forward's).
-void rope_rotate(const char* label, float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0,
+template <typename E>
+void rope_rotate(const char* label, E* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0,
                  float theta, float sign) {
   const int half = hs / 2;
   const double base = theta;
@@ -25,16 +26,16 @@ void rope_rotate(const char* label, float* x, int B, int T, std::int64_t ld, int
       label, rows_policy(std::int64_t(B) * T), KOKKOS_LAMBDA(const Member& m) {
         const std::int64_t r = m.league_rank();  // b T + t
         const int t = int(r % T);
-        float* row = x + r * ld;
+        E* row = x + r * ld;
         const double p = double(pos0) + double(t);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, half), [&](int i) {
           const double angle = p * kmath::pow(base, -2.0 * double(i) / double(hs));
           const float c = float(kmath::cos(angle)), s = sign * float(kmath::sin(angle));
           for (int h = 0; h < heads; ++h) {
-            float* v = row + std::int64_t(h) * hs + 2 * i;
-            const float x0 = v[0], x1 = v[1];
-            v[0] = x0 * c - x1 * s;
-            v[1] = x0 * s + x1 * c;
+            E* v = row + std::int64_t(h) * hs + 2 * i;
+            const float x0 = to_float(v[0]), x1 = to_float(v[1]);
+            v[0] = from_float<E>(x0 * c - x1 * s);
+            v[1] = from_float<E>(x0 * s + x1 * c);
           }
         });
       });
@@ -42,12 +43,12 @@ void rope_rotate(const char* label, float* x, int B, int T, std::int64_t ld, int
 
 }  // namespace
 
-void rope_forward(float* x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
-  rope_rotate("strata::rope_forward", x, B, T, ld, heads, hs, pos0, theta, 1.0f);
+void rope_forward(core::Ptr x, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  STRATA_BY_FORMAT(x, rope_rotate("strata::rope_forward", x.as<E>(), B, T, ld, heads, hs, pos0, theta, 1.0f));
 }
 
-void rope_backward(float* dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
-  rope_rotate("strata::rope_backward", dx, B, T, ld, heads, hs, pos0, theta, -1.0f);
+void rope_backward(core::Ptr dx, int B, int T, std::int64_t ld, int heads, int hs, int pos0, float theta) {
+  STRATA_BY_FORMAT(dx, rope_rotate("strata::rope_backward", dx.as<E>(), B, T, ld, heads, hs, pos0, theta, -1.0f));
 }
 
 }  // namespace strata::kernels::kokkos

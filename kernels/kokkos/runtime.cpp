@@ -147,7 +147,6 @@ void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
   }
 }
 
-void set_gemm_precision(core::Precision) {}
 
 double measure_gemm_flops(int n, int reps, core::Precision) {
   Kokkos::View<float**, Kokkos::LayoutRight, Mem> a("a", n, n), b("b", n, n), c("c", n, n);

@@ -7,7 +7,14 @@
 
 #include <cstdint>
 
+#include "kernels/foundation/ptr.hpp"
+
 namespace strata::kernels::kokkos {
+
+// Elements of any format (float, core::Bf16, core::Fp16) read as fp32 and
+// written rounded once: host and device functions (kernels/foundation/ptr.hpp).
+using core::from_float;
+using core::to_float;
 
 using Exec = Kokkos::DefaultExecutionSpace;
 using Mem = Exec::memory_space;
@@ -87,11 +94,14 @@ T range_sum(const char* label, std::int64_t n, const F& f) {
 }
 
 // The largest of x[0, n), n >= 1, over the team.
-KOKKOS_INLINE_FUNCTION float team_max(const Member& m, const float* x, int n) {
-  float mx = x[0];
+template <class E>
+KOKKOS_INLINE_FUNCTION float team_max(const Member& m, const E* x, int n) {
+  float mx = to_float(x[0]);
   Kokkos::parallel_reduce(
       Kokkos::TeamThreadRange(m, (n + 7) / 8),
-      [&](int g, float& v) { fold_group(g, n, [&](std::int64_t i) { return x[i]; }, [](float a, float b) { return a > b ? a : b; }, v); },
+      [&](int g, float& v) {
+        fold_group(g, n, [&](std::int64_t i) { return to_float(x[i]); }, [](float a, float b) { return a > b ? a : b; }, v);
+      },
       Kokkos::Max<float>(mx));
   return mx;
 }

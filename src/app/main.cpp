@@ -241,9 +241,6 @@ int main(int argc, char** argv) {
       ->required();
   simulate->add_option("--set", sets, "override a deck key: --set section.key=value (repeatable)");
   simulate->add_option("--output,-o", so.output, "report path (default: results/<run.name>-sim.h5)");
-  simulate->add_flag("--fused-casts", so.fused_casts,
-                     "price the step with its 16-bit conversions fused away, as Megatron-LM's and torchtitan's kernels "
-                     "read 16-bit tensors directly (docs/machines.md)");
   strata::train::SearchOptions po;
   po.command_line = command_line;
   std::string memory_limit;
@@ -258,7 +255,6 @@ int main(int argc, char** argv) {
   plan->add_option("--jobs,-j", po.jobs, "processes judging layouts at once (default: one per core)");
   plan->add_option("--set", sets, "override a deck key for every candidate (repeatable)");
   plan->add_option("--output,-o", po.output, "report path (default: results/<run.name>-plan.h5)");
-  plan->add_flag("--fused-casts", po.fused_casts, "price every layout with its 16-bit conversions fused away");
   plan->add_flag("--exhaustive", po.exhaustive,
                  "judge every layout (the whole throughput-memory front), none pruned by its lower bound");
   strata::sim::CalibrateOptions co;

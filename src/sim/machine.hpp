@@ -64,12 +64,6 @@ struct Machine {
   // the host must drive it (MPI without a progress thread).
   double overlap = 1;
   std::vector<CommFit> fits;
-  // Not the hardware but the software priced on it (simulate and plan
-  // --fused-casts): the 16-bit conversions Strata's fp32 kernels need
-  // (widen, narrow: parameter views, the wire's copies) cost nothing, as in
-  // a framework whose kernels read and write 16-bit tensors directly
-  // (Megatron-LM's, torchtitan's).
-  bool fused_casts = false;
 
   double peak(core::Precision p) const {
     return p == core::Precision::bf16 ? peak_bf16 : p == core::Precision::fp16 ? peak_fp16 : peak_fp32;

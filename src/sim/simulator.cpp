@@ -17,8 +17,6 @@ namespace strata::sim {
 using prof::TraceEvent;
 
 double kernel_time(const Machine& m, const TraceEvent& e, core::Precision p) {
-  if (m.fused_casts && !e.host && (std::string_view(e.name) == "widen" || std::string_view(e.name) == "narrow"))
-    return 0;
   if (e.host) {  // offloaded work on the host's cores: memory-bound arithmetic
     const double vector = m.host_vector_flops > 0 ? (e.other_flops + e.matmul_flops) / m.host_vector_flops : 0;
     const double memory = m.host_memory_bandwidth > 0 ? e.bytes / m.host_memory_bandwidth : 0;

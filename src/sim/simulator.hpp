@@ -35,7 +35,6 @@
 namespace strata::sim {
 
 // One kernel's predicted duration.
-// Zero for a 16-bit conversion on the device under Machine::fused_casts.
 double kernel_time(const Machine& m, const prof::TraceEvent& kernel, core::Precision p);
 // One collective's predicted duration over the world ranks `group` (bytes as
 // the /comm table counts them).

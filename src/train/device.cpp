@@ -62,7 +62,6 @@ int select_device(const plan::Plan& cfg, MPI_Comm comm) {
                         "memory, and MPI is handed host memory only; run one rank, or use a host-side Kokkos "
                         "(Serial, OpenMP) or backend.device = \"cuda\"",
                         world, kernels::backend_name());
-  kernels::set_gemm_precision(cfg.backend.precision);
   return on_node / devices + (local % devices < on_node % devices ? 1 : 0);
 }
 

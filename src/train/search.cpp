@@ -438,7 +438,6 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   if (o.top < 1) core::input_error("--top {}: at least 1 row", o.top);
   if (o.jobs < 0) core::input_error("--jobs {}: at least 1 process (0 or absent: one per core)", o.jobs);
   sim::Machine machine = sim::load_machine(o.machine);
-  machine.fused_casts = o.fused_casts;
   const deck::Deck base = deck::parse_deck(deck_path, text, sets);
   const std::string path = !o.output.empty() ? o.output : "results/" + base.config.run.name + "-plan.h5";
   if (const std::string why = report::output_file_problem(path, "plan report"); !why.empty())
@@ -646,7 +645,6 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     f.set_attr("/", "start_time", iso_time_utc());
     f.set_attr("/", "machine", machine.name);
     f.set_attr("/", "machine_path", machine.path);
-    f.set_attr("/", "fused_casts", machine.fused_casts ? "true" : "false");
     f.set_attr("/", "world_size", std::int64_t(o.world));
     f.set_attr("/", "memory_limit", std::int64_t(limit));
     std::vector<std::string> varied, least;

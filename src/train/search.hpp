@@ -31,7 +31,6 @@ struct SearchOptions {
   int jobs = 0;                   // processes judging layouts; 0: one per core
   std::string output;             // default: results/<run.name>-plan.h5
   std::string command_line;
-  bool fused_casts = false;       // sim::Machine::fused_casts
   bool exhaustive = false;        // judge every layout, none pruned by its bound
 };
 

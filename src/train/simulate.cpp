@@ -86,7 +86,6 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
   file.set_attr("/", "device", std::string(plan::name_of(cfg.backend.device)));
   file.set_attr("/", "machine", machine.name);
   file.set_attr("/", "machine_path", machine.path);
-  file.set_attr("/", "fused_casts", machine.fused_casts ? "true" : "false");
   // One row per class of identical ranks, under its first rank (the
   // estimate's classes, each within one pipeline stage, whose simulated
   // timeline and calls the class's row carries).
@@ -235,7 +234,6 @@ void print_breakdown(const Prediction& pr, const mesh::Layout& l) {
 int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   const plan::Plan& cfg = deck.config;
   sim::Machine machine = sim::load_machine(o.machine);
-  machine.fused_casts = o.fused_casts;
   const mesh::Layout l = strategies::layout_of(cfg);
   const std::string path = !o.output.empty() ? o.output : "results/" + cfg.run.name + "-sim.h5";
   if (const std::string why = report::output_file_problem(path, "report"); !why.empty())
@@ -244,9 +242,9 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   write_report(deck, o, machine, pr, path);
   if (o.quiet) return 0;
 
-  fmt::print("strata simulate | {} | machine {} ({} device(s) per node) | {} rank(s): {} | {}{}\n", deck.path,
+  fmt::print("strata simulate | {} | machine {} ({} device(s) per node) | {} rank(s): {} | {}\n", deck.path,
              machine.name, machine.devices_per_node, l.world(), mesh::describe(l),
-             core::precision_name(cfg.backend.precision), machine.fused_casts ? " | fused casts" : "");
+             core::precision_name(cfg.backend.precision));
   fmt::print("predicted step {:.4f} s | {:.0f} tokens/s | MFU {:.1f}% | HFU {:.1f}% | {:.1f} TFLOP/s per device "
              "(model), {:.1f} (hardware)\n",
              pr.step.step_time, pr.tokens_per_s, 100 * pr.mfu, 100 * pr.hfu,

@@ -21,7 +21,6 @@ struct SimulateOptions {
   std::string output;   // the report; empty: results/<run.name>-sim.h5
   std::string command_line;
   bool quiet = false;   // no table on stdout (plan)
-  bool fused_casts = false;  // sim::Machine::fused_casts
 };
 
 // A deck's predicted step: the estimate behind it and the figures.

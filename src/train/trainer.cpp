@@ -102,12 +102,10 @@ void Trainer::sum_tied_embedding() {
     const strategies::GradSpan& a = copies[0];
     const strategies::GradSpan& b = copies[1];
     STRATA_CHECK(a.count == b.count && a.dtype == b.dtype, "the two copies of wte are sharded differently");
-    if (a.dtype == comm::DType::f32) {
-      kernels::add_inplace(static_cast<float*>(a.data), static_cast<const float*>(b.data), a.count);
-    } else {
-      kernels::add_half(static_cast<std::uint16_t*>(a.data), static_cast<const std::uint16_t*>(b.data), a.count,
-                        a.dtype == comm::DType::bf16 ? core::Precision::bf16 : core::Precision::fp16);
-    }
+    const core::Precision p = a.dtype == comm::DType::f32    ? core::Precision::fp32
+                              : a.dtype == comm::DType::bf16 ? core::Precision::bf16
+                                                             : core::Precision::fp16;
+    kernels::add_inplace(core::Ptr(a.data, p), core::CPtr(b.data, p), a.count);
     kernels::copy_bytes(b.data, a.data, std::size_t(a.count) * comm::dtype_size(a.dtype));
     return;
   }

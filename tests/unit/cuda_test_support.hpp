@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::test {
 
@@ -52,6 +54,51 @@ class DeviceOf {
   T* p_;
 };
 using Device = DeviceOf<float>;
+
+// Values rounded to format p and widened back: what a tensor of p holds.
+inline Vec rounded(Vec v, core::Precision p) {
+  if (p != core::Precision::fp32)
+    for (auto& x : v) x = core::half_to_float(core::float_to_half(x, p), p);
+  return v;
+}
+
+// A device tensor of format p (fp32, bf16, fp16) from host values (rounded),
+// read back widened.
+class Tensor {
+ public:
+  Tensor(const Vec& values, core::Precision p) : p_(p), n_(values.size()) {
+    const std::size_t bytes = n_ * std::size_t(core::element_bytes(p));
+    p_data_ = kernels::cuda::malloc_device(bytes + 1);
+    if (p == core::Precision::fp32) {
+      kernels::cuda::copy_bytes(p_data_, values.data(), bytes);
+    } else {
+      std::vector<std::uint16_t> h(n_);
+      for (std::size_t i = 0; i < n_; ++i) h[i] = core::float_to_half(values[i], p);
+      kernels::cuda::copy_bytes(p_data_, h.data(), bytes);
+    }
+  }
+  ~Tensor() { kernels::cuda::free_device(p_data_); }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  core::Ptr ptr() { return {p_data_, p_}; }
+  Vec host() const {
+    kernels::cuda::synchronize();
+    Vec out(n_);
+    if (p_ == core::Precision::fp32) {
+      kernels::cuda::copy_bytes(out.data(), p_data_, n_ * sizeof(float));
+    } else {
+      std::vector<std::uint16_t> h(n_);
+      kernels::cuda::copy_bytes(h.data(), p_data_, n_ * sizeof(std::uint16_t));
+      for (std::size_t i = 0; i < n_; ++i) out[i] = core::half_to_float(h[i], p_);
+    }
+    return out;
+  }
+
+ private:
+  core::Precision p_;
+  std::size_t n_;
+  void* p_data_ = nullptr;
+};
 
 class CudaTest : public ::testing::Test {
  protected:

@@ -8,15 +8,16 @@
 // 1e-5 relative of one computed here in double. Also: out and state are
 // written (they start as NaN), scratch is overwritten (it starts as NaN), the
 // backward accumulates (dqkv starts nonzero; a second call adds the same
-// increment again), and large scores do not overflow. Under bf16 math
-// (set_gemm_precision(bf16)) the kernels' products run on tensor cores with
-// bf16 inputs: out and the gradient within 2e-2 of the CPU's fp32 (same
-// measure), the log-sum-exp within 1e-4 of one computed in double from the
-// bf16-rounded q and k and within 2e-2 (absolute) of the fp32 one; a head
-// size the tensor cores do not tile (24) keeps the fp32 kernels' 1e-5.
-// Grouped-query attention (NKV key-value heads for NH query heads; NKV 1:
-// multi-query) is held to the same bounds, fp32 and bf16, with dk and dv
-// summed over the query heads that share them. Needs
+// increment again), and large scores do not overflow. bf16 tensors run on
+// tensor cores: out and the gradient (each rounded once to bf16) within 2e-2
+// of the CPU's fp32 on the same bf16 inputs (same measure), the log-sum-exp
+// within 1e-4 of one computed in double from the bf16 q and k and within
+// 2e-2 (absolute) of the one from the unrounded values; a head size the
+// tensor cores do not tile (24) runs the CUDA-core kernels, within 1e-2 (the
+// rounding of out and the gradient to bf16). fp16 tensors run the CUDA-core
+// kernels: within 2e-3. Grouped-query attention (NKV key-value heads for NH
+// query heads; NKV 1: multi-query) is held to the same bounds, with dk and
+// dv summed over the query heads that share them. Needs
 // a GPU: without one the GPU tests skip and say why (the kernels are still
 // compiled and linked).
 // Seed: fresh per run, printed on failure; rerun with STRATA_TEST_SEED.
@@ -34,6 +35,7 @@
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/foundation/precision.hpp"
+#include "kernels/kernels.hpp"
 #include "tests/unit/cuda_test_support.hpp"
 
 namespace cu = strata::kernels::cuda;
@@ -41,8 +43,11 @@ namespace cpu = strata::kernels::cpu;
 
 namespace {
 
+using strata::core::Precision;
 using strata::test::Device;
 using strata::test::DeviceOf;
+using strata::test::rounded;
+using strata::test::Tensor;
 using strata::test::test_seed;
 using strata::test::uniform;
 using strata::test::Vec;
@@ -58,6 +63,8 @@ struct Shape {
   int width() const { return C() + 2 * KVC(); }  // of a qkv row
   std::size_t rows() const { return std::size_t(B) * T; }
   std::size_t heads_rows() const { return std::size_t(B) * NH * T; }
+  // The backward's scratch: D per head row, then an fp32 dq accumulator.
+  std::size_t scratch() const { return std::size_t(strata::kernels::attention_scratch_elements(true, B, NH, T, C())); }
 };
 
 std::string describe(const Shape& s) {
@@ -160,68 +167,54 @@ const Shape kTensorCoreShapes[] = {
     {2, 1, 1, 128}, {1, 7, 2, 128}, {1, 64, 2, 128}, {2, 65, 2, 128}, {1, 130, 2, 128}, {1, 200, 2, 128},
 };
 
-// bf16 GEMM (and attention) math for a scope; fp32 again when it ends, also
-// when a test fails out of it, so that the other tests run in fp32.
-class Bf16Math {
- public:
-  Bf16Math() { cu::set_gemm_precision(strata::core::Precision::bf16); }
-  ~Bf16Math() { cu::set_gemm_precision(strata::core::Precision::fp32); }
-  Bf16Math(const Bf16Math&) = delete;
-  Bf16Math& operator=(const Bf16Math&) = delete;
-};
-
-// Every entry rounded to bf16 (nearest even), as the tensor-core kernels
-// stage q and k.
-Vec bf16_rounded(Vec v) {
-  for (auto& x : v) x = strata::core::bf16_to_float(strata::core::float_to_bf16(x));
-  return v;
-}
-
-// Forward and backward (twice, to check that it accumulates) on `s`: out
-// and the gradient against the CPU backend within `tol` (rel_to_max), the
-// twice-added increment within 1e-5 of twice the first; the log-sum-exp
-// within `lse_tol` (lse_error) of the double one from qkv, or with round_qk
-// from qkv rounded to bf16, and within `lse_fp32_tol` (absolute) of the one
-// from qkv.
-void check_against_cpu(std::mt19937& rng, const Shape& s, double tol, bool round_qk, double lse_tol,
+// Forward and backward (twice, to check that it accumulates) on `s` with
+// tensors of `format`: out and the gradient against the CPU backend's fp32
+// on the same (rounded) inputs within `tol` (rel_to_max), the twice-added
+// increment within `tol` of twice the first (1e-5 in fp32); the
+// log-sum-exp within `lse_tol` (lse_error) of the double one from the
+// rounded qkv, and within `lse_fp32_tol` (absolute) of the one from the
+// unrounded values.
+void check_against_cpu(std::mt19937& rng, const Shape& s, Precision format, double tol, double lse_tol,
                        double lse_fp32_tol) {
   const char* names[] = {"dq", "dk", "dv"};
   const int C = s.C(), NKV = s.kv_heads();
-  const Vec qkv = uniform(rng, s.rows() * s.width(), -2, 2), dy = uniform(rng, s.rows() * C);
-  const Vec g0 = uniform(rng, s.rows() * s.width(), -0.25f, 0.25f);
+  const Vec raw = uniform(rng, s.rows() * s.width(), -2, 2);
+  const Vec qkv = rounded(raw, format), dy = rounded(uniform(rng, s.rows() * C), format);
+  const Vec g0 = rounded(uniform(rng, s.rows() * s.width(), -0.25f, 0.25f), format);
 
   Vec out(s.rows() * C), probs(s.heads_rows() * s.T), dprobs(s.heads_rows() * s.T), ref = g0;
   cpu::attention_forward(out.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH, NKV);
   cpu::attention_backward(ref.data(), dprobs.data(), dy.data(), qkv.data(), out.data(), probs.data(), s.B, s.T, C,
                           s.NH, NKV);
 
-  Device dqkv(qkv), ddy(dy), dout(nans(s.rows() * C)), dstate(nans(s.heads_rows()));
-  Device dscratch(nans(s.heads_rows())), dg(g0);
-  cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH, NKV);
+  Tensor dqkv(qkv, format), ddy(dy, format), dout(nans(s.rows() * C), format), dg(g0, format);
+  Device dstate(nans(s.heads_rows())), dscratch(nans(s.scratch()));
+  cu::attention_forward(dout.ptr(), dstate.get(), dqkv.ptr(), s.B, s.T, C, s.NH, NKV);
   EXPECT_LE(rel_to_max(dout.host(), out), tol) << "out, " << describe(s);
   const Vec lse = dstate.host();
-  EXPECT_LE(lse_error(lse, lse_reference(round_qk ? bf16_rounded(qkv) : qkv, s)), lse_tol) << "lse, " << describe(s);
+  EXPECT_LE(lse_error(lse, lse_reference(qkv, s)), lse_tol) << "lse, " << describe(s);
   double worst = 0;
-  const std::vector<double> exact = lse_reference(qkv, s);
+  const std::vector<double> exact = lse_reference(raw, s);
   for (std::size_t i = 0; i < lse.size(); ++i) {
     const double d = std::fabs(lse[i] - exact[i]);
     worst = std::isnan(d) ? d : std::max(worst, d);
   }
   EXPECT_LE(worst, lse_fp32_tol) << "lse against fp32 q and k, " << describe(s);
 
-  cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
+  cu::attention_backward(dg.ptr(), dscratch.get(), ddy.ptr(), dqkv.ptr(), dout.ptr(), dstate.get(), s.B, s.T, C,
                          s.NH, NKV);
   const Vec once = dg.host();
   for (int part = 0; part < 3; ++part)
     EXPECT_LE(rel_to_max(increment(once, g0, s, part), increment(ref, g0, s, part)), tol)
         << names[part] << ", " << describe(s);
-  cu::attention_backward(dg.get(), dscratch.get(), ddy.get(), dqkv.get(), dout.get(), dstate.get(), s.B, s.T, C,
+  cu::attention_backward(dg.ptr(), dscratch.get(), ddy.ptr(), dqkv.ptr(), dout.ptr(), dstate.get(), s.B, s.T, C,
                          s.NH, NKV);
   const Vec twice = dg.host();
   for (int part = 0; part < 3; ++part) {
     Vec doubled = increment(once, g0, s, part);
     for (auto& x : doubled) x *= 2;
-    EXPECT_LE(rel_to_max(increment(twice, g0, s, part), doubled), 1e-5) << names[part] << " twice, " << describe(s);
+    EXPECT_LE(rel_to_max(increment(twice, g0, s, part), doubled), format == Precision::fp32 ? 1e-5 : tol)
+        << names[part] << " twice, " << describe(s);
   }
 }
 
@@ -236,7 +229,7 @@ class CudaAttention : public strata::test::CudaTest {};
 // (dq's atomic additions may come in another order: equal to rounding).
 TEST_F(CudaAttention, ForwardAndBackwardMatchTheCpuBackend) {
   SCOPED_TRACE(trace());
-  for (const Shape& s : kShapes) check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
+  for (const Shape& s : kShapes) check_against_cpu(rng_, s, Precision::fp32, 1e-5, 1e-5, 1e-4);
 }
 
 // Scores of about a hundred (qkv in [-12, 12]): their exp overflows fp32
@@ -252,7 +245,7 @@ TEST_F(CudaAttention, LargeScoresStayFinite) {
   cpu::attention_forward(ref.data(), probs.data(), qkv.data(), s.B, s.T, C, s.NH, s.NH);
 
   Device dqkv(qkv), ddy(dy), dout(nans(s.rows() * C)), dstate(nans(s.heads_rows()));
-  Device dscratch(nans(s.heads_rows())), dg(Vec(s.rows() * 3 * C, 0.0f));
+  Device dscratch(nans(s.scratch())), dg(Vec(s.rows() * 3 * C, 0.0f));
   cu::attention_forward(dout.get(), dstate.get(), dqkv.get(), s.B, s.T, C, s.NH, s.NH);
   EXPECT_LE(rel_to_max(dout.host(), ref), 1e-4);
   EXPECT_LE(lse_error(dstate.host(), lse_reference(qkv, s)), 1e-4);
@@ -264,35 +257,45 @@ TEST_F(CudaAttention, LargeScoresStayFinite) {
 // Head sizes the kernels do not handle are refused before anything runs
 // (no GPU needed).
 TEST(CudaAttentionShapes, HeadSizesAbove256AreRefused) {
-  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 2 * 264, 2, 2), std::invalid_argument);
-  EXPECT_THROW(cu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 2 * 264, 2, 2),
+  const float* none = nullptr;
+  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, none, 1, 4, 2 * 264, 2, 2), std::invalid_argument);
+  EXPECT_THROW(cu::attention_backward(nullptr, nullptr, none, none, none, none, 1, 4, 2 * 264, 2, 2),
                std::invalid_argument);
-  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 100, 3, 3), std::invalid_argument);
+  EXPECT_THROW(cu::attention_forward(nullptr, nullptr, none, 1, 4, 100, 3, 3), std::invalid_argument);
 }
 
 // So are key-value head counts that do not divide the query heads, or are
 // not positive (no GPU needed).
 TEST(CudaAttentionShapes, KeyValueHeadsThatDoNotDivideAreRefused) {
   for (const int nkv : {0, -2, 3, 8}) {
-    EXPECT_THROW(cu::attention_forward(nullptr, nullptr, nullptr, 1, 4, 64, 4, nkv), std::invalid_argument) << nkv;
-    EXPECT_THROW(cu::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 4, 64, 4, nkv),
+    const float* none = nullptr;
+    EXPECT_THROW(cu::attention_forward(nullptr, nullptr, none, 1, 4, 64, 4, nkv), std::invalid_argument) << nkv;
+    EXPECT_THROW(cu::attention_backward(nullptr, nullptr, none, none, none, none, 1, 4, 64, 4, nkv),
                  std::invalid_argument)
         << nkv;
   }
 }
 
-// Under bf16 math, on tensor cores: bf16 inputs (8 significant bits) put out
-// and the gradient within 2e-2 of fp32 (seen: 6e-3). The log-sum-exp is held
-// to 1e-4 of the one from the same bf16 inputs (the kernels' own arithmetic,
-// fp32), and to 2e-2 absolute of the one from fp32 inputs: rounding q and k
-// alone moves a run's worst row by 8e-3 typically and by more than 1e-2 in
-// about one run of a hundred (measured in double over 200 runs of these
-// shapes), so 1e-2 there would fail at random.
-TEST_F(CudaAttention, Bf16MathRunsOnTensorCoresWithinBf16Rounding) {
+// bf16 tensors, on tensor cores: P and dS rounded to bf16 for their
+// products, out and the gradient rounded to bf16 as written, within 2e-2 of
+// the CPU's fp32 on the same bf16 inputs (seen, with fp32 storage: 6e-3).
+// The log-sum-exp is held to 1e-4 of the one from the same bf16 inputs (the
+// kernels' own arithmetic, fp32), and to 2e-2 absolute of the one from the
+// unrounded inputs: rounding q and k alone moves a run's worst row by 8e-3
+// typically and by more than 1e-2 in about one run of a hundred (measured
+// in double over 200 runs of these shapes), so 1e-2 there would fail at
+// random.
+TEST_F(CudaAttention, Bf16RunsOnTensorCoresWithinBf16Rounding) {
   SCOPED_TRACE(trace());
-  const Bf16Math bf16;
-  ASSERT_TRUE(cu::bf16_math());
-  for (const Shape& s : kTensorCoreShapes) check_against_cpu(rng_, s, 2e-2, true, 1e-4, 2e-2);
+  for (const Shape& s : kTensorCoreShapes) check_against_cpu(rng_, s, Precision::bf16, 2e-2, 1e-4, 2e-2);
+}
+
+// fp16 tensors run the CUDA-core kernels (and, past head size 128, the wide
+// ones) on fp16 inputs: out and the gradient rounded once to fp16 (11
+// significant bits), within 2e-3.
+TEST_F(CudaAttention, Fp16RunsWithinFp16Rounding) {
+  SCOPED_TRACE(trace());
+  for (const Shape& s : kShapes) check_against_cpu(rng_, s, Precision::fp16, 2e-3, 1e-4, 2e-2);
 }
 
 // Grouped-query attention against the CPU backend's, in fp32 and under bf16
@@ -302,32 +305,15 @@ TEST_F(CudaAttention, Bf16MathRunsOnTensorCoresWithinBf16Rounding) {
 // them all); a second call adds the same increment again.
 TEST_F(CudaAttention, GroupedQueryAttentionMatchesTheCpuBackend) {
   SCOPED_TRACE(trace());
-  for (const Shape& s : kGroupedShapes) check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
-  const Bf16Math bf16;
-  for (const Shape& s : kGroupedShapes) {
-    if (s.hs % 16 == 0 && s.hs <= 128)  // on tensor cores; the wide path stays fp32
-      check_against_cpu(rng_, s, 2e-2, true, 1e-4, 2e-2);
-    else
-      check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
-  }
+  for (const Shape& s : kGroupedShapes) check_against_cpu(rng_, s, Precision::fp32, 1e-5, 1e-5, 1e-4);
+  for (const Shape& s : kGroupedShapes) check_against_cpu(rng_, s, Precision::bf16, 2e-2, 1e-4, 2e-2);
 }
 
 // A head size the tensor-core kernels do not tile (not a multiple of 16)
-// runs the fp32 kernels under bf16 math too: fp32's bounds.
-TEST_F(CudaAttention, Bf16MathWithAnUntiledHeadSizeStaysFp32) {
+// runs the CUDA-core kernels on bf16 tensors: fp32 arithmetic, out and the
+// gradient rounded to bf16 once as written.
+TEST_F(CudaAttention, Bf16WithAnUntiledHeadSizeRunsOnCudaCores) {
   SCOPED_TRACE(trace());
-  const Bf16Math bf16;
   for (const Shape& s : {Shape{1, 65, 2, 24}, Shape{2, 130, 1, 24}})
-    check_against_cpu(rng_, s, 1e-5, false, 1e-5, 1e-4);
-}
-
-// bf16_math() follows set_gemm_precision (no GPU needed).
-TEST(CudaAttentionShapes, Bf16MathFollowsTheGemmPrecision) {
-  {
-    const Bf16Math bf16;
-    EXPECT_TRUE(cu::bf16_math());
-    cu::set_gemm_precision(strata::core::Precision::fp16);
-    EXPECT_FALSE(cu::bf16_math());
-  }
-  EXPECT_FALSE(cu::bf16_math());
+    check_against_cpu(rng_, s, Precision::bf16, 1e-2, 1e-4, 2e-2);
 }

@@ -1366,9 +1366,9 @@ TEST(Precision, EveryCodeWidensToItsValueAndNarrowsBack) {
     std::vector<std::uint16_t> codes(65536);
     std::iota(codes.begin(), codes.end(), std::uint16_t(0));
     Vec wide(codes.size());
-    k::widen(wide.data(), codes.data(), std::int64_t(codes.size()), p);
+    k::convert(wide.data(), strata::core::CPtr(codes.data(), p), std::int64_t(codes.size()));
     std::vector<std::uint16_t> back(codes.size());
-    k::narrow(back.data(), wide.data(), std::int64_t(codes.size()), p);
+    k::convert(strata::core::Ptr(back.data(), p), wide.data(), std::int64_t(codes.size()));
     for (std::size_t c = 0; c < codes.size(); ++c) {
       const double want = reference_decode(std::uint16_t(c), p);
       if (std::isnan(want)) {
@@ -1400,7 +1400,7 @@ TEST(Precision, NarrowingRoundsToNearestEvenOnFreshInputs) {
                     std::numeric_limits<float>::denorm_min(), 5.96e-8f, 2.98e-8f, 2.99e-8f})
       x.push_back(v);
     std::vector<std::uint16_t> y(x.size());
-    k::narrow(y.data(), x.data(), std::int64_t(x.size()), p);
+    k::convert(strata::core::Ptr(y.data(), p), x.data(), std::int64_t(x.size()));
     for (std::size_t i = 0; i < x.size(); ++i)
       ASSERT_EQ(y[i], reference_round(double(x[i]), p)) << strata::core::precision_name(p) << " x = " << x[i];
   }
@@ -1412,11 +1412,14 @@ TEST(Precision, SumsRoundOnceAndReductionsSeeTheWidenedValues) {
     const std::size_t n = 5000;
     Vec a = uniform(rng, n, -4.0f, 4.0f), b = uniform(rng, n, -4.0f, 4.0f);
     std::vector<std::uint16_t> ha(n), hb(n);
-    k::narrow(ha.data(), a.data(), std::int64_t(n), p);
-    k::narrow(hb.data(), b.data(), std::int64_t(n), p);
+    using strata::core::CPtr, strata::core::Ptr;
+    k::convert(Ptr(ha.data(), p), a.data(), std::int64_t(n));
+    k::convert(Ptr(hb.data(), p), b.data(), std::int64_t(n));
     std::vector<std::uint16_t> acc = ha, sum = ha;
-    k::narrow_add(acc.data(), b.data(), std::int64_t(n), p);  // 16-bit += fp32
-    k::add_half(sum.data(), hb.data(), std::int64_t(n), p);   // 16-bit += 16-bit
+    Vec wide = b;
+    k::add_inplace(Ptr(acc.data(), p), b.data(), std::int64_t(n));          // 16-bit += fp32
+    k::add_inplace(Ptr(sum.data(), p), CPtr(hb.data(), p), std::int64_t(n));  // 16-bit += 16-bit
+    k::add_inplace(wide.data(), CPtr(ha.data(), p), std::int64_t(n));       // fp32 += 16-bit
     double sq = 0;
     for (std::size_t i = 0; i < n; ++i) {
       const double da = reference_decode(ha[i], p), db = reference_decode(hb[i], p);
@@ -1424,9 +1427,10 @@ TEST(Precision, SumsRoundOnceAndReductionsSeeTheWidenedValues) {
       // two fp32 values in fp32, then one rounding to the format.
       ASSERT_EQ(acc[i], reference_round(double(float(da) + b[i]), p)) << i;
       ASSERT_EQ(sum[i], reference_round(double(float(da) + float(db)), p)) << i;
+      ASSERT_EQ(wide[i], b[i] + float(da)) << i;
       sq += da * da;
     }
-    EXPECT_NEAR(k::sum_squares_half(ha.data(), std::int64_t(n), p), sq, 1e-12 * sq);
+    EXPECT_NEAR(k::sum_squares(CPtr(ha.data(), p), std::int64_t(n)), sq, 1e-12 * sq);
   }
   // fp16 overflows where bf16 does not: 70000 is past 65504.
   const float big = 70000.0f;
@@ -1443,7 +1447,7 @@ TEST(AdamW, MixedUpdatesTheMasterAsFp32AndRoundsTheParameters) {
     const std::size_t n = 3000;
     Vec master = uniform(rng, n), g = uniform(rng, n, -100.0f, 100.0f), m(n, 0.0f), v(n, 0.0f);
     std::vector<std::uint16_t> g16(n), p16(n);
-    k::narrow(g16.data(), g.data(), std::int64_t(n), p);
+    k::convert(strata::core::Ptr(g16.data(), p), g.data(), std::int64_t(n));
     Vec ref = master, rm = m, rv = v, rg(n);
     const float scale = 1.0f / 1024.0f;
     for (int step = 1; step <= 3; ++step) {

@@ -401,33 +401,6 @@ TEST(Simulator, APredictionHoldsTheEstimatesMemoryAndItsSchedulesBubble) {
   EXPECT_NEAR(pr.tokens_per_s, 8.0 * 8 / pr.step.step_time, 1e-9 * pr.tokens_per_s);
 }
 
-// --fused-casts prices the step of a framework whose kernels read 16-bit
-// tensors directly: a device's widen and narrow cost nothing, every other
-// kernel what it did. A bf16 step (parameter views, the wire's copies) gets
-// shorter; an fp32 step, which converts nothing, is the same to the bit.
-TEST(Simulator, FusedCastsPriceNoConversion) {
-  const sim::Machine m = unit_machine();
-  sim::Machine fused = m;
-  fused.fused_casts = true;
-  prof::TraceEvent cast;
-  cast.name = "widen";
-  cast.other_flops = 1e6, cast.bytes = 6e6;
-  EXPECT_GT(sim::kernel_time(m, cast, core::Precision::bf16), 0.0);
-  EXPECT_EQ(sim::kernel_time(fused, cast, core::Precision::bf16), 0.0);
-  cast.name = "narrow";
-  EXPECT_EQ(sim::kernel_time(fused, cast, core::Precision::bf16), 0.0);
-  cast.name = "add_inplace";
-  EXPECT_EQ(sim::kernel_time(fused, cast, core::Precision::bf16), sim::kernel_time(m, cast, core::Precision::bf16));
-  const std::vector<std::string> layout = {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true"};
-  std::vector<std::string> bf16 = layout;
-  bf16.push_back("backend.precision=\"bf16\"");
-  const train::Prediction a = train::predict(tiny(bf16), m), b = train::predict(tiny(bf16), fused);
-  EXPECT_LT(b.step.step_time, a.step.step_time);
-  EXPECT_LT(b.step.stages[0].compute, a.step.stages[0].compute);
-  const train::Prediction c = train::predict(tiny(layout), m), d = train::predict(tiny(layout), fused);
-  EXPECT_EQ(d.step.step_time, c.step.step_time);
-}
-
 // parallel.overlap_grad_reduce = false issues the same reductions after the
 // backward pass: on a machine whose links overlap compute fully, the step is
 // longer by what no longer hides, and all of it is exposed.
