@@ -8,7 +8,10 @@
 // composition step (strategies/parallelize.hpp) hands the model.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::models {
 
@@ -21,20 +24,22 @@ class ContextSeam {
   // This rank holds T / size() tokens of each sequence of T: its token t
   // (0 <= t < T / size()) is at position position(t, T) of the sequence.
   virtual int position(int t, int T) const { return t; }
-  // Floats of attention's `state` (kept from the forward to the backward
-  // pass) and `scratch` (the backward's, which the forward may use too),
-  // for B sequences of this rank's Tl tokens, NH query heads of C channels
-  // in all and NKV key-value heads.
-  virtual std::int64_t state_floats(bool fused, int B, int NH, int NKV, int Tl, int C) const;
-  virtual std::int64_t scratch_floats(bool fused, int B, int NH, int NKV, int Tl, int C) const;
+  // Attention's `state` (kept from the forward to the backward pass) for B
+  // sequences of this rank's Tl tokens, NH query heads of C channels in all
+  // and NKV key-value heads: its elements, and its format for activations of
+  // format `act`. `scratch` (the backward's, which the forward may use too)
+  // is a buffer of scratch_bytes() the seam carves its tensors from.
+  virtual std::int64_t state_elements(bool fused, int B, int NH, int NKV, int Tl, int C) const;
+  virtual core::Precision state_format(bool fused, core::Precision act) const;
+  virtual std::int64_t scratch_bytes(bool fused, int B, int NH, int NKV, int Tl, int C, core::Precision act) const;
   // Causal attention over whole sequences for this rank's tokens, as
   // kernels::attention_forward and attention_backward state it: qkv
   // [B, Tl, C + 2 KVC] of this rank's tokens, out [B, Tl, C], dqkv +=
   // gradient.
-  virtual void attention_forward(float* out, float* state, float* scratch, const float* qkv, int B, int Tl, int C,
-                                 int NH, int NKV);
-  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                                  const float* state, int B, int Tl, int C, int NH, int NKV);
+  virtual void attention_forward(core::Ptr out, core::Ptr state, std::byte* scratch, core::CPtr qkv, int B, int Tl,
+                                 int C, int NH, int NKV);
+  virtual void attention_backward(core::Ptr dqkv, std::byte* scratch, core::CPtr dout, core::CPtr qkv, core::CPtr out,
+                                  core::CPtr state, int B, int Tl, int C, int NH, int NKV);
 };
 
 // One rank holding whole sequences.

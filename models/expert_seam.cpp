@@ -10,10 +10,11 @@ void ExpertSeam::exchange_counts(const std::int32_t* send, std::int32_t* recv, s
   std::copy_n(send, per_peer, recv);  // host memory: counts are routing
 }
 
-void ExpertSeam::exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs,
-                          float* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
+void ExpertSeam::exchange(core::CPtr send, const std::int64_t* send_counts, const std::int64_t* send_displs,
+                          core::Ptr recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
                           std::int64_t) {
-  kernels::copy_bytes(recv + recv_displs[0], send + send_displs[0], sizeof(float) * std::size_t(send_counts[0]));
+  kernels::copy_bytes((recv + recv_displs[0]).get(), (send + send_displs[0]).get(),
+                      std::size_t(send_counts[0]) * std::size_t(send.element_bytes()));
 }
 
 ExpertSeam& one_expert_rank() {

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/foundation/ptr.hpp"
+
 namespace strata::models {
 
 class ExpertSeam {
@@ -20,12 +22,12 @@ class ExpertSeam {
   // Block p of `send` (`per_peer` int32 each) to rank p; block p of `recv`
   // from rank p.
   virtual void exchange_counts(const std::int32_t* send, std::int32_t* recv, std::int64_t per_peer);
-  // Floats to and from every rank: send_counts[p] from send + send_displs[p]
-  // to rank p, recv_counts[p] from rank p into recv + recv_displs[p]. Both
-  // buffers hold `extent` floats (a MoE layer's slots), what the exchange's
-  // communication memory is sized by whatever the routing.
-  virtual void exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs,
-                        float* recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
+  // Elements (of the tensors' format) to and from every rank:
+  // send_counts[p] from send + send_displs[p] to rank p, recv_counts[p] from
+  // rank p into recv + recv_displs[p]. Both buffers hold `extent` elements
+  // (a MoE layer's slots).
+  virtual void exchange(core::CPtr send, const std::int64_t* send_counts, const std::int64_t* send_displs,
+                        core::Ptr recv, const std::int64_t* recv_counts, const std::int64_t* recv_displs,
                         std::int64_t extent);
 };
 

@@ -46,38 +46,21 @@ void Flat::add(std::int64_t i, std::int64_t n, const Flat& src, std::int64_t j) 
   kernels::add_inplace(core::Ptr(at(i), p_), core::CPtr(src.at(j), p_), n);
 }
 
-WideViews::WideViews(core::MemoryTracker& tracker, std::size_t units, core::Precision p)
-    : tracker_(tracker), p_(p), views_(units) {}
+WideGrads::WideGrads(core::MemoryTracker& tracker, std::size_t units) : tracker_(tracker), grads_(units) {}
 
-float* WideViews::acquire(int u, const std::uint16_t* src, std::int64_t n) {
-  View& v = views_[std::size_t(u)];
-  if (v.refs++ == 0) {
-    v.params = core::Buffer<float>(tracker_, core::MemCategory::workspace, std::size_t(n),
-                                   "fp32 view of a unit's parameters");
-    kernels::convert(v.params.data(), core::CPtr(src, p_), n);
-  }
-  return v.params.data();
+float* WideGrads::grads(int u, std::int64_t n) {
+  core::Buffer<float>& g = grads_[std::size_t(u)];
+  if (g.size() == 0)  // the tracker hands out zeroed memory
+    g = core::Buffer<float>(tracker_, core::MemCategory::workspace, std::size_t(n),
+                            "fp32 accumulator of a unit's gradients");
+  return g.data();
 }
 
-void WideViews::release(int u) {
-  View& v = views_[std::size_t(u)];
-  STRATA_CHECK(v.refs > 0, "unit {} released more often than acquired", u);
-  if (--v.refs == 0) v.params.reset();
+float* WideGrads::written(int u) {
+  core::Buffer<float>& g = grads_[std::size_t(u)];
+  return g.size() == 0 ? nullptr : g.data();
 }
 
-float* WideViews::grads(int u, std::int64_t n) {
-  View& v = views_[std::size_t(u)];
-  if (v.grads.size() == 0)  // the tracker hands out zeroed memory
-    v.grads = core::Buffer<float>(tracker_, core::MemCategory::workspace, std::size_t(n),
-                                  "fp32 accumulator of a unit's gradients");
-  return v.grads.data();
-}
-
-float* WideViews::written(int u) {
-  View& v = views_[std::size_t(u)];
-  return v.grads.size() == 0 ? nullptr : v.grads.data();
-}
-
-void WideViews::done(int u) { views_[std::size_t(u)].grads.reset(); }
+void WideGrads::done(int u) { grads_[std::size_t(u)].reset(); }
 
 }  // namespace strata::models

@@ -1,15 +1,17 @@
 // Parameters and gradients at the training precision. `Flat` is a tracked
 // flat array whose elements are fp32 or 16-bit (bf16, fp16): what a state
 // strategy keeps its parameters and gradients in, so that mixed precision
-// holds 2 bytes per parameter and per gradient for real.
+// holds 2 bytes per parameter and per gradient for real. The model reads
+// 16-bit parameters as they are stored (the kernels take them so).
 //
-// The CPU kernels compute in fp32. `WideViews` is how a strategy that stores
-// 16-bit serves them: while a unit is acquired, an fp32 copy of its
-// parameters; from a micro-batch's first grads() to its grads_done(), an
-// fp32 accumulator for its gradients, which the strategy then rounds into its
-// 16-bit store (or a 16-bit reduce-scatter input). Both are workspace, held
-// only while in use: one unit at a time in a block-by-block pass, plus the
-// tied embedding, which the head keeps from forward to backward.
+// The kernels write parameter gradients in fp32 (a GEMM's weight gradient
+// accumulates there). `WideGrads` is how a strategy that stores 16-bit
+// gradients serves them: from a micro-batch's first grads() to its
+// grads_done(), an fp32 accumulator of the unit's gradients, which the
+// strategy then rounds into its 16-bit store (or a 16-bit reduce-scatter
+// input). It is workspace, held only while in use: one unit at a time in a
+// block-by-block pass, plus the tied embedding, which the head keeps from
+// forward to backward.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +23,7 @@
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
 #include "kernels/foundation/precision.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::models {
 
@@ -48,6 +51,8 @@ class Flat {
   // Element i as stored: fp32 storage only, resp. 16-bit storage only.
   float* f32(std::int64_t i = 0);
   std::uint16_t* h16(std::int64_t i = 0);
+  // Element i on, in its format.
+  core::Ptr ptr(std::int64_t i = 0) { return {at(i), p_}; }
   void reset() { buf_.reset(), n_ = 0; }
   void zero();
   // Elements [i, i + n) set from fp32 on the device (rounded when stored 16-bit).
@@ -65,14 +70,10 @@ class Flat {
   std::size_t n_ = 0;
 };
 
-class WideViews {
+class WideGrads {
  public:
-  WideViews(core::MemoryTracker& tracker, std::size_t units, core::Precision p);
+  WideGrads(core::MemoryTracker& tracker, std::size_t units);
 
-  // Unit u's parameters (n elements of 16-bit src) in fp32, widened on the
-  // first of nested acquires and freed by the last release.
-  float* acquire(int u, const std::uint16_t* src, std::int64_t n);
-  void release(int u);
   // Unit u's fp32 gradient accumulator of n elements, zero when created.
   float* grads(int u, std::int64_t n);
   // The accumulator if this micro-batch wrote one (else null); done() frees it.
@@ -80,13 +81,8 @@ class WideViews {
   void done(int u);
 
  private:
-  struct View {
-    core::Buffer<float> params, grads;
-    int refs = 0;
-  };
   core::MemoryTracker& tracker_;
-  core::Precision p_;
-  std::vector<View> views_;
+  std::vector<core::Buffer<float>> grads_;
 };
 
 }  // namespace strata::models

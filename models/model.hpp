@@ -63,12 +63,12 @@ class Model {
   // before forward); a stage without the head takes the gradient of its
   // output here (fill before backward), and after backward input_grad()
   // holds the gradient of its input. output() is the stage's output after
-  // forward. Each is boundary_floats() floats.
-  virtual float* input() = 0;
-  virtual const float* output() const = 0;
-  virtual float* output_grad() = 0;
-  virtual const float* input_grad() const = 0;
-  virtual std::int64_t boundary_floats() const = 0;
+  // forward. Each is boundary_elements() elements in the run's format.
+  virtual core::Ptr input() = 0;
+  virtual core::CPtr output() const = 0;
+  virtual core::Ptr output_grad() = 0;
+  virtual core::CPtr input_grad() const = 0;
+  virtual std::int64_t boundary_elements() const = 0;
 
   // tokens and targets are [B, T] (T this rank's tokens of each sequence).
   // Returns the mean loss over its tokens (0 on a stage without the head),

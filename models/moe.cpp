@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
 #include "models/linear.hpp"
 #include "kernels/foundation/error.hpp"
@@ -12,10 +13,30 @@ namespace strata::models {
 using core::MemCategory;
 
 namespace {
-// Expert el's bias of n floats in a stack of them, or null without biases.
-template <typename T>
-T* at(T* biases, int el, std::int64_t n) {
-  return biases == nullptr ? nullptr : biases + std::int64_t(el) * n;
+// Expert el's bias of n elements in a stack of them, or null without biases.
+float* at(float* biases, int el, std::int64_t n) { return biases == nullptr ? nullptr : biases + std::int64_t(el) * n; }
+core::CPtr at(core::CPtr biases, int el, std::int64_t n) { return biases + std::int64_t(el) * n; }
+
+// n elements of a device tensor into host floats, and back (rounded to the
+// tensor's format): the host's side of routing, dispatch and combine. On
+// the meta device only the copy is counted (the host values are neither
+// sized nor walked).
+void to_host(std::vector<float>& h, core::CPtr x, std::int64_t n) {
+  if (kernels::is_meta()) return kernels::copy_bytes(nullptr, x.get(), std::size_t(n) * x.element_bytes());
+  h.resize(std::size_t(n));
+  if (x.precision() == core::Precision::fp32)
+    return kernels::copy_bytes(h.data(), x.get(), std::size_t(n) * sizeof(float));
+  std::vector<std::byte> raw(std::size_t(n) * std::size_t(x.element_bytes()));
+  kernels::copy_bytes(raw.data(), x.get(), raw.size());
+  kernels::cpu::convert(h.data(), core::CPtr(raw.data(), x.precision()), n);
+}
+void from_host(core::Ptr y, const std::vector<float>& h, std::int64_t n) {
+  if (kernels::is_meta()) return kernels::copy_bytes(y.get(), nullptr, std::size_t(n) * y.element_bytes());
+  if (y.precision() == core::Precision::fp32)
+    return kernels::copy_bytes(y.get(), h.data(), std::size_t(n) * sizeof(float));
+  std::vector<std::byte> raw(std::size_t(n) * std::size_t(y.element_bytes()));
+  kernels::cpu::convert(core::Ptr(raw.data(), y.precision()), h.data(), n);
+  kernels::copy_bytes(y.get(), raw.data(), raw.size());
 }
 }  // namespace
 
@@ -30,20 +51,21 @@ std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens) {
   // A rank's local experts take up to ep x capacity rows each: E x capacity
   // slots on every layout.
   const auto A = MemCategory::activations, W = MemCategory::workspace;
+  const core::Precision P = c.precision;
   return {
-      {"moe router logits", N * E, A},
-      {"moe rows sent", slots * C, W},
-      {"moe rows received", slots * C, W},
-      {"moe expert outputs (back)", slots * C, A},
-      {"moe expert inputs", slots * C, A},
-      {"moe expert hidden", slots * Fp, A},
-      {"moe expert hidden (activated)", slots * F, A},
-      {"moe expert outputs", slots * C, W},
-      {"moe d expert outputs", slots * C, W},
-      {"moe d expert hidden", slots * F, W},
-      {"moe d expert hidden (pre-activation)", slots * Fp, W},
-      {"moe d expert inputs", slots * C, W},
-      {"moe d router logits", N * E, W},
+      {"moe router logits", N * E, A, P},
+      {"moe rows sent", slots * C, W, P},
+      {"moe rows received", slots * C, W, P},
+      {"moe expert outputs (back)", slots * C, A, P},
+      {"moe expert inputs", slots * C, A, P},
+      {"moe expert hidden", slots * Fp, A, P},
+      {"moe expert hidden (activated)", slots * F, A, P},
+      {"moe expert outputs", slots * C, W, P},
+      {"moe d expert outputs", slots * C, W, P},
+      {"moe d expert hidden", slots * F, W, P},
+      {"moe d expert hidden (pre-activation)", slots * Fp, W, P},
+      {"moe d expert inputs", slots * C, W, P},
+      {"moe d router logits", N * E, W, P},
   };
 }
 
@@ -53,10 +75,13 @@ MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker,
   STRATA_CHECK(c.capacity_factor > 0, "capacity factor {}", c.capacity_factor);
   STRATA_CHECK(c.experts % ep_->size() == 0, "{} experts over ep {}", c.experts, ep_->size());
   El_ = c.experts / ep_->size();
-  for (const auto& b : moe_buffers(c, tokens)) bufs_.emplace_back(tracker, b.category, b.numel, b.name);
-  float** ptrs[] = {&probs_, &send_, &recv_, &yback_, &xin_, &hpre_, &h_, &yout_, &dyout_, &dh_, &dhpre_, &dxin_,
-                    &dlogits_};
-  for (std::size_t i = 0; i < bufs_.size(); ++i) *ptrs[i] = bufs_[i].data();
+  core::Ptr* ptrs[] = {&probs_, &send_, &recv_, &yback_, &xin_, &hpre_, &h_, &yout_, &dyout_, &dh_, &dhpre_, &dxin_,
+                       &dlogits_};
+  std::size_t i = 0;
+  for (const auto& b : moe_buffers(c, tokens)) {
+    bufs_.emplace_back(tracker, b.category, std::size_t(b.bytes()), b.name);
+    *ptrs[i++] = core::Ptr(bufs_.back().data(), b.format);
+  }
   const std::size_t E = std::size_t(c.experts), slots = E * std::size_t(cap_);
   topk_.assign(std::size_t(N_) * c.top_k, 0);
   slot_.assign(std::size_t(N_) * c.top_k, -1);
@@ -68,7 +93,7 @@ MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker,
   for (auto* v : {&out_counts_, &out_displs_, &in_counts_, &in_displs_}) v->assign(std::size_t(ep_->size()), 0);
 }
 
-void MoeLayer::exchange(const float* send, float* recv, bool out) {
+void MoeLayer::exchange(core::CPtr send, core::Ptr recv, bool out) {
   // Out: this rank's rows to their experts' ranks; back: the reverse.
   auto* sc = &out_counts_, *sd = &out_displs_, *rc = &in_counts_, *rd = &in_displs_;
   if (!out) std::swap(sc, rc), std::swap(sd, rd);
@@ -76,29 +101,30 @@ void MoeLayer::exchange(const float* send, float* recv, bool out) {
                 std::int64_t(c_.experts) * cap_ * c_.d_model);
 }
 
-void MoeLayer::regroup(float* by_source, float* by_expert, bool to_experts) const {
+void MoeLayer::regroup(core::Ptr by_source, core::Ptr by_expert, bool to_experts) const {
   const int C = c_.d_model, P = ep_->size();
   std::int64_t row = 0;  // in the by-source order
   std::vector<int> done(std::size_t(El_), 0);
   for (int p = 0; p < P; ++p)
     for (int el = 0; el < El_; ++el) {
       const int n = recv_count_[std::size_t(p) * El_ + el];
-      float* e = by_expert + (std::int64_t(el) * P * cap_ + done[std::size_t(el)]) * C;
-      float* s = by_source + row * C;
-      kernels::copy_bytes(to_experts ? e : s, to_experts ? s : e, sizeof(float) * std::size_t(n) * C);
+      const core::Ptr e = by_expert + (std::int64_t(el) * P * cap_ + done[std::size_t(el)]) * C;
+      const core::Ptr s = by_source + row * C;
+      kernels::copy_bytes((to_experts ? e : s).get(), (to_experts ? s : e).get(),
+                          std::size_t(n) * C * std::size_t(e.element_bytes()));
       done[std::size_t(el)] += n;
       row += n;
     }
 }
 
-float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
+float MoeLayer::forward(core::Ptr y, core::CPtr x, const MoeParams& p) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
   const std::int64_t Fp = c_.fc_out();
   // Router: logits = x W_r^T, then on the host a softmax per token (in
   // place), the top-k, the slots and the rows to send.
   linear_forward(probs_, x, p.router, nullptr, N, C, E);
-  hprobs_.resize(std::size_t(N) * E);
-  kernels::copy_bytes(hprobs_.data(), probs_, hprobs_.size() * sizeof(float));
+  to_host(hprobs_, probs_, std::int64_t(N) * E);
+  hprobs_.resize(std::size_t(N) * E);  // zeros on the meta device
   float* probs = hprobs_.data();
   for (int t = 0; t < N; ++t) {
     float* r = probs + std::int64_t(t) * E;
@@ -158,9 +184,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
   // the host's rows, which would hold nothing, are neither sized nor walked.
   const bool host = !kernels::is_meta();
   const int P = ep_->size();
-  const std::size_t token_bytes = sizeof(float) * std::size_t(N) * C;
-  if (host) hrows_.resize(std::size_t(N) * C);
-  kernels::copy_bytes(hrows_.data(), x, token_bytes);
+  to_host(hrows_, x, std::int64_t(N) * C);
   if (host) hsend_.resize(std::size_t(E) * cap_ * C);
   int rows = 0;
   for (int e = 0; e < E; ++e) {
@@ -170,7 +194,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
                   hsend_.data() + std::int64_t(rows + s) * C);
     rows += count_[std::size_t(e)];
   }
-  kernels::copy_bytes(send_, hsend_.data(), sizeof(float) * std::size_t(rows) * C);
+  from_host(send_, hsend_, std::int64_t(rows) * C);
   ep_->exchange_counts(count_.data(), recv_count_.data(), El_);
   std::int64_t out = 0, in = 0;
   std::fill(expert_rows_.begin(), expert_rows_.end(), 0);
@@ -191,10 +215,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
     const int n = expert_rows_[std::size_t(el)];
     if (n == 0) continue;
     const std::int64_t base = std::int64_t(el) * P * cap_;
-    float* xin = xin_ + base * C;
-    float* hpre = hpre_ + base * Fp;
-    float* h = h_ + base * F;
-    float* yout = yout_ + base * C;
+    const core::Ptr xin = xin_ + base * C, hpre = hpre_ + base * Fp, h = h_ + base * F, yout = yout_ + base * C;
     linear_forward(hpre, xin, p.fc_w + std::int64_t(el) * Fp * C, at(p.fc_b, el, Fp), n, C, int(Fp));
     activation_forward(c_.act, h, hpre, n, F);
     linear_forward(yout, h, p.proj_w + std::int64_t(el) * C * F, at(p.proj_b, el, C), n, F, C);
@@ -203,8 +224,7 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
   // y[t] = sum over kept choices of gate x expert output.
   regroup(recv_, yout_, false);
   exchange(recv_, yback_, false);
-  if (host) hyback_.resize(std::size_t(rows) * C);  // kept for the backward pass's gate gradients
-  kernels::copy_bytes(hyback_.data(), yback_, sizeof(float) * std::size_t(rows) * C);
+  to_host(hyback_, yback_, std::int64_t(rows) * C);  // kept for the backward pass's gate gradients
   std::fill(hrows_.begin(), hrows_.end(), 0.0f);  // now the output
   for (int t = 0; host && t < N; ++t)
     for (int j = 0; j < K; ++j) {
@@ -216,14 +236,14 @@ float MoeLayer::forward(float* y, const float* x, const MoeParams& p) {
       float* dst = hrows_.data() + std::int64_t(t) * C;
       for (int k = 0; k < C; ++k) dst[k] += g * src[k];
     }
-  kernels::copy_bytes(y, hrows_.data(), token_bytes);
+  from_host(y, hrows_, std::int64_t(N) * C);
   double aux = 0;
   for (int e = 0; e < E; ++e) aux += first_share_[std::size_t(e)] * (mass_[std::size_t(e)] / N);
   aux_ = float(c_.aux_coef * E * aux);
   return aux_;
 }
 
-void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoeParams& p, const MoeGrads& g,
+void MoeLayer::backward(core::Ptr dx, core::CPtr dy, core::CPtr x, const MoeParams& p, const MoeGrads& g,
                         float aux_scale) {
   const int N = N_, C = c_.d_model, F = c_.ffn, E = c_.experts, K = c_.top_k;
   const std::int64_t Fp = c_.fc_out();
@@ -233,9 +253,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
   // (gate x dy) into its row of the packed rows, sent to its expert's rank.
   // As in the forward pass, the meta device's copies are only counted.
   const bool host = !kernels::is_meta();
-  const std::size_t token_bytes = sizeof(float) * std::size_t(N) * C;
-  if (host) hrows_.resize(std::size_t(N) * C);
-  kernels::copy_bytes(hrows_.data(), dy, token_bytes);
+  to_host(hrows_, dy, std::int64_t(N) * C);
   std::vector<float> dgate(std::size_t(N) * K, 0.0f);
   int rows = 0;
   for (int e = 0; e < E; ++e) rows += count_[std::size_t(e)];
@@ -256,7 +274,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
       }
       dgate[std::size_t(t) * K + j] = float(dot);
     }
-  kernels::copy_bytes(send_, hsend_.data(), sizeof(float) * std::size_t(rows) * C);
+  from_host(send_, hsend_, std::int64_t(rows) * C);
   exchange(send_, recv_, true);
   regroup(recv_, dyout_, true);
   // The local experts: the MLP backward over their rows; the input
@@ -266,16 +284,12 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
     const int n = expert_rows_[std::size_t(el)];
     if (n == 0) continue;
     const std::int64_t base = std::int64_t(el) * P * cap_;
-    const float* xin = xin_ + base * C;
-    const float* hpre = hpre_ + base * Fp;
-    const float* h = h_ + base * F;
-    const float* dout = dyout_ + base * C;
-    float* dh = dh_ + base * F;
-    float* dxin = dxin_ + base * C;
+    const core::CPtr xin = xin_ + base * C, hpre = hpre_ + base * Fp, h = h_ + base * F, dout = dyout_ + base * C;
+    const core::Ptr dh = dh_ + base * F, dxin = dxin_ + base * C;
     linear_backward(dh, g.proj_w + std::int64_t(el) * C * F, at(g.proj_b, el, C), dout, h,
                     p.proj_w + std::int64_t(el) * C * F, n, F, C);
     // The activation's input gradient (the kernels accumulate: start from zero).
-    float* dpre = dhpre_ + base * Fp;
+    const core::Ptr dpre = dhpre_ + base * Fp;
     kernels::fill_zero(dpre, std::int64_t(n) * Fp);
     activation_backward(c_.act, dpre, hpre, dh, n, F);
     linear_backward(dxin, g.fc_w + std::int64_t(el) * Fp * C, at(g.fc_b, el, Fp), dpre, xin,
@@ -284,15 +298,15 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
   regroup(recv_, dxin_, false);
   exchange(recv_, send_, false);
   // The rows' input gradients added to their tokens' (dx accumulates).
-  kernels::copy_bytes(hsend_.data(), send_, sizeof(float) * std::size_t(rows) * C);
-  kernels::copy_bytes(hrows_.data(), dx, token_bytes);
+  to_host(hsend_, send_, std::int64_t(rows) * C);
+  to_host(hrows_, dx, std::int64_t(N) * C);
   for (int e = 0; host && e < E; ++e)
     for (int s = 0; s < count_[std::size_t(e)]; ++s) {
       float* d = hrows_.data() + std::int64_t(tok_[std::size_t(e) * cap_ + s]) * C;
       const float* src = hsend_.data() + std::int64_t(pos_[std::size_t(e)] + s) * C;
       for (int k = 0; k < C; ++k) d[k] += src[k];
     }
-  kernels::copy_bytes(dx, hrows_.data(), token_bytes);
+  from_host(dx, hrows_, std::int64_t(N) * C);
   // Router: d(probs) from the gates (renormalised: g_j = p_j / S over the
   // top-k) and from the auxiliary loss (dL/dp[t, e] = coef E f_e / N, f
   // being counts), then the softmax backward and the router linear.
@@ -316,7 +330,7 @@ void MoeLayer::backward(float* dx, const float* dy, const float* x, const MoePar
     for (int e = 0; e < E; ++e) dot += double(r[e]) * dp[std::size_t(e)];
     for (int e = 0; e < E; ++e) dlogits[std::size_t(t) * E + e] = float(r[e] * (dp[std::size_t(e)] - dot));
   }
-  kernels::copy_bytes(dlogits_, dlogits.data(), dlogits.size() * sizeof(float));
+  from_host(dlogits_, dlogits, std::int64_t(N) * E);
   linear_backward(dx, g.router, nullptr, dlogits_, x, p.router, N, C, E, /*accumulate_dinp=*/true);
 }
 

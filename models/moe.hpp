@@ -28,6 +28,7 @@
 #include "models/linear.hpp"
 #include "kernels/foundation/communicator.hpp"
 #include "kernels/foundation/memory.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::models {
 
@@ -43,6 +44,8 @@ struct MoeConfig {
   float aux_coef = 0.01f;      // weight of the load-balancing loss in the training loss
   Activation act = Activation::gelu;  // the experts' MLP: GELU, or SwiGLU (Mixtral's)
   bool bias = true;                   // the experts' linears have biases
+  // The format of its activations and their gradients (the run's).
+  core::Precision precision = core::Precision::fp32;
   // Outputs of an expert's first linear.
   int fc_out() const { return activation_inputs(act, ffn); }
 };
@@ -53,17 +56,17 @@ int moe_capacity(const MoeConfig& c, int tokens);
 
 // The buffers of a MoE layer over a group of `tokens`: router
 // probabilities, the rows sent and received, the local experts' inputs,
-// hidden activations and outputs, and the backward scratch. Each holds E x
-// capacity rows on every ep layout: a rank's E/ep experts take up to
-// capacity rows from each of the ep ranks.
+// hidden activations and outputs, and the backward scratch, in the layer's
+// format. Each holds E x capacity rows on every ep layout: a rank's E/ep
+// experts take up to capacity rows from each of the ep ranks.
 std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens);
 
 // Parameter views: the router [E, C] and this rank's experts' weights laid
 // out expert after expert ([E/ep, F', C], [E/ep, F'], [E/ep, C, F], [E/ep, C];
 // F' = fc_out(), the biases null without them), as torch's nn.Linear stores
-// each.
+// each, in the layer's format; their gradients fp32.
 struct MoeParams {
-  const float *router, *fc_w, *fc_b, *proj_w, *proj_b;
+  core::CPtr router, fc_w, fc_b, proj_w, proj_b;
 };
 struct MoeGrads {
   float *router, *fc_w, *fc_b, *proj_w, *proj_b;
@@ -78,10 +81,10 @@ class MoeLayer {
   // y[N, C] = MoE(x[N, C]). Returns the auxiliary loss, aux_coef x E x
   // sum_e f_e P_e (f_e: share of the group's tokens whose first choice is e;
   // P_e: mean router probability of e), to be added to the training loss.
-  float forward(float* y, const float* x, const MoeParams& p);
+  float forward(core::Ptr y, core::CPtr x, const MoeParams& p);
   // For the last forward: dx += d(loss)/dx and gradients += d(loss)/dparams,
   // where loss = sum(y * dy) + aux_scale x the auxiliary loss.
-  void backward(float* dx, const float* dy, const float* x, const MoeParams& p, const MoeGrads& g, float aux_scale);
+  void backward(core::Ptr dx, core::CPtr dy, core::CPtr x, const MoeParams& p, const MoeGrads& g, float aux_scale);
 
   // Routing of the last forward (this rank's group, every expert).
   const MoeConfig& config() const { return c_; }
@@ -99,14 +102,14 @@ class MoeLayer {
   const std::vector<int>& received() const { return recv_count_; }
 
  private:
-  // Rows of C floats over the ep group. out: sends each rank the rows of its
-  // experts (rows ordered by global expert), receives rows ordered by source
-  // rank, then local expert; !out: the reverse.
-  void exchange(const float* send, float* recv, bool out);
+  // Rows of C elements over the ep group. out: sends each rank the rows of
+  // its experts (rows ordered by global expert), receives rows ordered by
+  // source rank, then local expert; !out: the reverse.
+  void exchange(core::CPtr send, core::Ptr recv, bool out);
   // Rows ordered by source rank, then local expert, copied to the local
   // experts' slots (expert el's rows from every source contiguous from row
   // el x ep x capacity), or (to_experts false) back.
-  void regroup(float* by_source, float* by_expert, bool to_experts) const;
+  void regroup(core::Ptr by_source, core::Ptr by_expert, bool to_experts) const;
 
   MoeConfig c_;
   ExpertSeam* ep_;
@@ -115,12 +118,13 @@ class MoeLayer {
   std::vector<int> pos_;                   // [E]: first row of expert e in the packed rows this rank sends
   std::vector<int> recv_count_;            // [ep, El]: rows from each source for each local expert
   std::vector<int> expert_rows_;           // [El]: rows each local expert took
-  std::vector<std::int64_t> out_counts_, out_displs_, in_counts_, in_displs_;  // per ep rank, in floats
+  std::vector<std::int64_t> out_counts_, out_displs_, in_counts_, in_displs_;  // per ep rank, in elements
   std::vector<float> gate_;                // [N, k]
   // Host copies for the routing, dispatch and combine, which run on the
-  // host whatever the device (untracked host memory; on a GPU each is one
-  // copy per layer and pass): the probabilities [N, E], the layer's input or
-  // output gradient [N, C], the rows sent [slots, C] and the outputs back.
+  // host in fp32 whatever the device (untracked host memory; on a GPU each is
+  // one copy per layer and pass): the probabilities [N, E], the layer's
+  // input or output gradient [N, C], the rows sent [slots, C] and the
+  // outputs back.
   std::vector<float> hprobs_, hrows_, hsend_, hyback_;
   std::vector<double> mass_, first_share_; // per expert
   int dropped_ = 0;
@@ -129,9 +133,8 @@ class MoeLayer {
   // outputs that came back (slots x C); the local experts' input rows, hidden
   // activations before (F' wide) and after the activation (F wide) and
   // outputs; backward scratch of the same shapes.
-  std::vector<core::Buffer<float>> bufs_;
-  float *probs_, *send_, *recv_, *yback_, *xin_, *hpre_, *h_, *yout_, *dyout_, *dh_, *dhpre_, *dxin_,
-      *dlogits_;
+  std::vector<core::Buffer<std::byte>> bufs_;
+  core::Ptr probs_, send_, recv_, yback_, xin_, hpre_, h_, yout_, dyout_, dh_, dhpre_, dxin_, dlogits_;
 };
 
 }  // namespace strata::models

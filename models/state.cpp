@@ -30,30 +30,25 @@ ReplicatedState::ReplicatedState(const ParamRegistry& reg, std::vector<Unit> uni
       params_(tracker, core::MemCategory::params, precision, std::size_t(reg.numel()), "parameters"),
       grads_(tracker, core::MemCategory::grads, grad_precision.value_or(precision), std::size_t(reg.numel()),
              "gradients"),
-      views_(tracker, units_.size(), precision) {
+      wide_grads_(tracker, units_.size()) {
   params_.load(0, reg.numel(), initial_values(reg, seed, 0, reg.numel()).data());
 }
 
-float* ReplicatedState::acquire_params(int unit) {
-  const Unit& u = units_[std::size_t(unit)];
-  return params_.half() ? views_.acquire(unit, params_.h16(u.begin), u.size()) : params_.f32(u.begin);
-}
+core::CPtr ReplicatedState::acquire_params(int unit) { return params_.ptr(units_[std::size_t(unit)].begin); }
 
-void ReplicatedState::release_params(int unit) {
-  if (params_.half()) views_.release(unit);
-}
+void ReplicatedState::release_params(int) {}
 
 float* ReplicatedState::grads(int unit) {
   const Unit& u = units_[std::size_t(unit)];
-  return grads_.half() ? views_.grads(unit, u.size()) : grads_.f32(u.begin);
+  return grads_.half() ? wide_grads_.grads(unit, u.size()) : grads_.f32(u.begin);
 }
 
 void ReplicatedState::grads_done(int unit) {
   if (!grads_.half()) return;
-  if (const float* g = views_.written(unit)) {
+  if (const float* g = wide_grads_.written(unit)) {
     const Unit& u = units_[std::size_t(unit)];
-    kernels::add_inplace(core::Ptr(grads_.h16(u.begin), grads_.precision()), g, u.size());
-    views_.done(unit);
+    kernels::add_inplace(grads_.ptr(u.begin), g, u.size());
+    wide_grads_.done(unit);
   }
 }
 

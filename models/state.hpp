@@ -28,8 +28,9 @@ struct Unit {
 class ParamState {
  public:
   virtual ~ParamState() = default;
-  // The unit's parameters, valid until the matching release.
-  virtual float* acquire_params(int unit) = 0;
+  // The unit's parameters in the format they are stored in (the run's), valid
+  // until the matching release.
+  virtual core::CPtr acquire_params(int unit) = 0;
   virtual void release_params(int unit) = 0;
   // The unit will be acquired next: a strategy may start fetching it.
   virtual void prefetch(int unit) {}
@@ -46,7 +47,7 @@ class ParamState {
 class ShiftedState : public ParamState {
  public:
   ShiftedState(ParamState& inner, int first, int count) : inner_(inner), first_(first), count_(count) {}
-  float* acquire_params(int unit) override { return inner_.acquire_params(first_ + unit); }
+  core::CPtr acquire_params(int unit) override { return inner_.acquire_params(first_ + unit); }
   void release_params(int unit) override { inner_.release_params(first_ + unit); }
   void prefetch(int unit) override {
     if (unit >= 0 && unit < count_) inner_.prefetch(first_ + unit);
@@ -85,15 +86,16 @@ double grad_sum_squares(const ParamRegistry& reg, const void* grads, std::int64_
 
 // The trivial state: every parameter and gradient held whole on this rank,
 // no communication. The single-rank run, and the base of data parallelism.
-// At a 16-bit precision parameters are stored 16-bit and the model works on
-// WideViews of them (models/flat.hpp); so are the gradients, unless
-// `grad_precision` is fp32 (the model then writes them in place).
+// At a 16-bit precision parameters are stored 16-bit and the model reads
+// them so; so are the gradients, unless `grad_precision` is fp32 (the model
+// then writes them in place), and the model accumulates a micro-batch's in
+// an fp32 view of its unit (models/flat.hpp).
 class ReplicatedState : public ParamState {
  public:
   ReplicatedState(const ParamRegistry& reg, std::vector<Unit> units, core::MemoryTracker& tracker,
                   std::uint64_t seed, core::Precision precision = core::Precision::fp32,
                   std::optional<core::Precision> grad_precision = {});
-  float* acquire_params(int unit) override;
+  core::CPtr acquire_params(int unit) override;
   void release_params(int unit) override;
   float* grads(int unit) override;
   void grads_done(int unit) override;
@@ -108,7 +110,7 @@ class ReplicatedState : public ParamState {
  protected:
   std::vector<Unit> units_;
   Flat params_, grads_;
-  WideViews views_;
+  WideGrads wide_grads_;
 };
 
 }  // namespace strata::models

@@ -11,12 +11,15 @@
 // rank's rows only: f gathers the rows forward and reduce-scatters their
 // gradients backward; g reduce-scatters forward and gathers backward. So two
 // operations serve both: gather (f forward, g backward) and reduce (g
-// forward, f backward).
+// forward, f backward). Activations and their gradients cross ranks in
+// their format (the compute precision); a sum over ranks adds in fp32 and
+// rounds once per pairwise combination (the communicator's 16-bit sum).
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/foundation/communicator.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::models {
 
@@ -33,10 +36,10 @@ class TensorSeam {
   // All N rows [N, C] from every rank's rows, this rank's at `mine`: either
   // `mine` itself (it holds all), or `all`, gathered into (mine may be
   // all + first_row * C: in place).
-  virtual const float* gather(const float* mine, float* all, std::int64_t N, int C) { return mine; }
+  virtual core::CPtr gather(core::CPtr mine, core::Ptr all, std::int64_t N, int C) { return mine; }
   // This rank's rows of the sum over ranks of `partial` [N, C] (which may be
   // overwritten): `partial` itself (summed in place), or `mine`, reduced into.
-  virtual const float* reduce(float* partial, float* mine, std::int64_t N, int C) { return partial; }
+  virtual core::CPtr reduce(core::Ptr partial, core::Ptr mine, std::int64_t N, int C) { return partial; }
   // A reduction over ranks in place (the vocabulary-parallel
   // cross-entropy's row maximum, sum of exponentials and target logit).
   virtual void all_reduce(float* x, std::int64_t n, comm::ReduceOp op) {}

@@ -16,7 +16,7 @@ using plan::key, plan::Plan, plan::ParallelSection;
 // Tags of the ring's two exchanges on the cp communicator.
 constexpr int kKvTag = 31, kGradTag = 32;
 
-std::int64_t kv_floats(int B, int Tl, int KVC) { return 2 * std::int64_t(B) * Tl * KVC; }
+std::int64_t kv_elements(int B, int Tl, int KVC) { return 2 * std::int64_t(B) * Tl * KVC; }
 
 // Chunk c of 2 cp: the first half of rank r's tokens is chunk r, the second
 // chunk 2 cp - 1 - r.
@@ -50,7 +50,7 @@ void cp_axes(const Plan& p, mesh::Layout& l) {
 
 void cp_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
   comm::Communicator* cp = several(mesh.group("cp"));
-  out.cp = make_context_seam(cp, out.wire);
+  out.cp = make_context_seam(cp);
   if (cp != nullptr) out.same_params = mesh.group("dp_cp");
 }
 
@@ -75,9 +75,9 @@ const Row& context_parallel_row() {
       cp_axes,
       check_cp,
       "activations 1/cp (every buffer holds seq_len / cp tokens of each sequence; attention keeps the rows' "
-      "log-sum-exp, B NH T / cp floats); workspace five key-value blocks 10 B (T / cp) C / tp floats; per block and "
-      "micro-batch cp - 1 sends of 2 B (T / cp) C / tp elements forward, 2 (cp - 1) + 1 backward (keys and values, "
-      "then their gradients), in the compute precision (under 16 bits a 16-bit copy of each block in flight)",
+      "log-sum-exp, B NH T / cp floats); workspace seven key-value blocks of 2 B (T / cp) KVC / tp elements (five in "
+      "the compute precision, two fp32); per block and micro-batch cp - 1 sends of 2 B (T / cp) KVC / tp elements "
+      "forward, 2 (cp - 1) + 1 backward (keys and values, then their gradients), in the compute precision",
       cp_parts,
       {{30, "parallel.cp", cp_sizes, false, "cp", "1"}}};
   return row;
@@ -88,19 +88,49 @@ int RingAttention::position(int t, int T) const {
   return t < Tc ? rank() * Tc + t : chunk_of(1, rank(), size()) * Tc + (t - Tc);
 }
 
-std::int64_t RingAttention::state_floats(bool, int B, int NH, int, int Tl, int) const {
+std::int64_t RingAttention::state_elements(bool, int B, int NH, int, int Tl, int) const {
   return std::int64_t(B) * NH * Tl;
 }
 
-std::int64_t RingAttention::scratch_floats(bool, int B, int NH, int NKV, int Tl, int C) const {
-  return 5 * kv_floats(B, Tl, C / NH * NKV);
+core::Precision RingAttention::state_format(bool, core::Precision) const { return core::Precision::fp32; }
+
+std::int64_t RingAttention::scratch_bytes(bool, int B, int NH, int NKV, int Tl, int C, core::Precision act) const {
+  const std::int64_t n = kv_elements(B, Tl, C / NH * NKV);
+  return n * (5 * core::element_bytes(act) + 2 * 4);
 }
 
-void RingAttention::attention_forward(float* out, float* lse, float* scratch, const float* qkv, int B, int Tl, int C,
-                                      int NH, int NKV) {
+namespace {
+
+// The ring's buffers, carved from its scratch: the key-value blocks in use
+// and arriving, and (backward) this rank's gradients of a block in fp32, their
+// rounding as sent, and the gradient arriving from the rank before.
+struct RingBuffers {
+  core::Ptr kv[2], dkv_sent[2], dkv_in;
+  float* dkv_mine[2];
+  RingBuffers(std::byte* scratch, std::int64_t n, core::Precision act) {
+    const std::int64_t e = core::element_bytes(act) * n;
+    for (int i = 0; i < 2; ++i) kv[i] = core::Ptr(scratch + i * e, act);
+    for (int i = 0; i < 2; ++i) dkv_sent[i] = core::Ptr(scratch + (2 + i) * e, act);
+    dkv_in = core::Ptr(scratch + 4 * e, act);
+    for (int i = 0; i < 2; ++i) dkv_mine[i] = reinterpret_cast<float*>(scratch + 5 * e) + i * n;
+  }
+};
+
+comm::RequestPtr isend(comm::Communicator& c, core::CPtr x, std::int64_t n, int peer, int tag) {
+  return c.isend(x.get(), n, comm::dtype_of(x.precision()), peer, tag);
+}
+comm::RequestPtr irecv(comm::Communicator& c, core::Ptr y, std::int64_t n, int peer, int tag) {
+  return c.irecv(y.get(), n, comm::dtype_of(y.precision()), peer, tag);
+}
+
+}  // namespace
+
+void RingAttention::attention_forward(core::Ptr out, core::Ptr lse, std::byte* scratch, core::CPtr qkv, int B, int Tl,
+                                      int C, int NH, int NKV) {
   const int p = size(), r = rank(), Tc = Tl / 2;
-  const std::int64_t KVC = std::int64_t(C) / NH * NKV, n = kv_floats(B, Tl, int(KVC)), C2 = 2 * KVC, C3 = C + 2 * KVC;
-  float* kv[2] = {scratch, scratch + n};
+  const std::int64_t KVC = std::int64_t(C) / NH * NKV, n = kv_elements(B, Tl, int(KVC)), C2 = 2 * KVC, C3 = C + 2 * KVC;
+  const RingBuffers buf(scratch, n, qkv.precision());
+  const core::Ptr* kv = buf.kv;
   kernels::copy_rows(kv[0], C2, qkv + C, C3, std::int64_t(B) * Tl, C2, false);
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   bool first[2] = {true, true};  // a query chunk's first block sets its rows, the rest merge into them
@@ -108,15 +138,15 @@ void RingAttention::attention_forward(float* out, float* lse, float* scratch, co
     // The next block travels while this one is computed.
     std::vector<comm::RequestPtr> ring;
     if (s + 1 < p) {
-      ring.push_back(wire_.isend(cp_, kv[s % 2], n, next, kKvTag));
-      ring.push_back(wire_.irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
+      ring.push_back(isend(cp_, kv[s % 2], n, next, kKvTag));
+      ring.push_back(irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
     }
     const int src = (r + p - s) % p;  // whose keys and values these are
     for (int qh = 0; qh < 2; ++qh)
       for (int kh = 0; kh < 2; ++kh) {
         const int cq = chunk_of(qh, r, p), ck = chunk_of(kh, src, p);
         if (ck > cq) continue;  // the keys all come after the queries
-        kernels::attention_block_forward(out + std::int64_t(qh) * Tc * C, lse + std::int64_t(qh) * Tc,
+        kernels::attention_block_forward(out + std::int64_t(qh) * Tc * C, lse.f32() + std::int64_t(qh) * Tc,
                                          qkv + std::int64_t(qh) * Tc * C3, kv[s % 2] + std::int64_t(kh) * Tc * C2, B,
                                          Tc, Tc, C, NH, NKV, Tl, Tl, cq * Tc, ck * Tc, !first[qh]);
         first[qh] = false;
@@ -125,30 +155,30 @@ void RingAttention::attention_forward(float* out, float* lse, float* scratch, co
   }
 }
 
-void RingAttention::attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                       const float* out, const float* lse, int B, int Tl, int C, int NH, int NKV) {
+void RingAttention::attention_backward(core::Ptr dqkv, std::byte* scratch, core::CPtr dout, core::CPtr qkv,
+                                       core::CPtr out, core::CPtr lse, int B, int Tl, int C, int NH, int NKV) {
   const int p = size(), r = rank(), Tc = Tl / 2;
-  const std::int64_t KVC = std::int64_t(C) / NH * NKV, n = kv_floats(B, Tl, int(KVC)), C2 = 2 * KVC, C3 = C + 2 * KVC;
-  float* kv[2] = {scratch, scratch + n};
-  // This step's gradient of the block in hand, plus what came with it: two,
-  // so that one travels on while the next step computes into the other.
-  float* dkv_mine[2] = {scratch + 2 * n, scratch + 3 * n};
-  float* dkv_in = scratch + 4 * n;  // the gradient of the same block from the ranks before
+  const std::int64_t KVC = std::int64_t(C) / NH * NKV, n = kv_elements(B, Tl, int(KVC)), C2 = 2 * KVC, C3 = C + 2 * KVC;
+  const RingBuffers buf(scratch, n, qkv.precision());
+  const core::Ptr* kv = buf.kv;
   kernels::copy_rows(kv[0], C2, qkv + C, C3, std::int64_t(B) * Tl, C2, false);
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   // One receive of a block's gradient is always posted before any send is
   // waited for, so the ring cannot wait on itself.
-  comm::RequestPtr incoming = wire_.irecv(cp_, dkv_in, n, prev, kGradTag);
+  comm::RequestPtr incoming = irecv(cp_, buf.dkv_in, n, prev, kGradTag);
   comm::RequestPtr sent[2];
   for (int s = 0; s < p; ++s) {
     std::vector<comm::RequestPtr> ring;
     if (s + 1 < p) {
-      ring.push_back(wire_.isend(cp_, kv[s % 2], n, next, kKvTag));
-      ring.push_back(wire_.irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
+      ring.push_back(isend(cp_, kv[s % 2], n, next, kKvTag));
+      ring.push_back(irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
     }
     const int src = (r + p - s) % p;
-    float* mine = dkv_mine[s % 2];
-    if (sent[s % 2]) sent[s % 2]->wait();  // two steps ago's gradient has left this buffer
+    // This step's gradient of the block in hand, in fp32, plus what came
+    // with it: two, so that one travels on while the next step computes into
+    // the other.
+    float* mine = buf.dkv_mine[s % 2];
+    if (sent[s % 2]) sent[s % 2]->wait();  // two steps ago's gradient has left its buffer
     kernels::fill_zero(mine, n);
     for (int qh = 0; qh < 2; ++qh)
       for (int kh = 0; kh < 2; ++kh) {
@@ -157,27 +187,29 @@ void RingAttention::attention_backward(float* dqkv, float* scratch, const float*
         kernels::attention_block_backward(dqkv + std::int64_t(qh) * Tc * C3, mine + std::int64_t(kh) * Tc * C2,
                                           dout + std::int64_t(qh) * Tc * C, qkv + std::int64_t(qh) * Tc * C3,
                                           kv[s % 2] + std::int64_t(kh) * Tc * C2, out + std::int64_t(qh) * Tc * C,
-                                          lse + std::int64_t(qh) * Tc, B, Tc, Tc, C, NH, NKV, Tl, Tl, cq * Tc, ck * Tc);
+                                          lse.f32() + std::int64_t(qh) * Tc, B, Tc, Tc, C, NH, NKV, Tl, Tl, cq * Tc,
+                                          ck * Tc);
       }
     if (s > 0) {
       incoming->wait();
-      kernels::add_inplace(mine, dkv_in, n);
-      incoming = wire_.irecv(cp_, dkv_in, n, prev, kGradTag);
+      kernels::add_inplace(mine, buf.dkv_in, n);
+      incoming = irecv(cp_, buf.dkv_in, n, prev, kGradTag);
     }
     // On to the next rank, which meets this block at the next step; after
-    // the last step the next rank is the block's owner.
-    sent[s % 2] = wire_.isend(cp_, mine, n, next, kGradTag);
+    // the last step the next rank is the block's owner. Rounded once.
+    kernels::convert(buf.dkv_sent[s % 2], mine, n);
+    sent[s % 2] = isend(cp_, buf.dkv_sent[s % 2], n, next, kGradTag);
     for (auto& q : ring) q->wait();
   }
   for (auto& q : sent)
     if (q) q->wait();
   incoming->wait();  // this rank's own keys and values' gradient, summed over the ring
-  kernels::copy_rows(dqkv + C, C3, dkv_in, C2, std::int64_t(B) * Tl, C2, true);
+  kernels::copy_rows(dqkv + C, C3, buf.dkv_in, C2, std::int64_t(B) * Tl, C2, true);
 }
 
-std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp, const models::Wire& wire) {
+std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp) {
   if (cp == nullptr || cp->size() == 1) return std::make_unique<models::WholeSequence>();
-  return std::make_unique<RingAttention>(*cp, wire);
+  return std::make_unique<RingAttention>(*cp);
 }
 
 }  // namespace strata::strategies

@@ -10,7 +10,6 @@
 
 #include "kernels/foundation/communicator.hpp"
 #include "models/context_seam.hpp"
-#include "models/wire.hpp"
 #include "strategies/registry.hpp"
 
 namespace strata::strategies {
@@ -23,33 +22,36 @@ namespace strata::strategies {
 // three at s = 0 (two diagonal), two at every other step. Backward, the same
 // ring: each step's key and value gradients, added to what the ranks before
 // computed for the same block, travel on with it (while the next step
-// computes), and after cp steps reach the block's owner.
+// computes), and after cp steps reach the block's owner. The blocks and
+// their gradients travel in the activations' format; a step's gradient of a
+// block is summed in fp32 on each rank and rounded once, as it leaves.
 class RingAttention final : public models::ContextSeam {
  public:
-  RingAttention(comm::Communicator& cp, const models::Wire& wire) : cp_(cp), wire_(wire) {}
+  explicit RingAttention(comm::Communicator& cp) : cp_(cp) {}
 
   int size() const override { return cp_.size(); }
   int rank() const override { return cp_.rank(); }
   int position(int t, int T) const override;
-  // The rows' log-sum-exp [B, NH, Tl]; scratch: two key-value blocks
-  // [B, Tl, 2 KVC] forward, five backward (the block in use, the next one, two
-  // of this rank's gradient of a block, one leaving while the other fills,
-  // and the gradient arriving).
-  std::int64_t state_floats(bool fused, int B, int NH, int NKV, int Tl, int C) const override;
-  std::int64_t scratch_floats(bool fused, int B, int NH, int NKV, int Tl, int C) const override;
-  void attention_forward(float* out, float* state, float* scratch, const float* qkv, int B, int Tl, int C, int NH,
-                         int NKV) override;
-  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* out,
-                          const float* state, int B, int Tl, int C, int NH, int NKV) override;
+  // The rows' log-sum-exp [B, NH, Tl], fp32; scratch, key-value blocks
+  // [B, Tl, 2 KVC]: two in the activations' format forward; backward also
+  // this rank's gradient of a block, two in fp32 (one leaving while the
+  // other fills) and two of their rounding as sent, and the gradient
+  // arriving.
+  std::int64_t state_elements(bool fused, int B, int NH, int NKV, int Tl, int C) const override;
+  core::Precision state_format(bool fused, core::Precision act) const override;
+  std::int64_t scratch_bytes(bool fused, int B, int NH, int NKV, int Tl, int C, core::Precision act) const override;
+  void attention_forward(core::Ptr out, core::Ptr state, std::byte* scratch, core::CPtr qkv, int B, int Tl, int C,
+                         int NH, int NKV) override;
+  void attention_backward(core::Ptr dqkv, std::byte* scratch, core::CPtr dout, core::CPtr qkv, core::CPtr out,
+                          core::CPtr state, int B, int Tl, int C, int NH, int NKV) override;
 
  private:
   comm::Communicator& cp_;
-  models::Wire wire_;  // the blocks and their gradients travel in the compute precision
 };
 
 // The seam of the layer row cp: over `cp` (whole sequences when null or of
-// one rank), its blocks on `wire`.
-std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp, const models::Wire& wire);
+// one rank).
+std::unique_ptr<models::ContextSeam> make_context_seam(comm::Communicator* cp);
 
 // The layer seam's row of cp.
 const Row& context_parallel_row();

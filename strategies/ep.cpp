@@ -7,9 +7,9 @@
 
 namespace strata::strategies {
 
-std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep, const models::Wire& wire) {
+std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep) {
   if (ep == nullptr || ep->size() == 1) return std::make_unique<models::OneExpertRank>();
-  return std::make_unique<ExpertParallelSeam>(*ep, wire);
+  return std::make_unique<ExpertParallelSeam>(*ep);
 }
 
 ExpertParallelState::ExpertParallelState(const StateConfig& cfg, const models::ParamRegistry& reg,

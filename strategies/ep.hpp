@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "models/expert_seam.hpp"
-#include "models/wire.hpp"
 #include "models/state.hpp"
 #include "kernels/kernels.hpp"
 #include "strategies/state_strategy.hpp"
@@ -26,12 +25,11 @@
 namespace strata::strategies {
 
 // The layer seam of expert parallelism (models/expert_seam.hpp) over the ep
-// group: counts by all_to_all, rows by all_to_allv in the compute precision
-// (models/wire.hpp: a token sent to an expert on this rank is rounded like
-// the rest), so every exchange is profiled on the `ep` axis.
+// group: counts by all_to_all, rows by all_to_allv in the activations'
+// format, so every exchange is profiled on the `ep` axis.
 class ExpertParallelSeam final : public models::ExpertSeam {
  public:
-  ExpertParallelSeam(comm::Communicator& ep, const models::Wire& wire) : ep_(ep), wire_(wire) {}
+  explicit ExpertParallelSeam(comm::Communicator& ep) : ep_(ep) {}
   int size() const override { return ep_.size(); }
   int rank() const override { return ep_.rank(); }
   void exchange_counts(const std::int32_t* send, std::int32_t* recv, std::int64_t per_peer) override {
@@ -42,19 +40,19 @@ class ExpertParallelSeam final : public models::ExpertSeam {
       for (int q = 0; q < size(); ++q)
         std::copy(send + rank() * per_peer, send + (rank() + 1) * per_peer, recv + q * per_peer);
   }
-  void exchange(const float* send, const std::int64_t* send_counts, const std::int64_t* send_displs, float* recv,
-                const std::int64_t* recv_counts, const std::int64_t* recv_displs, std::int64_t extent) override {
-    wire_.all_to_allv(ep_, send, send_counts, send_displs, recv, recv_counts, recv_displs, extent);
+  void exchange(core::CPtr send, const std::int64_t* send_counts, const std::int64_t* send_displs, core::Ptr recv,
+                const std::int64_t* recv_counts, const std::int64_t* recv_displs, std::int64_t) override {
+    ep_.all_to_allv(send.get(), send_counts, send_displs, recv.get(), recv_counts, recv_displs,
+                    comm::dtype_of(send.precision()));
   }
 
  private:
   comm::Communicator& ep_;
-  models::Wire wire_;
 };
 
 // The seam of the layer row ep: over `ep` (one rank, the plain seam, when
-// null or of one rank), its tokens on `wire`.
-std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep, const models::Wire& wire);
+// null or of one rank).
+std::unique_ptr<models::ExpertSeam> make_expert_seam(comm::Communicator* ep);
 
 class ExpertParallelState final : public StateStrategy, public models::ParamState {
  public:
@@ -85,7 +83,7 @@ class ExpertParallelState final : public StateStrategy, public models::ParamStat
   FullState full_state() override;
   void set_full_state(const FullState& s) override;
 
-  float* acquire_params(int u) override { return inner(u).state().acquire_params(local_[u]); }
+  core::CPtr acquire_params(int u) override { return inner(u).state().acquire_params(local_[u]); }
   void release_params(int u) override { inner(u).state().release_params(local_[u]); }
   void prefetch(int u) override {
     if (u >= 0 && u < int(local_.size())) inner(u).state().prefetch(local_[u]);

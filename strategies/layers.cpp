@@ -69,7 +69,7 @@ void tp_axes(const Plan& p, mesh::Layout& l) {
 
 void tp_parts(const Plan& p, const MeshGroups& mesh, Parallel& out) {
   comm::Communicator* tp = several(mesh.group("tp"));
-  out.tp = make_tensor_seam(tp, p.parallel.sequence_parallel, out.wire);
+  out.tp = make_tensor_seam(tp, p.parallel.sequence_parallel);
   if (tp != nullptr) out.norm.push_back(tp);
 }
 
@@ -86,7 +86,7 @@ void ep_axes(const Plan& p, mesh::Layout& l) {
 
 void ep_parts(const Plan&, const MeshGroups& mesh, Parallel& out) {
   comm::Communicator* ep = several(mesh.group("ep"));
-  out.ep = make_expert_seam(ep, out.wire);
+  out.ep = make_expert_seam(ep);
   if (ep == nullptr) return;
   out.experts = ep;
   out.expert_data = mesh.group("edp");

@@ -14,7 +14,6 @@
 #include "models/expert_seam.hpp"
 #include "models/seams.hpp"
 #include "models/tensor_seam.hpp"
-#include "models/wire.hpp"
 
 namespace strata::plan {
 struct Plan;
@@ -38,9 +37,6 @@ class NoGroups final : public MeshGroups {
 
 // A run's parallel pieces. Every group is null where it would hold one rank.
 struct Parallel {
-  // How activations and their gradients cross ranks: in the compute
-  // precision (models/wire.hpp). Every seam and the pipeline keep a copy.
-  models::Wire wire;
   // The layer seams of every stage model: one rank until a row sets them.
   std::unique_ptr<models::TensorSeam> tp = std::make_unique<models::OneRank>();
   std::unique_ptr<models::ExpertSeam> ep = std::make_unique<models::OneExpertRank>();
@@ -72,8 +68,7 @@ struct Parallel {
 // A group of more than one rank, else null.
 inline comm::Communicator* several(comm::Communicator* c) { return c != nullptr && c->size() > 1 ? c : nullptr; }
 
-// Every row's part, in the rows' order; `mesh` null: a single rank. The
-// wire's 16-bit copies are allocated on `tracker`, the run's device memory.
-Parallel parallelize(const plan::Plan& p, const MeshGroups* mesh, core::MemoryTracker& tracker);
+// Every row's part, in the rows' order; `mesh` null: a single rank.
+Parallel parallelize(const plan::Plan& p, const MeshGroups* mesh);
 
 }  // namespace strata::strategies

@@ -50,10 +50,9 @@ mesh::Layout layout_of(const plan::Plan& p, const std::vector<const Row*>& rows)
 
 mesh::Layout layout_of(const plan::Plan& p) { return layout_of(p, all_rows()); }
 
-Parallel parallelize(const plan::Plan& p, const MeshGroups* mesh, core::MemoryTracker& tracker) {
+Parallel parallelize(const plan::Plan& p, const MeshGroups* mesh) {
   const NoGroups none;
   Parallel out;
-  out.wire = models::Wire(tracker, p.backend.precision);
   for (const Row* r : all_rows())
     if (r->compose != nullptr) r->compose(p, mesh != nullptr ? *mesh : none, out);
   return out;

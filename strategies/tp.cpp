@@ -10,18 +10,19 @@ std::int64_t TensorParallelSeam::rows(std::int64_t N) const {
   return N / tp_.size();
 }
 
-const float* TensorParallelSeam::gather(const float* mine, float* all, std::int64_t N, int C) {
+core::CPtr TensorParallelSeam::gather(core::CPtr mine, core::Ptr all, std::int64_t N, int C) {
   if (!sp_) return mine;  // every rank holds every row
-  wire_.all_gather(tp_, mine, all, rows(N) * C);
+  tp_.all_gather(mine.get(), all.get(), rows(N) * C, comm::dtype_of(mine.precision()));
   return all;
 }
 
-const float* TensorParallelSeam::reduce(float* partial, float* mine, std::int64_t N, int C) {
+core::CPtr TensorParallelSeam::reduce(core::Ptr partial, core::Ptr mine, std::int64_t N, int C) {
+  const comm::DType t = comm::dtype_of(partial.precision());
   if (!sp_) {
-    wire_.all_reduce(tp_, partial, N * C);
+    tp_.all_reduce(partial.get(), N * C, t, comm::ReduceOp::sum);
     return partial;
   }
-  wire_.reduce_scatter(tp_, partial, mine, rows(N) * C);
+  tp_.reduce_scatter(partial.get(), mine.get(), rows(N) * C, t, comm::ReduceOp::sum);
   return mine;
 }
 
@@ -34,10 +35,9 @@ void TensorParallelSeam::reduce_replicated(float* grads, std::int64_t n) {
   if (sp_) tp_.all_reduce(grads, n, comm::DType::f32, comm::ReduceOp::sum);
 }
 
-std::unique_ptr<models::TensorSeam> make_tensor_seam(comm::Communicator* tp, bool sequence_parallel,
-                                                     const models::Wire& wire) {
+std::unique_ptr<models::TensorSeam> make_tensor_seam(comm::Communicator* tp, bool sequence_parallel) {
   if (tp == nullptr || tp->size() == 1) return std::make_unique<models::OneRank>();
-  return std::make_unique<TensorParallelSeam>(*tp, sequence_parallel, wire);
+  return std::make_unique<TensorParallelSeam>(*tp, sequence_parallel);
 }
 
 }  // namespace strata::strategies

@@ -16,36 +16,32 @@
 
 #include "kernels/foundation/communicator.hpp"
 #include "models/tensor_seam.hpp"
-#include "models/wire.hpp"
 
 namespace strata::strategies {
 
 class TensorParallelSeam final : public models::TensorSeam {
  public:
-  TensorParallelSeam(comm::Communicator& tp, bool sequence_parallel, const models::Wire& wire)
-      : tp_(tp), sp_(sequence_parallel), wire_(wire) {}
+  TensorParallelSeam(comm::Communicator& tp, bool sequence_parallel) : tp_(tp), sp_(sequence_parallel) {}
 
   int size() const override { return tp_.size(); }
   int rank() const override { return tp_.rank(); }
   std::int64_t rows(std::int64_t N) const override;
   std::int64_t first_row(std::int64_t N) const override { return sp_ ? std::int64_t(tp_.rank()) * rows(N) : 0; }
-  const float* gather(const float* mine, float* all, std::int64_t N, int C) override;
-  const float* reduce(float* partial, float* mine, std::int64_t N, int C) override;
+  core::CPtr gather(core::CPtr mine, core::Ptr all, std::int64_t N, int C) override;
+  core::CPtr reduce(core::Ptr partial, core::Ptr mine, std::int64_t N, int C) override;
   void all_reduce(float* x, std::int64_t n, comm::ReduceOp op) override;
   void reduce_replicated(float* grads, std::int64_t n) override;
 
  private:
+  // gather and reduce move activations and their gradients in their
+  // format (the compute precision); all_reduce (the cross-entropy's
+  // statistics) and reduce_replicated (parameter gradients) stay fp32.
   comm::Communicator& tp_;
   bool sp_;
-  // gather and reduce move activations and their gradients: in the compute
-  // precision. all_reduce (the cross-entropy's statistics) and
-  // reduce_replicated (parameter gradients) stay fp32.
-  models::Wire wire_;
 };
 
 // The seam of the layer row tp: over `tp` (one rank, the plain seam, when
-// null or of one rank), its activations on `wire`.
-std::unique_ptr<models::TensorSeam> make_tensor_seam(comm::Communicator* tp, bool sequence_parallel,
-                                                     const models::Wire& wire);
+// null or of one rank).
+std::unique_ptr<models::TensorSeam> make_tensor_seam(comm::Communicator* tp, bool sequence_parallel);
 
 }  // namespace strata::strategies

@@ -104,7 +104,7 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
     : stage_(cfg.zero), reg_(reg), units_(std::move(units)), dp_(dp),
       replica_(cfg.replica != nullptr && cfg.replica->size() > 1 ? cfg.replica : nullptr), tracker_(tracker),
       tp_size_(cfg.tp_size),
-      precision_(cfg.precision), grad_precision_(cfg.grad_precision()), views_(tracker, units_.size(), cfg.precision),
+      precision_(cfg.precision), grad_precision_(cfg.grad_precision()), wide_grads_(tracker, units_.size()),
       bucket_bytes_(cfg.bucket_bytes), overlap_(cfg.overlap) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {
@@ -225,7 +225,7 @@ void Zero::begin_micro_batch(bool last) {
   last_ = last;
 }
 
-float* Zero::acquire_params(int u) {
+core::CPtr Zero::acquire_params(int u) {
   models::Flat* whole = &params_full_;
   std::int64_t at = n_ * us_[u].q;
   if (stage_ > 2) {
@@ -240,11 +240,10 @@ float* Zero::acquire_params(int u) {
     whole = &g.data;
     at = 0;
   }
-  return mixed() ? views_.acquire(u, whole->h16(at), us_[u].size) : whole->f32(at);
+  return whole->ptr(at);
 }
 
 void Zero::release_params(int u) {
-  if (mixed()) views_.release(u);
   if (stage_ <= 2) return;
   auto& g = gathered_[u];
   STRATA_CHECK(g.refs > 0, "unit {} released more often than acquired", u);
@@ -272,7 +271,7 @@ void Zero::prefetch(int u) {
 float* Zero::grads(int u) {
   // Stage 1 and 16-bit grads: padded to the unit's N blocks, so the
   // accumulator is exactly what the reduce-scatter takes.
-  if (half_grads()) return views_.grads(u, n_ * us_[u].shard);
+  if (half_grads()) return wide_grads_.grads(u, n_ * us_[u].shard);
   if (stage_ == 1) return grads_full_.f32(n_ * us_[u].q);
   auto& b = unit_grads_[u];
   if (b.size() == 0)  // the tracker hands out zeroed memory
@@ -308,9 +307,9 @@ void Zero::grads_done(int u) {
   const std::int64_t padded = n_ * us_[u].shard;
   if (stage_ == 1) {
     // Stage 1 keeps whole gradients through accumulation and reduces once.
-    if (const float* g = half_grads() ? views_.written(u) : nullptr) {
-      kernels::add_inplace(core::Ptr(grads_full_.h16(n_ * us_[u].q), grad_precision_), g, padded);
-      views_.done(u);
+    if (const float* g = half_grads() ? wide_grads_.written(u) : nullptr) {
+      kernels::add_inplace(grads_full_.ptr(n_ * us_[u].q), g, padded);
+      wide_grads_.done(u);
     }
     if (last_) launch_reduce_scatter(u, models::Flat(), grads_full_.at(n_ * us_[u].q));
   } else {
@@ -325,11 +324,11 @@ void Zero::grads_done(int u) {
       if (unit_grads_[u].size() == 0) return;
       b = std::move(unit_grads_[u]);
     } else {
-      const float* g = views_.written(u);
+      const float* g = wide_grads_.written(u);
       if (g == nullptr) return;
       b = models::Flat(tracker_, MemCategory::comm, grad_precision_, std::size_t(padded), "unreduced unit gradients");
       b.write(0, padded, g);
-      views_.done(u);
+      wide_grads_.done(u);
     }
     const void* src = b.at(0);
     launch_reduce_scatter(u, std::move(b), src);

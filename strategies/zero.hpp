@@ -17,8 +17,9 @@
 //   stage 1: params 2 N S, grads 2 N S, optimizer 12 S   (4 Psi + 12 Psi / N)
 //   stage 2: params 2 N S, grads 2 S,   optimizer 12 S   (2 Psi + 14 Psi / N)
 //   stage 3: params 2 S,   grads 2 S,   optimizer 12 S   (16 Psi / N)
-// and every collective moves 16-bit elements; the model reads fp32 views of
-// the units it uses (workspace, models::WideViews).
+// and every collective moves 16-bit elements; the model reads the 16-bit
+// parameters as stored and writes a micro-batch's gradients into an fp32
+// accumulator per unit (workspace, models::WideGrads).
 #pragma once
 
 #include <memory>
@@ -60,7 +61,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   FullState full_state() override;
   void set_full_state(const FullState& s) override;
 
-  float* acquire_params(int unit) override;
+  core::CPtr acquire_params(int unit) override;
   void release_params(int unit) override;
   void prefetch(int unit) override;
   float* grads(int unit) override;
@@ -147,7 +148,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   models::Flat params_shard_, grads_shard_;   // stage 3 (params), stages 2-3 (grads): S
   std::vector<std::unique_ptr<models::AdamW>> optimizers_;  // one per unit shard
   std::vector<models::Flat> unit_grads_;      // fp32, stages 2-3: this micro-batch's unreduced unit gradients
-  models::WideViews views_;                   // mixed precision: what the model reads and writes
+  models::WideGrads wide_grads_;              // 16-bit gradients: what the model accumulates a unit's into
   models::NvmeFile* nvme_ = nullptr;          // offload.params
   models::OffloadStats* stats_ = nullptr;
   std::vector<std::int64_t> param_region_;    // offload.params: unit u's block in the file

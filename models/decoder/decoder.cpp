@@ -28,6 +28,7 @@ template <typename T>
 static T* param(T* p, std::int64_t offset) {
   return offset >= 0 ? p + offset : nullptr;
 }
+static core::CPtr param(core::CPtr p, std::int64_t offset) { return offset >= 0 ? p + offset : nullptr; }
 
 static Stage resolved(const DecoderConfig& c, Stage s) {
   if (s.last < 0) s.last = c.layers;
@@ -38,8 +39,8 @@ DecoderConfig decoder_config(const plan::Plan& p) {
   const plan::ModelSection& m = p.model;
   const MoeBlocks moe{m.moe_experts, m.moe_every, m.moe_top_k, m.moe_capacity_factor, m.moe_drop_tokens,
                       m.moe_renormalize, float(m.moe_aux_coef)};
-  return DecoderConfig{m.layers, m.d_model,  m.heads, m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
-                       p.backend.device == kernels::Device::cuda};
+  return DecoderConfig{m.layers,  m.d_model,  m.heads,       m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
+                       p.backend.precision, p.backend.device == kernels::Device::cuda};
 }
 
 ParamRegistry decoder_registry(const DecoderConfig& c, int tp_size, int tp_rank, Stage stage, int ep_size,
@@ -203,20 +204,20 @@ std::vector<Unit> decoder_units(const ParamRegistry& reg, const DecoderConfig& c
 
 // ---- the linear layer, with its split-backward policy -------------------
 
-void Decoder::Linear::forward(float* y, const float* x, const float* w, const float* b, int N) const {
+void Decoder::Linear::forward(core::Ptr y, core::CPtr x, core::CPtr w, core::CPtr b, int N) const {
   linear_forward(y, x, w, b, N, in, out);
 }
 
-void Decoder::Linear::backward(float* dx, const float* dy, const float* x, const float* w, float* dw, float* db, int N,
-                           bool input_only) const {
+void Decoder::Linear::backward(core::Ptr dx, core::CPtr dy, core::CPtr x, core::CPtr w, float* dw, float* db, int N,
+                               bool input_only) const {
   linear_backward_input(dx, dy, w, N, in, out);
   if (!input_only)
     linear_backward_weight(dw, db, dy, x, N, in, out);
-  else if (kept != dy)
-    kernels::copy_bytes(kept, dy, sizeof(float) * std::size_t(N) * std::size_t(out));
+  else if (core::CPtr(kept) != dy)
+    kernels::convert(kept, dy, std::int64_t(N) * out);
 }
 
-void Decoder::Linear::weight(float* dw, float* db, const float* x, int N) const {
+void Decoder::Linear::weight(float* dw, float* db, core::CPtr x, int N) const {
   linear_backward_weight(dw, db, kept, x, N, in, out);
 }
 
@@ -230,14 +231,14 @@ void Decoder::Linear::weight(float* dw, float* db, const float* x, int N) const 
 class Decoder::Ffn {
  public:
   virtual ~Ffn() = default;
-  virtual double forward(ParamState& st, const float* p, const float* ln2, const float* res2, float* out) = 0;
+  virtual double forward(ParamState& st, core::CPtr p, core::CPtr ln2, core::CPtr res2, core::Ptr out) = 0;
   // The forward again for a fully recomputing backward (what it keeps).
-  virtual void recompute(const float* p, const float* ln2) = 0;
+  virtual void recompute(core::CPtr p, core::CPtr ln2) = 0;
   // Its own unit's parameters, acquired for the backward pass.
   virtual void acquire(ParamState& st) {}
-  virtual void backward(ParamState& st, const float* p, float* g, const float* ln2, const float* d3, float loss_scale,
+  virtual void backward(ParamState& st, core::CPtr p, float* g, core::CPtr ln2, core::CPtr d3, float loss_scale,
                         bool input_only) = 0;
-  virtual void weight(ParamState& st, float* g, const float* ln2) = 0;
+  virtual void weight(ParamState& st, float* g, core::CPtr ln2) = 0;
   // Whether its input gradient is a partial sum over tp.
   virtual bool partial() const = 0;
   // Its output bias's offset in the block unit when every tensor-parallel
@@ -254,25 +255,25 @@ class Decoder::Mlp final : public Decoder::Ffn {
  public:
   // Its hidden activations, the shared backward scratch, and (a split
   // backward) the kept output gradients of fc and proj.
-  Mlp(Decoder& g, int layer, int unit, float* fch, float* fch_act, float* dfch, float* dact, float* fc_dy,
-      float* proj_dy)
+  Mlp(Decoder& g, int layer, int unit, core::Ptr fch, core::Ptr fch_act, core::Ptr dfch, core::Ptr dact, core::Ptr fc_dy,
+      core::Ptr proj_dy)
       : g_(g), fch_(fch), fch_act_(fch_act), dfch_(dfch), dact_(dact) {
     const int C = g.c_.d_model, Ft = g.c_.ffn() / g.tp_->size();
     auto at = [&](const char* name) { return g.offset_in(unit, lname(layer, name)); };
     fc_w_ = at("mlp.fc.weight"), fc_b_ = at("mlp.fc.bias"), proj_w_ = at("mlp.proj.weight"), proj_b_ = at("mlp.proj.bias");
     fc_ = {C, activation_inputs(g.c_.act, Ft), fc_dy}, proj_ = {Ft, C, proj_dy};
   }
-  double forward(ParamState&, const float* p, const float* ln2, const float* res2, float* out) override {
+  double forward(ParamState&, core::CPtr p, core::CPtr ln2, core::CPtr res2, core::Ptr out) override {
     recompute(p, ln2);
     proj_.forward(g_.dbuf_, fch_act_, p + proj_w_, nullptr, N());
     g_.residual_rows(out, res2, param(p, proj_b_));
     return 0;
   }
-  void recompute(const float* p, const float* ln2) override {
+  void recompute(core::CPtr p, core::CPtr ln2) override {
     fc_.forward(fch_, ln2, p + fc_w_, param(p, fc_b_), N());
     activation_forward(g_.c_.act, fch_act_, fch_, N(), proj_.in);
   }
-  void backward(ParamState&, const float* p, float* g, const float* ln2, const float* d3, float,
+  void backward(ParamState&, core::CPtr p, float* g, core::CPtr ln2, core::CPtr d3, float,
                 bool input_only) override {
     // The row-parallel projection's input gradient needs every row's (d3);
     // its bias, whole on every rank, takes this rank's rows (a replicated
@@ -281,12 +282,12 @@ class Decoder::Mlp final : public Decoder::Ffn {
     const int C = g_.c_.d_model;
     proj_.backward(dact_, d3, fch_act_, p + proj_w_, g + proj_w_, nullptr, N(), input_only);
     if (proj_b_ >= 0) kernels::bias_backward(g_.rep_grads_ + kFfnBias * C, g_.dres_, int(g_.Nl_), C);
-    float* dfch = fc_.dy(dfch_, input_only);
+    core::Ptr dfch = fc_.dy(dfch_, input_only);
     kernels::fill_zero(dfch, std::int64_t(N()) * fc_.out);
     activation_backward(g_.c_.act, dfch, fch_, dact_, N(), proj_.in);
     fc_.backward(g_.dbuf_, dfch, ln2, p + fc_w_, g + fc_w_, param(g, fc_b_), N(), input_only);
   }
-  void weight(ParamState&, float* g, const float* ln2) override {
+  void weight(ParamState&, float* g, core::CPtr ln2) override {
     // The projection's bias came with the input half (a replicated gradient).
     proj_.weight(g + proj_w_, nullptr, fch_act_, N());
     fc_.weight(g + fc_w_, param(g, fc_b_), ln2, N());
@@ -297,7 +298,7 @@ class Decoder::Mlp final : public Decoder::Ffn {
  private:
   int N() const { return g_.B_ * g_.T_; }
   Decoder& g_;
-  float *fch_, *fch_act_, *dfch_, *dact_;
+  core::Ptr fch_, fch_act_, dfch_, dact_;
   std::int64_t fc_w_, fc_b_, proj_w_, proj_b_;
   Linear fc_, proj_;
 };
@@ -321,8 +322,8 @@ class Decoder::Experts final : public Decoder::Ffn {
     proj_w_ = at("moe.experts.proj.weight", unit), proj_b_ = at("moe.experts.proj.bias", unit);
   }
   const MoeLayer& layer() const { return layer_; }
-  double forward(ParamState& st, const float* p, const float* ln2, const float* res2, float* out) override {
-    const float* e = st.acquire_params(unit_);
+  double forward(ParamState& st, core::CPtr p, core::CPtr ln2, core::CPtr res2, core::Ptr out) override {
+    const core::CPtr e = st.acquire_params(unit_);
     st.prefetch(unit_ + 1);
     const double aux = layer_.forward(
         g_.dbuf_, ln2, {p + router_, e + fc_w_, param(e, fc_b_), e + proj_w_, param(e, proj_b_)});
@@ -330,9 +331,9 @@ class Decoder::Experts final : public Decoder::Ffn {
     st.release_params(unit_);
     return aux;
   }
-  void recompute(const float*, const float*) override {}  // the layer keeps its own activations and routing
+  void recompute(core::CPtr, core::CPtr) override {}  // the layer keeps its own activations and routing
   void acquire(ParamState& st) override { e_ = st.acquire_params(unit_); }
-  void backward(ParamState& st, const float* p, float* g, const float* ln2, const float* d3, float loss_scale,
+  void backward(ParamState& st, core::CPtr p, float* g, core::CPtr ln2, core::CPtr d3, float loss_scale,
                 bool input_only) override {
     float* ge = st.grads(unit_);
     kernels::fill_zero(g_.dbuf_, std::int64_t(g_.B_) * g_.T_ * g_.c_.d_model);
@@ -341,14 +342,14 @@ class Decoder::Experts final : public Decoder::Ffn {
     st.release_params(unit_);
     if (!input_only) st.grads_done(unit_);  // the experts' unit follows the block's: it completes first
   }
-  void weight(ParamState& st, float*, const float*) override { st.grads_done(unit_); }
+  void weight(ParamState& st, float*, core::CPtr) override { st.grads_done(unit_); }
   bool partial() const override { return false; }
 
  private:
   Decoder& g_;
   int unit_;
   MoeLayer layer_;
-  const float* e_ = nullptr;
+  core::CPtr e_ = nullptr;
   std::int64_t router_, fc_w_, fc_b_, proj_w_, proj_b_;
 };
 
@@ -400,41 +401,50 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
   const std::int64_t sets = full ? std::min(L, 1) : L, att_sets = selective ? std::min(L, 1) : L;
   const std::int64_t hidden_sets = full ? std::min(D, 1) : D;
   const std::int64_t mean_sets = c_.norm == Norm::layer ? sets : 0;  // RMSNorm keeps no mean
-  const std::int64_t att = cp_->state_floats(c_.fused_attention, B_, int(NHt), int(NKVt), T_, int(Ct));
-  encoded_ = bufs_.add("encoded", Nl * C, A);
-  Acts all{};
-  all.ln1 = bufs_.add("ln1", sets * N * C, A);
-  all.ln1_mean = bufs_.add("ln1_mean", mean_sets * Nl, A);
-  all.ln1_rstd = bufs_.add("ln1_rstd", sets * Nl, A);
-  all.qkv = bufs_.add("qkv", sets * N * Wqkv, A);
-  all.atty = bufs_.add("atty", sets * N * Ct, A);
-  all.att = bufs_.add("att", att_sets * att, A);  // the probabilities, or (fused) the rows' log-sum-exp
-  all.res2 = bufs_.add("res2", sets * Nl * C, A);
-  all.ln2 = bufs_.add("ln2", sets * N * C, A);
-  all.ln2_mean = bufs_.add("ln2_mean", mean_sets * Nl, A);
-  all.ln2_rstd = bufs_.add("ln2_rstd", sets * Nl, A);
-  float* fch = bufs_.add("fch", hidden_sets * N * Fp, A);
-  float* fch_act = bufs_.add("fch_act", hidden_sets * N * F, A);
-  float* res3 = bufs_.add("res3", L * Nl * C, A);
+  // Activations and their gradients in the run's format (P); the norms'
+  // statistics, attention's log-sum-exp (fused), the losses and the
+  // replicated parameters' gradients fp32.
+  const core::Precision P = c_.precision;
+  const bool fused = c_.fused_attention;
+  const std::int64_t att = cp_->state_elements(fused, B_, int(NHt), int(NKVt), T_, int(Ct));
+  encoded_ = bufs_.add("encoded", Nl * C, A, P);
+  struct {
+    core::Ptr ln1, qkv, atty, att, res2, ln2;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+  } all{};
+  all.ln1 = bufs_.add("ln1", sets * N * C, A, P);
+  all.ln1_mean = bufs_.add_f32("ln1_mean", mean_sets * Nl, A);
+  all.ln1_rstd = bufs_.add_f32("ln1_rstd", sets * Nl, A);
+  all.qkv = bufs_.add("qkv", sets * N * Wqkv, A, P);
+  all.atty = bufs_.add("atty", sets * N * Ct, A, P);
+  // The probabilities (in P), or (fused) the rows' log-sum-exp (fp32).
+  all.att = bufs_.add("att", att_sets * att, A, cp_->state_format(fused, P));
+  all.res2 = bufs_.add("res2", sets * Nl * C, A, P);
+  all.ln2 = bufs_.add("ln2", sets * N * C, A, P);
+  all.ln2_mean = bufs_.add_f32("ln2_mean", mean_sets * Nl, A);
+  all.ln2_rstd = bufs_.add_f32("ln2_rstd", sets * Nl, A);
+  const core::Ptr fch = bufs_.add("fch", hidden_sets * N * Fp, A, P);
+  const core::Ptr fch_act = bufs_.add("fch_act", hidden_sets * N * F, A, P);
+  const core::Ptr res3 = bufs_.add("res3", L * Nl * C, A, P);
   // Kept from a micro-batch's input-gradient pass to its weight-gradient
   // pass, like activations: every linear's output gradient but the head's
   // (which stays in the logits).
   const std::int64_t kept = split_ ? 1 : 0;
-  float* qkv_dy = bufs_.add("dy_qkv", kept * L * N * Wqkv, A);
-  float* proj_dy = bufs_.add("dy_proj", kept * L * N * C, A);
-  float* fc_dy = bufs_.add("dy_fc", kept * D * N * Fp, A);
-  float* fcproj_dy = bufs_.add("dy_fcproj", kept * D * N * C, A);
+  const core::Ptr qkv_dy = bufs_.add("dy_qkv", kept * L * N * Wqkv, A, P);
+  const core::Ptr proj_dy = bufs_.add("dy_proj", kept * L * N * C, A, P);
+  const core::Ptr fc_dy = bufs_.add("dy_fc", kept * D * N * Fp, A, P);
+  const core::Ptr fcproj_dy = bufs_.add("dy_fcproj", kept * D * N * C, A, P);
   // Backward scratch, shared by every block.
-  dres_ = bufs_.add("dres", Nl * C, W);
-  dbuf_ = bufs_.add("dbuf", N * C, W);
-  dqkv_ = bufs_.add("dqkv", N * Wqkv, W);
-  dprobs_ = bufs_.add("dprobs", cp_->scratch_floats(c_.fused_attention, B_, int(NHt), int(NKVt), T_, int(Ct)), W);
-  float* dfch = bufs_.add("dfch", (D > 0 ? 1 : 0) * N * Fp, W);
-  float* dact = bufs_.add("dact", (D > 0 ? 1 : 0) * N * F, W);
-  rep_grads_ = bufs_.add("rep_grads", kReplicated * C, W);
+  dres_ = bufs_.add("dres", Nl * C, W, P);
+  dbuf_ = bufs_.add("dbuf", N * C, W, P);
+  dqkv_ = bufs_.add("dqkv", N * Wqkv, W, P);
+  attn_scratch_ = bufs_.add_bytes("dprobs", cp_->scratch_bytes(fused, B_, int(NHt), int(NKVt), T_, int(Ct), P), W);
+  const core::Ptr dfch = bufs_.add("dfch", (D > 0 ? 1 : 0) * N * Fp, W, P);
+  const core::Ptr dact = bufs_.add("dact", (D > 0 ? 1 : 0) * N * F, W, P);
+  rep_grads_ = bufs_.add_f32("rep_grads", kReplicated * C, W);
   if (Nl < N) {
-    sp_rows_ = bufs_.add("sp_rows", Nl * C, W);
-    dres_full_ = bufs_.add("dres_full", N * C, W);
+    sp_rows_ = bufs_.add("sp_rows", Nl * C, W, P);
+    dres_full_ = bufs_.add("dres_full", N * C, W, P);
   }
   // Grouped-query attention's q and kv weights (and biases) lie side by
   // side, one [Wqkv, C] matrix for this rank.
@@ -451,9 +461,9 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
     b.ln1_w = at("ln1.weight"), b.ln1_b = at("ln1.bias"), b.qkv_w = at(qkv_w), b.qkv_b = at(qkv_b);
     b.proj_w = at("attn.proj.weight"), b.proj_b = at("attn.proj.bias"), b.ln2_w = at("ln2.weight"), b.ln2_b = at("ln2.bias");
     const std::int64_t k = full ? 0 : lb, ka = selective ? 0 : lb, km = mean_sets > 0 ? k : 0;
-    b.a = {all.ln1 + k * N * C,      all.ln1_mean + km * Nl, all.ln1_rstd + k * Nl, all.qkv + k * N * Wqkv,
-           all.atty + k * N * Ct,    all.att + ka * att,     all.res2 + k * Nl * C,  all.ln2 + k * N * C,
-           all.ln2_mean + km * Nl,   all.ln2_rstd + k * Nl};
+    b.a = {all.ln1 + k * N * C,       all.qkv + k * N * Wqkv, all.atty + k * N * Ct, all.att + ka * att,
+           all.res2 + k * Nl * C,     all.ln2 + k * N * C,    all.ln1_mean + km * Nl, all.ln1_rstd + k * Nl,
+           all.ln2_mean + km * Nl,    all.ln2_rstd + k * Nl};
     b.out = res3 + lb * Nl * C;
     b.qkv = {int(C), int(Wqkv), split_ ? qkv_dy + lb * N * Wqkv : nullptr};
     b.proj = {int(Ct), int(C), split_ ? proj_dy + lb * N * C : nullptr};
@@ -479,17 +489,17 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
       head_w_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
     }
     const std::int64_t V = c_.vocab / tp;
-    lnf_ = bufs_.add("lnf", N * C, A);
-    lnf_mean_ = bufs_.add("lnf_mean", c_.norm == Norm::layer ? Nl : 0, A);
-    lnf_rstd_ = bufs_.add("lnf_rstd", Nl, A);
+    lnf_ = bufs_.add("lnf", N * C, A, P);
+    lnf_mean_ = bufs_.add_f32("lnf_mean", c_.norm == Norm::layer ? Nl : 0, A);
+    lnf_rstd_ = bufs_.add_f32("lnf_rstd", Nl, A);
     // This rank's vocabulary columns, overwritten in place by their gradient,
     // which the head's linear keeps there for a split backward.
-    logits_ = bufs_.add("logits", N * V, A);
-    losses_ = bufs_.add("losses", N, A);
+    logits_ = bufs_.add("logits", N * V, A, P);
+    losses_ = bufs_.add_f32("losses", N, A);
     // The row maximum, sum of exponentials and target logit over the whole vocabulary.
-    ce_max_ = bufs_.add("ce_max", N, A);
-    ce_sum_ = bufs_.add("ce_sum", N, A);
-    ce_target_ = bufs_.add("ce_target", N, A);
+    ce_max_ = bufs_.add_f32("ce_max", N, A);
+    ce_sum_ = bufs_.add_f32("ce_sum", N, A);
+    ce_target_ = bufs_.add_f32("ce_target", N, A);
     head_ = {int(C), int(V), logits_};
   }
 }
@@ -515,7 +525,7 @@ std::vector<std::pair<int, const MoeLayer*>> Decoder::routers() const {
   return out;
 }
 
-const float* Decoder::output() const { return blocks_.empty() ? encoded_ : blocks_.back().out; }
+core::CPtr Decoder::output() const { return blocks_.empty() ? encoded_ : blocks_.back().out; }
 
 void Decoder::finish_replicated(float* const* grads, int n) {
   const std::int64_t C = c_.d_model;
@@ -543,7 +553,7 @@ void position_runs(const ContextSeam& cp, std::int64_t first, std::int64_t n, in
 
 }  // namespace
 
-void Decoder::add_positions(float* rows, const float* wpe) {
+void Decoder::add_positions(core::Ptr rows, core::CPtr wpe) {
   const int C = c_.d_model;
   if (cp_->size() == 1) {
     kernels::add_position_rows(rows, wpe, int(Nl_), C, T_, int(r0_));
@@ -554,18 +564,18 @@ void Decoder::add_positions(float* rows, const float* wpe) {
   });
 }
 
-void Decoder::position_grads(float* dwpe, const float* drows) {
+void Decoder::position_grads(float* dwpe, core::CPtr drows) {
   const int C = c_.d_model;
   position_runs(*cp_, 0, std::int64_t(B_) * T_, T_, c_.seq_len, [&](std::int64_t i, int pos, std::int64_t len) {
     kernels::add_inplace(dwpe + std::int64_t(pos) * C, drows + i * C, len * C);
   });
 }
 
-void Decoder::norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b) {
+void Decoder::norm_rows(core::Ptr out_all, float* mean, float* rstd, core::CPtr x, core::CPtr w, core::CPtr b) {
   // A norm over this rank's rows [Nl, C], its output [N, C] of all rows for
   // the column-parallel linear that reads it (f, gathered in place).
   const int C = c_.d_model, N = B_ * T_;
-  float* mine = out_all + r0_ * C;
+  const core::Ptr mine = out_all + r0_ * C;
   if (c_.norm == Norm::rms)
     kernels::rmsnorm_forward(mine, rstd, x, w, int(Nl_), C);
   else
@@ -573,21 +583,21 @@ void Decoder::norm_rows(float* out_all, float* mean, float* rstd, const float* x
   tp_->gather(mine, out_all, N, C);
 }
 
-void Decoder::residual_rows(float* out, const float* x, const float* bias) {
+void Decoder::residual_rows(core::Ptr out, core::CPtr x, core::CPtr bias) {
   // out[Nl, C] = x + (this rank's rows of the row-parallel partial sums in
   // dbuf_ [N, C], summed over ranks: g) + bias.
   const int C = c_.d_model, N = B_ * T_;
-  const float* sum = tp_->reduce(dbuf_, sp_rows_, N, C);
+  const core::CPtr sum = tp_->reduce(dbuf_, sp_rows_, N, C);
   kernels::residual_forward(out, x, sum, Nl_ * C);
-  if (bias != nullptr) kernels::bias_add(out, bias, int(Nl_), C);
+  if (bias) kernels::bias_add(out, bias, int(Nl_), C);
 }
 
-void Decoder::norm_back(const float* x, const float* w, const float* mean, const float* rstd, int k, bool partial) {
+void Decoder::norm_back(core::CPtr x, core::CPtr w, const float* mean, const float* rstd, int k, bool partial) {
   // Into dres_ [Nl, C], from the column-parallel linears' partial input
   // gradients [N, C] in dbuf_ (f backward: this rank's rows of their sum over
   // ranks), or from a whole one (its own rows).
   const int C = c_.d_model, N = B_ * T_;
-  const float* d = partial ? tp_->reduce(dbuf_, sp_rows_, N, C) : dbuf_ + r0_ * C;
+  const core::CPtr d = partial ? tp_->reduce(dbuf_, sp_rows_, N, C) : core::CPtr(dbuf_ + r0_ * C);
   if (c_.norm == Norm::rms)
     kernels::rmsnorm_backward(dres_, rep_grads_ + std::int64_t(k) * C, d, x, w, rstd, int(Nl_), C);
   else
@@ -595,7 +605,7 @@ void Decoder::norm_back(const float* x, const float* w, const float* mean, const
                                 w, mean, rstd, int(Nl_), C);
 }
 
-void Decoder::rotate(float* qkv, bool backward) {
+void Decoder::rotate(core::Ptr qkv, bool backward) {
   // The q heads and then the k heads start every row: one run of heads.
   const int tp = tp_->size(), hs = c_.d_model / c_.heads, heads = (c_.heads + c_.kv()) / tp;
   const std::int64_t W = std::int64_t(hs) * (c_.heads + 2 * c_.kv()) / tp;
@@ -609,9 +619,9 @@ void Decoder::rotate(float* qkv, bool backward) {
   });
 }
 
-const float* Decoder::dres_all() { return tp_->gather(dres_, dres_full_, std::int64_t(B_) * T_, c_.d_model); }
+core::CPtr Decoder::dres_all() { return tp_->gather(dres_, dres_full_, std::int64_t(B_) * T_, c_.d_model); }
 
-void Decoder::attention_half(const Block& b, const float* p, const float* x) {
+void Decoder::attention_half(const Block& b, core::CPtr p, core::CPtr x) {
   const int N = B_ * T_, NHt = c_.heads / tp_->size(), NKVt = c_.kv() / tp_->size();
   const Acts& a = b.a;
   norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, param(p, b.ln1_b));
@@ -619,7 +629,7 @@ void Decoder::attention_half(const Block& b, const float* p, const float* x) {
   if (c_.rope()) rotate(a.qkv, false);  // kept turned: selective recomputation reads them so
   // Over whole sequences: under context parallelism the ring brings the
   // other ranks' keys and values (the backward scratch holds them).
-  cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
+  cp_->attention_forward(a.atty, a.att, attn_scratch_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
   // Row-parallel output projection: partial sums over this rank's heads,
   // summed over the ranks (g), then the bias and the residual, once.
   b.proj.forward(dbuf_, a.atty, p + b.proj_w, nullptr, N);
@@ -627,8 +637,8 @@ void Decoder::attention_half(const Block& b, const float* p, const float* x) {
   norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + b.ln2_w, param(p, b.ln2_b));
 }
 
-void Decoder::block_forward(ParamState& st, Block& b, const float* x, double* aux) {
-  const float* p = st.acquire_params(b.unit);
+void Decoder::block_forward(ParamState& st, Block& b, core::CPtr x, double* aux) {
+  const core::CPtr p = st.acquire_params(b.unit);
   st.prefetch(b.unit + 1);  // a MoE block's experts, or the next block
   attention_half(b, p, x);
   *aux += b.ffn->forward(st, p, b.a.ln2, b.a.res2, b.out);
@@ -644,25 +654,25 @@ float Decoder::forward(ParamState& st, const std::int32_t* tokens, const std::in
   const int N = B * T, Nl = int(Nl_);
   if (stage_.embedding) {
     ScopedSpan s(tl, 0, Phase::forward);
-    const float* wte = st.acquire_params(kWteUnit);
-    const float* wpe = wpe_unit_ >= 0 ? st.acquire_params(wpe_unit_) : nullptr;
+    const core::CPtr wte = st.acquire_params(kWteUnit);
+    const core::CPtr wpe = wpe_unit_ >= 0 ? st.acquire_params(wpe_unit_) : nullptr;
     st.prefetch(wpe_unit_ >= 0 ? wpe_unit_ + 1 : kWteUnit + 1);  // the first block, or the final norm
     // Vocabulary-parallel: each rank looks up the rows it holds (a token
     // outside them gives 0), the sum over ranks is the lookup (g: this
     // rank's rows, in encoded_), then the whole position rows (if learned)
     // are added once.
-    float* lookup = Nl == N ? encoded_ : dbuf_;  // [N, C]
+    const core::Ptr lookup = Nl == N ? encoded_ : dbuf_;  // [N, C]
     kernels::embedding_forward(lookup, tokens, wte, nullptr, B, T, C, v0, Vt);
-    const float* sum = tp_->reduce(lookup, encoded_, N, C);
-    STRATA_CHECK(sum == encoded_, "the embedding's sum outside the stage input");
-    if (wpe != nullptr) {
+    const core::CPtr sum = tp_->reduce(lookup, encoded_, N, C);
+    STRATA_CHECK(sum == core::CPtr(encoded_), "the embedding's sum outside the stage input");
+    if (wpe) {
       add_positions(encoded_, wpe);
       st.release_params(wpe_unit_);
     }
     st.release_params(kWteUnit);
   }
   double aux = 0;  // the MoE blocks' auxiliary losses
-  const float* x = encoded_;
+  core::CPtr x = encoded_;
   for (Block& b : blocks_) {
     ScopedSpan s(tl, b.layer + 1, Phase::forward);
     block_forward(st, b, x, &aux);
@@ -671,8 +681,8 @@ float Decoder::forward(ParamState& st, const std::int32_t* tokens, const std::in
   if (!stage_.head) return float(aux);
   ScopedSpan s(tl, L + 1, Phase::forward);
   // The head's units stay acquired until its backward, which comes next.
-  const float* uf = st.acquire_params(head_unit_);
-  const float* hw = head_w_unit_ == head_unit_ ? uf + head_off_ : st.acquire_params(head_w_unit_);
+  const core::CPtr uf = st.acquire_params(head_unit_);
+  const core::CPtr hw = head_w_unit_ == head_unit_ ? uf + head_off_ : st.acquire_params(head_w_unit_);
   norm_rows(lnf_, lnf_mean_, lnf_rstd_, output(), uf + lnfw_off_, param(uf, lnfb_off_));
   head_.forward(logits_, lnf_, hw, nullptr, N);  // this rank's vocabulary columns
   // Vocabulary-parallel cross-entropy: the row maximum, the sum of
@@ -693,10 +703,10 @@ float Decoder::forward(ParamState& st, const std::int32_t* tokens, const std::in
   return float(sum / N + aux);
 }
 
-void Decoder::block_backward(ParamState& st, Block& b, const float* x, int next, float loss_scale, bool input_only) {
+void Decoder::block_backward(ParamState& st, Block& b, core::CPtr x, int next, float loss_scale, bool input_only) {
   const int N = B_ * T_, C = c_.d_model, NHt = c_.heads / tp_->size(), NKVt = c_.kv() / tp_->size();
   const Acts& a = b.a;
-  const float* p = st.acquire_params(b.unit);
+  const core::CPtr p = st.acquire_params(b.unit);
   b.ffn->acquire(st);
   if (next >= 0) st.prefetch(next);  // the block before: its backward comes next
   float* g = st.grads(b.unit);
@@ -714,15 +724,15 @@ void Decoder::block_backward(ParamState& st, Block& b, const float* x, int next,
   // gradient needs every row's; its bias takes this rank's rows.
   b.proj.backward(dbuf_, dres_all(), a.atty, p + b.proj_w, g + b.proj_w, nullptr, N, input_only);
   if (b.proj_b >= 0) kernels::bias_backward(rep_grads_ + kProjBias * C, dres_, int(Nl_), C);
-  float* dqkv = b.qkv.dy(dqkv_, input_only);
+  const core::Ptr dqkv = b.qkv.dy(dqkv_, input_only);
   kernels::fill_zero(dqkv, std::int64_t(N) * b.qkv.out);
   if (c_.recompute == Recompute::selective) {
     // The attention probabilities again from q and k (Korthikanti et al.);
     // atty gets the same values it holds.
     const prof::Recomputing again;
-    cp_->attention_forward(a.atty, a.att, dprobs_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
+    cp_->attention_forward(a.atty, a.att, attn_scratch_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
   }
-  cp_->attention_backward(dqkv, dprobs_, dbuf_, a.qkv, a.atty, a.att, B_, T_, b.proj.in, NHt, NKVt);
+  cp_->attention_backward(dqkv, attn_scratch_, dbuf_, a.qkv, a.atty, a.att, B_, T_, b.proj.in, NHt, NKVt);
   if (c_.rope()) rotate(dqkv, true);  // the gradient of q and k before their turn
   b.qkv.backward(dbuf_, dqkv, a.ln1, p + b.qkv_w, g + b.qkv_w, param(g, b.qkv_b), N, input_only);
   norm_back(x, p + b.ln1_w, a.ln1_mean, a.ln1_rstd, kLn1Weight);
@@ -750,8 +760,8 @@ void Decoder::backward(ParamState& st, const std::int32_t* tokens, const std::in
     // Acquired by the forward pass: these return the same pointers. An
     // untied head's weight is in the head's unit.
     const bool own = head_w_unit_ == head_unit_;
-    const float* uf = st.acquire_params(head_unit_);
-    const float* hw = own ? uf + head_off_ : st.acquire_params(head_w_unit_);
+    const core::CPtr uf = st.acquire_params(head_unit_);
+    const core::CPtr hw = own ? uf + head_off_ : st.acquire_params(head_w_unit_);
     if (!blocks_.empty()) st.prefetch(blocks_.back().unit);  // the last block's backward comes next
     float* gf = st.grads(head_unit_);
     kernels::softmax_cross_entropy_backward_sharded(logits_, logits_, ce_max_, ce_sum_, targets, v0,
@@ -776,15 +786,15 @@ void Decoder::backward(ParamState& st, const std::int32_t* tokens, const std::in
   for (std::size_t i = blocks_.size(); i-- > 0;) {
     Block& b = blocks_[i];
     ScopedSpan s(tl, b.layer + 1, phase);
-    block_backward(st, b, i == 0 ? encoded_ : blocks_[i - 1].out, i == 0 ? -1 : blocks_[i - 1].unit, loss_scale,
-                   input_only);
+    block_backward(st, b, i == 0 ? core::CPtr(encoded_) : core::CPtr(blocks_[i - 1].out),
+                   i == 0 ? -1 : blocks_[i - 1].unit, loss_scale, input_only);
   }
   if (!stage_.embedding) return;  // input_grad() (dres_) holds the gradient of this stage's input
   ScopedSpan s(tl, 0, phase);
   // The embedding's backward needs no parameters, only the token ids; each
   // rank scatters into the vocabulary rows it holds. It runs in the
   // input-gradient half too: that is where dres_ is at hand.
-  const float* drows = dres_all();
+  const core::CPtr drows = dres_all();
   float* dwpe = wpe_unit_ >= 0 ? st.grads(wpe_unit_) : nullptr;
   kernels::embedding_backward(st.grads(kWteUnit), cp_->size() > 1 ? nullptr : dwpe, drows, tokens, B, T, C, v0, Vt);
   if (cp_->size() > 1 && dwpe != nullptr) position_grads(dwpe, drows);

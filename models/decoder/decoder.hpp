@@ -60,6 +60,9 @@ struct DecoderConfig {
   int seq_len = 64;
   MoeBlocks moe = {};
   Recompute recompute = Recompute::none;
+  // The format activations, their gradients and the parameters the model
+  // reads are stored in (backend.precision): fp32, or 2 bytes an element.
+  core::Precision precision = core::Precision::fp32;
   // The fused attention kernels (the CUDA backend's): the backward pass keeps
   // each row's log-sum-exp instead of the T x T probabilities. Must match the
   // device the kernels run on (checked when a model is built).
@@ -78,8 +81,8 @@ struct DecoderConfig {
   bool is_moe(int layer) const { return moe.experts > 0 && layer % moe.every == moe.every - 1; }
   // The configuration of its MoE layers.
   MoeConfig moe_layer() const {
-    return {d_model,          ffn(),       moe.experts, moe.top_k, moe.capacity_factor, moe.drop_tokens,
-            moe.renormalize,  moe.aux_coef, act,         bias};
+    return {d_model,         ffn(),        moe.experts, moe.top_k, moe.capacity_factor, moe.drop_tokens,
+            moe.renormalize, moe.aux_coef, act,         bias,      precision};
   }
 };
 
@@ -152,11 +155,11 @@ class Decoder final : public Model {
   const std::vector<Unit>& units() const override { return units_; }
   const Stage& stage() const override { return stage_; }
   const std::vector<BufferSpec>& buffers() const override { return bufs_.specs(); }
-  float* input() override { return encoded_; }
-  const float* output() const override;
-  float* output_grad() override { return dres_; }
-  const float* input_grad() const override { return dres_; }
-  std::int64_t boundary_floats() const override { return Nl_ * c_.d_model; }
+  core::Ptr input() override { return encoded_; }
+  core::CPtr output() const override;
+  core::Ptr output_grad() override { return dres_; }
+  core::CPtr input_grad() const override { return dres_; }
+  std::int64_t boundary_elements() const override { return Nl_ * c_.d_model; }
   float forward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets,
                 prof::Timeline* tl = nullptr) override;
   void backward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets, float loss_scale,
@@ -171,16 +174,16 @@ class Decoder final : public Model {
   // output gradient [N, out] from the input half to the weight half.
   struct Linear {
     int in = 0, out = 0;
-    float* kept = nullptr;
-    void forward(float* y, const float* x, const float* w, const float* b, int N) const;
+    core::Ptr kept = nullptr;
+    void forward(core::Ptr y, core::CPtr x, core::CPtr w, core::CPtr b, int N) const;
     // Where its output gradient goes: the kept buffer in an input-only pass
     // (nothing to copy later), else `scratch`.
-    float* dy(float* scratch, bool input_only) const { return input_only ? kept : scratch; }
-    // dx = dy W; then dW += dy^T x and db += colsum(dy), or (input-only)
-    // dy kept for weight().
-    void backward(float* dx, const float* dy, const float* x, const float* w, float* dw, float* db, int N,
+    core::Ptr dy(core::Ptr scratch, bool input_only) const { return input_only ? kept : scratch; }
+    // dx = dy W; then dW += dy^T x and db += colsum(dy) (fp32 gradients), or
+    // (input-only) dy kept for weight().
+    void backward(core::Ptr dx, core::CPtr dy, core::CPtr x, core::CPtr w, float* dw, float* db, int N,
                   bool input_only) const;
-    void weight(float* dw, float* db, const float* x, int N) const;
+    void weight(float* dw, float* db, core::CPtr x, int N) const;
   };
 
   // The gradients of a block's parameters that every tensor-parallel rank
@@ -191,13 +194,14 @@ class Decoder final : public Model {
   enum Replicated { kLn1Weight, kLn1Bias, kProjBias, kLn2Weight, kLn2Bias, kFfnBias, kReplicated };
 
   // A block's activations that its backward pass reads: the norms' outputs
-  // (all N rows) and statistics (this rank's rows; RMSNorm keeps no mean), q
-  // k v (q and k turned by RoPE), attention's output and state (its
-  // probabilities, or the rows' log-sum-exp), and the residual stream after
-  // attention. Recomputation shares them between
-  // blocks (the recomputation policy, in the constructor).
+  // (all N rows) and statistics (this rank's rows, fp32; RMSNorm keeps no
+  // mean), q k v (q and k turned by RoPE), attention's output and state (its
+  // probabilities, or the rows' log-sum-exp, fp32), and the residual stream
+  // after attention. Recomputation shares them between blocks (the
+  // recomputation policy, in the constructor).
   struct Acts {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd;
+    core::Ptr ln1, qkv, atty, att, res2, ln2;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
   };
 
   // A block's feed-forward half: it reads ln2 (all rows) and adds its
@@ -212,42 +216,42 @@ class Decoder final : public Model {
     // Its parameters' offsets within the unit (-1: a bias it has not).
     std::int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b;
     Acts a;
-    float* out = nullptr;  // the residual stream after the block [Nl, C]
+    core::Ptr out = nullptr;  // the residual stream after the block [Nl, C]
     Linear qkv, proj;
     std::unique_ptr<Ffn> ffn;
   };
 
   // One block forward up to the feed-forward: norm, attention, residual,
   // norm (again in a fully recomputing backward).
-  void attention_half(const Block& b, const float* p, const float* x);
+  void attention_half(const Block& b, core::CPtr p, core::CPtr x);
   // A block's forward from its input x; its backward, `next` the unit whose
   // backward follows (-1: none).
-  void block_forward(ParamState& st, Block& b, const float* x, double* aux);
-  void block_backward(ParamState& st, Block& b, const float* x, int next, float loss_scale, bool input_only);
+  void block_forward(ParamState& st, Block& b, core::CPtr x, double* aux);
+  void block_backward(ParamState& st, Block& b, core::CPtr x, int next, float loss_scale, bool input_only);
   // A norm over this rank's rows, its output gathered to all rows under
   // sequence parallelism; the residual add of the row-parallel sums in
   // dbuf_ (summed or reduce-scattered over tp) and a bias (if any); a norm's
   // backward into dres_ from the partial input gradients in dbuf_ (f
   // backward) or, `partial` false, from a whole one, its weight and bias
   // gradients into replicated slots k and k + 1.
-  void norm_rows(float* out_all, float* mean, float* rstd, const float* x, const float* w, const float* b);
-  void residual_rows(float* out, const float* x, const float* bias);
+  void norm_rows(core::Ptr out_all, float* mean, float* rstd, core::CPtr x, core::CPtr w, core::CPtr b);
+  void residual_rows(core::Ptr out, core::CPtr x, core::CPtr bias);
   // RoPE on q and k of a qkv buffer of all N rows (forward), or on their
   // gradient (backward: the turn back).
-  void rotate(float* qkv, bool backward);
-  void norm_back(const float* x, const float* w, const float* mean, const float* rstd, int k, bool partial = true);
+  void rotate(core::Ptr qkv, bool backward);
+  void norm_back(core::CPtr x, core::CPtr w, const float* mean, const float* rstd, int k, bool partial = true);
   // The offset of parameter `name` in unit `unit`'s values, or -1 if the
   // model has no such parameter (a bias of a bias-free block).
   std::int64_t offset_in(int unit, const std::string& name) const;
   // The residual gradient of all N rows (gathered where they are split).
-  const float* dres_all();
+  core::CPtr dres_all();
   void finish_replicated(float* const* grads, int n);
   // The position rows of this rank's rows [r0_, r0_ + Nl_) of the residual
   // stream: added to `rows` (forward), or their gradient in `drows` (all N
   // rows) added to dwpe (backward); under context parallelism the rows'
   // positions come in runs (context_seam.hpp).
-  void add_positions(float* rows, const float* wpe);
-  void position_grads(float* dwpe, const float* drows);
+  void add_positions(core::Ptr rows, core::CPtr wpe);
+  void position_grads(float* dwpe, core::CPtr drows);
 
   DecoderConfig c_;
   int B_;
@@ -273,17 +277,20 @@ class Decoder final : public Model {
   std::int64_t lnfw_off_ = 0, lnfb_off_ = -1, head_off_ = 0;  // offsets in their units
   Linear head_;  // this rank's vocabulary columns; its kept output gradient is `logits`
   // The stage's input (the embedding's output, or the previous stage's
-  // activations) and the head's activations.
-  float *encoded_, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
-                   *losses_ = nullptr, *ce_max_ = nullptr, *ce_sum_ = nullptr, *ce_target_ = nullptr;
+  // activations) and the head's activations (the row figures fp32).
+  core::Ptr encoded_, lnf_ = nullptr, logits_ = nullptr;
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *losses_ = nullptr, *ce_max_ = nullptr, *ce_sum_ = nullptr,
+        *ce_target_ = nullptr;
   // The losses' host copy (untracked: N floats of host memory, not device).
   std::vector<float> host_losses_;
   // Backward scratch (workspace): the running residual gradient [Nl, C],
   // a linear's input gradient or partial sums [N, C], attention's q k v
-  // gradient and scratch, the replicated gradients; where the rows are
-  // split, a reduction's rows and the gathered residual gradient.
-  float *dres_, *dbuf_, *dqkv_, *dprobs_, *rep_grads_;
-  float *sp_rows_ = nullptr, *dres_full_ = nullptr;
+  // gradient and scratch, the replicated gradients (fp32); where the rows
+  // are split, a reduction's rows and the gathered residual gradient.
+  core::Ptr dres_, dbuf_, dqkv_;
+  std::byte* attn_scratch_ = nullptr;
+  float* rep_grads_ = nullptr;
+  core::Ptr sp_rows_ = nullptr, dres_full_ = nullptr;
 };
 
 }  // namespace strata::models

@@ -53,7 +53,7 @@ RankMemory estimate_rank(const plan::Plan& cfg, int rank, std::vector<CommVolume
   tracker.count_only();
   // Records nothing: it only carries the micro-batch and chunk into the trace's spans.
   prof::Timeline positions(false);
-  Trainer t(cfg, tracker, &positions, 0.0, strategies::parallelize(cfg, &mesh, tracker));
+  Trainer t(cfg, tracker, &positions, 0.0, strategies::parallelize(cfg, &mesh));
   // As run_deck measures: peaks restart with each step.
   for (int s = 0; s < 2; ++s) {
     log.set_step(s);

@@ -34,13 +34,29 @@ std::string host_name() {
   return buf;
 }
 
+// What multiplies a run's matrices on this device at the run's precision.
+std::string gemm_name(const plan::Plan& cfg) {
+  const core::Precision p = cfg.backend.precision;
+  const bool half = p != core::Precision::fp32;
+  switch (kernels::device()) {
+    case kernels::Device::kokkos: return half ? fmt::format("Kokkos {} GEMM", core::precision_name(p)) : "KokkosBlas sgemm";
+    case kernels::Device::cuda: return half ? fmt::format("cuBLAS {} GEMM", core::precision_name(p)) : "cuBLAS sgemm";
+    default:
+      if (!half) return "sgemm";
+      return std::string(kernels::cpu_gemm_path(p)) == "onednn"
+                 ? fmt::format("oneDNN {} matmul", core::precision_name(p))
+                 : fmt::format("{} widened to sgemm", core::precision_name(p));
+  }
+}
+
 // A file name from the parts that change the figure.
 std::string cache_file(const plan::Plan& cfg) {
-  std::string backend = kernels::backend_name();
-  for (char& c : backend)
-    if (c == '/' || c == ' ') c = '_';
-  return fmt::format("{}/{}.{}.{}.t{}", peak_cache_dir(), host_name(), backend,
-                     core::precision_name(cfg.backend.precision), kernels::num_threads());
+  std::string backend = kernels::backend_name(), gemm = gemm_name(cfg);
+  for (std::string* s : {&backend, &gemm})
+    for (char& c : *s)
+      if (c == '/' || c == ' ') c = '_';
+  return fmt::format("{}/{}.{}.{}.{}.t{}", peak_cache_dir(), host_name(), backend,
+                     core::precision_name(cfg.backend.precision), gemm, kernels::num_threads());
 }
 
 // The cached figure, or 0 when there is none (or it does not read back).
@@ -80,20 +96,9 @@ Peak measure_or_read(const plan::Plan& cfg) {
   const bool gpu = !kernels::host_memory();
   // A GPU needs large products to reach its rate; the CPU's is reached at 1024.
   const int n = gpu ? 8192 : 1024, reps = 5;
-  const char* what = kernels::device() == kernels::Device::kokkos     ? "KokkosBlas sgemm"
-                     : !gpu                                           ? "sgemm"
-                     : cfg.backend.precision == core::Precision::bf16 ? "cuBLAS bf16 GEMM"
-                     : cfg.backend.precision == core::Precision::fp16 ? "cuBLAS fp16 GEMM"
-                                                                      : "cuBLAS sgemm";
   const double f = kernels::measure_gemm_flops(n, reps, cfg.backend.precision);
-  // The host backends compute 16-bit products in fp32: their peak is an
-  // sgemm's whatever the precision, and the label says so.
-  const std::string products = !gpu && cfg.backend.precision != core::Precision::fp32
-                                   ? fmt::format(" (fp32 products: this backend computes {} in fp32)",
-                                                 core::precision_name(cfg.backend.precision))
-                                   : "";
-  how = fmt::format("{} {}^3{}, best of {}, {} thread(s), measured {}", what, n, products, reps,
-                    kernels::num_threads(), iso_time_utc());
+  how = fmt::format("{} {}^3, best of {}, {} thread(s), measured {}", gemm_name(cfg), n, reps, kernels::num_threads(),
+                    iso_time_utc());
   if (path.empty())
     return {f, fmt::format("measured: {} (not cached: neither STRATA_PEAK_CACHE, XDG_CACHE_HOME nor HOME is set)", how)};
   const std::string why = write_cache(path, f, how);

@@ -141,7 +141,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
       file.set_attr("/", "device_memory_total", std::int64_t(kernels::device_memory().total));
       if (console.device_bytes == 0) console.device_bytes = double(kernels::device_memory().total);
     }
-    Trainer trainer(cfg, tracker, &timeline, job_peak, strategies::parallelize(cfg, &mesh, tracker));
+    Trainer trainer(cfg, tracker, &timeline, job_peak, strategies::parallelize(cfg, &mesh));
     records.prepare(trainer);
     if (const models::NvmeFile* f = trainer.nvme_file()) {
       prov.offload_io = f->mode();

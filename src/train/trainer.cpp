@@ -38,10 +38,8 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   if (parts_.pp != nullptr) {
     // This rank's chunks of the pipeline, placed and counted by the schedule's row.
     const strategies::pp::Shape shape{parts_.pp->size(), micro_batches_, cfg_.parallel.virtual_stages};
-    const std::int64_t rows = seams.tp->rows(std::int64_t(B) * T);
     pipeline_ = std::make_unique<strategies::pp::Executor>(
-        *cfg_.parallel.schedule, shape, parts_.pp->rank(), *parts_.pp, parts_.wire, rows * cfg_.model.d_model,
-        [&](int stage, bool split) {
+        *cfg_.parallel.schedule, shape, parts_.pp->rank(), *parts_.pp, [&](int stage, bool split) {
           models::Build b = build;
           b.stage = models::stage_of(cfg_.model.layers, stage, shape.p * shape.v, cfg_.parallel.first_stage_layers,
                                      cfg_.parallel.last_stage_layers);

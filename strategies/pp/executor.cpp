@@ -4,9 +4,19 @@
 
 namespace strata::strategies::pp {
 
-Executor::Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp,
-                   const models::Wire& wire, std::int64_t activation_floats, const MakeModel& make)
-    : shape_(shape), pp_(pp), wire_(wire), count_(activation_floats) {
+namespace {
+
+comm::RequestPtr isend(comm::Communicator& c, core::CPtr x, std::int64_t n, int peer, int tag) {
+  return c.isend(x.get(), n, comm::dtype_of(x.precision()), peer, tag);
+}
+void recv(comm::Communicator& c, core::Ptr y, std::int64_t n, int peer, int tag) {
+  c.recv(y.get(), n, comm::dtype_of(y.precision()), peer, tag);
+}
+
+}  // namespace
+
+Executor::Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp, const MakeModel& make)
+    : shape_(shape), pp_(pp) {
   actions_ = make_schedule(row, shape)[std::size_t(rank)];
   live_ = liveness(actions_);
   chunks_.resize(std::size_t(shape.v));
@@ -16,7 +26,6 @@ Executor::Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::
     for (int k = 0; k < std::max(live_.slots[std::size_t(c)], 1); ++k) {
       ch.slots.push_back(make(stage, live_.split_backward));
       ch.free.push_back(ch.slots.back().get());
-      ch.outbox.push_back(wire_.copy(wire_.half() ? count_ : 0));
     }
     ch.of_mb.assign(std::size_t(shape.m), nullptr);
   }
@@ -44,14 +53,6 @@ void Executor::use_state(StateStrategy& strategy) {
     for (Chunk& ch : chunks_)
       ch.view = std::make_unique<models::ShiftedState>(strategy.state(), ch.first_unit,
                                                        int(ch.slots[0]->units().size()));
-}
-
-std::uint16_t* Executor::outbox(Chunk& ch, const models::Model* g) {
-  if (!wire_.half()) return nullptr;
-  for (std::size_t k = 0; k < ch.slots.size(); ++k)
-    if (ch.slots[k].get() == g) return ch.outbox[k].data();
-  STRATA_CHECK(false, "a stage model without a slot");
-  return nullptr;
 }
 
 models::ParamState& Executor::state_of(int chunk) {
@@ -111,19 +112,21 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
     models::Model* g = ch.of_mb[std::size_t(a.mb)];
     auto& sent = sends[std::size_t(a.chunk * m + a.mb)];
     switch (a.op) {
-      case Op::recv_act:
-        wire_.recv(pp_, take(a.chunk, a.mb)->input(), count_, a.peer, kActTag);
+      case Op::recv_act: {
+        models::Model* m = take(a.chunk, a.mb);
+        recv(pp_, m->input(), m->boundary_elements(), a.peer, kActTag);
         break;
+      }
       case Op::forward:
         if (live_.first_of_pair[i]) g = take(a.chunk, a.mb);  // the first stage: no activations to receive
         loss_sum += g->forward(state, tokens, targets, timeline);
         on_forward(*g);
         break;
       case Op::send_act:
-        sent.push_back(wire_.isend(pp_, g->output(), count_, a.peer, kActTag, outbox(ch, g)));
+        sent.push_back(isend(pp_, g->output(), g->boundary_elements(), a.peer, kActTag));
         break;
       case Op::recv_grad:
-        wire_.recv(pp_, g->output_grad(), count_, a.peer, kGradTag);
+        recv(pp_, g->output_grad(), g->boundary_elements(), a.peer, kGradTag);
         break;
       case Op::backward:
       case Op::backward_input:
@@ -135,9 +138,7 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
         g->backward_weight(state, timeline);
         break;
       case Op::send_grad:
-        if (wire_.half())  // the activations have left the outbox (the peer sent their gradient)
-          for (auto& r : sent) r->wait();
-        sent.push_back(wire_.isend(pp_, g->input_grad(), count_, a.peer, kGradTag, outbox(ch, g)));
+        sent.push_back(isend(pp_, g->input_grad(), g->boundary_elements(), a.peer, kGradTag));
         break;
       case Op::optimizer:
         break;

@@ -14,7 +14,9 @@
 // send (the simulator checks that no schedule deadlocks or stalls so). Sends
 // are non-blocking (the schedules are deadlock-free when sends never block);
 // a receive is a probe then the receive, so the communicator records how
-// long it waited for the peer apart from the transfer.
+// long it waited for the peer apart from the transfer. Activations and their
+// gradients travel in their format (the compute precision), from and into
+// the stage models' own buffers.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +29,6 @@
 #include "models/model.hpp"
 #include "strategies/pp/liveness.hpp"
 #include "strategies/pp/schedule.hpp"
-#include "models/wire.hpp"
 #include "strategies/state_strategy.hpp"
 
 namespace strata::strategies::pp {
@@ -36,10 +37,9 @@ class Executor {
  public:
   // A stage model of global stage `stage`, split backward or not.
   using MakeModel = std::function<std::unique_ptr<models::Model>(int stage, bool split_backward)>;
-  // Rank `rank` of `shape` under `row`, its transfers of `activation_floats`
-  // elements each way on `pp`, in the wire's precision.
-  Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp, const models::Wire& wire,
-           std::int64_t activation_floats, const MakeModel& make);
+  // Rank `rank` of `shape` under `row`, its transfers of a stage model's
+  // boundary_elements() each way on `pp`.
+  Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp, const MakeModel& make);
 
   int chunks() const { return int(chunks_.size()); }
   models::Model& model(int chunk) { return *chunks_[std::size_t(chunk)].slots[0]; }
@@ -70,20 +70,13 @@ class Executor {
     int first_unit = 0;                          // of the chunk's units in the rank's state
     std::unique_ptr<models::ShiftedState> view;  // the chunk's units, when the rank has several chunks
     std::vector<std::unique_ptr<models::Model>> slots;
-    // Under a 16-bit wire, each slot's outgoing copy (its activations, then
-    // their gradient), held with the slot so that what is in flight does
-    // not depend on when the peer receives it.
-    std::vector<core::Buffer<std::uint16_t>> outbox;
     std::vector<models::Model*> free;
     std::vector<models::Model*> of_mb;             // the stage model holding each micro-batch of the step
   };
   models::ParamState& state_of(int chunk);
-  std::uint16_t* outbox(Chunk& ch, const models::Model* g);  // null under fp32
 
   Shape shape_;
   comm::Communicator& pp_;
-  models::Wire wire_;
-  std::int64_t count_;
   std::vector<Action> actions_;
   Liveness live_;
   std::vector<Chunk> chunks_;

@@ -129,8 +129,7 @@ const Row& pipeline_row() {
       pp_axes,
       check_pipeline,
       "each rank its stages' parameters and one stage model (activations and scratch) per (chunk, micro-batch) "
-      "its schedule keeps live (strategies/pp/liveness.hpp), under a 16-bit precision with a 16-bit outbox of "
-      "b s h elements; sends and receives of b s h activations and gradients per micro-batch and stage boundary, "
+      "its schedule keeps live (strategies/pp/liveness.hpp); sends and receives of b s h activations and gradients per micro-batch and stage boundary, "
       "in the compute precision",
       pp_parts,
       {{20, "parallel.pp", pp_sizes, false, "pp"},

@@ -86,7 +86,7 @@ void check(const Layout& l) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep, l.dp_shard), log);
   auto trainer = [&](core::MemoryTracker& t) {
-    return std::make_unique<train::Trainer>(c, t, nullptr, 0.0, strategies::parallelize(c, &mesh, t));
+    return std::make_unique<train::Trainer>(c, t, nullptr, 0.0, strategies::parallelize(c, &mesh));
   };
   core::MemoryTracker t0, t1, t2;
   auto whole = trainer(t0);
@@ -171,9 +171,9 @@ void check_reshard(const Layout& from, const Layout& to) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(from.pp, from.dp, from.tp, from.ep, from.dp_shard), log);
     core::MemoryTracker t0, t1;
-    train::Trainer whole(a.config, t0, nullptr, 0.0, strategies::parallelize(a.config, &mesh, t0));
+    train::Trainer whole(a.config, t0, nullptr, 0.0, strategies::parallelize(a.config, &mesh));
     for (int s = 0; s < a.config.run.steps; ++s) losses.push_back(whole.step(s).loss);
-    train::Trainer first(a.config, t1, nullptr, 0.0, strategies::parallelize(a.config, &mesh, t1));
+    train::Trainer first(a.config, t1, nullptr, 0.0, strategies::parallelize(a.config, &mesh));
     for (int s = 0; s < k; ++s) first.step(s);
     train::write_checkpoint(MPI_COMM_WORLD, dir, k, layout_of(from, a), first.strategy(), first.registry(),
                             mesh::first_copy(mesh.layout(), mesh.rank()));
@@ -181,7 +181,7 @@ void check_reshard(const Layout& from, const Layout& to) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(to.pp, to.dp, to.tp, to.ep, to.dp_shard), log);
   core::MemoryTracker t2;
-  train::Trainer resumed(b.config, t2, nullptr, 0.0, strategies::parallelize(b.config, &mesh, t2));
+  train::Trainer resumed(b.config, t2, nullptr, 0.0, strategies::parallelize(b.config, &mesh));
   const auto ref = train::find_checkpoint(MPI_COMM_WORLD, dir, layout_of(to, b));
   EXPECT_TRUE(ref.reshard);
   train::load_checkpoint(MPI_COMM_WORLD, ref, resumed.strategy(), resumed.registry());
@@ -222,7 +222,7 @@ TEST(Checkpoint, PartialAndCorruptCheckpointsAreNotLoaded) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   core::MemoryTracker tracker;
-  train::Trainer t(d.config, tracker, nullptr, 0.0, strategies::parallelize(d.config, &mesh, tracker));
+  train::Trainer t(d.config, tracker, nullptr, 0.0, strategies::parallelize(d.config, &mesh));
   t.step(0);
   const std::string dir = temp_dir();
   train::write_checkpoint(MPI_COMM_WORLD, dir, 1, layout_of(l, d), t.strategy(), t.registry(),

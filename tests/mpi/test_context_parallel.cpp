@@ -68,7 +68,7 @@ void check(const Layout& l) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, &log, s);
@@ -142,7 +142,7 @@ TEST(ContextParallel, ActivationsPerRankFallWithCp) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     tracker.reset_peaks();
     t.step(0);
     act[cp - 1] = tracker.peak(MemCategory::activations);
@@ -164,7 +164,7 @@ TEST(ContextParallel, ZeroShardsOverDpTimesCp) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   t.step(0);
   std::uint64_t psi_p = 0;
   for (const auto& u : t.units()) psi_p += std::uint64_t((u.size() + n - 1) / n) * std::uint64_t(n);

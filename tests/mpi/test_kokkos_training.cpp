@@ -58,7 +58,7 @@ Trajectory train_on(kernels::Device d, int zero) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     for (int s = 0; s < c.run.steps; ++s) {
       const train::StepRecord step = t.step(s);
       r.losses.push_back(step.loss);

@@ -103,7 +103,7 @@ void check(const Layout& l) {
   comm::CommLog log(prof::now_seconds());
   mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   const bool fp32 = std::string(l.precision) == "fp32";
   const double loss_tol = fp32 ? 1e-5 : 1e-2;
   int clipped = 0;
@@ -123,12 +123,13 @@ void check(const Layout& l) {
   }
   estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
   // Mixed precision: test_mixed_precision's per-tensor bounds (dense 0.15,
-  // MoE 0.3: a rounded router logit can flip a token's choice), but 0.5 for
+  // MoE 0.3: a rounded router logit can flip a token's choice), but 0.75 for
   // Mixtral's: its router is this model's smallest tensor (4 x 16 weights),
-  // where a flipped choice weighs most (measured 0.32 on the last block's
-  // router, bf16 dp 2 x ep 2, with the whole vector at 2.9e-2, within the
-  // bound below).
-  const double tol = fp32 ? bound(l) : l.experts > 0 ? 0.5 : 0.15;
+  // where a flipped choice weighs most, and its input and logits are held in
+  // bf16 as Megatron's default router and torchtitan's gate hold them
+  // (measured 0.58 on the last block's router, bf16 dp 2 x ep 2, with the
+  // whole vector at 4.3e-2, within the bound below).
+  const double tol = fp32 ? bound(l) : l.experts > 0 ? 0.75 : 0.15;
   double key_abs = 0;
   std::string worst;
   EXPECT_LE(parity::params_error(t.registry(), t.strategy().full_params(), ref.registry(),
@@ -136,7 +137,7 @@ void check(const Layout& l) {
             tol)
       << worst;
   // And over the whole parameter vector (test_mixed_precision's bounds:
-  // dense 1e-2, MoE 5e-2).
+  // dense 2e-2, MoE 5e-2).
   const std::vector<float> mine = t.strategy().full_params(), theirs = ref.strategy().full_params();
   double diff = 0, norm = 0;
   for (const auto& s : t.registry().specs()) {
@@ -148,7 +149,7 @@ void check(const Layout& l) {
     }
   }
   const double whole = std::sqrt(diff / norm);
-  EXPECT_LE(whole, fp32 ? bound(l) : l.experts > 0 ? 5e-2 : 1e-2);
+  EXPECT_LE(whole, fp32 ? bound(l) : l.experts > 0 ? 5e-2 : 2e-2);
   if (mpi_test::world_rank() == 0)
     fmt::print("{}: final loss {:.6f} (one rank {:.6f}); parameters {:.2e} (whole)\n", l.label(), got.back().loss,
                want.back().loss, whole);

@@ -110,7 +110,7 @@ TEST(MeshAxis, ATestRowsAxisHasItsGroupRanksColumnCommAxisAndCheckpoints) {
   std::vector<double> losses;
   {
     core::MemoryTracker tracker;
-    train::Trainer t(a.config, tracker, nullptr, 0.0, strategies::parallelize(a.config, &mesh, tracker));
+    train::Trainer t(a.config, tracker, nullptr, 0.0, strategies::parallelize(a.config, &mesh));
     for (int s = 0; s < a.config.run.steps; ++s) {
       log.set_step(s);
       const std::size_t first = log.records().size();
@@ -170,7 +170,7 @@ TEST(MeshAxis, ATestRowsAxisHasItsGroupRanksColumnCommAxisAndCheckpoints) {
   comm::CommLog log2(prof::now_seconds());
   mesh::Mesh mesh2(MPI_COMM_WORLD, plain, log2);
   core::MemoryTracker tracker;
-  train::Trainer resumed(b.config, tracker, nullptr, 0.0, strategies::parallelize(b.config, &mesh2, tracker));
+  train::Trainer resumed(b.config, tracker, nullptr, 0.0, strategies::parallelize(b.config, &mesh2));
   const train::CheckpointRef ref =
       train::find_checkpoint(MPI_COMM_WORLD, dir, train::checkpoint_layout(plain, b.config, b.resolved_toml));
   EXPECT_TRUE(ref.reshard);

@@ -62,7 +62,7 @@ Trajectory run(const plan::Plan& c, mesh::Mesh* mesh) {
   if (mesh == nullptr)
     t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0);
   else
-    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, strategies::parallelize(c, mesh, tracker));
+    t = std::make_unique<train::Trainer>(c, tracker, nullptr, 0.0, strategies::parallelize(c, mesh));
   Trajectory r;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, nullptr, s);
@@ -78,21 +78,20 @@ Trajectory run(const plan::Plan& c, mesh::Mesh* mesh) {
 // every gradient norm within 1e-2 relative (the norm catches a loss scale
 // left in the gradients, to which Adam itself is blind), the loss falling;
 // the master weights close over the whole parameter vector (`whole`) and
-// norm-wise per tensor (`tensor`). bf16 keeps 8 significant bits: each
-// gradient element is rounded by up to 2^-9 relative, Adam's per-element
+// norm-wise per tensor (`tensor`). bf16 keeps 8 significant bits: every
+// activation the backward reads is stored rounded to them, each gradient
+// element is rounded by up to 2^-9 relative, Adam's per-element
 // normalisation turns that into updates of ~lr whatever the gradient's
 // size, and tensors of small norm (the biases, which start at zero) show it
-// most. Dense: whole 1e-2, tensor 0.15 (measured after 10 steps at lr 1e-2:
-// whole <= 7.7e-3, tensor <= 0.10 on one rank of pp 2 x tp 2). MoE: whole
-// 5e-2, tensor 0.3, because a rounded router logit can flip a token's
-// top-2 choice or its drop, a discrete change (measured 3.2e-2, 0.19). The
-// same flips move MoE's gradient norm by more than rounding would: the
-// tokens an expert receives and returns cross the expert exchange rounded
-// to 16 bits (models/wire.hpp), and one token changing experts changes
-// that expert's gradient by a whole token's part, so its norm bound is
-// 5e-2 (measured 2.6e-2 at step 6 of dp 2 x ep 2); every loss stays within
-// 1e-2.
-void expect_close(const Trajectory& mixed, const Trajectory& ref, const std::string& what, double whole_bound = 1e-2,
+// most. Dense: whole 2e-2, tensor 0.15 (measured after 10 steps at lr 1e-2:
+// whole <= 1.5e-2 on dp 2 x cp 2, tensor <= 0.09). MoE: whole 5e-2,
+// tensor 0.3, because a rounded router logit can flip a token's top-2
+// choice or its drop, a discrete change (measured 4.1e-2, 0.29). The same
+// flips move MoE's gradient norm by more than rounding would: one token
+// changing experts changes that expert's gradient by a whole token's part,
+// so its norm bound is 8e-2 (measured 5.4e-2 at dp 2 x ep 2); every loss
+// stays within 1e-2.
+void expect_close(const Trajectory& mixed, const Trajectory& ref, const std::string& what, double whole_bound = 2e-2,
                   double tensor_bound = 0.15, double norm_bound = 1e-2) {
   ASSERT_EQ(mixed.steps.size(), ref.steps.size());
   double worst_norm = 0;
@@ -176,7 +175,7 @@ TEST(MixedPrecision, TensorPipelineAndExpertLayoutsTrackFp32) {
     comm::CommLog log(prof::now_seconds());
     mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
     expect_close(run(config(l, 2, 16, 8, 2, 10, "bf16", 4), &mesh), ref, fmt::format("bf16 MoE dp {} x ep 2, zero 2", n), 5e-2, 0.3,
-                 5e-2);
+                 8e-2);
   }
   {
     const Trajectory ref = run(config({1, 1, 1}, 0, 16, 8, 2, 10, "fp32"), nullptr);
@@ -187,14 +186,14 @@ TEST(MixedPrecision, TensorPipelineAndExpertLayoutsTrackFp32) {
   }
 }
 
-// Activations and their gradients cross ranks in the compute precision
-// (models/wire.hpp): under bf16 every pipeline transfer, ring-attention
-// block, sequence-parallel gather and reduce-scatter and expert exchange
-// moves exactly half the bytes of the same step in fp32. What stays fp32
-// stays equal: the vocabulary-parallel cross-entropy's statistics and the
+// Activations and their gradients are kept, and cross ranks, in the compute
+// precision: under bf16 every pipeline transfer, ring-attention block,
+// sequence-parallel gather and reduce-scatter and expert exchange moves
+// exactly half the bytes of the same step in fp32. What stays fp32 stays
+// equal: the vocabulary-parallel cross-entropy's statistics and the
 // replicated parameters' gradients (tp all_reduce), the expert counts
 // (ep all_to_all).
-TEST(Wire, ActivationsCrossRanksInHalfTheBytes) {
+TEST(Activations, CrossRanksInHalfTheBytes) {
   const int n = parity::world_size();
   struct Case {
     Sizes l;
@@ -218,7 +217,7 @@ TEST(Wire, ActivationsCrossRanksInHalfTheBytes) {
       auto c = config(k.l, 0, 16, 8, 2, 1, half ? "bf16" : "fp32", k.experts);
       c.parallel.sequence_parallel = k.l.tp > 1;
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       log.set_step(0);
       const std::size_t before = log.records().size();
       estimate_check::begin_step(tracker, nullptr, 0);
@@ -227,7 +226,6 @@ TEST(Wire, ActivationsCrossRanksInHalfTheBytes) {
         const auto& r = log.records()[i];
         bytes[half][std::string(r.axis) + " " + std::string(r.op)] += r.bytes;
       }
-      // The 16-bit copies are communication memory, declared as measured.
       estimate_check::expect_estimate_is_measured(c, tracker, t);
     }
     for (const auto& op : k.halved) {
@@ -252,7 +250,7 @@ TEST(MixedPrecision, PerRankBytesAreZerosMixedPrecisionFigures) {
         SCOPED_TRACE(fmt::format("{} d_model {} zero {}", precision, d_model, zero));
         const auto c = config({1, n, 1}, zero, d_model, 2 * n, 2, 1, precision);
         core::MemoryTracker tracker;
-        train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+        train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
         const std::size_t workspace_before = tracker.current(MemCategory::workspace);
         t.step(0);
         const auto [psi, S, psi_p, params, grads, opt] = held(t, tracker, n);
@@ -289,7 +287,7 @@ TEST(MixedPrecision, Fp32GradientsAreHeldAndReducedInFourBytes) {
         auto c = config({1, n, 1}, zero, 6, 2 * n, 2, 1, precision);
         c.parallel.grad_reduce = fp32 ? plan::GradReduce::fp32 : plan::GradReduce::compute;
         core::MemoryTracker tracker;
-        train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+        train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
         log.set_step(0);
         const std::size_t before = log.records().size();
         t.step(0);
@@ -342,7 +340,7 @@ TEST(MixedPrecision, Fp16LossScalingSkipsOverflowingSteps) {
   c.backend.loss_scale = std::ldexp(1.0, 20);
   c.backend.loss_scale_window = 3;
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   std::vector<float> before = t.strategy().full_params();
   double scale = c.backend.loss_scale;
   int skipped = 0, good = 0;

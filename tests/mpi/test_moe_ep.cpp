@@ -103,7 +103,7 @@ void check(const Layout& l) {
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
   const auto c = config(l, G);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   for (const auto& s : t.registry().specs()) {
     if (s.expert) {
       EXPECT_EQ(s.shape[0] * l.ep, kExperts) << s.name << ": experts split over ep";
@@ -195,7 +195,7 @@ TEST(ExpertParallel, AllToAllBytesEqualTheRoutedTokens) {
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
   const auto c = config(l, G, 3);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   const int me = mesh.axis("ep").rank(), El = kExperts / l.ep;
   for (int s = 0; s < c.run.steps; ++s) {
     log.set_step(s);
@@ -234,7 +234,7 @@ TEST(ExpertParallel, ZeroHoldsEachKindOverItsGroup) {
     mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(l.pp, l.dp, l.tp, l.ep), log);
     const auto c = config(l, 2 * kMicroBatch * l.dp, 1);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     t.step(0);
     std::uint64_t params = 0, grads = 0, optimizer = 0, expert_elements = 0;
     for (const auto& u : t.units()) {

@@ -76,7 +76,7 @@ void check(const Layout& l) {
   const auto c = config(l, layers, G, mb);
   mesh::Mesh mesh(MPI_COMM_WORLD, strategies::layout_of(c), log);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, &log, s);
@@ -195,7 +195,7 @@ TEST(Pipeline, OneFOneBAndZeroBubbleHoldFewerActivationsThanGPipe) {
     // One model for all: as many layers as ZB-V's 2p chunks need.
     const auto c = config({n, 1, 1, false, schedule, 0, v}, std::max(4, 2 * n), m, 1, 2);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     t.step(0);
     t.step(1);
     peak[schedule] = tracker.peak(core::MemCategory::activations);

@@ -89,7 +89,7 @@ TEST_P(Parity, LossAndParametersMatchOneRank) {
       mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
       const auto c = config(n, zero, d_model, G, mb, 10, overlapped);
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       Trajectory r;
       int clipped = 0;
       for (int s = 0; s < c.run.steps; ++s) {
@@ -136,7 +136,7 @@ TEST(Memory, PerRankBytesAreTheZeroPaperFigures) {
       mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
       const auto c = config(n, zero, d_model, 2 * n, 2, 2);
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       t.step(0);
       const std::uint64_t psi = std::uint64_t(t.model().registry().numel());
       const std::uint64_t S = std::uint64_t(shard_elems(t.model(), n)), psi_p = S * n;
@@ -181,7 +181,7 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
     auto c = config(n, zero, 6, 2 * n, 2, 1);
     c.backend.precision = plan::choose<core::Precision>(precision);
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     log.set_step(0);
     const std::size_t before = log.records().size();
     t.step(0);
@@ -233,7 +233,7 @@ TEST_P(HybridParity, LossAndParametersMatchOneRank) {
     mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1, 1, S), log);
     const auto c = hybrid(config(n, zero, d_model, G, mb));
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     EXPECT_EQ(t.strategy().padding_elements(), S * shard_elems(t.model(), S) - t.model().registry().numel())
         << "units padded to a multiple of the shard group, not of dp";
     for (int s = 0; s < c.run.steps; ++s) {
@@ -261,7 +261,7 @@ TEST(Hybrid, MemoryIsTheZeroFiguresOverTheShardGroup) {
     mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1, 1, S), log);
     const auto c = hybrid(config(n, zero, 6, 2 * n, 2, 2));
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     t.step(0);
     const std::uint64_t sh = std::uint64_t(shard_elems(t.model(), S)), psi_p = sh * S;
     const std::uint64_t params = tracker.current(MemCategory::params), grads = tracker.current(MemCategory::grads),
@@ -283,7 +283,7 @@ TEST(Hybrid, BytesPerStepAreTheShardAndReplicaVolumes) {
     mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1, 1, S), log);
     const auto c = hybrid(config(n, zero, 6, 2 * n, 2, 1));
     core::MemoryTracker tracker;
-    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+    train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
     log.set_step(0);
     const std::size_t before = log.records().size();
     t.step(0);
@@ -315,7 +315,7 @@ TEST(Buckets, DataParallelLaunchesBucketsDuringBackward) {
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
   const auto c = config(n, 0, 16, 2 * n, 2, 1);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   t.step(0);
   int nonblocking = 0;
   for (const auto& r : log.records())
@@ -363,7 +363,7 @@ TEST(StateStrategies, OffloadIsExactAndMovesTheOptimizerState) {
       c.offload.chunk_mb = 1.0 / 256;
       c.backend.precision = plan::choose<core::Precision>(precision);
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       // Elements this rank updates, per optimizer: its shard of every unit
       // (dp: one optimizer for all).
       std::int64_t own = 0, padded = 0, nvme_bytes = 0;
@@ -442,7 +442,7 @@ TEST(StateStrategies, ParameterOffloadToNvmeIsExact) {
         c.offload.params = true;
       }
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       std::int64_t written = 0;
       for (const auto& u : t.units()) {
         const std::int64_t shard = (u.size() + n - 1) / n;

@@ -62,7 +62,7 @@ void check_layout(int dp, int tp, int zero, bool sp) {
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, dp, tp), log);
   const auto c = config(dp, tp, zero, G, mb, 10, sp);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   int clipped = 0;
   for (int s = 0; s < c.run.steps; ++s) {
     estimate_check::begin_step(tracker, &log, s);
@@ -104,7 +104,7 @@ TEST(TensorParallel, CommunicationVolumeIsMegatrons) {
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, 1, n), log);
   const auto c = config(1, n, 0, 2, 2, 1);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   t.step(0);
   const std::int64_t N = std::int64_t(c.data.micro_batch) * c.model.seq_len, bsh = 4 * N * c.model.d_model;
   int big = 0, rows = 0, scalars = 0;
@@ -135,7 +135,7 @@ TEST(TensorParallel, SequenceParallelVolume) {
   mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, 1, n), log);
   const auto c = config(1, n, 0, 2, 2, 1, true);
   core::MemoryTracker tracker;
-  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+  train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
   t.step(0);
   const std::int64_t N = std::int64_t(c.data.micro_batch) * c.model.seq_len, h = c.model.d_model, bsh = 4 * N * h;
   const int L = c.model.layers;
@@ -179,7 +179,7 @@ TEST(TensorParallel, RecomputationIsExactOnEveryLayout) {
           mode, 4 * l.dp, l.pp, l.dp, l.tp, l.sp, l.schedule);
       const auto c = deck::parse_deck("test.toml", text, {}).config;
       core::MemoryTracker tracker;
-      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh, tracker));
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
       for (int s = 0; s < c.run.steps; ++s) {
         estimate_check::begin_step(tracker, &log, s);
         loss[mode].push_back(t.step(s).loss);

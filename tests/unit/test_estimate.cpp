@@ -7,6 +7,8 @@
 // mixed-precision bytes of its stage exactly.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+
 #include <filesystem>
 #include <map>
 
@@ -119,9 +121,18 @@ TEST(Estimate, A4096RankLayoutIsOneClassPerStage) {
     EXPECT_GE(d.total_peak, d.total_held());
   }
   EXPECT_TRUE(e.does_not_fit.empty());
+  // A byte below the smallest stage's peak fits no stage; at the largest
+  // stage's peak, every stage fits.
+  std::size_t least = SIZE_MAX, most = 0;
+  for (const auto& k : e.classes) {
+    least = std::min(least, k.memory[Pool::device].total_peak);
+    most = std::max(most, k.memory[Pool::device].total_peak);
+  }
   plan::Plan small = c;
-  small.backend.memory_limit = std::uint64_t(1) << 30;
-  EXPECT_EQ(train::estimate(small).does_not_fit.size(), 8u) << "1 GiB fits no stage";
+  small.backend.memory_limit = least - 1;
+  EXPECT_EQ(train::estimate(small).does_not_fit.size(), 8u) << "a byte below the smallest peak fits no stage";
+  small.backend.memory_limit = most;
+  EXPECT_TRUE(train::estimate(small).does_not_fit.empty()) << "the largest peak fits every stage";
 }
 
 namespace {

@@ -241,13 +241,13 @@ TEST(Model, StagesComposeToTheWholeModel) {
     const std::size_t NC = std::size_t(N) * c.d_model;
     float staged_loss = 0;
     for (int s = 0; s < S; ++s) {
-      if (s > 0) std::copy(stage[s - 1]->output(), stage[s - 1]->output() + NC, stage[s]->input());
+      if (s > 0) std::copy_n(stage[s - 1]->output().f32(), NC, stage[s]->input().f32());
       staged_loss = stage[s]->forward(*state[s], tok.data(), tgt.data());
     }
     EXPECT_EQ(staged_loss, loss);
     for (int s = S - 1; s >= 0; --s) {
       if (s < S - 1)
-        std::copy(stage[s + 1]->input_grad(), stage[s + 1]->input_grad() + NC, stage[s]->output_grad());
+        std::copy_n(stage[s + 1]->input_grad().f32(), NC, stage[s]->output_grad().f32());
       stage[s]->backward(*state[s], tok.data(), tgt.data(), 1.0f);
     }
     // Every parameter of every stage: its values and gradients are the whole
