@@ -101,6 +101,7 @@ struct Build {
   Seams seams = {};   // where its layers meet other ranks (strategies::parallelize)
   Stage stage = {};   // its part of the pipeline
   bool split_backward = false;  // backward in two halves (a zero-bubble schedule)
+  Scratch* scratch = nullptr;   // the rank's shared scratch (models/buffers.hpp); null: its own
 };
 
 // A model family: a registry row chosen by model.kind.

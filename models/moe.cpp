@@ -52,25 +52,28 @@ std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens) {
   // slots on every layout.
   const auto A = MemCategory::activations, W = MemCategory::workspace;
   const core::Precision P = c.precision;
+  // The activations its backward reads are its own; the rest is scratch
+  // only a running pass uses, shared by every MoE layer of the rank.
+  const bool shared = true;
   return {
       {"moe router logits", N * E, A, P},
-      {"moe rows sent", slots * C, W, P},
-      {"moe rows received", slots * C, W, P},
+      {"moe rows sent", slots * C, W, P, shared},
+      {"moe rows received", slots * C, W, P, shared},
       {"moe expert outputs (back)", slots * C, A, P},
       {"moe expert inputs", slots * C, A, P},
       {"moe expert hidden", slots * Fp, A, P},
       {"moe expert hidden (activated)", slots * F, A, P},
-      {"moe expert outputs", slots * C, W, P},
-      {"moe d expert outputs", slots * C, W, P},
-      {"moe d expert hidden", slots * F, W, P},
-      {"moe d expert hidden (pre-activation)", slots * Fp, W, P},
-      {"moe d expert inputs", slots * C, W, P},
-      {"moe d router logits", N * E, W, P},
+      {"moe expert outputs", slots * C, W, P, shared},
+      {"moe d expert outputs", slots * C, W, P, shared},
+      {"moe d expert hidden", slots * F, W, P, shared},
+      {"moe d expert hidden (pre-activation)", slots * Fp, W, P, shared},
+      {"moe d expert inputs", slots * C, W, P, shared},
+      {"moe d router logits", N * E, W, P, shared},
   };
 }
 
-MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertSeam& ep)
-    : c_(c), ep_(&ep), N_(tokens), cap_(moe_capacity(c, tokens)) {
+MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertSeam& ep, Scratch* scratch)
+    : c_(c), ep_(&ep), N_(tokens), cap_(moe_capacity(c, tokens)), bufs_(tracker, scratch) {
   STRATA_CHECK(c.top_k >= 1 && c.top_k <= c.experts, "top_k {} of {} experts", c.top_k, c.experts);
   STRATA_CHECK(c.capacity_factor > 0, "capacity factor {}", c.capacity_factor);
   STRATA_CHECK(c.experts % ep_->size() == 0, "{} experts over ep {}", c.experts, ep_->size());
@@ -78,10 +81,9 @@ MoeLayer::MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker,
   core::Ptr* ptrs[] = {&probs_, &send_, &recv_, &yback_, &xin_, &hpre_, &h_, &yout_, &dyout_, &dh_, &dhpre_, &dxin_,
                        &dlogits_};
   std::size_t i = 0;
-  for (const auto& b : moe_buffers(c, tokens)) {
-    bufs_.emplace_back(tracker, b.category, std::size_t(b.bytes()), b.name);
-    *ptrs[i++] = core::Ptr(bufs_.back().data(), b.format);
-  }
+  for (const auto& b : moe_buffers(c, tokens))
+    *ptrs[i++] = b.shared ? bufs_.shared(b.name, b.numel, b.category, b.format)
+                          : bufs_.add(b.name, b.numel, b.category, b.format);
   const std::size_t E = std::size_t(c.experts), slots = E * std::size_t(cap_);
   topk_.assign(std::size_t(N_) * c.top_k, 0);
   slot_.assign(std::size_t(N_) * c.top_k, -1);

@@ -57,7 +57,7 @@ int moe_capacity(const MoeConfig& c, int tokens);
 // The buffers of a MoE layer over a group of `tokens`: router
 // probabilities, the rows sent and received, the local experts' inputs,
 // hidden activations and outputs, and the backward scratch, in the layer's
-// format. Each holds E x capacity rows on every ep layout: a rank's E/ep
+// format; the scratch (shared) is the rank's, one for every MoE layer. Each holds E x capacity rows on every ep layout: a rank's E/ep
 // experts take up to capacity rows from each of the ep ranks.
 std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens);
 
@@ -76,7 +76,11 @@ class MoeLayer {
  public:
   // `ep` (which must outlive the layer): where its tokens meet the ranks
   // holding the other experts (models/expert_seam.hpp).
-  MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertSeam& ep = one_expert_rank());
+  // `scratch`: the rank's shared scratch (models/buffers.hpp); null: its own.
+  MoeLayer(const MoeConfig& c, int tokens, core::MemoryTracker& tracker, ExpertSeam& ep = one_expert_rank(),
+           Scratch* scratch = nullptr);
+  // Its buffers, as moe_buffers lists them.
+  const std::vector<BufferSpec>& buffers() const { return bufs_.specs(); }
 
   // y[N, C] = MoE(x[N, C]). Returns the auxiliary loss, aux_coef x E x
   // sum_e f_e P_e (f_e: share of the group's tokens whose first choice is e;
@@ -133,7 +137,7 @@ class MoeLayer {
   // outputs that came back (slots x C); the local experts' input rows, hidden
   // activations before (F' wide) and after the activation (F wide) and
   // outputs; backward scratch of the same shapes.
-  std::vector<core::Buffer<std::byte>> bufs_;
+  Buffers bufs_;
   core::Ptr probs_, send_, recv_, yback_, xin_, hpre_, h_, yout_, dyout_, dh_, dhpre_, dxin_, dlogits_;
 };
 

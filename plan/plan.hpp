@@ -34,9 +34,11 @@ namespace strata::plan {
 
 // Activation recomputation (gradient checkpointing): none; selective, the
 // attention probabilities rebuilt from q and k in the backward pass
-// (Korthikanti et al., 2022); full, each block's forward rebuilt from its
-// stored input in its backward pass.
-enum class Recompute { none, selective, full };
+// (Korthikanti et al., 2022, Megatron-LM's); full, each block's forward
+// rebuilt from its stored input in its backward pass; op, torchtitan's
+// per-op selective policy (every second matmul's output and attention's
+// outputs kept, the rest rebuilt from the block's input).
+enum class Recompute { none, selective, full, op };
 
 enum class DataSource { synthetic, text };
 enum class Offload { none, host, nvme };
@@ -49,6 +51,16 @@ enum class CommChoice { auto_, mpi, nccl };
 // micro-batches, stored and reduced over ranks in under a 16-bit precision:
 // the compute precision's, or fp32.
 enum class GradReduce { compute, fp32 };
+// parallel.grad_sync: when the gradients a step accumulates over its
+// micro-batches are reduced over the data-parallel ranks: once, at the end
+// of the step's last backward pass (step: each rank holds whole gradients
+// between micro-batches, as DDP's no_sync, Megatron-LM's distributed
+// optimizer and FSDP's no_sync), or after every micro-batch into the
+// gradient shard (micro_batch: DeepSpeed's ZeRO-2, FSDP's default). auto:
+// step under ZeRO 0 and 1, whose gradients are whole anyway, micro_batch
+// under ZeRO 2 and 3, whose point is not to hold them
+// (ParallelSection::reduce_every_micro_batch).
+enum class GradSync { auto_, step, micro_batch };
 
 // A value a deck names from a fixed list: an enum (its i-th name names
 // value i), or a registry row. Choice<T> gives the names in order, the value
@@ -68,7 +80,8 @@ inline constexpr std::array<std::string_view, 2> kLrSchedules{"constant", "cosin
 inline constexpr std::array<std::string_view, 2> kOnDivergence{"stop", "continue"};
 inline constexpr std::array<std::string_view, 3> kCommChoices{"auto", "mpi", "nccl"};
 inline constexpr std::array<std::string_view, 2> kGradReduces{"compute", "fp32"};
-inline constexpr std::array<std::string_view, 3> kRecomputes{"none", "selective", "full"};
+inline constexpr std::array<std::string_view, 3> kGradSyncs{"auto", "step", "micro_batch"};
+inline constexpr std::array<std::string_view, 4> kRecomputes{"none", "selective", "full", "op"};
 inline constexpr std::array<std::string_view, 3> kPrecisions{"fp32", "bf16", "fp16"};
 inline constexpr std::array<std::string_view, 3> kDevices{"cpu", "cuda", "kokkos"};  // a deck never names the meta device
 template <> struct Choice<DataSource> : EnumChoice<DataSource, kDataSources> {};
@@ -77,6 +90,7 @@ template <> struct Choice<LrSchedule> : EnumChoice<LrSchedule, kLrSchedules> {};
 template <> struct Choice<OnDivergence> : EnumChoice<OnDivergence, kOnDivergence> {};
 template <> struct Choice<CommChoice> : EnumChoice<CommChoice, kCommChoices> {};
 template <> struct Choice<GradReduce> : EnumChoice<GradReduce, kGradReduces> {};
+template <> struct Choice<GradSync> : EnumChoice<GradSync, kGradSyncs> {};
 template <> struct Choice<Recompute> : EnumChoice<Recompute, kRecomputes> {};
 template <> struct Choice<core::Precision> : EnumChoice<core::Precision, kPrecisions> {};
 template <> struct Choice<kernels::Device> : EnumChoice<kernels::Device, kDevices> {};
@@ -169,6 +183,12 @@ struct ParallelSection {
   double bucket_mb = 25.0;  // MiB, as PyTorch DDP's bucket_cap_mb
   bool overlap_grad_reduce = true;  // reduce gradients during the backward pass (Megatron-LM's flag)
   GradReduce grad_reduce = GradReduce::compute;  // gradients' precision under bf16 / fp16
+  GradSync grad_sync = GradSync::auto_;           // when accumulated gradients are reduced
+  // parallel.grad_sync resolved: whether gradients are reduced into their
+  // shard after every micro-batch.
+  bool reduce_every_micro_batch() const {
+    return grad_sync == GradSync::auto_ ? zero >= 2 : grad_sync == GradSync::micro_batch;
+  }
   Schedule schedule = &strategies::pp::find_schedule("1f1b");
   int virtual_stages = 1;
   int first_stage_layers = -1;  // -1: balanced

@@ -116,7 +116,7 @@ std::vector<std::string> ep_sizes(const Space&, const Plan& p) {
 }
 
 std::vector<std::string> recompute_choices(const Space&, const Plan&) {
-  return {"none", "selective", "full"};
+  return {"none", "selective", "full", "op"};
 }
 
 }  // namespace
@@ -128,12 +128,14 @@ const std::vector<Row>& layer_rows() {
        "cross-entropy; with sequence parallelism the norms and residual stream hold 1/tp of the tokens",
        {key<&Plan::parallel, &ParallelSection::tp>("parallel", "tp", "tensor-parallel ranks per layer").at_least(1),
         key<&Plan::parallel, &ParallelSection::sequence_parallel>(
-            "parallel", "sequence_parallel", "shard norm and dropout activations along the sequence over tp ranks")},
+            "parallel", "sequence_parallel",
+            "shard the residual stream and the norms' outputs along the sequence over tp ranks (each norm's output "
+            "kept as its shard and gathered again in the backward pass)")},
        tp_axes,
        check_tp,
        "parameters, gradients and optimizer state of the split tensors 1/tp; per block two all-reduces of b s h "
-       "forward and two backward (with sequence parallelism, all-gather and reduce-scatter pairs of the same bytes), "
-       "in the compute precision (under 16 bits through a 16-bit copy of the activations for the call)",
+       "forward and two backward (with sequence parallelism, all-gather and reduce-scatter pairs of the same bytes, "
+       "and the two norms' outputs, kept as 1/tp shards, gathered again backward), in the compute precision",
        tp_parts,
        {{10, "parallel.tp", tp_sizes, false, "tp"},
         {95, "parallel.sequence_parallel", sp_choices, false, "sp", "false"}}},
@@ -147,21 +149,23 @@ const std::vector<Row>& layer_rows() {
        check_ep,
        "expert parameters and state 1/ep (sharded by ZeRO over dp / ep); per MoE block and micro-batch an "
        "all-to-all of E int32 counts and all_to_allv of the routed rows out and back, each way, in the compute "
-       "precision (under 16 bits through 16-bit copies of both slot buffers for the call)",
+       "precision",
        ep_parts,
        {{50, "parallel.ep", ep_sizes, false, "ep", "1"}}},
       context_parallel_row(),
       {"recompute",
        "activation recomputation: selective rebuilds the attention probabilities from q and k in the backward "
-       "pass (Korthikanti et al., 2022); full rebuilds each block's forward from its stored input",
+       "pass (Korthikanti et al., 2022; Megatron-LM's); full rebuilds each block's forward from its stored input; "
+       "op keeps what torchtitan's per-op policy keeps (every second matmul's output and attention's outputs)",
        {key<&Plan::model, &ModelSection::recompute>(
             "model", "recompute",
             "activation recomputation: none; selective (attention probabilities rebuilt in the backward pass); full "
-            "(each block's forward rebuilt from its input)")},
+            "(each block's forward rebuilt from its input); op (torchtitan's per-op policy: q, v, attention's "
+            "output, the MLP's first linear (SwiGLU: its gate half and the projection) kept, the rest rebuilt)")},
        nullptr,
        nullptr,
-       "selective: (L - 1) 4 B NH T^2 bytes of activations fewer per stage; full: besides, one block's worth of "
-       "every activation but the block outputs; hardware FLOPs add the forward work recomputed",
+       "per block and micro-batch, the activations of docs/costs.md's table for the mode; what is rebuilt is one "
+       "block's worth of scratch per rank, shared; hardware FLOPs add the forward work recomputed",
        nullptr,
        {{210, "model.recompute", recompute_choices, true, "recompute", "none"}}},
   };

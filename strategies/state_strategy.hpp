@@ -35,6 +35,9 @@ struct StateConfig {
   int zero = 0;                              // the ZeRO stage (1, 2, 3) for zero
   std::int64_t bucket_bytes = 25 << 20;      // DP all-reduce bucket (PyTorch DDP's default)
   bool overlap = true;                       // reductions launched during the backward pass, or after it
+  // ZeRO 2-3: gradients reduced into the shard after every micro-batch, or
+  // (false) accumulated whole and reduced once a step (parallel.grad_sync).
+  bool reduce_every_micro_batch = true;
   models::AdamWSettings adamw;
   std::uint64_t seed = 0;
   int tp_size = 1;                           // tensor-parallel ranks (for the gradient norm's weights)

@@ -14,10 +14,16 @@ namespace strata::strategies {
 
 namespace {
 
-// Hybrid sharding cuts each dp group into groups of dp_shard ranks, and
-// shards what ZeRO shards: it needs a stage.
+// Reducing every micro-batch's gradients into the shard needs a gradient
+// shard (ZeRO 2 or 3). Hybrid sharding cuts each dp group into groups of
+// dp_shard ranks, and shards what ZeRO shards: it needs a stage.
 void check_zero(const plan::Plan& p, PlanChecks& checks) {
   const auto& q = p.parallel;
+  if (q.grad_sync == plan::GradSync::micro_batch && q.zero < 2)
+    checks.error({"parallel.grad_sync", "parallel.zero"},
+                 fmt::format("{} reduces each micro-batch's gradients into the rank's gradient shard, but {} holds "
+                             "whole gradients: set parallel.zero to 2 or 3, or grad_sync to \"step\" or \"auto\"",
+                             checks.show("parallel.grad_sync"), checks.show("parallel.zero")));
   if (q.dp_shard == 0 || q.dp_shard == q.dp) return;
   if (q.dp % q.dp_shard != 0)
     checks.error({"parallel.dp_shard", "parallel.dp"},
@@ -74,14 +80,21 @@ const StateRow& zero_row() {
             "parallel", "dp_shard",
             "hybrid sharding: ZeRO shards over groups of dp_shard consecutive dp ranks and replicates across the "
             "dp / dp_shard groups, whose shards' gradients are all-reduced once a step; 0 (or dp): one group")
-            .at_least(0)},
+            .at_least(0),
+        key<&Plan::parallel, &ParallelSection::grad_sync>(
+            "parallel", "grad_sync",
+            "when the gradients accumulated over a step's micro-batches are reduced over dp: step, once, from whole "
+            "gradients held between micro-batches (DDP's no_sync, Megatron-LM's distributed optimizer, FSDP's "
+            "no_sync); micro_batch, after every micro-batch into the gradient shard (DeepSpeed's ZeRO-2, FSDP's "
+            "default; ZeRO 2 and 3); auto: step under ZeRO 0-1, micro_batch under ZeRO 2-3")},
        zero_axes,
        check_zero,
        "held per rank, N the ranks sharing the state (dp, or dp_shard), Psi_p = N x sum over units of "
        "ceil(unit / N): stage 1 8 Psi_p + 8 Psi_p / N, stage 2 4 Psi_p + 12 Psi_p / N, stage 3 16 Psi_p / N (mixed "
-       "precision 4 + 12 / N, 2 + 14 / N, 16 / N); while in use, gathered units (stage 3) and at most bucket_mb of "
-       "reduce-scatter buffers; hybrid sharding adds an all-reduce of each shard (Psi_p / N elements) over "
-       "dp / dp_shard ranks a step",
+       "precision 4 + 12 / N, 2 + 14 / N, 16 / N; docs/costs.md), grad_sync step adding whole gradients (Psi_p) to "
+       "stages 2-3; while in use, gathered units (stage 3) and at most bucket_mb of reduce-scatter buffers; a "
+       "reduce-scatter of the gradients per step (grad_sync step) or per micro-batch; hybrid sharding adds an "
+       "all-reduce of each shard (Psi_p / N elements) over dp / dp_shard ranks a step",
        zero_parts,
        {{60, "parallel.zero", zero_stages, false, "zero"}, {70, "parallel.dp_shard", shard_sizes, false, "shard", "0"}}},
       [](const plan::Plan& p) { return p.parallel.zero > 0; },
@@ -105,7 +118,7 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
       replica_(cfg.replica != nullptr && cfg.replica->size() > 1 ? cfg.replica : nullptr), tracker_(tracker),
       tp_size_(cfg.tp_size),
       precision_(cfg.precision), grad_precision_(cfg.grad_precision()), wide_grads_(tracker, units_.size()),
-      bucket_bytes_(cfg.bucket_bytes), overlap_(cfg.overlap) {
+      bucket_bytes_(cfg.bucket_bytes), overlap_(cfg.overlap), every_micro_batch_(cfg.reduce_every_micro_batch) {
   STRATA_CHECK(stage_ >= 1 && stage_ <= 3, "ZeRO stage {}", stage_);
   if (dp_ != nullptr) {
     n_ = dp_->size();
@@ -133,9 +146,9 @@ Zero::Zero(const StateConfig& cfg, const models::ParamRegistry& reg, std::vector
     const std::int64_t lo = stage_ <= 2 ? units_[u].begin : s.own_begin, hi = stage_ <= 2 ? units_[u].end : s.own_end;
     params_store().load(stage_ <= 2 ? n_ * s.q : s.q, hi - lo, models::initial_values(reg_, cfg.seed, lo, hi).data());
   }
-  if (stage_ == 1)
+  if (whole_grads())
     grads_full_ = models::Flat(tracker, MemCategory::grads, grad_precision_, full, "gradients (padded)");
-  else
+  if (stage_ >= 2)
     grads_shard_ = models::Flat(tracker, MemCategory::grads, grad_precision_, shard, "gradient shard");
   for (const auto& s : us_) {
     optimizers_.push_back(std::make_unique<models::AdamW>(reg_, s.own_begin, s.own_end, cfg.adamw, tracker, s.shard,
@@ -212,6 +225,7 @@ std::int64_t Zero::own_grads_index(int u) const {
 void Zero::begin_step() {
   STRATA_CHECK(pending_.empty(), "reduce-scatters still in flight at the start of a step");
   grads_store().zero();
+  if (whole_grads() && stage_ >= 2) grads_full_.zero();
 }
 
 void Zero::begin_micro_batch(bool last) {
@@ -272,7 +286,7 @@ float* Zero::grads(int u) {
   // Stage 1 and 16-bit grads: padded to the unit's N blocks, so the
   // accumulator is exactly what the reduce-scatter takes.
   if (half_grads()) return wide_grads_.grads(u, n_ * us_[u].shard);
-  if (stage_ == 1) return grads_full_.f32(n_ * us_[u].q);
+  if (whole_grads()) return grads_full_.f32(n_ * us_[u].q);
   auto& b = unit_grads_[u];
   if (b.size() == 0)  // the tracker hands out zeroed memory
     b = models::Flat(tracker_, MemCategory::comm, grad_precision_, std::size_t(n_ * us_[u].shard),
@@ -305,8 +319,9 @@ void Zero::issue_held() {
 
 void Zero::grads_done(int u) {
   const std::int64_t padded = n_ * us_[u].shard;
-  if (stage_ == 1) {
-    // Stage 1 keeps whole gradients through accumulation and reduces once.
+  if (whole_grads()) {
+    // Stage 1 (and grad_sync = "step") keeps whole gradients through
+    // accumulation and reduces once.
     if (const float* g = half_grads() ? wide_grads_.written(u) : nullptr) {
       kernels::add_inplace(grads_full_.ptr(n_ * us_[u].q), g, padded);
       wide_grads_.done(u);

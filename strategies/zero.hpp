@@ -12,6 +12,9 @@
 // over the S ranks of a shard group (N = S in every figure above) and
 // replicates across the dp / S groups: after the step's reduce-scatters, each
 // shard's gradients are all-reduced over its replica group.
+// With parallel.grad_sync = "step", stages 2 and 3 accumulate whole
+// gradients over a step's micro-batches, as stage 1 does, and reduce-scatter
+// them into the shard once: grads 4 N S + 4 S (FSDP's no_sync).
 // Mixed precision (bf16, fp16) stores parameters and gradients 16-bit and
 // keeps fp32 master weights in the optimizer, 12 bytes per owned element:
 //   stage 1: params 2 N S, grads 2 N S, optimizer 12 S   (4 Psi + 12 Psi / N)
@@ -101,6 +104,9 @@ class Zero final : public StateStrategy, public models::ParamState {
   // rank's block of unit u in them, at the store's precision.
   models::Flat& params_store() { return stage_ <= 2 ? params_full_ : params_shard_; }
   models::Flat& grads_store() { return stage_ == 1 ? grads_full_ : grads_shard_; }
+  // Whether whole gradients are accumulated over the step's micro-batches
+  // (grads_full_) and reduced once: stage 1, and grad_sync = "step".
+  bool whole_grads() const { return stage_ == 1 || !every_micro_batch_; }
   std::int64_t own_params_index(int u) const;
   std::int64_t own_grads_index(int u) const;
   void* own_params(int u) { return params_store().at(own_params_index(u)); }
@@ -144,7 +150,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::vector<UnitShard> us_;
   std::int64_t shard_total_ = 0;
   core::Precision precision_, grad_precision_;  // grad_precision_: parallel.grad_reduce's
-  models::Flat params_full_, grads_full_;     // stages 1-2 (params), stage 1 (grads): padded N*S
+  models::Flat params_full_, grads_full_;     // stages 1-2 (params), whole_grads (grads): padded N*S
   models::Flat params_shard_, grads_shard_;   // stage 3 (params), stages 2-3 (grads): S
   std::vector<std::unique_ptr<models::AdamW>> optimizers_;  // one per unit shard
   std::vector<models::Flat> unit_grads_;      // fp32, stages 2-3: this micro-batch's unreduced unit gradients
@@ -158,6 +164,7 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::int64_t in_flight_bytes_ = 0;  // reduce-scatter buffer bytes held by pending_ (inputs and outputs)
   std::int64_t bucket_bytes_;         // the most of those before the oldest is waited for
   bool last_ = true;
+  bool every_micro_batch_ = true;  // parallel.grad_sync (stages 2-3)
   bool overlap_;                      // issue reduce-scatters during the backward pass (else after it)
 };
 

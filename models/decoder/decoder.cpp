@@ -166,6 +166,8 @@ double decoder_hardware_flops(const DecoderConfig& c, int B) {
     if (c.recompute == Recompute::selective) again += attention_core;
     if (c.recompute == Recompute::full)
       again += 2 * N * C * (C + 2 * KVC) + attention_core + 2 * N * C * C + (c.is_moe(l) ? 0 : 2 * N * C * Fp);
+    if (c.recompute == Recompute::op)
+      again += 2 * N * C * KVC + 2 * N * C * C + (c.is_moe(l) || c.act != Activation::swiglu ? 0 : 2 * N * C * F);
   }
   return decoder_model_flops(c, B) + again;
 }
@@ -232,7 +234,9 @@ class Decoder::Ffn {
  public:
   virtual ~Ffn() = default;
   virtual double forward(ParamState& st, core::CPtr p, core::CPtr ln2, core::CPtr res2, core::Ptr out) = 0;
-  // The forward again for a fully recomputing backward (what it keeps).
+  // What its backward reads and the recomputation policy did not keep,
+  // rebuilt from ln2 (all of its forward under full recomputation; under
+  // the per-op policy, from the matmul outputs it kept).
   virtual void recompute(core::CPtr p, core::CPtr ln2) = 0;
   // Its own unit's parameters, acquired for the backward pass.
   virtual void acquire(ParamState& st) {}
@@ -249,29 +253,46 @@ class Decoder::Ffn {
 
 // The dense MLP: fc (column-parallel), the activation (GELU, or SwiGLU on
 // fc's gate and up halves), proj (row-parallel), its hidden activations
-// before and after the activation (shared between blocks that recompute
-// fully).
+// before and after the activation (the rank's scratch where they are
+// rebuilt). Under the per-op policy it keeps fc's output (GELU) or its gate
+// half (SwiGLU: the up half is the block's sixth matmul, rebuilt) and
+// SwiGLU's proj output (the seventh), as torchtitan's policy keeps them.
+struct Decoder::MlpBuffers {
+  core::Ptr fch, fch_act, dfch, dact;  // hidden activations; backward scratch
+  core::Ptr fc_dy, proj_dy;            // a split backward's kept output gradients
+  core::Ptr gate, down;                // per-op: kept SwiGLU gate half and proj output (else null)
+};
 class Decoder::Mlp final : public Decoder::Ffn {
  public:
-  // Its hidden activations, the shared backward scratch, and (a split
-  // backward) the kept output gradients of fc and proj.
-  Mlp(Decoder& g, int layer, int unit, core::Ptr fch, core::Ptr fch_act, core::Ptr dfch, core::Ptr dact, core::Ptr fc_dy,
-      core::Ptr proj_dy)
-      : g_(g), fch_(fch), fch_act_(fch_act), dfch_(dfch), dact_(dact) {
+  Mlp(Decoder& g, int layer, int unit, const MlpBuffers& m) : g_(g), m_(m) {
     const int C = g.c_.d_model, Ft = g.c_.ffn() / g.tp_->size();
     auto at = [&](const char* name) { return g.offset_in(unit, lname(layer, name)); };
     fc_w_ = at("mlp.fc.weight"), fc_b_ = at("mlp.fc.bias"), proj_w_ = at("mlp.proj.weight"), proj_b_ = at("mlp.proj.bias");
-    fc_ = {C, activation_inputs(g.c_.act, Ft), fc_dy}, proj_ = {Ft, C, proj_dy};
+    fc_ = {C, activation_inputs(g.c_.act, Ft), m.fc_dy}, proj_ = {Ft, C, m.proj_dy};
   }
   double forward(ParamState&, core::CPtr p, core::CPtr ln2, core::CPtr res2, core::Ptr out) override {
-    recompute(p, ln2);
-    proj_.forward(g_.dbuf_, fch_act_, p + proj_w_, nullptr, N());
+    const int C = g_.c_.d_model, F = proj_.in;
+    fc_.forward(m_.fch, ln2, p + fc_w_, param(p, fc_b_), N());
+    activation_forward(g_.c_.act, m_.fch_act, m_.fch, N(), F);
+    proj_.forward(g_.dbuf_, m_.fch_act, p + proj_w_, nullptr, N());
+    if (m_.gate) kernels::copy_rows(m_.gate, F, m_.fch, 2 * F, N(), F, false);
+    if (m_.down) kernels::convert(m_.down, g_.dbuf_, std::int64_t(N()) * C);
     g_.residual_rows(out, res2, param(p, proj_b_));
     return 0;
   }
   void recompute(core::CPtr p, core::CPtr ln2) override {
-    fc_.forward(fch_, ln2, p + fc_w_, param(p, fc_b_), N());
-    activation_forward(g_.c_.act, fch_act_, fch_, N(), proj_.in);
+    const int F = proj_.in;
+    if (g_.c_.recompute == Recompute::full) {
+      fc_.forward(m_.fch, ln2, p + fc_w_, param(p, fc_b_), N());
+    } else if (m_.gate) {
+      // Per-op, SwiGLU: the kept gate half, the up half again (its rows of
+      // fc's weight and bias) through the rebuild scratch.
+      kernels::copy_rows(m_.fch, 2 * F, m_.gate, F, N(), F, false);
+      const core::CPtr b = param(p, fc_b_);
+      linear_forward(g_.rebuilt_, ln2, p + fc_w_ + std::int64_t(F) * fc_.in, b ? b + F : nullptr, N(), fc_.in, F);
+      kernels::copy_rows(m_.fch + F, 2 * F, g_.rebuilt_, F, N(), F, false);
+    }  // per-op, GELU: fc's output is kept
+    activation_forward(g_.c_.act, m_.fch_act, m_.fch, N(), F);
   }
   void backward(ParamState&, core::CPtr p, float* g, core::CPtr ln2, core::CPtr d3, float,
                 bool input_only) override {
@@ -280,16 +301,16 @@ class Decoder::Mlp final : public Decoder::Ffn {
     // gradient); fc's input gradient is summed over the ranks (f backward,
     // in the block's norm backward).
     const int C = g_.c_.d_model;
-    proj_.backward(dact_, d3, fch_act_, p + proj_w_, g + proj_w_, nullptr, N(), input_only);
+    proj_.backward(m_.dact, d3, m_.fch_act, p + proj_w_, g + proj_w_, nullptr, N(), input_only);
     if (proj_b_ >= 0) kernels::bias_backward(g_.rep_grads_ + kFfnBias * C, g_.dres_, int(g_.Nl_), C);
-    core::Ptr dfch = fc_.dy(dfch_, input_only);
+    core::Ptr dfch = fc_.dy(m_.dfch, input_only);
     kernels::fill_zero(dfch, std::int64_t(N()) * fc_.out);
-    activation_backward(g_.c_.act, dfch, fch_, dact_, N(), proj_.in);
+    activation_backward(g_.c_.act, dfch, m_.fch, m_.dact, N(), proj_.in);
     fc_.backward(g_.dbuf_, dfch, ln2, p + fc_w_, g + fc_w_, param(g, fc_b_), N(), input_only);
   }
   void weight(ParamState&, float* g, core::CPtr ln2) override {
     // The projection's bias came with the input half (a replicated gradient).
-    proj_.weight(g + proj_w_, nullptr, fch_act_, N());
+    proj_.weight(g + proj_w_, nullptr, m_.fch_act, N());
     fc_.weight(g + fc_w_, param(g, fc_b_), ln2, N());
   }
   bool partial() const override { return true; }
@@ -298,7 +319,7 @@ class Decoder::Mlp final : public Decoder::Ffn {
  private:
   int N() const { return g_.B_ * g_.T_; }
   Decoder& g_;
-  core::Ptr fch_, fch_act_, dfch_, dact_;
+  MlpBuffers m_;
   std::int64_t fc_w_, fc_b_, proj_w_, proj_b_;
   Linear fc_, proj_;
 };
@@ -314,8 +335,8 @@ class Decoder::Mlp final : public Decoder::Ffn {
 class Decoder::Experts final : public Decoder::Ffn {
  public:
   Experts(Decoder& g, int layer, int block_unit, int unit)
-      : g_(g), unit_(unit), layer_(g.c_.moe_layer(), g.B_ * g.T_, *g.tracker_, *g.ep_) {
-    g.bufs_.list(moe_buffers(g.c_.moe_layer(), g.B_ * g.T_));
+      : g_(g), unit_(unit), layer_(g.c_.moe_layer(), g.B_ * g.T_, *g.tracker_, *g.ep_, g.bufs_.scratch()) {
+    g.bufs_.list(layer_.buffers());
     auto at = [&](const char* name, int u) { return g.offset_in(u, lname(layer, name)); };
     router_ = at("moe.router.weight", block_unit);
     fc_w_ = at("moe.experts.fc.weight", unit), fc_b_ = at("moe.experts.fc.bias", unit);
@@ -355,12 +376,12 @@ class Decoder::Experts final : public Decoder::Ffn {
 
 // ---- the model -------------------------------------------------------------
 
-Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams, Stage stage,
-         bool split_backward)
+Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams,
+                 Stage stage, bool split_backward, Scratch* scratch)
     : c_(config), B_(micro_batch), tp_(seams.tp), cp_(seams.cp), ep_(seams.ep), T_(config.seq_len / seams.cp->size()),
       stage_(resolved(config, stage)), split_(split_backward),
       reg_(decoder_registry(config, tp_->size(), tp_->rank(), stage_, ep_->size(), ep_->rank())),
-      tracker_(&tracker), bufs_(tracker) {
+      tracker_(&tracker), bufs_(tracker, scratch) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
   STRATA_CHECK(kernels::is_meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
                "a model with {} attention on the {} backend", c_.fused_attention ? "fused" : "unfused",
@@ -374,8 +395,9 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
   STRATA_CHECK(c_.seq_len % cp_->size() == 0, "seq_len {} over cp {}", c_.seq_len, cp_->size());
   // Per tensor-parallel rank: heads (query and key-value), hidden units and
   // vocabulary are 1/tp; with sequence parallelism the residual stream and
-  // norm statistics hold 1/tp of the rows (the norm outputs are kept
-  // gathered, for the weight gradients of the linears that read them). T:
+  // the norms' outputs and statistics hold 1/tp of the rows (a norm's output
+  // is gathered again in the backward pass for the weight gradients of the
+  // linears that read it, as Megatron-LM does). T:
   // this rank's tokens of each sequence (all of them without context
   // parallelism). A qkv row is this rank's q heads then its k and v heads.
   const int tp = tp_->size();
@@ -389,42 +411,60 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
   const int L = stage_.last - stage_.first;
   const auto A = MemCategory::activations, W = MemCategory::workspace;
 
-  // The recomputation policy: which blocks share their activations. Full
-  // recomputation keeps one block's worth of every per-block buffer but the
-  // block outputs (rebuilt from the block's input in its backward pass);
-  // selective one attention state (the probabilities, rebuilt from q and k).
-  // Each buffer is allocated once for the blocks that keep their own (or
-  // the one set they share) and sliced: block set k is at k times its size.
-  const bool full = c_.recompute == Recompute::full, selective = c_.recompute != Recompute::none;
+  // The recomputation policy: which activations a block keeps for its
+  // backward and which its backward rebuilds. Full recomputation keeps
+  // every block's output (the next block's input) and rebuilds the rest;
+  // selective, the attention state (the probabilities, from q and k); the
+  // per-op policy (torchtitan's) keeps the outputs of every second matmul
+  // of the block in forward order (q, k, v, the attention projection, the
+  // MLP's first and, SwiGLU, its up half, the MLP's projection: q, v, the
+  // first and SwiGLU's projection) and attention's outputs, and rebuilds
+  // the rest from the block's input. What is rebuilt is one set for all
+  // blocks, from the rank's shared scratch: only the pass that runs uses
+  // it. What is kept is allocated once per model for its blocks and
+  // sliced: block k's at k times its size.
+  const bool full = c_.recompute == Recompute::full, op = c_.recompute == Recompute::op;
+  const bool probs_rebuilt = c_.recompute == Recompute::selective || full, rebuilt = full || op;
+  const bool swiglu = c_.act == Activation::swiglu;
   int D = 0;  // dense blocks: the MLP's hidden activations exist for them only
   for (int l = stage_.first; l < stage_.last; ++l) D += c_.is_moe(l) ? 0 : 1;
-  const std::int64_t sets = full ? std::min(L, 1) : L, att_sets = selective ? std::min(L, 1) : L;
-  const std::int64_t hidden_sets = full ? std::min(D, 1) : D;
-  const std::int64_t mean_sets = c_.norm == Norm::layer ? sets : 0;  // RMSNorm keeps no mean
   // Activations and their gradients in the run's format (P); the norms'
   // statistics, attention's log-sum-exp (fused), the losses and the
   // replicated parameters' gradients fp32.
-  const core::Precision P = c_.precision;
+  const core::Precision P = c_.precision, F32 = core::Precision::fp32;
+  auto per_block = [&](const char* name, std::int64_t n, std::int64_t blocks, bool shared, core::Precision f) {
+    return shared ? bufs_.shared(name, std::min<std::int64_t>(blocks, 1) * n, A, f) : bufs_.add(name, blocks * n, A, f);
+  };
+  const std::int64_t mean_blocks = c_.norm == Norm::layer ? L : 0;  // RMSNorm keeps no mean
   const bool fused = c_.fused_attention;
   const std::int64_t att = cp_->state_elements(fused, B_, int(NHt), int(NKVt), T_, int(Ct));
+  const std::int64_t KVt = (C / c_.heads) * NKVt;  // a rank's k (or v) columns
   encoded_ = bufs_.add("encoded", Nl * C, A, P);
   struct {
-    core::Ptr ln1, qkv, atty, att, res2, ln2;
-    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+    core::Ptr ln1, qkv, atty, att, res2, ln2, ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
   } all{};
-  all.ln1 = bufs_.add("ln1", sets * N * C, A, P);
-  all.ln1_mean = bufs_.add_f32("ln1_mean", mean_sets * Nl, A);
-  all.ln1_rstd = bufs_.add_f32("ln1_rstd", sets * Nl, A);
-  all.qkv = bufs_.add("qkv", sets * N * Wqkv, A, P);
-  all.atty = bufs_.add("atty", sets * N * Ct, A, P);
+  // The norms' outputs as their rows (a shard under sequence parallelism,
+  // gathered again for the linears that read all rows: ln_all_).
+  all.ln1 = per_block("ln1", Nl * C, L, rebuilt, P);
+  all.ln1_mean = per_block("ln1_mean", Nl, mean_blocks, rebuilt, F32);
+  all.ln1_rstd = per_block("ln1_rstd", Nl, L, rebuilt, F32);
+  all.qkv = per_block("qkv", N * Wqkv, L, rebuilt, P);
+  all.atty = per_block("atty", N * Ct, L, full, P);
   // The probabilities (in P), or (fused) the rows' log-sum-exp (fp32).
-  all.att = bufs_.add("att", att_sets * att, A, cp_->state_format(fused, P));
-  all.res2 = bufs_.add("res2", sets * Nl * C, A, P);
-  all.ln2 = bufs_.add("ln2", sets * N * C, A, P);
-  all.ln2_mean = bufs_.add_f32("ln2_mean", mean_sets * Nl, A);
-  all.ln2_rstd = bufs_.add_f32("ln2_rstd", sets * Nl, A);
-  const core::Ptr fch = bufs_.add("fch", hidden_sets * N * Fp, A, P);
-  const core::Ptr fch_act = bufs_.add("fch_act", hidden_sets * N * F, A, P);
+  all.att = per_block("att", att, L, probs_rebuilt, cp_->state_format(fused, P));
+  all.res2 = per_block("res2", Nl * C, L, rebuilt, P);
+  all.ln2 = per_block("ln2", Nl * C, L, rebuilt, P);
+  all.ln2_mean = per_block("ln2_mean", Nl, mean_blocks, rebuilt, F32);
+  all.ln2_rstd = per_block("ln2_rstd", Nl, L, rebuilt, F32);
+  const core::Ptr fch = per_block("fch", N * Fp, D, full || (op && swiglu), P);
+  const core::Ptr fch_act = per_block("fch_act", N * F, D, rebuilt, P);
+  // Per-op: q and v (Wqv columns a row), SwiGLU's gate half and its
+  // projection's output, and the scratch k and the up half are rebuilt in.
+  const std::int64_t Wqv = Ct + KVt, kept_op = op ? 1 : 0, kept_swiglu = op && swiglu ? 1 : 0;
+  const core::Ptr qv = bufs_.add("q_v", kept_op * L * N * Wqv, A, P);
+  const core::Ptr gate = bufs_.add("gate", kept_swiglu * D * N * F, A, P);
+  const core::Ptr down = bufs_.add("mlp_out", kept_swiglu * D * N * C, A, P);
+  rebuilt_ = bufs_.shared("rebuilt", kept_op * N * std::max(KVt, kept_swiglu * F), W, P);
   const core::Ptr res3 = bufs_.add("res3", L * Nl * C, A, P);
   // Kept from a micro-batch's input-gradient pass to its weight-gradient
   // pass, like activations: every linear's output gradient but the head's
@@ -434,17 +474,20 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
   const core::Ptr proj_dy = bufs_.add("dy_proj", kept * L * N * C, A, P);
   const core::Ptr fc_dy = bufs_.add("dy_fc", kept * D * N * Fp, A, P);
   const core::Ptr fcproj_dy = bufs_.add("dy_fcproj", kept * D * N * C, A, P);
-  // Backward scratch, shared by every block.
-  dres_ = bufs_.add("dres", Nl * C, W, P);
-  dbuf_ = bufs_.add("dbuf", N * C, W, P);
-  dqkv_ = bufs_.add("dqkv", N * Wqkv, W, P);
-  attn_scratch_ = bufs_.add_bytes("dprobs", cp_->scratch_bytes(fused, B_, int(NHt), int(NKVt), T_, int(Ct), P), W);
-  const core::Ptr dfch = bufs_.add("dfch", (D > 0 ? 1 : 0) * N * Fp, W, P);
-  const core::Ptr dact = bufs_.add("dact", (D > 0 ? 1 : 0) * N * F, W, P);
-  rep_grads_ = bufs_.add_f32("rep_grads", kReplicated * C, W);
+  // Backward scratch, shared by every block and every model of the rank.
+  dres_ = bufs_.shared("dres", Nl * C, W, P);
+  dbuf_ = bufs_.shared("dbuf", N * C, W, P);
+  dqkv_ = bufs_.shared("dqkv", N * Wqkv, W, P);
+  attn_scratch_ = static_cast<std::byte*>(
+      bufs_.shared("dprobs", (cp_->scratch_bytes(fused, B_, int(NHt), int(NKVt), T_, int(Ct), P) + 3) / 4, W, F32)
+          .get());
+  const core::Ptr dfch = bufs_.shared("dfch", (D > 0 ? 1 : 0) * N * Fp, W, P);
+  const core::Ptr dact = bufs_.shared("dact", (D > 0 ? 1 : 0) * N * F, W, P);
+  rep_grads_ = bufs_.shared("rep_grads", kReplicated * C, W, F32).f32();
   if (Nl < N) {
-    sp_rows_ = bufs_.add("sp_rows", Nl * C, W, P);
-    dres_full_ = bufs_.add("dres_full", N * C, W, P);
+    sp_rows_ = bufs_.shared("sp_rows", Nl * C, W, P);
+    dres_full_ = bufs_.shared("dres_full", N * C, W, P);
+    ln_all_ = bufs_.shared("ln_all", N * C, W, P);
   }
   // Grouped-query attention's q and kv weights (and biases) lie side by
   // side, one [Wqkv, C] matrix for this rank.
@@ -460,20 +503,25 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
     auto at = [&](const char* name) { return offset_in(b.unit, lname(b.layer, name)); };
     b.ln1_w = at("ln1.weight"), b.ln1_b = at("ln1.bias"), b.qkv_w = at(qkv_w), b.qkv_b = at(qkv_b);
     b.proj_w = at("attn.proj.weight"), b.proj_b = at("attn.proj.bias"), b.ln2_w = at("ln2.weight"), b.ln2_b = at("ln2.bias");
-    const std::int64_t k = full ? 0 : lb, ka = selective ? 0 : lb, km = mean_sets > 0 ? k : 0;
-    b.a = {all.ln1 + k * N * C,       all.qkv + k * N * Wqkv, all.atty + k * N * Ct, all.att + ka * att,
-           all.res2 + k * Nl * C,     all.ln2 + k * N * C,    all.ln1_mean + km * Nl, all.ln1_rstd + k * Nl,
-           all.ln2_mean + km * Nl,    all.ln2_rstd + k * Nl};
+    const std::int64_t k = rebuilt ? 0 : lb, ka = probs_rebuilt ? 0 : lb, kt = full ? 0 : lb;
+    const std::int64_t km = mean_blocks > 0 ? k : 0;
+    b.a = {all.ln1 + k * Nl * C,       all.qkv + k * N * Wqkv,     all.atty + kt * N * Ct,
+           all.att + ka * att,         all.res2 + k * Nl * C,      all.ln2 + k * Nl * C,
+           (all.ln1_mean + km * Nl).f32(), (all.ln1_rstd + k * Nl).f32(), (all.ln2_mean + km * Nl).f32(),
+           (all.ln2_rstd + k * Nl).f32()};
     b.out = res3 + lb * Nl * C;
+    b.qv = op ? qv + lb * N * Wqv : nullptr;
     b.qkv = {int(C), int(Wqkv), split_ ? qkv_dy + lb * N * Wqkv : nullptr};
     b.proj = {int(Ct), int(C), split_ ? proj_dy + lb * N * C : nullptr};
     if (c_.is_moe(b.layer)) {
       b.ffn = std::make_unique<Experts>(*this, b.layer, b.unit, unit++);
       continue;
     }
-    const std::int64_t kd = full ? 0 : dense;
-    b.ffn = std::make_unique<Mlp>(*this, b.layer, b.unit, fch + kd * N * Fp, fch_act + kd * N * F, dfch, dact,
-                                  split_ ? fc_dy + dense * N * Fp : nullptr, split_ ? fcproj_dy + dense * N * C : nullptr);
+    const std::int64_t kh = full || (op && swiglu) ? 0 : dense, kg = rebuilt ? 0 : dense;
+    MlpBuffers m{fch + kh * N * Fp, fch_act + kg * N * F, dfch, dact};
+    if (split_) m.fc_dy = fc_dy + dense * N * Fp, m.proj_dy = fcproj_dy + dense * N * C;
+    if (op && swiglu) m.gate = gate + dense * N * F, m.down = down + dense * N * C;
+    b.ffn = std::make_unique<Mlp>(*this, b.layer, b.unit, m);
     ++dense;
   }
   if (stage_.head) {
@@ -489,7 +537,7 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
       head_w_unit_ = stage_.embedding ? kWteUnit : head_unit_ + 1;
     }
     const std::int64_t V = c_.vocab / tp;
-    lnf_ = bufs_.add("lnf", N * C, A, P);
+    lnf_ = bufs_.add("lnf", Nl * C, A, P);
     lnf_mean_ = bufs_.add_f32("lnf_mean", c_.norm == Norm::layer ? Nl : 0, A);
     lnf_rstd_ = bufs_.add_f32("lnf_rstd", Nl, A);
     // This rank's vocabulary columns, overwritten in place by their gradient,
@@ -524,8 +572,6 @@ std::vector<std::pair<int, const MoeLayer*>> Decoder::routers() const {
     if (const MoeLayer* m = moe_layer(b.layer)) out.push_back({b.layer, m});
   return out;
 }
-
-core::CPtr Decoder::output() const { return blocks_.empty() ? encoded_ : blocks_.back().out; }
 
 void Decoder::finish_replicated(float* const* grads, int n) {
   const std::int64_t C = c_.d_model;
@@ -571,17 +617,19 @@ void Decoder::position_grads(float* dwpe, core::CPtr drows) {
   });
 }
 
-void Decoder::norm_rows(core::Ptr out_all, float* mean, float* rstd, core::CPtr x, core::CPtr w, core::CPtr b) {
-  // A norm over this rank's rows [Nl, C], its output [N, C] of all rows for
-  // the column-parallel linear that reads it (f, gathered in place).
-  const int C = c_.d_model, N = B_ * T_;
-  const core::Ptr mine = out_all + r0_ * C;
+core::CPtr Decoder::norm_rows(core::Ptr out, float* mean, float* rstd, core::CPtr x, core::CPtr w, core::CPtr b) {
+  // A norm over this rank's rows [Nl, C], kept as they are; all rows [N, C]
+  // for the column-parallel linear that reads them (f: gathered into
+  // ln_all_ under sequence parallelism).
+  const int C = c_.d_model;
   if (c_.norm == Norm::rms)
-    kernels::rmsnorm_forward(mine, rstd, x, w, int(Nl_), C);
+    kernels::rmsnorm_forward(out, rstd, x, w, int(Nl_), C);
   else
-    kernels::layernorm_forward(mine, mean, rstd, x, w, b, int(Nl_), C);
-  tp_->gather(mine, out_all, N, C);
+    kernels::layernorm_forward(out, mean, rstd, x, w, b, int(Nl_), C);
+  return all_rows(out);
 }
+
+core::CPtr Decoder::all_rows(core::CPtr mine) { return tp_->gather(mine, ln_all_, std::int64_t(B_) * T_, c_.d_model); }
 
 void Decoder::residual_rows(core::Ptr out, core::CPtr x, core::CPtr bias) {
   // out[Nl, C] = x + (this rank's rows of the row-parallel partial sums in
@@ -605,10 +653,12 @@ void Decoder::norm_back(core::CPtr x, core::CPtr w, const float* mean, const flo
                                 w, mean, rstd, int(Nl_), C);
 }
 
-void Decoder::rotate(core::Ptr qkv, bool backward) {
-  // The q heads and then the k heads start every row: one run of heads.
-  const int tp = tp_->size(), hs = c_.d_model / c_.heads, heads = (c_.heads + c_.kv()) / tp;
+void Decoder::rotate(core::Ptr qkv, bool backward, bool k_only) {
+  // The q heads and then the k heads start every row: one run of heads
+  // (or the k heads' alone).
+  const int tp = tp_->size(), hs = c_.d_model / c_.heads, heads = (k_only ? c_.kv() : c_.heads + c_.kv()) / tp;
   const std::int64_t W = std::int64_t(hs) * (c_.heads + 2 * c_.kv()) / tp;
+  if (k_only) qkv = qkv + std::int64_t(hs) * c_.heads / tp;
   auto turn = backward ? kernels::rope_backward : kernels::rope_forward;
   if (cp_->size() == 1) {
     turn(qkv, B_, T_, W, heads, hs, 0, c_.rope_theta);
@@ -621,11 +671,11 @@ void Decoder::rotate(core::Ptr qkv, bool backward) {
 
 core::CPtr Decoder::dres_all() { return tp_->gather(dres_, dres_full_, std::int64_t(B_) * T_, c_.d_model); }
 
-void Decoder::attention_half(const Block& b, core::CPtr p, core::CPtr x) {
+core::CPtr Decoder::attention_half(const Block& b, core::CPtr p, core::CPtr x) {
   const int N = B_ * T_, NHt = c_.heads / tp_->size(), NKVt = c_.kv() / tp_->size();
   const Acts& a = b.a;
-  norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, param(p, b.ln1_b));
-  b.qkv.forward(a.qkv, a.ln1, p + b.qkv_w, param(p, b.qkv_b), N);  // column-parallel: this rank's heads
+  const core::CPtr ln1 = norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, param(p, b.ln1_b));
+  b.qkv.forward(a.qkv, ln1, p + b.qkv_w, param(p, b.qkv_b), N);  // column-parallel: this rank's heads
   if (c_.rope()) rotate(a.qkv, false);  // kept turned: selective recomputation reads them so
   // Over whole sequences: under context parallelism the ring brings the
   // other ranks' keys and values (the backward scratch holds them).
@@ -634,14 +684,50 @@ void Decoder::attention_half(const Block& b, core::CPtr p, core::CPtr x) {
   // summed over the ranks (g), then the bias and the residual, once.
   b.proj.forward(dbuf_, a.atty, p + b.proj_w, nullptr, N);
   residual_rows(a.res2, x, param(p, b.proj_b));
-  norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + b.ln2_w, param(p, b.ln2_b));
+  return norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + b.ln2_w, param(p, b.ln2_b));
+}
+
+// Per-op recomputation: q and v of a qkv row (the rank's q columns, then
+// its k and its v) to or from their kept copy.
+void Decoder::keep_q_v(const Block& b, bool keep) {
+  const std::int64_t N = std::int64_t(B_) * T_, Ct = b.proj.in, KVt = (b.qkv.out - Ct) / 2, Wqv = Ct + KVt;
+  const core::Ptr qkv = b.a.qkv, qv = b.qv;
+  if (keep) {
+    kernels::copy_rows(qv, Wqv, qkv, b.qkv.out, N, Ct, false);
+    kernels::copy_rows(qv + Ct, Wqv, qkv + Ct + KVt, b.qkv.out, N, KVt, false);
+  } else {
+    kernels::copy_rows(qkv, b.qkv.out, qv, Wqv, N, Ct, false);
+    kernels::copy_rows(qkv + Ct + KVt, b.qkv.out, qv + Ct, Wqv, N, KVt, false);
+  }
+}
+
+// Per-op recomputation: what the block's backward reads and the policy did
+// not keep, from the block's input x and the kept q, v and attention
+// output: ln1, k (its rows of the qkv weight) turned by RoPE, the
+// attention's residual res2 (its projection again, the block's fourth
+// matmul), ln2 and the MLP's rebuilt part. Returns all rows of ln2.
+core::CPtr Decoder::rebuild(const Block& b, core::CPtr p, core::CPtr x) {
+  const int N = B_ * T_, Ct = b.proj.in, KVt = (b.qkv.out - Ct) / 2;
+  const Acts& a = b.a;
+  const core::CPtr ln1 = norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, param(p, b.ln1_b));
+  keep_q_v(b, false);
+  const core::CPtr bk = param(p, b.qkv_b);
+  linear_forward(rebuilt_, ln1, p + b.qkv_w + std::int64_t(Ct) * b.qkv.in, bk ? bk + Ct : nullptr, N, b.qkv.in, KVt);
+  kernels::copy_rows(a.qkv + Ct, b.qkv.out, rebuilt_, KVt, N, KVt, false);
+  if (c_.rope()) rotate(a.qkv, false, /*k_only=*/true);
+  b.proj.forward(dbuf_, a.atty, p + b.proj_w, nullptr, N);
+  residual_rows(a.res2, x, param(p, b.proj_b));
+  const core::CPtr ln2 = norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + b.ln2_w, param(p, b.ln2_b));
+  b.ffn->recompute(p, ln2);
+  return ln2;
 }
 
 void Decoder::block_forward(ParamState& st, Block& b, core::CPtr x, double* aux) {
   const core::CPtr p = st.acquire_params(b.unit);
   st.prefetch(b.unit + 1);  // a MoE block's experts, or the next block
-  attention_half(b, p, x);
-  *aux += b.ffn->forward(st, p, b.a.ln2, b.a.res2, b.out);
+  const core::CPtr ln2 = attention_half(b, p, x);
+  if (b.qv) keep_q_v(b, true);
+  *aux += b.ffn->forward(st, p, ln2, b.a.res2, b.out);
   st.release_params(b.unit);
 }
 
@@ -683,8 +769,8 @@ float Decoder::forward(ParamState& st, const std::int32_t* tokens, const std::in
   // The head's units stay acquired until its backward, which comes next.
   const core::CPtr uf = st.acquire_params(head_unit_);
   const core::CPtr hw = head_w_unit_ == head_unit_ ? uf + head_off_ : st.acquire_params(head_w_unit_);
-  norm_rows(lnf_, lnf_mean_, lnf_rstd_, output(), uf + lnfw_off_, param(uf, lnfb_off_));
-  head_.forward(logits_, lnf_, hw, nullptr, N);  // this rank's vocabulary columns
+  const core::CPtr lnf = norm_rows(lnf_, lnf_mean_, lnf_rstd_, output(), uf + lnfw_off_, param(uf, lnfb_off_));
+  head_.forward(logits_, lnf, hw, nullptr, N);  // this rank's vocabulary columns
   // Vocabulary-parallel cross-entropy: the row maximum, the sum of
   // exponentials and the target's logit are combined over the ranks; no rank
   // holds the whole vocabulary's logits.
@@ -710,15 +796,21 @@ void Decoder::block_backward(ParamState& st, Block& b, core::CPtr x, int next, f
   b.ffn->acquire(st);
   if (next >= 0) st.prefetch(next);  // the block before: its backward comes next
   float* g = st.grads(b.unit);
+  core::CPtr ln2 = nullptr;  // all rows of the second norm's output
   if (c_.recompute == Recompute::full) {
     // The block's forward again from its stored input. The time counts in
     // the block's backward span.
     const prof::Recomputing again;
-    attention_half(b, p, x);
-    b.ffn->recompute(p, a.ln2);
+    ln2 = attention_half(b, p, x);
+    b.ffn->recompute(p, ln2);
+  } else if (c_.recompute == Recompute::op) {
+    const prof::Recomputing again;
+    ln2 = rebuild(b, p, x);
+  } else {
+    ln2 = all_rows(a.ln2);  // gathered again under sequence parallelism
   }
   // Feed-forward: dres_ holds d(res3); the identity path leaves it as d(res2).
-  b.ffn->backward(st, p, g, a.ln2, dres_all(), loss_scale, input_only);
+  b.ffn->backward(st, p, g, ln2, dres_all(), loss_scale, input_only);
   norm_back(a.res2, p + b.ln2_w, a.ln2_mean, a.ln2_rstd, kLn2Weight, b.ffn->partial());
   // Attention: dres_ now holds d(res2). The row-parallel projection's input
   // gradient needs every row's; its bias takes this rank's rows.
@@ -734,7 +826,7 @@ void Decoder::block_backward(ParamState& st, Block& b, core::CPtr x, int next, f
   }
   cp_->attention_backward(dqkv, attn_scratch_, dbuf_, a.qkv, a.atty, a.att, B_, T_, b.proj.in, NHt, NKVt);
   if (c_.rope()) rotate(dqkv, true);  // the gradient of q and k before their turn
-  b.qkv.backward(dbuf_, dqkv, a.ln1, p + b.qkv_w, g + b.qkv_w, param(g, b.qkv_b), N, input_only);
+  b.qkv.backward(dbuf_, dqkv, all_rows(a.ln1), p + b.qkv_w, g + b.qkv_w, param(g, b.qkv_b), N, input_only);
   norm_back(x, p + b.ln1_w, a.ln1_mean, a.ln1_rstd, kLn1Weight);
   // A dense MLP's output bias is replicated; a MoE layer's belong to its experts.
   const std::int64_t ffn_bias = b.ffn->replicated_bias();
@@ -753,8 +845,8 @@ void Decoder::backward(ParamState& st, const std::int32_t* tokens, const std::in
   const int N = B * T;
   const std::int64_t NlC = Nl_ * C;
   const Phase phase = input_only ? Phase::backward_input : Phase::backward;
-  // Without the head, output_grad() (dres_) already holds the gradient of
-  // this stage's output.
+  // Without the head, output_grad() holds the gradient of this stage's output.
+  if (!stage_.head) kernels::convert(dres_, output_grad(), NlC);
   if (stage_.head) {
     ScopedSpan s(tl, L + 1, phase);
     // Acquired by the forward pass: these return the same pointers. An
@@ -767,7 +859,7 @@ void Decoder::backward(ParamState& st, const std::int32_t* tokens, const std::in
     kernels::softmax_cross_entropy_backward_sharded(logits_, logits_, ce_max_, ce_sum_, targets, v0,
                                                     loss_scale / float(N), N, Vt);
     float* ghw = input_only ? nullptr : own ? gf + head_off_ : st.grads(head_w_unit_);
-    head_.backward(dbuf_, logits_, lnf_, hw, ghw, nullptr, N, input_only);
+    head_.backward(dbuf_, logits_, all_rows(lnf_), hw, ghw, nullptr, N, input_only);
     kernels::fill_zero(dres_, NlC);
     norm_back(output(), uf + lnfw_off_, lnf_mean_, lnf_rstd_, 0);
     float* g[2] = {gf + lnfw_off_, param(gf, lnfb_off_)};
@@ -789,7 +881,10 @@ void Decoder::backward(ParamState& st, const std::int32_t* tokens, const std::in
     block_backward(st, b, i == 0 ? core::CPtr(encoded_) : core::CPtr(blocks_[i - 1].out),
                    i == 0 ? -1 : blocks_[i - 1].unit, loss_scale, input_only);
   }
-  if (!stage_.embedding) return;  // input_grad() (dres_) holds the gradient of this stage's input
+  if (!stage_.embedding) {
+    kernels::convert(encoded_, dres_, NlC);  // input_grad(): the gradient of this stage's input
+    return;
+  }
   ScopedSpan s(tl, 0, phase);
   // The embedding's backward needs no parameters, only the token ids; each
   // rank scatters into the vocabulary rows it holds. It runs in the
@@ -812,8 +907,8 @@ void Decoder::backward_weight(ParamState& st, prof::Timeline* tl) {
   const int N = B_ * T_;
   if (stage_.head) {
     ScopedSpan s(tl, c_.layers + 1, Phase::backward_weight);
-    head_.weight(head_w_unit_ == head_unit_ ? st.grads(head_unit_) + head_off_ : st.grads(head_w_unit_), nullptr, lnf_,
-                 N);
+    head_.weight(head_w_unit_ == head_unit_ ? st.grads(head_unit_) + head_off_ : st.grads(head_w_unit_), nullptr,
+                 all_rows(lnf_), N);
     if (head_w_unit_ > head_unit_) st.grads_done(head_w_unit_);
     st.grads_done(head_unit_);
   }
@@ -821,9 +916,9 @@ void Decoder::backward_weight(ParamState& st, prof::Timeline* tl) {
     Block& b = blocks_[i];
     ScopedSpan s(tl, b.layer + 1, Phase::backward_weight);
     float* g = st.grads(b.unit);
-    b.ffn->weight(st, g, b.a.ln2);
+    b.ffn->weight(st, g, all_rows(b.a.ln2));
     b.proj.weight(g + b.proj_w, nullptr, b.a.atty, N);
-    b.qkv.weight(g + b.qkv_w, param(g, b.qkv_b), b.a.ln1, N);
+    b.qkv.weight(g + b.qkv_w, param(g, b.qkv_b), all_rows(b.a.ln1), N);
     st.grads_done(b.unit);
   }
   if (stage_.embedding) {

@@ -119,7 +119,7 @@ double decoder_model_flops(const DecoderConfig& c, int B);
 // FLOPs executed: the model's plus the forward work recomputation repeats
 // (full: each block's norms-to-MLP-first-linear matmuls, a MoE block's
 // attention part only; selective: the attention scores and their product
-// with v).
+// with v; per-op: k, the attention projection and SwiGLU's up half).
 double decoder_hardware_flops(const DecoderConfig& c, int B);
 
 // The units of the state seam, contiguous and in flat-buffer order: wte and
@@ -140,9 +140,10 @@ class Decoder final : public Model {
   // on this rank's seq_len / cp tokens of each). They must outlive the model.
   // split_backward: the backward pass may run as backward(input) then
   // backward_weight() (zero-bubble schedules): each linear keeps its output
-  // gradient in between.
+  // gradient in between. scratch: the rank's shared scratch, which the
+  // pipeline's stage models share (models/buffers.hpp); null: its own.
   Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTracker& tracker, const Seams& seams = {},
-          Stage stage = {}, bool split_backward = false);
+          Stage stage = {}, bool split_backward = false, Scratch* scratch = nullptr);
   ~Decoder() override;
 
   const DecoderConfig& config() const { return c_; }
@@ -155,10 +156,15 @@ class Decoder final : public Model {
   const std::vector<Unit>& units() const override { return units_; }
   const Stage& stage() const override { return stage_; }
   const std::vector<BufferSpec>& buffers() const override { return bufs_.specs(); }
+  // The gradients at the stage's boundary take the places of its input and
+  // output, which the backward pass has read (the input) or never reads
+  // (the output of a stage without the head): no buffer per micro-batch
+  // for them, and none shared that a later pass could overwrite while a
+  // send is in flight.
   core::Ptr input() override { return encoded_; }
-  core::CPtr output() const override;
-  core::Ptr output_grad() override { return dres_; }
-  core::CPtr input_grad() const override { return dres_; }
+  core::CPtr output() const override { return output_of_stage(); }
+  core::Ptr output_grad() override { return output_of_stage(); }
+  core::CPtr input_grad() const override { return encoded_; }
   std::int64_t boundary_elements() const override { return Nl_ * c_.d_model; }
   float forward(ParamState& state, const std::int32_t* tokens, const std::int32_t* targets,
                 prof::Timeline* tl = nullptr) override;
@@ -194,10 +200,12 @@ class Decoder final : public Model {
   enum Replicated { kLn1Weight, kLn1Bias, kProjBias, kLn2Weight, kLn2Bias, kFfnBias, kReplicated };
 
   // A block's activations that its backward pass reads: the norms' outputs
-  // (all N rows) and statistics (this rank's rows, fp32; RMSNorm keeps no
-  // mean), q k v (q and k turned by RoPE), attention's output and state (its
-  // probabilities, or the rows' log-sum-exp, fp32), and the residual stream
-  // after attention. Recomputation shares them between blocks (the
+  // and statistics (this rank's rows: a shard under sequence parallelism,
+  // gathered again where all rows are read; the statistics fp32, RMSNorm
+  // keeping no mean), q k v (all N rows; q and k turned by RoPE),
+  // attention's output and state (its probabilities, or the rows'
+  // log-sum-exp, fp32), and the residual stream after attention. What
+  // recomputation rebuilds is one set in the rank's scratch (the
   // recomputation policy, in the constructor).
   struct Acts {
     core::Ptr ln1, qkv, atty, att, res2, ln2;
@@ -207,6 +215,7 @@ class Decoder final : public Model {
   // A block's feed-forward half: it reads ln2 (all rows) and adds its
   // output to the residual stream res2, into the block's output.
   class Ffn;
+  struct MlpBuffers;
   class Mlp;     // the dense MLP: fc, GELU or SwiGLU, proj
   class Experts;  // the MoE layer
 
@@ -217,29 +226,40 @@ class Decoder final : public Model {
     std::int64_t ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b;
     Acts a;
     core::Ptr out = nullptr;  // the residual stream after the block [Nl, C]
+    core::Ptr qv = nullptr;   // per-op recomputation: the block's q and v [N, Wqv]
     Linear qkv, proj;
     std::unique_ptr<Ffn> ffn;
   };
 
   // One block forward up to the feed-forward: norm, attention, residual,
-  // norm (again in a fully recomputing backward).
-  void attention_half(const Block& b, core::CPtr p, core::CPtr x);
+  // norm (again in a fully recomputing backward). Returns all rows of the
+  // second norm's output, for the feed-forward.
+  core::CPtr attention_half(const Block& b, core::CPtr p, core::CPtr x);
+  // Per-op recomputation: q and v to or from their kept
+  // copy, and the block's rebuilt activations before its backward.
+  void keep_q_v(const Block& b, bool keep);
+  core::CPtr rebuild(const Block& b, core::CPtr p, core::CPtr x);
   // A block's forward from its input x; its backward, `next` the unit whose
   // backward follows (-1: none).
   void block_forward(ParamState& st, Block& b, core::CPtr x, double* aux);
   void block_backward(ParamState& st, Block& b, core::CPtr x, int next, float loss_scale, bool input_only);
-  // A norm over this rank's rows, its output gathered to all rows under
-  // sequence parallelism; the residual add of the row-parallel sums in
+  // A norm over this rank's rows into `out` (this rank's rows), returning
+  // all rows of it (all_rows); all_rows gathers a norm's output kept as
+  // this rank's rows into ln_all_ under sequence parallelism (else it is
+  // all rows already); the residual add of the row-parallel sums in
   // dbuf_ (summed or reduce-scattered over tp) and a bias (if any); a norm's
   // backward into dres_ from the partial input gradients in dbuf_ (f
   // backward) or, `partial` false, from a whole one, its weight and bias
   // gradients into replicated slots k and k + 1.
-  void norm_rows(core::Ptr out_all, float* mean, float* rstd, core::CPtr x, core::CPtr w, core::CPtr b);
+  core::CPtr norm_rows(core::Ptr out, float* mean, float* rstd, core::CPtr x, core::CPtr w, core::CPtr b);
+  core::CPtr all_rows(core::CPtr mine);
   void residual_rows(core::Ptr out, core::CPtr x, core::CPtr bias);
   // RoPE on q and k of a qkv buffer of all N rows (forward), or on their
   // gradient (backward: the turn back).
-  void rotate(core::Ptr qkv, bool backward);
+  void rotate(core::Ptr qkv, bool backward, bool k_only = false);
   void norm_back(core::CPtr x, core::CPtr w, const float* mean, const float* rstd, int k, bool partial = true);
+  // The last block's output, or the stage's input on a stage without blocks.
+  core::Ptr output_of_stage() const { return blocks_.empty() ? encoded_ : blocks_.back().out; }
   // The offset of parameter `name` in unit `unit`'s values, or -1 if the
   // model has no such parameter (a bias of a bias-free block).
   std::int64_t offset_in(int unit, const std::string& name) const;
@@ -286,11 +306,14 @@ class Decoder final : public Model {
   // Backward scratch (workspace): the running residual gradient [Nl, C],
   // a linear's input gradient or partial sums [N, C], attention's q k v
   // gradient and scratch, the replicated gradients (fp32); where the rows
-  // are split, a reduction's rows and the gathered residual gradient.
+  // are split, a reduction's rows, the gathered residual gradient and a
+  // norm's gathered output.
   core::Ptr dres_, dbuf_, dqkv_;
   std::byte* attn_scratch_ = nullptr;
   float* rep_grads_ = nullptr;
-  core::Ptr sp_rows_ = nullptr, dres_full_ = nullptr;
+  core::Ptr sp_rows_ = nullptr, dres_full_ = nullptr, ln_all_ = nullptr;
+  // Per-op recomputation's scratch for k and SwiGLU's up half [N, max].
+  core::Ptr rebuilt_ = nullptr;
 };
 
 }  // namespace strata::models

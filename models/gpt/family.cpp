@@ -48,7 +48,8 @@ void check_moe(const Plan& c, PlanChecks& checks) {
 }
 
 std::unique_ptr<Model> make_gpt(const Plan& p, const Build& b) {
-  return std::make_unique<Decoder>(gpt_config(p), b.micro_batch, *b.tracker, b.seams, b.stage, b.split_backward);
+  return std::make_unique<Decoder>(gpt_config(p), b.micro_batch, *b.tracker, b.seams, b.stage, b.split_backward,
+                                   b.scratch);
 }
 
 long double parameters(const Plan& p) { return decoder_param_count(gpt_config(p)); }

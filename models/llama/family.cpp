@@ -58,7 +58,8 @@ void check_llama(const Plan& p, PlanChecks& checks) {
 }
 
 std::unique_ptr<Model> make_llama(const Plan& p, const Build& b) {
-  return std::make_unique<Decoder>(llama_config(p), b.micro_batch, *b.tracker, b.seams, b.stage, b.split_backward);
+  return std::make_unique<Decoder>(llama_config(p), b.micro_batch, *b.tracker, b.seams, b.stage, b.split_backward,
+                                   b.scratch);
 }
 
 long double parameters(const Plan& p) { return decoder_param_count(llama_config(p)); }

@@ -34,7 +34,9 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   micro_batches_ = cfg_.data.global_batch / (dp_size_ * B);
   model_flops_per_step_ = family.model_flops(cfg_, cfg_.data.global_batch);
   hardware_flops_per_step_ = family.hardware_flops(cfg_, cfg_.data.global_batch);
-  const models::Build build{B, &tracker, seams};
+  scratch_ = std::make_unique<models::Scratch>(tracker);
+  models::Build build{B, &tracker, seams};
+  build.scratch = scratch_.get();
   if (parts_.pp != nullptr) {
     // This rank's chunks of the pipeline, placed and counted by the schedule's row.
     const strategies::pp::Shape shape{parts_.pp->size(), micro_batches_, cfg_.parallel.virtual_stages};
@@ -61,6 +63,7 @@ Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::T
   sc.zero = cfg_.parallel.zero;
   sc.bucket_bytes = std::int64_t(cfg_.parallel.bucket_mb * double(1 << 20));
   sc.overlap = cfg_.parallel.overlap_grad_reduce;
+  sc.reduce_every_micro_batch = cfg_.parallel.reduce_every_micro_batch();
   sc.fp32_grads = cfg_.parallel.grad_reduce == plan::GradReduce::fp32;
   sc.adamw = {float(cfg_.optim.beta1), float(cfg_.optim.beta2), float(cfg_.optim.eps),
               float(cfg_.optim.weight_decay)};

@@ -141,6 +141,9 @@ class Trainer {
   std::vector<ExpertRecord> experts_;
 
   strategies::Parallel parts_;
+  // The scratch this rank's models share (models/buffers.hpp): one
+  // whatever the number of stage models a pipeline schedule keeps.
+  std::unique_ptr<models::Scratch> scratch_;
   std::unique_ptr<models::Model> model_;                    // without a pipeline
   std::unique_ptr<strategies::pp::Executor> pipeline_;      // with one: this rank's chunks and actions
   models::ParamRegistry registry_;

@@ -126,6 +126,10 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
         sent.push_back(isend(pp_, g->output(), g->boundary_elements(), a.peer, kActTag));
         break;
       case Op::recv_grad:
+        // Into the output's place: its send must have completed (it has
+        // been received, or this gradient would not come).
+        for (auto& r : sent) r->wait();
+        sent.clear();
         recv(pp_, g->output_grad(), g->boundary_elements(), a.peer, kGradTag);
         break;
       case Op::backward:

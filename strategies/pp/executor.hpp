@@ -16,7 +16,8 @@
 // a receive is a probe then the receive, so the communicator records how
 // long it waited for the peer apart from the transfer. Activations and their
 // gradients travel in their format (the compute precision), from and into
-// the stage models' own buffers.
+// the stage models' own buffers. A stage model holds its activations only:
+// the scratch its passes use is the rank's, one for all (models::Scratch).
 #pragma once
 
 #include <cstdint>

@@ -202,6 +202,11 @@ TEST(Llama, MixtralExpertsMatchOneRank) {
 TEST(Llama, RecomputationAndMixedPrecisionTrackOneRank) {
   check({.dp = 2, .recompute = "selective"});
   check({.dp = 2, .recompute = "full"});
+  // torchtitan's per-op policy: k and SwiGLU's up half rebuilt from their
+  // rows of the weights, over tp with sequence-parallel norms, and on MoE.
+  check({.dp = 2, .recompute = "op"});
+  check({.tp = 2, .sp = true, .recompute = "op"});
+  check({.dp = 2, .ep = 2, .recompute = "op", .experts = 4});
   check({.dp = 2, .zero = 1, .precision = "bf16"});
   check({.dp = 2, .zero = 3, .precision = "fp16"});
   check({.tp = 2, .pp = 2, .sp = true, .precision = "bf16"});

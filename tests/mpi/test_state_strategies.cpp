@@ -206,6 +206,54 @@ TEST(Volume, BytesPerStepAreTheAnalyticalVolumes) {
   }
 }
 
+// parallel.grad_sync: ZeRO 2 and 3 reduce each micro-batch's gradients into
+// the shard (micro_batch, their default: DeepSpeed's ZeRO-2, FSDP's) or
+// accumulate whole gradients over the step and reduce them once (step:
+// FSDP's no_sync). Both match one rank, and the dry run's estimate is the
+// run; step holds the whole gradients besides the shard (4 Psi_p + 4 S at
+// the end of a step, against 4 S) and reduce-scatters them once, m times
+// fewer bytes over m micro-batches.
+TEST(GradSync, OncePerStepMovesFewerBytesAndHoldsWholeGradients) {
+  const int n = parity::world_size(), mb = 2, m = 3, G = m * mb * n;
+  const Trajectory ref = run_single(config(1, 0, 16, G, mb, 4));
+  for (int zero : {2, 3}) {
+    std::map<std::string, std::int64_t> scattered;
+    std::map<std::string, std::uint64_t> grads;
+    std::int64_t S = 0, psi_p = 0;
+    for (const std::string sync : {"micro_batch", "step"}) {
+      SCOPED_TRACE(fmt::format("zero {} grad_sync {}", zero, sync));
+      comm::CommLog log(prof::now_seconds());
+      mesh::Mesh mesh(MPI_COMM_WORLD, mpi_test::grid(1, n, 1), log);
+      auto c = config(n, zero, 16, G, mb, 4);
+      c.parallel.grad_sync = plan::choose<plan::GradSync>(sync);
+      core::MemoryTracker tracker;
+      train::Trainer t(c, tracker, nullptr, 0.0, strategies::parallelize(c, &mesh));
+      Trajectory r;
+      std::size_t before = 0;
+      for (int s = 0; s < c.run.steps; ++s) {
+        estimate_check::begin_step(tracker, &log, s);
+        before = log.records().size();
+        r.losses.push_back(t.step(s).loss);
+      }
+      estimate_check::expect_estimate_is_measured(c, tracker, t, &log, c.run.steps - 1);
+      for (std::size_t i = before; i < log.records().size(); ++i)
+        if (std::string(log.records()[i].op) == "reduce_scatter") scattered[sync] += log.records()[i].bytes;
+      grads[sync] = tracker.current(MemCategory::grads);
+      S = shard_elems(t.model(), n), psi_p = n * S;
+      for (int s = 0; s < c.run.steps; ++s)
+        EXPECT_NEAR(r.losses[s], ref.losses[s], 1e-5 * std::fabs(ref.losses[s])) << "step " << s;
+      r.params = t.strategy().full_params();
+      r.registry = t.model().registry();
+      double key_abs = 0;
+      EXPECT_LE(parity::params_error(r.registry, r.params, ref.registry, ref.params, &key_abs), 1e-5);
+    }
+    EXPECT_EQ(scattered["step"], 4 * psi_p) << "zero " << zero;
+    EXPECT_EQ(scattered["micro_batch"], m * 4 * psi_p) << "zero " << zero;
+    EXPECT_EQ(grads["micro_batch"], std::uint64_t(4 * S)) << "zero " << zero;
+    EXPECT_EQ(grads["step"], std::uint64_t(4 * psi_p + 4 * S)) << "zero " << zero;
+  }
+}
+
 // Hybrid sharding (parallel.dp_shard = S): ZeRO shards over S consecutive
 // dp ranks and replicates across the n / S groups. On 4 ranks S = 2 (two
 // groups of two); on 2 ranks S = 1 (every rank holds the whole state, which

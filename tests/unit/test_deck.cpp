@@ -83,7 +83,7 @@ const std::vector<std::string> kAllKeys = {
     "model.moe_renormalize", "model.moe_aux_coef", "model.kv_heads", "model.ffn_dim", "model.rope_theta",
     "model.tie_embeddings", "model.recompute",
     "data.source", "data.path", "data.global_batch", "data.micro_batch",
-    "parallel.dp", "parallel.bucket_mb", "parallel.overlap_grad_reduce", "parallel.grad_reduce", "parallel.zero", "parallel.dp_shard", "parallel.tp", "parallel.sequence_parallel", "parallel.ep", "parallel.cp",
+    "parallel.dp", "parallel.bucket_mb", "parallel.overlap_grad_reduce", "parallel.grad_reduce", "parallel.zero", "parallel.dp_shard", "parallel.grad_sync", "parallel.tp", "parallel.sequence_parallel", "parallel.ep", "parallel.cp",
     "parallel.pp", "parallel.schedule", "parallel.virtual_stages", "parallel.first_stage_layers",
     "parallel.last_stage_layers", "parallel.offload",
     "optim.lr", "optim.schedule", "optim.warmup", "optim.min_lr", "optim.weight_decay", "optim.beta1",
@@ -377,6 +377,24 @@ TEST_F(DeckTest, HybridShardingIsChecked) {
   load_error("[model]\nkind = \"moe\"\nmoe_experts = 4\n" + batch + "[parallel]\ndp = 4\nep = 2\nzero = 1\ndp_shard = 2\n",
              {"parallel.dp_shard = 2", "parallel.ep = 2", "expert-data-parallel"});
   load_error(batch + "[parallel]\ndp = 4\nzero = 1\ndp_shard = -1\n", {"parallel.dp_shard", "-1"});
+}
+
+// Reducing every micro-batch into the gradient shard needs one (ZeRO 2 or
+// 3); once a step suits every stage; auto resolves by the stage.
+TEST_F(DeckTest, GradientSyncIsChecked) {
+  const std::string batch = "[data]\nglobal_batch = 16\nmicro_batch = 2\n";
+  for (const char* zero : {"2", "3"})
+    for (const char* sync : {"step", "micro_batch", "auto"})
+      EXPECT_NO_THROW(load(batch + "[parallel]\ndp = 4\nzero = " + zero + "\ngrad_sync = \"" + sync + "\"\n"));
+  EXPECT_NO_THROW(load(batch + "[parallel]\ndp = 4\nzero = 1\ngrad_sync = \"step\"\n"));
+  load_error(batch + "[parallel]\ndp = 4\nzero = 1\ngrad_sync = \"micro_batch\"\n",
+             {"parallel.grad_sync = \"micro_batch\"", "parallel.zero = 1", "holds whole gradients", "2 or 3"});
+  load_error(batch + "[parallel]\ndp = 4\ngrad_sync = \"micro_batch\"\n", {"parallel.zero = 0 (default)"});
+  load_error(batch + "[parallel]\ndp = 4\nzero = 2\ngrad_sync = \"sometimes\"\n",
+             {"parallel.grad_sync", "sometimes", "micro_batch"});
+  EXPECT_FALSE(load(batch + "[parallel]\ndp = 4\nzero = 1\n").config.parallel.reduce_every_micro_batch());
+  EXPECT_TRUE(load(batch + "[parallel]\ndp = 4\nzero = 2\n").config.parallel.reduce_every_micro_batch());
+  EXPECT_FALSE(load(batch + "[parallel]\ndp = 4\nzero = 3\ngrad_sync = \"step\"\n").config.parallel.reduce_every_micro_batch());
 }
 
 TEST_F(DeckTest, ContextParallelismIsChecked) {

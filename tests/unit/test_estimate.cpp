@@ -153,7 +153,7 @@ std::map<std::string, double> matmul_flops(const std::vector<kernels::WorkCost>&
 // hardware FLOPs' excess; a split backward's halves are one forward each;
 // and tensor parallelism splits every product evenly over its ranks.
 TEST(Estimate, ComputeIsTheModelsFlops) {
-  for (const std::string recompute : {"none", "selective", "full"}) {
+  for (const std::string recompute : {"none", "selective", "full", "op"}) {
     SCOPED_TRACE(recompute);
     const plan::Plan c = tiny({"model.recompute=\"" + recompute + "\"", "model.layers=3"});
     std::vector<kernels::WorkCost> work;
