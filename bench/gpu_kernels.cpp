@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
                           dqkv = device_tensor(std::size_t(N) * 3 * C, format);
   const strata::core::Ptr state = device_tensor(std::size_t(k::attention_state_elements(true, B, NH, T)),
                                                 strata::core::Precision::fp32);
-  const strata::core::Ptr scratch = device_tensor(std::size_t(k::attention_scratch_elements(true, B, NH, T, C)),
+  const strata::core::Ptr scratch = device_tensor(std::size_t(k::attention_scratch_elements(true, B, NH, T, C, format)),
                                                   strata::core::Precision::fp32);
   const double causal = 2.0 * 2.0 * double(N) * T * C / 2;  // two products, half the square
   const double af = time_it([&] { k::attention_forward(out, state, qkv, B, T, C, NH, NH); });

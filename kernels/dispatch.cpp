@@ -303,14 +303,12 @@ std::int64_t attention_state_elements(bool fused, int B, int NH, int T) {
   return fused ? std::int64_t(B) * NH * T : std::int64_t(B) * NH * T * T;
 }
 
-std::int64_t attention_scratch_elements(bool fused, int B, int NH, int T, int C) {
-  return fused ? std::int64_t(B) * NH * T + std::int64_t(B) * T * C : attention_state_elements(false, B, NH, T);
+std::int64_t attention_scratch_elements(bool fused, int B, int NH, int T, int C, core::Precision act) {
+  if (!fused) return attention_state_elements(false, B, NH, T);
+  return std::int64_t(B) * NH * T + (act == core::Precision::fp32 ? 0 : std::int64_t(B) * T * C);
 }
 
-const char* cpu_gemm_path(core::Precision p) {
-  if (p == core::Precision::fp32) return "openblas";
-  return cpu::onednn_gemm(p) ? "onednn" : "openblas";
-}
+const char* cpu_gemm_path(core::Precision p) { return cpu::onednn_gemm(p) ? "onednn" : "openblas"; }
 
 // ---- the operations ----
 

@@ -144,9 +144,10 @@ void count_meta_cost(const char* name, double matmul_flops, double other_flops, 
 // `scratch`, and their format for a run whose activations are `act`: the
 // probabilities and their gradient on the CPU, in the activations' format;
 // for the fused kernels (`fused`, the CUDA backend) the rows' log-sum-exp,
-// and their dot(dout, out) and an accumulator of dq (B T C), fp32.
+// and their dot(dout, out) and, under 16 bits, an accumulator of dq (B T C),
+// fp32 (fp32's dq is summed in dqkv itself).
 std::int64_t attention_state_elements(bool fused, int B, int NH, int T);
-std::int64_t attention_scratch_elements(bool fused, int B, int NH, int T, int C);
+std::int64_t attention_scratch_elements(bool fused, int B, int NH, int T, int C, core::Precision act);
 inline core::Precision attention_state_format(bool fused, core::Precision act) {
   return fused ? core::Precision::fp32 : act;
 }

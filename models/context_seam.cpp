@@ -13,7 +13,7 @@ core::Precision ContextSeam::state_format(bool fused, core::Precision act) const
 }
 
 std::int64_t ContextSeam::scratch_bytes(bool fused, int B, int NH, int, int Tl, int C, core::Precision act) const {
-  return kernels::attention_scratch_elements(fused, B, NH, Tl, C) *
+  return kernels::attention_scratch_elements(fused, B, NH, Tl, C, act) *
          core::element_bytes(kernels::attention_state_format(fused, act));
 }
 

@@ -116,13 +116,6 @@ struct RingBuffers {
   }
 };
 
-comm::RequestPtr isend(comm::Communicator& c, core::CPtr x, std::int64_t n, int peer, int tag) {
-  return c.isend(x.get(), n, comm::dtype_of(x.precision()), peer, tag);
-}
-comm::RequestPtr irecv(comm::Communicator& c, core::Ptr y, std::int64_t n, int peer, int tag) {
-  return c.irecv(y.get(), n, comm::dtype_of(y.precision()), peer, tag);
-}
-
 }  // namespace
 
 void RingAttention::attention_forward(core::Ptr out, core::Ptr lse, std::byte* scratch, core::CPtr qkv, int B, int Tl,
@@ -138,8 +131,8 @@ void RingAttention::attention_forward(core::Ptr out, core::Ptr lse, std::byte* s
     // The next block travels while this one is computed.
     std::vector<comm::RequestPtr> ring;
     if (s + 1 < p) {
-      ring.push_back(isend(cp_, kv[s % 2], n, next, kKvTag));
-      ring.push_back(irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
+      ring.push_back(comm::isend(cp_, kv[s % 2], n, next, kKvTag));
+      ring.push_back(comm::irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
     }
     const int src = (r + p - s) % p;  // whose keys and values these are
     for (int qh = 0; qh < 2; ++qh)
@@ -165,13 +158,13 @@ void RingAttention::attention_backward(core::Ptr dqkv, std::byte* scratch, core:
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   // One receive of a block's gradient is always posted before any send is
   // waited for, so the ring cannot wait on itself.
-  comm::RequestPtr incoming = irecv(cp_, buf.dkv_in, n, prev, kGradTag);
+  comm::RequestPtr incoming = comm::irecv(cp_, buf.dkv_in, n, prev, kGradTag);
   comm::RequestPtr sent[2];
   for (int s = 0; s < p; ++s) {
     std::vector<comm::RequestPtr> ring;
     if (s + 1 < p) {
-      ring.push_back(isend(cp_, kv[s % 2], n, next, kKvTag));
-      ring.push_back(irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
+      ring.push_back(comm::isend(cp_, kv[s % 2], n, next, kKvTag));
+      ring.push_back(comm::irecv(cp_, kv[(s + 1) % 2], n, prev, kKvTag));
     }
     const int src = (r + p - s) % p;
     // This step's gradient of the block in hand, in fp32, plus what came
@@ -193,12 +186,12 @@ void RingAttention::attention_backward(core::Ptr dqkv, std::byte* scratch, core:
     if (s > 0) {
       incoming->wait();
       kernels::add_inplace(mine, buf.dkv_in, n);
-      incoming = irecv(cp_, buf.dkv_in, n, prev, kGradTag);
+      incoming = comm::irecv(cp_, buf.dkv_in, n, prev, kGradTag);
     }
     // On to the next rank, which meets this block at the next step; after
     // the last step the next rank is the block's owner. Rounded once.
     kernels::convert(buf.dkv_sent[s % 2], mine, n);
-    sent[s % 2] = isend(cp_, buf.dkv_sent[s % 2], n, next, kGradTag);
+    sent[s % 2] = comm::isend(cp_, buf.dkv_sent[s % 2], n, next, kGradTag);
     for (auto& q : ring) q->wait();
   }
   for (auto& q : sent)

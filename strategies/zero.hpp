@@ -164,8 +164,8 @@ class Zero final : public StateStrategy, public models::ParamState {
   std::int64_t in_flight_bytes_ = 0;  // reduce-scatter buffer bytes held by pending_ (inputs and outputs)
   std::int64_t bucket_bytes_;         // the most of those before the oldest is waited for
   bool last_ = true;
-  bool every_micro_batch_ = true;  // parallel.grad_sync (stages 2-3)
   bool overlap_;                      // issue reduce-scatters during the backward pass (else after it)
+  bool every_micro_batch_ = true;  // parallel.grad_sync (stages 2-3)
 };
 
 }  // namespace strata::strategies

@@ -48,12 +48,22 @@ constexpr int kRowBlock = 64;
 // one after another and OpenBLAS uses the threads.
 bool parallel_over_heads(int B, int NH) { return B * NH >= omp_get_max_threads(); }
 
-// Per-thread scratch of fp32 (and of E) rows, grown to the largest block seen.
+// Per-thread scratch of fp32 (or of a 16-bit E's) rows, grown to the
+// largest block seen.
 template <typename X>
-X* scratch_of(std::size_t n, int which = 0) {
-  thread_local std::vector<X> s[2];
-  if (s[which].size() < n) s[which].resize(n);
-  return s[which].data();
+X* scratch_of(std::size_t n) {
+  thread_local std::vector<X> s;
+  if (s.size() < n) s.resize(n);
+  return s.data();
+}
+// The rows of a 16-bit E for fp32 ones rounded (none under fp32: in_format
+// hands the fp32 rows back).
+template <typename E>
+E* rounded_scratch(std::size_t n) {
+  if constexpr (std::is_same_v<E, float>)
+    return nullptr;
+  else
+    return scratch_of<E>(n);
 }
 
 // n fp32 values as E: the values themselves under fp32, else rounded into tmp.
@@ -106,8 +116,7 @@ void attention_forward_(E* out, E* probs, const E* qkv, int B, int T, int C, int
         float* s = kWide ? reinterpret_cast<float*>(p) : scratch_of<float>(std::size_t(kRowBlock) * T);
         matmul(false, true, r1 - r0, r1, hs, scale, q + std::int64_t(r0) * C3, C3, k, C3, 0.0f, s, T);
         for (int t = r0; t < r1; ++t) softmax_row(s + std::int64_t(t - r0) * T, t, T);
-        if constexpr (!kWide)
-          for (std::int64_t i = 0; i < std::int64_t(r1 - r0) * T; ++i) p[i] = from_float<E>(s[i]);
+        in_format(s, p, std::int64_t(r1 - r0) * T);  // under fp32, s is p
         matmul(false, false, r1 - r0, hs, r1, 1.0f, p, T, v, C3, 0.0f, y + std::int64_t(r0) * C, C);
       }
     }
@@ -156,8 +165,7 @@ void attention_backward_(E* dqkv, E* dprobs_scratch, const E* dout, const E* qkv
             for (int j = 0; j <= t; ++j) dr[j] = to_float(p[j]) * (dr[j] - dot);
             for (int j = t + 1; j < T; ++j) dr[j] = 0.0f;
           }
-          if constexpr (!kWide)
-            for (std::int64_t i = 0; i < std::int64_t(r1 - r0) * T; ++i) ds[i] = from_float<E>(d[i]);
+          in_format(d, ds, std::int64_t(r1 - r0) * T);  // under fp32, d is ds
           // dv += P^T dout
           matmul(true, false, r1, hs, r1 - r0, 1.0f, att + std::int64_t(r0) * T, T, dy + std::int64_t(r0) * C, C, 1.0f,
                  dv, C3);
@@ -196,7 +204,7 @@ void block_forward_(E* out, float* lse, const E* q, const E* kv, int B, int Tq, 
       float* att = scratch_of<float>(std::size_t(kRowBlock) * (std::size_t(Tk) + hs + 1));  // [rows, nk]: scores, then P
       float* ob = att + std::int64_t(kRowBlock) * Tk;    // [rows, hs]: the block's attention
       float* lb = ob + std::int64_t(kRowBlock) * hs;     // [rows]: the block's log-sum-exp
-      E* pe = scratch_of<E>(std::size_t(kRowBlock) * Tk, 1);  // P in the call's format (16-bit)
+      E* pe = rounded_scratch<E>(std::size_t(kRowBlock) * Tk);  // P in the call's format (16-bit)
       for (int r0 = 0; r0 < Tq; r0 += kRowBlock) {
         const int rows = std::min(kRowBlock, Tq - r0);
         const int nk = visible_keys(r0 + rows - 1, Tk, q0, k0);  // what the block's last row sees: the most
@@ -272,8 +280,8 @@ void block_backward_(DQ* dq, DKV* dkv, const E* dout, const E* q, const E* kv, c
         const float* l = lse + (std::int64_t(b) * NH + h) * q_batch;
         float* p = scratch_of<float>(std::size_t(kRowBlock) * 2 * std::size_t(Tk));  // [rows, nk]: P from the lse
         float* dp = p + std::int64_t(kRowBlock) * Tk;                              // [rows, nk]: dP, then dS
-        E* pe = scratch_of<E>(std::size_t(kRowBlock) * 2 * std::size_t(Tk), 1);    // P and dS in the call's format
-        E* dse = pe + std::int64_t(kRowBlock) * Tk;
+        E* pe = rounded_scratch<E>(std::size_t(kRowBlock) * 2 * std::size_t(Tk));  // P and dS in the call's format
+        E* dse = pe == nullptr ? nullptr : pe + std::int64_t(kRowBlock) * Tk;
         for (int r0 = 0; r0 < Tq; r0 += kRowBlock) {
           const int rows = std::min(kRowBlock, Tq - r0);
           const int nk = visible_keys(r0 + rows - 1, Tk, q0, k0);

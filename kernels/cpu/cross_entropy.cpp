@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/vec_math.hpp"
@@ -30,16 +31,21 @@ float max_of(const E* x, int V) {
 // sum_i exp(x[i] - m) in double. Float partial sums over blocks of 128 (16
 // terms per vector lane: relative error below 1e-6) are added up in double: a
 // float sum of 50k terms would drift, while one long double-precision
-// accumulation chain cost a quarter of the kernel's time.
-template <typename E>
-double exp_sum(const E* x, float m, int V) {
+// accumulation chain cost a quarter of the kernel's time. With kStore, each
+// exp(x[i] - m) is also stored in e[i] (fp32 rows: e may be x).
+template <bool kStore = false, typename E>
+double exp_sum(const E* x, float m, int V, float* e = nullptr) {
   constexpr int kBlock = 128;
   double sum = 0.0;
   for (int i0 = 0; i0 < V; i0 += kBlock) {
     const int i1 = (i0 + kBlock < V) ? i0 + kBlock : V;
     float part = 0.0f;
 #pragma omp simd reduction(+ : part)
-    for (int i = i0; i < i1; ++i) part += exp_vec(to_float(x[i]) - m);
+    for (int i = i0; i < i1; ++i) {
+      const float ei = exp_vec(to_float(x[i]) - m);
+      if constexpr (kStore) e[i] = ei;
+      part += ei;
+    }
     sum += part;
   }
   return sum;
@@ -74,8 +80,19 @@ void backward_(E* dlogits, const E* logits, const std::int32_t* targets, float d
   for (int n = 0; n < N; ++n) {
     const E* x = logits + std::int64_t(n) * V;
     const float m = max_of(x, V);
-    const float scale = float(double(dloss) / exp_sum(x, m, V));
-    softmax_row_gradient(dlogits + std::int64_t(n) * V, x, m, scale, targets[n], dloss, V);
+    if constexpr (std::is_same_v<E, float>) {
+      // fp32: the exponentials stored as they are summed, then scaled (one
+      // exp a logit). A 16-bit row is computed again from x instead, so that
+      // its gradient is rounded once.
+      float* dx = dlogits + std::int64_t(n) * V;
+      const float scale = float(double(dloss) / exp_sum<true>(x, m, V, dx));
+#pragma omp simd
+      for (int i = 0; i < V; ++i) dx[i] *= scale;
+      dx[targets[n]] -= dloss;
+    } else {
+      const float scale = float(double(dloss) / exp_sum(x, m, V));
+      softmax_row_gradient(dlogits + std::int64_t(n) * V, x, m, scale, targets[n], dloss, V);
+    }
   }
 }
 

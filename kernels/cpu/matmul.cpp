@@ -128,8 +128,7 @@ void linear_bias_forward(Ptr out, CPtr inp, CPtr w, CPtr bias, int N, int IC, in
     Ptr block = out + std::int64_t(r0) * OC;
     if (beta != 0.0f) convert(rows.data(), block, std::int64_t(nr) * OC);
     matmul(false, true, nr, OC, IC, 1.0f, inp + std::int64_t(r0) * IC, IC, w, IC, beta, rows.data(), OC);
-    for (int r = 0; r < nr; ++r)
-      for (int c = 0; c < OC; ++c) rows[std::size_t(r) * OC + c] += wide_bias[std::size_t(c)];
+    bias_add(rows.data(), wide_bias.data(), nr, OC);
     convert(block, rows.data(), std::int64_t(nr) * OC);
   }
 }

@@ -54,7 +54,7 @@ struct ShapeHash {
 
 struct Made {
   dnnl::matmul prim;
-  std::size_t scratchpad = 0;  // bytes
+  dnnl::memory::desc scratchpad;  // what it asks of the caller's scratchpad
 };
 
 struct Primitives {
@@ -123,17 +123,17 @@ void onednn_matmul(bool ta, bool tb, int M, int N, int K, float alpha, core::CPt
         attr.set_post_ops(ops);
       }
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, p.engine);
-      it = p.made.emplace(key, Made{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first;
+      it = p.made.emplace(key, Made{dnnl::matmul(pd), pd.scratchpad_desc()}).first;
     }
     made = it->second;
   }
+  // One stream and one scratchpad per thread (the engine is the process's).
+  thread_local dnnl::stream stream(p.engine);
   thread_local std::vector<std::byte> scratchpad;
-  const std::size_t pad_bytes = std::max<std::size_t>(made.scratchpad, 1);
+  const std::size_t pad_bytes = std::max<std::size_t>(made.scratchpad.get_size(), 1);
   if (scratchpad.size() < pad_bytes) scratchpad.resize(pad_bytes);
-  dnnl::stream stream(p.engine);
-  const dnnl::memory::desc pad_md({std::int64_t(pad_bytes)}, dnnl::memory::data_type::u8, dnnl::memory::format_tag::a);
   dnnl::memory a(a_md, p.engine, const_cast<void*>(A.get())), b(b_md, p.engine, const_cast<void*>(B.get())),
-      c(c_md, p.engine, C.get()), pad(pad_md, p.engine, scratchpad.data());
+      c(c_md, p.engine, C.get()), pad(made.scratchpad, p.engine, scratchpad.data());
   made.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, pad}});
   stream.wait();
 }

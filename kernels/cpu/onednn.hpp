@@ -12,7 +12,7 @@ namespace strata::kernels::cpu {
 
 // Whether 16-bit GEMMs of format p go through oneDNN on this processor.
 bool onednn_gemm(core::Precision p);
-// "onednn 2.6.3 (avx512_core_bf16)", or why not: for the report's provenance.
+// "onednn 2.6.3 (bf16 instructions)", or why not: for the report's provenance.
 const char* onednn_description();
 // matmul's contract (kernels/ops.inc) on oneDNN; only where onednn_gemm(A's format).
 void onednn_matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::CPtr A, int lda, core::CPtr B,

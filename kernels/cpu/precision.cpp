@@ -1,6 +1,5 @@
-// The optimizer's reductions and its mixed-precision step on the host; the
-// scalar rounding is core's, so every conversion in the program rounds
-// alike.
+// The gradient norm's sum of squares over many tensors (fp32 or 16-bit) on
+// the host, through the shared walk of kernels/sum_squares_tensors.hpp.
 #include <cstdint>
 
 #include "kernels/cpu/cpu_kernels.hpp"

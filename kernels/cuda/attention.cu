@@ -1,11 +1,11 @@
 // Fused causal multi-head or grouped-query attention, FlashAttention-2
-// style, in fp32 on the CUDA cores, or under bf16 math on tensor cores
-// (below): the T x T scores of a head exist only tile by tile, in registers
+// style, on the CUDA cores (fp32 and fp16 tensors) or on tensor cores (bf16
+// tensors, below): the T x T scores of a head exist only tile by tile, in registers
 // and shared memory, never in global memory.
 //
 // Grouped-query attention (kernels/ops.inc). NH query heads share NKV
 // key-value heads, a group of G = NH / NKV query heads per key-value head:
-// query head h reads key-value head h / G. A qkv row is C + 2 KVC floats
+// query head h reads key-value head h / G. A qkv row is C + 2 KVC elements
 // (KVC = NKV hs): q in its first C, then k, then v. The forward pass is per
 // query head and simply reads its group's k and v (G query heads read the
 // same key rows, from L2 after the first). The backward pass is per
@@ -14,7 +14,7 @@
 // which sum over all G heads, accumulate in the block's registers for the
 // whole walk and are added to dqkv once, without atomics (each key row of
 // each key-value head still belongs to exactly one block). dq is per query
-// head and added with atomicAdd as before. NKV = NH (G = 1) is multi-head
+// head and added with atomicAdd (Formats, below, says where). NKV = NH (G = 1) is multi-head
 // attention: the same blocks, the same arithmetic, the same results as
 // before grouping. The price of the per-group walk is parallelism: the
 // backward has B NKV key tiles' blocks instead of B NH, each G times longer.
@@ -73,15 +73,14 @@
 // 64-query tile of hs 256 would need 266 KB of it in this backward, past
 // an SM's 227 KB.
 //
-// Tensor cores (bf16 math). When the run's GEMMs are bf16
-// (set_gemm_precision, bf16_math()) and the head size is a multiple of 16,
-// the same two operations run on tensor cores instead: the attention products
+// Tensor cores. For bf16 tensors whose head size is a multiple of 16, the
+// same two operations run on tensor cores instead: the attention products
 // are as many FLOPs as a layer's GEMMs, and on CUDA cores they would cost more
 // than all of them. Same contract, same tiles of 64 queries by 64 keys, same
 // block order and masking; what changes is the arithmetic of the products.
-// The inputs stay fp32 in global memory; q, k, v, dO (staged) and P, dS
+// q, k, v and dO are staged to shared memory as they are (bf16); P and dS
 // (produced) are rounded to bf16 (round to nearest even) as they are written
-// to shared memory, and every product is a 16x16x16 WMMA (nvcuda::wmma) with
+// there, and every product is a 16x16x16 WMMA (nvcuda::wmma) with
 // fp32 accumulation. Everything else is fp32: the scale (applied to S after
 // the product, not folded into bf16 q), the softmax statistics, the rescaling
 // and the accumulation of O, dQ, dK and dV. Fragment elements are never
@@ -100,8 +99,8 @@
 // O lives in shared memory, not in fragments, because the rescaling is per row
 // and fragment elements are opaque. Then out = O / l, lse = m + log l.
 //
-// Backward: D = rowsum(dO o O) by the same row-dot kernel as the fp32 path,
-// with dO rounded to bf16 as its products see it (attention_row_dots); then a
+// Backward: D = rowsum(dO o O) by the same row-dot kernel as the CUDA-core
+// path (attention_row_dots); then a
 // block per (64 keys, key-value head), warp w owning keys 16w .., walks the
 // query tiles from the diagonal, for each query head of the group in turn. Per
 // query tile: S^T = K Q^T and dP^T = V dO^T (16 x 64 per warp),
@@ -130,9 +129,10 @@
 // Formats. q, k, v, out and dout are in the call's format (E: fp32, bf16 or
 // fp16), read as fp32 (the tensor-core kernels stage bf16 as it is) and
 // written rounded once; lse and D are fp32. dq is summed over key tiles
-// with atomics, which a 2-byte format cannot take: the backward adds dq
-// into an fp32 accumulator in the scratch ([B, T, C] after D, as
-// FlashAttention-2's dq_accum) and adds it to dqkv once at the end. bf16
+// with atomics: into dqkv's query columns under fp32; a 2-byte format
+// cannot take them, so under 16 bits into an fp32 accumulator in the
+// scratch ([B, T, C] after D, as FlashAttention-2's dq_accum), added to
+// dqkv once at the end. bf16
 // runs on tensor cores (head sizes a multiple of 16 up to 128); fp32 and
 // fp16 on CUDA cores.
 #include <cuda_bf16.h>
@@ -314,11 +314,12 @@ __global__ void attention_row_dots(float* D, const E* dout, const E* out, int B,
   }
 }
 
-// dq_acc: fp32 [B, T, C], the query columns' gradients summed over key tiles.
+// dq_rows: fp32 rows ldq apart, the query columns' gradients summed over key
+// tiles (dqkv itself under fp32, else the fp32 accumulator).
 template <int kDpt, typename E>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_backward_kernel(E* dqkv, float* dq_acc, const E* dout, const E* qkv, const float* lse, const float* D,
-                              int T, int C, int NH, int NKV, float scale) {
+    attention_backward_kernel(E* dqkv, float* dq_rows, std::int64_t ldq, const E* dout, const E* qkv,
+                              const float* lse, const float* D, int T, int C, int NH, int NKV, float scale) {
   extern __shared__ float smem[];
   const int hs = C / NH, kvc = NKV * hs;
   float* kt = smem;                       // [hs][kStride]: this block's k tile, transposed
@@ -350,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const std::int64_t bh = std::int64_t(b) * NH + h;
     const E* q = qkv + row0 + h * hs;
     const E* dy = dout + std::int64_t(b) * T * C + h * hs;
-    float* dq = dq_acc + std::int64_t(b) * T * C + h * hs;  // rows C apart
+    float* dq = dq_rows + std::int64_t(b) * T * ldq + h * hs;
     for (int qb = kb; qb < nq; ++qb) {
       const int i0 = qb * kTile;
       __syncthreads();  // the previous query tile's q, dO and dS are read
@@ -448,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (i >= T) continue;
 #pragma unroll
         for (int c = 0; c < kDpt; ++c)
-          if (tx + 16 * c < hs) atomicAdd(dq + std::int64_t(i) * C + tx + 16 * c, scale * g[r][c]);
+          if (tx + 16 * c < hs) atomicAdd(dq + std::int64_t(i) * ldq + tx + 16 * c, scale * g[r][c]);
       }
     }
   }
@@ -789,23 +790,10 @@ std::size_t backward_tc_smem(int hs) {
          sizeof(float) * (2 * kTile * kScoreLd + 2 * kTile);
 }
 
-// The tensor-core kernels: for bf16 tensors, at head sizes they tile
+// The tensor-core kernels (bf16 tensors only) run the head sizes they tile
 // (hs / 16 = 1 .. 8).
 static_assert(kMaxHeadSize == 16 * 8);
-template <typename E>
-bool tensor_cores(int hs) {
-  return std::is_same_v<E, core::Bf16> && hs % 16 == 0 && hs <= kMaxHeadSize;
-}
-
-// dqkv's query columns += dq_acc [B, T, C], rounded once.
-template <typename E>
-__global__ void add_dq(E* dqkv, const float* dq_acc, std::int64_t rows, int C, std::int64_t ld) {
-  for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < rows * C;
-       e += std::int64_t(gridDim.x) * blockDim.x) {
-    E& x = dqkv[(e / C) * ld + e % C];
-    x = from_float<E>(to_float(x) + dq_acc[e]);
-  }
-}
+bool tensor_cores(int hs) { return hs % 16 == 0 && hs <= kMaxHeadSize; }
 
 // The head size, checked against what the kernels handle, with the
 // grouping (NKV divides NH) and B * NH against the grid's y dimension, which
@@ -842,13 +830,13 @@ void launch_forward(E* out, float* lse, const E* qkv, int B, int T, int C, int N
 }
 
 template <int kDpt, typename E>
-void launch_backward(E* dqkv, float* dq_acc, const E* dout, const E* qkv, const float* lse, const float* D, int B,
-                     int T, int C, int NH, int NKV, int hs) {
+void launch_backward(E* dqkv, float* dq, std::int64_t ldq, const E* dout, const E* qkv, const float* lse,
+                     const float* D, int B, int T, int C, int NH, int NKV, int hs) {
   const std::size_t smem = backward_smem(hs);
   STRATA_CHECK_CUDA(cudaFuncSetAttribute(attention_backward_kernel<kDpt, E>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   attention_backward_kernel<kDpt, E><<<backward_grid(B, T, NKV), kThreads, smem>>>(
-      dqkv, dq_acc, dout, qkv, lse, D, T, C, NH, NKV, 1.0f / std::sqrt(float(hs)));
+      dqkv, dq, ldq, dout, qkv, lse, D, T, C, NH, NKV, 1.0f / std::sqrt(float(hs)));
   STRATA_CHECK_LAUNCH();
 }
 
@@ -901,7 +889,7 @@ void with_dims_per_thread(int hs, F&& f) {
 template <typename E>
 void forward_(E* out, float* lse, const E* qkv, int B, int T, int C, int NH, int NKV, int hs) {
   if constexpr (std::is_same_v<E, core::Bf16>)
-    if (tensor_cores<E>(hs))
+    if (tensor_cores(hs))
       return with_fragments(hs, [&](auto f) { launch_forward_tc<decltype(f)::value, E>(out, lse, qkv, B, T, C, NH, NKV); });
   with_dims_per_thread(hs, [&](auto d) { launch_forward<decltype(d)::value, E>(out, lse, qkv, B, T, C, NH, NKV, hs); });
 }
@@ -909,29 +897,38 @@ void forward_(E* out, float* lse, const E* qkv, int B, int T, int C, int NH, int
 template <typename E>
 void backward_(E* dqkv, float* scratch, const E* dout, const E* qkv, const E* out, const float* lse, int B, int T,
                int C, int NH, int NKV, int hs) {
-  // D per query head (dout and out are [B, T, C] whatever the grouping),
-  // then the fp32 dq accumulator after it, zeroed.
-  const std::int64_t rows = std::int64_t(B) * T * NH;
+  // D per query head (dout and out are [B, T, C] whatever the grouping);
+  // dq summed straight into dqkv's query columns under fp32, else into the
+  // fp32 accumulator after D, zeroed, and added to dqkv once at the end.
+  const std::int64_t rows = std::int64_t(B) * T * NH, tokens = std::int64_t(B) * T;
+  const std::int64_t ld = C + 2 * std::int64_t(C / NH) * NKV;
+  constexpr bool kWide = std::is_same_v<E, float>;
   float* D = scratch;
-  float* dq_acc = scratch + rows;
-  STRATA_CHECK_CUDA(cudaMemsetAsync(dq_acc, 0, sizeof(float) * std::size_t(B) * T * C));
+  float* dq = nullptr;
+  std::int64_t ldq = C;
+  if constexpr (kWide) {
+    dq = dqkv, ldq = ld;
+  } else {
+    dq = scratch + rows;
+    fill_zero(dq, tokens * C);
+  }
   attention_row_dots<E><<<int((rows * 32 + kThreads - 1) / kThreads), kThreads>>>(D, dout, out, B, T, C, NH);
   STRATA_CHECK_LAUNCH();
-  bool done = false;
-  if constexpr (std::is_same_v<E, core::Bf16>)
-    if (tensor_cores<E>(hs)) {
+  if constexpr (std::is_same_v<E, core::Bf16>) {
+    if (tensor_cores(hs))
       with_fragments(hs, [&](auto f) {
-        launch_backward_tc<decltype(f)::value, E>(dqkv, dq_acc, dout, qkv, lse, D, B, T, C, NH, NKV);
+        launch_backward_tc<decltype(f)::value, E>(dqkv, dq, dout, qkv, lse, D, B, T, C, NH, NKV);
       });
-      done = true;
-    }
-  if (!done)
+    else
+      with_dims_per_thread(hs, [&](auto d) {
+        launch_backward<decltype(d)::value, E>(dqkv, dq, ldq, dout, qkv, lse, D, B, T, C, NH, NKV, hs);
+      });
+  } else {
     with_dims_per_thread(hs, [&](auto d) {
-      launch_backward<decltype(d)::value, E>(dqkv, dq_acc, dout, qkv, lse, D, B, T, C, NH, NKV, hs);
+      launch_backward<decltype(d)::value, E>(dqkv, dq, ldq, dout, qkv, lse, D, B, T, C, NH, NKV, hs);
     });
-  const std::int64_t tokens = std::int64_t(B) * T;
-  add_dq<E><<<blocks_for(tokens * C), kThreads>>>(dqkv, dq_acc, tokens, C, C + 2 * std::int64_t(C / NH) * NKV);
-  STRATA_CHECK_LAUNCH();
+  }
+  if constexpr (!kWide) copy_rows(dqkv, ld, dq, C, tokens, C, /*add=*/true);
 }
 
 }  // namespace

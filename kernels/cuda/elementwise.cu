@@ -155,6 +155,13 @@ void convert(core::Ptr y, core::CPtr x, std::int64_t n) {
 
 void copy_rows(core::Ptr dst, std::int64_t ld_dst, core::CPtr src, std::int64_t ld_src, std::int64_t rows,
                std::int64_t cols, bool add) {
+  if (rows <= 0 || cols <= 0) return;
+  if (!add && dst.precision() == src.precision()) {  // a plain copy: the copy engine's
+    const std::size_t e = std::size_t(dst.element_bytes());
+    STRATA_CHECK_CUDA(cudaMemcpy2DAsync(dst.get(), std::size_t(ld_dst) * e, src.get(), std::size_t(ld_src) * e,
+                                        std::size_t(cols) * e, std::size_t(rows), cudaMemcpyDeviceToDevice));
+    return;
+  }
   core::with_formats(dst.precision(), src.precision(), [&](auto dt, auto st) {
     copy_rows_(dst.as<decltype(dt)>(), ld_dst, src.as<decltype(st)>(), ld_src, rows, cols, add);
   });

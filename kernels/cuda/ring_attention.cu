@@ -245,7 +245,7 @@ void with_dims(int hs, F&& f) {
 }
 
 // The forward and backward over blocks whose key-value rows are `ldkv`
-// floats apart (2 KVC in the ring's packed blocks, C + 2 KVC read in place
+// elements apart (2 KVC in the ring's packed blocks, C + 2 KVC read in place
 // from qkv).
 template <typename E>
 void block_forward_any(E* out, float* lse, const E* q, const E* kv, int B, int Tq, int Tk, int C, int NH, int NKV,

@@ -15,6 +15,17 @@ DType dtype_of(core::Precision p) {
   return p == core::Precision::bf16 ? DType::bf16 : p == core::Precision::fp16 ? DType::f16 : DType::f32;
 }
 
+core::Precision precision_of(DType t) {
+  switch (t) {
+    case DType::f32: return core::Precision::fp32;
+    case DType::bf16: return core::Precision::bf16;
+    case DType::f16: return core::Precision::fp16;
+    default: break;
+  }
+  STRATA_CHECK(false, "DType {} is not a floating-point training format", int(t));
+  return core::Precision::fp32;
+}
+
 std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;

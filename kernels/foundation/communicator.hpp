@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/foundation/precision.hpp"
+#include "kernels/foundation/ptr.hpp"
 
 namespace strata::comm {
 
@@ -20,8 +21,10 @@ namespace strata::comm {
 // their sums are taken in fp32 and rounded once per pairwise combination.
 enum class DType { f32, f64, i32, i64, bf16, f16 };
 std::size_t dtype_size(DType t);
-// The type that moves elements stored at precision p.
+// The type that moves elements stored at precision p, and back (a
+// floating-point type only).
 DType dtype_of(core::Precision p);
+core::Precision precision_of(DType t);
 enum class ReduceOp { sum, max, min };
 
 // A non-blocking operation in flight. wait() blocks until it completes;
@@ -65,6 +68,17 @@ class Communicator {
   // Request::device_span for the last blocking call (false if it ran on the host).
   virtual bool last_device_span(double* start, double* end) const { return false; }
 };
+
+// n elements of a tensor to or from a peer, moved in the tensor's format.
+inline RequestPtr isend(Communicator& c, core::CPtr x, std::int64_t n, int peer, int tag) {
+  return c.isend(x.get(), n, dtype_of(x.precision()), peer, tag);
+}
+inline RequestPtr irecv(Communicator& c, core::Ptr y, std::int64_t n, int peer, int tag) {
+  return c.irecv(y.get(), n, dtype_of(y.precision()), peer, tag);
+}
+inline void recv(Communicator& c, core::Ptr y, std::int64_t n, int peer, int tag) {
+  c.recv(y.get(), n, dtype_of(y.precision()), peer, tag);
+}
 
 }  // namespace strata::comm
 

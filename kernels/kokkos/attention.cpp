@@ -20,6 +20,7 @@
 // row's output and gradients in fp32 team scratch and round them once.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/kokkos/kokkos_kernels.hpp"
 #include "kernels/kokkos/views.hpp"
@@ -83,11 +84,20 @@ void attention_forward_(E* out, E* probs, const E* qkv, int B, int T, int C, int
         const int t = int(r % T), n = t + 1;
         E* row = probs + r * T;
         const float mx = team_max(m, row, n);
-        const float sum = team_sum<float>(m, n, [&](int j) { return exp_vec(to_float(row[j]) - mx); });
+        // fp32: the exponentials stored as they are summed, then scaled (one
+        // exp a score); a 16-bit row takes them again from the scores, so
+        // that its probabilities are rounded once.
+        constexpr bool kStore = std::is_same_v<E, float>;
+        const float sum = team_sum<float>(m, n, [&](int j) {
+          const float e = exp_vec(to_float(row[j]) - mx);
+          if constexpr (kStore) row[j] = e;
+          return e;
+        });
         m.team_barrier();
         const float inv = 1.0f / sum;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(m, T), [&](int j) {
-          row[j] = from_float<E>(j < n ? exp_vec(to_float(row[j]) - mx) * inv : 0.0f);
+          const float e = kStore ? to_float(row[j]) : exp_vec(to_float(row[j]) - mx);
+          row[j] = from_float<E>(j < n ? e * inv : 0.0f);
         });
       });
   for_each_head_block(B, NH, T, [&](int b, int h, int r0, int r1) {

@@ -185,12 +185,8 @@ void copy_rows(Ptr dst, std::int64_t ld_dst, CPtr src, std::int64_t ld_src, std:
 
 void scale_inplace(Ptr x, float s, std::int64_t n) { STRATA_BY_FORMAT(x, scale_inplace_(x.as<E>(), s, n)); }
 
-void fill_zero(Ptr x, std::int64_t n) {
-  // Zero is all-zero bits in every format: as 2-byte words.
-  auto* w = static_cast<std::uint16_t*>(x.get());
-  const std::int64_t words = n * x.element_bytes() / 2;
-  Kokkos::parallel_for("strata::fill_zero", Range(0, words), KOKKOS_LAMBDA(std::int64_t i) { w[i] = 0; });
-}
+// Zero is all-zero bits in every format.
+void fill_zero(Ptr x, std::int64_t n) { zero_bytes(x.get(), std::size_t(n) * std::size_t(x.element_bytes())); }
 
 double sum_squares(CPtr x, std::int64_t n) {
   double s = 0;

@@ -14,6 +14,8 @@
 #include <KokkosBlas_Host_tpl.hpp>
 #endif
 
+#include <type_traits>
+
 #include "kernels/kokkos/kokkos_kernels.hpp"
 #include "kernels/kokkos/views.hpp"
 
@@ -27,17 +29,21 @@ StridedMat strided(const float* p, int rows, int cols, int ld) {
   return StridedMat(const_cast<float*>(p), Kokkos::LayoutStride(rows, ld, cols, 1));
 }
 
+// C = alpha op(A) op(B) + bias (per column; null: none) + beta C, summed in
+// fp32 and rounded once into C's format.
 template <typename E, typename EC>
 void matmul_16(bool ta, bool tb, int M, int N, int K, float alpha, const E* A, int lda, const E* B, int ldb, float beta,
-               EC* C, int ldc) {
+               EC* C, int ldc, const E* bias = nullptr) {
   Kokkos::parallel_for(
       "strata::matmul_16", Range(0, std::int64_t(M) * N), KOKKOS_LAMBDA(std::int64_t idx) {
         const std::int64_t i = idx / N, j = idx % N;
         float acc = 0.0f;
         for (std::int64_t k = 0; k < K; ++k)
           acc += to_float(A[ta ? k * lda + i : i * lda + k]) * to_float(B[tb ? j * ldb + k : k * ldb + j]);
+        float v = alpha * acc;
+        if (bias != nullptr) v += to_float(bias[j]);
         EC& c = C[i * ldc + j];
-        c = from_float<EC>(beta == 0.0f ? alpha * acc : alpha * acc + beta * to_float(c));
+        c = from_float<EC>(beta == 0.0f ? v : v + beta * to_float(c));
       });
 }
 
@@ -65,19 +71,6 @@ void matmul_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, co
                    strided(C, M, N, ldc));
 }
 
-// out[n, :] = out[n, :] (beta 1) + inp[n, :] w^T + bias, rounded once.
-template <typename E>
-void linear_bias_16(E* out, const E* inp, const E* w, const E* bias, int N, int IC, int OC, float beta) {
-  Kokkos::parallel_for(
-      "strata::linear_bias_16", Range(0, std::int64_t(N) * OC), KOKKOS_LAMBDA(std::int64_t idx) {
-        const std::int64_t n = idx / OC, o = idx % OC;
-        float acc = to_float(bias[o]);
-        for (std::int64_t k = 0; k < IC; ++k) acc += to_float(inp[n * IC + k]) * to_float(w[o * IC + k]);
-        E& y = out[idx];
-        y = from_float<E>(beta == 0.0f ? acc : acc + beta * to_float(y));
-      });
-}
-
 }  // namespace
 
 void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::CPtr A, int lda, core::CPtr B, int ldb,
@@ -86,10 +79,12 @@ void matmul(bool trans_a, bool trans_b, int M, int N, int K, float alpha, core::
   if (A.precision() == core::Precision::fp32)
     return matmul_f32(trans_a, trans_b, M, N, K, alpha, A.f32(), lda, B.f32(), ldb, beta, C.f32(), ldc);
   STRATA_BY_FORMAT(A, {
-    if (C.precision() == core::Precision::fp32)
-      matmul_16(trans_a, trans_b, M, N, K, alpha, A.as<E>(), lda, B.as<E>(), ldb, beta, C.f32(), ldc);
-    else
-      matmul_16(trans_a, trans_b, M, N, K, alpha, A.as<E>(), lda, B.as<E>(), ldb, beta, C.as<E>(), ldc);
+    if constexpr (!std::is_same_v<E, float>) {
+      if (C.precision() == core::Precision::fp32)
+        matmul_16(trans_a, trans_b, M, N, K, alpha, A.as<E>(), lda, B.as<E>(), ldb, beta, C.f32(), ldc);
+      else
+        matmul_16(trans_a, trans_b, M, N, K, alpha, A.as<E>(), lda, B.as<E>(), ldb, beta, C.as<E>(), ldc);
+    }
   });
 }
 
@@ -103,7 +98,9 @@ void matmul_strided_batched(bool trans_a, bool trans_b, int M, int N, int K, flo
 void linear_bias_forward(core::Ptr out, core::CPtr inp, core::CPtr w, core::CPtr bias, int N, int IC, int OC,
                          float beta) {
   if (out.precision() != core::Precision::fp32 && bias) {
-    STRATA_BY_FORMAT(out, linear_bias_16(out.as<E>(), inp.as<E>(), w.as<E>(), bias.as<E>(), N, IC, OC, beta));
+    // The product and the bias summed in fp32 and rounded once.
+    STRATA_BY_FORMAT(out, matmul_16(false, true, N, OC, IC, 1.0f, inp.as<E>(), IC, w.as<E>(), IC, beta, out.as<E>(), OC,
+                                    bias.as<E>()));
     return;
   }
   matmul(false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);

@@ -258,9 +258,9 @@ class Decoder::Ffn {
 // half (SwiGLU: the up half is the block's sixth matmul, rebuilt) and
 // SwiGLU's proj output (the seventh), as torchtitan's policy keeps them.
 struct Decoder::MlpBuffers {
-  core::Ptr fch, fch_act, dfch, dact;  // hidden activations; backward scratch
-  core::Ptr fc_dy, proj_dy;            // a split backward's kept output gradients
-  core::Ptr gate, down;                // per-op: kept SwiGLU gate half and proj output (else null)
+  core::Ptr fch, fch_act, dfch, dact;              // hidden activations; backward scratch
+  core::Ptr fc_dy = nullptr, proj_dy = nullptr;  // a split backward's kept output gradients
+  core::Ptr gate = nullptr, down = nullptr;      // per-op: kept SwiGLU gate half and proj output
 };
 class Decoder::Mlp final : public Decoder::Ffn {
  public:
@@ -288,8 +288,7 @@ class Decoder::Mlp final : public Decoder::Ffn {
       // Per-op, SwiGLU: the kept gate half, the up half again (its rows of
       // fc's weight and bias) through the rebuild scratch.
       kernels::copy_rows(m_.fch, 2 * F, m_.gate, F, N(), F, false);
-      const core::CPtr b = param(p, fc_b_);
-      linear_forward(g_.rebuilt_, ln2, p + fc_w_ + std::int64_t(F) * fc_.in, b ? b + F : nullptr, N(), fc_.in, F);
+      linear_forward(g_.rebuilt_, ln2, p + fc_w_ + std::int64_t(F) * fc_.in, param(p, fc_b_) + F, N(), fc_.in, F);
       kernels::copy_rows(m_.fch + F, 2 * F, g_.rebuilt_, F, N(), F, false);
     }  // per-op, GELU: fc's output is kept
     activation_forward(g_.c_.act, m_.fch_act, m_.fch, N(), F);
@@ -402,7 +401,8 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
   // parallelism). A qkv row is this rank's q heads then its k and v heads.
   const int tp = tp_->size();
   const std::int64_t C = c_.d_model, Ct = C / tp, F = c_.ffn() / tp, NHt = c_.heads / tp, NKVt = c_.kv() / tp;
-  const std::int64_t Wqkv = Ct + 2 * (C / c_.heads) * NKVt, Fp = activation_inputs(c_.act, int(F));
+  const std::int64_t KVt = (C / c_.heads) * NKVt;  // a rank's k (or v) columns
+  const std::int64_t Wqkv = Ct + 2 * KVt, Fp = activation_inputs(c_.act, int(F));
   const std::int64_t N = std::int64_t(B_) * T_;
   Nl_ = tp_->rows(N);
   r0_ = tp_->first_row(N);
@@ -438,7 +438,6 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
   const std::int64_t mean_blocks = c_.norm == Norm::layer ? L : 0;  // RMSNorm keeps no mean
   const bool fused = c_.fused_attention;
   const std::int64_t att = cp_->state_elements(fused, B_, int(NHt), int(NKVt), T_, int(Ct));
-  const std::int64_t KVt = (C / c_.heads) * NKVt;  // a rank's k (or v) columns
   encoded_ = bufs_.add("encoded", Nl * C, A, P);
   struct {
     core::Ptr ln1, qkv, atty, att, res2, ln2, ln1_mean, ln1_rstd, ln2_mean, ln2_rstd;
@@ -478,12 +477,10 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
   dres_ = bufs_.shared("dres", Nl * C, W, P);
   dbuf_ = bufs_.shared("dbuf", N * C, W, P);
   dqkv_ = bufs_.shared("dqkv", N * Wqkv, W, P);
-  attn_scratch_ = static_cast<std::byte*>(
-      bufs_.shared("dprobs", (cp_->scratch_bytes(fused, B_, int(NHt), int(NKVt), T_, int(Ct), P) + 3) / 4, W, F32)
-          .get());
+  attn_scratch_ = bufs_.shared_bytes("dprobs", cp_->scratch_bytes(fused, B_, int(NHt), int(NKVt), T_, int(Ct), P), W);
   const core::Ptr dfch = bufs_.shared("dfch", (D > 0 ? 1 : 0) * N * Fp, W, P);
   const core::Ptr dact = bufs_.shared("dact", (D > 0 ? 1 : 0) * N * F, W, P);
-  rep_grads_ = bufs_.shared("rep_grads", kReplicated * C, W, F32).f32();
+  rep_grads_ = bufs_.shared_f32("rep_grads", kReplicated * C, W);
   if (Nl < N) {
     sp_rows_ = bufs_.shared("sp_rows", Nl * C, W, P);
     dres_full_ = bufs_.shared("dres_full", N * C, W, P);
@@ -518,7 +515,7 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
       continue;
     }
     const std::int64_t kh = full || (op && swiglu) ? 0 : dense, kg = rebuilt ? 0 : dense;
-    MlpBuffers m{fch + kh * N * Fp, fch_act + kg * N * F, dfch, dact};
+    MlpBuffers m{.fch = fch + kh * N * Fp, .fch_act = fch_act + kg * N * F, .dfch = dfch, .dact = dact};
     if (split_) m.fc_dy = fc_dy + dense * N * Fp, m.proj_dy = fcproj_dy + dense * N * C;
     if (op && swiglu) m.gate = gate + dense * N * F, m.down = down + dense * N * C;
     b.ffn = std::make_unique<Mlp>(*this, b.layer, b.unit, m);
@@ -671,15 +668,19 @@ void Decoder::rotate(core::Ptr qkv, bool backward, bool k_only) {
 
 core::CPtr Decoder::dres_all() { return tp_->gather(dres_, dres_full_, std::int64_t(B_) * T_, c_.d_model); }
 
-core::CPtr Decoder::attention_half(const Block& b, core::CPtr p, core::CPtr x) {
+core::CPtr Decoder::attention_half(const Block& b, core::CPtr p, core::CPtr x, bool per_op) {
   const int N = B_ * T_, NHt = c_.heads / tp_->size(), NKVt = c_.kv() / tp_->size();
   const Acts& a = b.a;
   const core::CPtr ln1 = norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, param(p, b.ln1_b));
-  b.qkv.forward(a.qkv, ln1, p + b.qkv_w, param(p, b.qkv_b), N);  // column-parallel: this rank's heads
-  if (c_.rope()) rotate(a.qkv, false);  // kept turned: selective recomputation reads them so
-  // Over whole sequences: under context parallelism the ring brings the
-  // other ranks' keys and values (the backward scratch holds them).
-  cp_->attention_forward(a.atty, a.att, attn_scratch_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
+  if (per_op) {
+    rebuild_qkv(b, p, ln1);  // attention's output is kept
+  } else {
+    b.qkv.forward(a.qkv, ln1, p + b.qkv_w, param(p, b.qkv_b), N);  // column-parallel: this rank's heads
+    if (c_.rope()) rotate(a.qkv, false);  // kept turned: selective recomputation reads them so
+    // Over whole sequences: under context parallelism the ring brings the
+    // other ranks' keys and values (the backward scratch holds them).
+    cp_->attention_forward(a.atty, a.att, attn_scratch_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
+  }
   // Row-parallel output projection: partial sums over this rank's heads,
   // summed over the ranks (g), then the bias and the residual, once.
   b.proj.forward(dbuf_, a.atty, p + b.proj_w, nullptr, N);
@@ -701,25 +702,15 @@ void Decoder::keep_q_v(const Block& b, bool keep) {
   }
 }
 
-// Per-op recomputation: what the block's backward reads and the policy did
-// not keep, from the block's input x and the kept q, v and attention
-// output: ln1, k (its rows of the qkv weight) turned by RoPE, the
-// attention's residual res2 (its projection again, the block's fourth
-// matmul), ln2 and the MLP's rebuilt part. Returns all rows of ln2.
-core::CPtr Decoder::rebuild(const Block& b, core::CPtr p, core::CPtr x) {
+// Per-op recomputation: a block's q k v from its kept q and v and k again
+// from ln1 (its rows of the qkv weight, the second of q, k, v's products),
+// turned by RoPE.
+void Decoder::rebuild_qkv(const Block& b, core::CPtr p, core::CPtr ln1) {
   const int N = B_ * T_, Ct = b.proj.in, KVt = (b.qkv.out - Ct) / 2;
-  const Acts& a = b.a;
-  const core::CPtr ln1 = norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, param(p, b.ln1_b));
   keep_q_v(b, false);
-  const core::CPtr bk = param(p, b.qkv_b);
-  linear_forward(rebuilt_, ln1, p + b.qkv_w + std::int64_t(Ct) * b.qkv.in, bk ? bk + Ct : nullptr, N, b.qkv.in, KVt);
-  kernels::copy_rows(a.qkv + Ct, b.qkv.out, rebuilt_, KVt, N, KVt, false);
-  if (c_.rope()) rotate(a.qkv, false, /*k_only=*/true);
-  b.proj.forward(dbuf_, a.atty, p + b.proj_w, nullptr, N);
-  residual_rows(a.res2, x, param(p, b.proj_b));
-  const core::CPtr ln2 = norm_rows(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p + b.ln2_w, param(p, b.ln2_b));
-  b.ffn->recompute(p, ln2);
-  return ln2;
+  linear_forward(rebuilt_, ln1, p + b.qkv_w + std::int64_t(Ct) * b.qkv.in, param(p, b.qkv_b) + Ct, N, b.qkv.in, KVt);
+  kernels::copy_rows(b.a.qkv + Ct, b.qkv.out, rebuilt_, KVt, N, KVt, false);
+  if (c_.rope()) rotate(b.a.qkv, false, /*k_only=*/true);
 }
 
 void Decoder::block_forward(ParamState& st, Block& b, core::CPtr x, double* aux) {
@@ -797,15 +788,13 @@ void Decoder::block_backward(ParamState& st, Block& b, core::CPtr x, int next, f
   if (next >= 0) st.prefetch(next);  // the block before: its backward comes next
   float* g = st.grads(b.unit);
   core::CPtr ln2 = nullptr;  // all rows of the second norm's output
-  if (c_.recompute == Recompute::full) {
-    // The block's forward again from its stored input. The time counts in
-    // the block's backward span.
+  if (c_.recompute == Recompute::full || c_.recompute == Recompute::op) {
+    // The block's forward again from its stored input, but for what the
+    // per-op policy kept (q, v, attention's outputs, the MLP's). The time
+    // counts in the block's backward span.
     const prof::Recomputing again;
-    ln2 = attention_half(b, p, x);
+    ln2 = attention_half(b, p, x, c_.recompute == Recompute::op);
     b.ffn->recompute(p, ln2);
-  } else if (c_.recompute == Recompute::op) {
-    const prof::Recomputing again;
-    ln2 = rebuild(b, p, x);
   } else {
     ln2 = all_rows(a.ln2);  // gathered again under sequence parallelism
   }

@@ -232,13 +232,13 @@ class Decoder final : public Model {
   };
 
   // One block forward up to the feed-forward: norm, attention, residual,
-  // norm (again in a fully recomputing backward). Returns all rows of the
-  // second norm's output, for the feed-forward.
-  core::CPtr attention_half(const Block& b, core::CPtr p, core::CPtr x);
-  // Per-op recomputation: q and v to or from their kept
-  // copy, and the block's rebuilt activations before its backward.
+  // norm (again in a recomputing backward; per_op: q k v rebuilt from the
+  // kept q and v, attention's output kept). Returns all rows of the second
+  // norm's output, for the feed-forward.
+  core::CPtr attention_half(const Block& b, core::CPtr p, core::CPtr x, bool per_op = false);
+  // Per-op recomputation: q and v to or from their kept copy; q k v rebuilt.
   void keep_q_v(const Block& b, bool keep);
-  core::CPtr rebuild(const Block& b, core::CPtr p, core::CPtr x);
+  void rebuild_qkv(const Block& b, core::CPtr p, core::CPtr ln1);
   // A block's forward from its input x; its backward, `next` the unit whose
   // backward follows (-1: none).
   void block_forward(ParamState& st, Block& b, core::CPtr x, double* aux);

@@ -363,7 +363,7 @@ int calibrate(const CalibrateOptions& o, MPI_Comm comm) {
     float* qkv = buf.floats(std::int64_t(N) * 3 * C);
     float* dqkv = buf.floats(std::int64_t(N) * 3 * C);
     float* att = buf.floats(kernels::attention_state_elements(fused, B, NH, T));
-    float* datt = buf.floats(kernels::attention_scratch_elements(fused, B, NH, T, C));
+    float* datt = buf.floats(kernels::attention_scratch_elements(fused, B, NH, T, C, core::Precision::fp32));
     float* logits = buf.floats(std::int64_t(N) * V);
     float* wte = buf.floats(std::int64_t(V) * C);
     float* mm = buf.floats(std::int64_t(N) * V);

@@ -103,9 +103,7 @@ void Trainer::sum_tied_embedding() {
     const strategies::GradSpan& a = copies[0];
     const strategies::GradSpan& b = copies[1];
     STRATA_CHECK(a.count == b.count && a.dtype == b.dtype, "the two copies of wte are sharded differently");
-    const core::Precision p = a.dtype == comm::DType::f32    ? core::Precision::fp32
-                              : a.dtype == comm::DType::bf16 ? core::Precision::bf16
-                                                             : core::Precision::fp16;
+    const core::Precision p = comm::precision_of(a.dtype);
     kernels::add_inplace(core::Ptr(a.data, p), core::CPtr(b.data, p), a.count);
     kernels::copy_bytes(b.data, a.data, std::size_t(a.count) * comm::dtype_size(a.dtype));
     return;

@@ -4,17 +4,6 @@
 
 namespace strata::strategies::pp {
 
-namespace {
-
-comm::RequestPtr isend(comm::Communicator& c, core::CPtr x, std::int64_t n, int peer, int tag) {
-  return c.isend(x.get(), n, comm::dtype_of(x.precision()), peer, tag);
-}
-void recv(comm::Communicator& c, core::Ptr y, std::int64_t n, int peer, int tag) {
-  c.recv(y.get(), n, comm::dtype_of(y.precision()), peer, tag);
-}
-
-}  // namespace
-
 Executor::Executor(const ScheduleInfo& row, const Shape& shape, int rank, comm::Communicator& pp, const MakeModel& make)
     : shape_(shape), pp_(pp) {
   actions_ = make_schedule(row, shape)[std::size_t(rank)];
@@ -114,7 +103,7 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
     switch (a.op) {
       case Op::recv_act: {
         models::Model* m = take(a.chunk, a.mb);
-        recv(pp_, m->input(), m->boundary_elements(), a.peer, kActTag);
+        comm::recv(pp_, m->input(), m->boundary_elements(), a.peer, kActTag);
         break;
       }
       case Op::forward:
@@ -123,14 +112,14 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
         on_forward(*g);
         break;
       case Op::send_act:
-        sent.push_back(isend(pp_, g->output(), g->boundary_elements(), a.peer, kActTag));
+        sent.push_back(comm::isend(pp_, g->output(), g->boundary_elements(), a.peer, kActTag));
         break;
       case Op::recv_grad:
         // Into the output's place: its send must have completed (it has
         // been received, or this gradient would not come).
         for (auto& r : sent) r->wait();
         sent.clear();
-        recv(pp_, g->output_grad(), g->boundary_elements(), a.peer, kGradTag);
+        comm::recv(pp_, g->output_grad(), g->boundary_elements(), a.peer, kGradTag);
         break;
       case Op::backward:
       case Op::backward_input:
@@ -142,7 +131,7 @@ double Executor::run(int step, float loss_scale, const std::int32_t* tokens_all,
         g->backward_weight(state, timeline);
         break;
       case Op::send_grad:
-        sent.push_back(isend(pp_, g->input_grad(), g->boundary_elements(), a.peer, kGradTag));
+        sent.push_back(comm::isend(pp_, g->input_grad(), g->boundary_elements(), a.peer, kGradTag));
         break;
       case Op::optimizer:
         break;

@@ -68,7 +68,7 @@ class Tensor {
  public:
   Tensor(const Vec& values, core::Precision p) : p_(p), n_(values.size()) {
     const std::size_t bytes = n_ * std::size_t(core::element_bytes(p));
-    p_data_ = kernels::cuda::malloc_device(bytes + 1);
+    p_data_ = kernels::cuda::malloc_device(bytes + 1);  // + 1: an empty tensor still has an address
     if (p == core::Precision::fp32) {
       kernels::cuda::copy_bytes(p_data_, values.data(), bytes);
     } else {

@@ -791,8 +791,8 @@ bool fused(const Ctx& t) { return t.device == k::Device::cuda; }
 std::size_t state_elements(const Ctx& t, const AttentionShape& s) {
   return std::size_t(k::attention_state_elements(fused(t), s.B, s.NH, s.T));
 }
-std::size_t scratch_elements(const Ctx& t, const AttentionShape& s) {
-  return std::size_t(k::attention_scratch_elements(fused(t), s.B, s.NH, s.T, s.C()));
+std::size_t scratch_elements(const Ctx& t, const AttentionShape& s, Precision p) {
+  return std::size_t(k::attention_scratch_elements(fused(t), s.B, s.NH, s.T, s.C(), p));
 }
 Precision state_format(const Ctx& t, Precision p) { return k::attention_state_format(fused(t), p); }
 
@@ -832,7 +832,7 @@ OP_CASE(attention_backward) {
       cpu::attention_forward(out32.ptr(), state32.ptr(), qkv32.ptr(), s.B, s.T, C, s.NH, s.NKV);
       const Precision sp = state_format(t, p);
       Dev d_qkv(qkv), d_out(out), d_state(Vec(state_elements(t, s), NAN), sp),
-          d_scratch(Vec(scratch_elements(t, s), NAN), sp), d_dy(dy), d_g(dqkv);
+          d_scratch(Vec(scratch_elements(t, s, p), NAN), sp), d_dy(dy), d_g(dqkv);
       k::attention_forward(d_out.ptr(), d_state.ptr(), d_qkv.ptr(), s.B, s.T, C, s.NH, s.NKV);
       k::attention_backward(d_g.ptr(), d_scratch.ptr(), d_dy.ptr(), d_qkv.ptr(), d_out.ptr(), d_state.ptr(), s.B, s.T,
                             C, s.NH, s.NKV);

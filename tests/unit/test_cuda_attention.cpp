@@ -63,8 +63,11 @@ struct Shape {
   int width() const { return C() + 2 * KVC(); }  // of a qkv row
   std::size_t rows() const { return std::size_t(B) * T; }
   std::size_t heads_rows() const { return std::size_t(B) * NH * T; }
-  // The backward's scratch: D per head row, then an fp32 dq accumulator.
-  std::size_t scratch() const { return std::size_t(strata::kernels::attention_scratch_elements(true, B, NH, T, C())); }
+  // The backward's scratch: D per head row, then (16-bit tensors) an fp32
+  // dq accumulator: enough for every format.
+  std::size_t scratch() const {
+    return std::size_t(strata::kernels::attention_scratch_elements(true, B, NH, T, C(), strata::core::Precision::bf16));
+  }
 };
 
 std::string describe(const Shape& s) {
