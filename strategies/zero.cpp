@@ -229,13 +229,19 @@ void Zero::begin_step() {
 }
 
 void Zero::begin_micro_batch(bool last) {
-  // The previous micro-batch's reduce-scatters complete here (they overlapped
-  // the rest of its backward pass, or start now without overlap): what is
-  // held never depends on when a transfer happens to finish, and at most one
-  // micro-batch's unreduced gradients (with overlap, at most
-  // parallel.bucket_mb of them) are held at once.
-  issue_held();
-  while (!pending_.empty()) pop_front();
+  // Reducing every micro-batch (stages 2-3), the previous micro-batch's
+  // reduce-scatters complete here (they overlapped the rest of its backward
+  // pass, or start now without overlap): what is held never depends on when
+  // a transfer happens to finish, and at most one micro-batch's unreduced
+  // gradients (with overlap, at most parallel.bucket_mb of them) are held at
+  // once. Whole gradients are reduced once, in the action that completes
+  // each unit's: those calls are the step's last and are left to
+  // finish_gradients, so a pipeline's later micro-batches (another chunk's,
+  // under the interleaved schedule) never wait for them.
+  if (!whole_grads()) {
+    issue_held();
+    while (!pending_.empty()) pop_front();
+  }
   last_ = last;
 }
 
@@ -355,8 +361,11 @@ void Zero::grads_done(int u) {
   // finish_gradients, so what a step holds does not depend on when a
   // transfer happens to complete, and the dry run's estimate of it is exact.
   // Without overlap nothing is issued before the backward pass ends, so the
-  // micro-batch's unreduced gradients are all held until then.
-  while (overlap_ && in_flight_bytes_ > bucket_bytes_ && pending_.size() > 1) pop_front();
+  // micro-batch's unreduced gradients are all held until then. Whole
+  // gradients are reduced from the gradient buffer itself and their outputs
+  // add up to one shard: nothing grows to bound, and, as with Megatron-LM's
+  // distributed optimizer, the backward pass never waits for them.
+  while (overlap_ && !whole_grads() && in_flight_bytes_ > bucket_bytes_ && pending_.size() > 1) pop_front();
 }
 
 void Zero::pop_front() {

@@ -115,7 +115,8 @@ class Zero final : public StateStrategy, public models::ParamState {
   bool half_grads() const { return grad_precision_ != core::Precision::fp32; }
   std::vector<models::AdamW*> optimizer_list() const;
   // A unit's reduce-scatter: issued now with overlap, else held until
-  // issue_held() (the end of the micro-batch's backward pass).
+  // issue_held() (the end of the micro-batch's backward pass; whole
+  // gradients', the end of the step's).
   void launch_reduce_scatter(int u, models::Flat input, const void* src);
   void issue(Pending& p);
   void issue_held();
