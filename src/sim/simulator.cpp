@@ -202,15 +202,31 @@ struct Message {
 }  // namespace
 
 StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof::Trace*>& traces, const Machine& m,
-                             core::Precision precision) {
-  // The pipeline's stages: one trace each, that of the stage's first rank.
+                             core::Precision precision, const SimOptions& options) {
+  // The pipeline's stages: one trace each, that of the stage's first rank
+  // (or the one the options name).
   const int p = l.size("pp");
   STRATA_CHECK(int(traces.size()) == p, "simulate_step: {} traces for {} stages", traces.size(), p);
+  STRATA_CHECK(options.ranks.empty() || int(options.ranks.size()) == p, "simulate_step: {} ranks for {} stages",
+               options.ranks.size(), p);
   std::vector<Stage> st(static_cast<std::size_t>(p));
   for (int s = 0; s < p; ++s) {
     st[s].trace = traces[s];
-    st[s].out.rank = mesh::rank_at(l, {{"pp", s}});
+    st[s].out.rank = options.ranks.empty() ? mesh::rank_at(l, {{"pp", s}}) : options.ranks[std::size_t(s)];
+    STRATA_CHECK(mesh::coord(l, st[s].out.rank, "pp") == s, "simulate_step: rank {} is not on stage {}",
+                 st[s].out.rank, s);
   }
+  auto free = [&](const std::string& axis) {
+    for (const std::string& a : options.free_axes)
+      if (a == "*" || a == axis) return true;
+    return false;
+  };
+  // A call's time at the full rate: none on a free axis.
+  auto call_time = [&](const prof::TraceComm& c, const std::vector<int>& members) {
+    if (free(c.axis)) return 0.0;
+    if (offload_axis(c.axis)) return transfer_time(m, c.axis, double(c.bytes));
+    return comm_time(m, c.op, members, double(c.bytes), c.nonblocking);
+  };
   auto group = [&](Stage& s, const std::string& axis) -> const std::vector<int>& {
     auto it = s.groups.find(axis);
     if (it == s.groups.end()) it = s.groups.emplace(axis, mesh::group_ranks(l, axis, s.out.rank)).first;
@@ -305,7 +321,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             const std::vector<int> pair = {s.out.rank, group(s, c.axis)[std::size_t(c.peer)]};
             Channel& link = channel(s, c.axis + ">" + std::to_string(c.peer));
             const double start = std::max(now, link.last);
-            const double t = comm_time(m, "send", pair, double(c.bytes));
+            const double t = call_time(c, pair);
             link.last = start + t;
             mail[{ring ? -1 - si : si, ring ? si : to, c.tag}].push_back({start, start + t});
             const std::size_t i = record(s, c, now, start + t, t);
@@ -333,14 +349,14 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             if (mt.arrive.empty()) mt.arrive.assign(std::size_t(p), -1);
             if (mt.arrive[si] < 0) mt.arrive[si] = s.clock, ++mt.arrived;
             if (mt.arrived < int(who.size())) break;  // the others have not reached it
+            const double t = call_time(c, group(s, c.axis));
             if (mt.end < 0) {
               double start = 0;
               for (int w : who) start = std::max(start, mt.arrive[w]);
-              mt.end = start + comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
+              mt.end = start + t;
             }
             ++s.crossing_calls[c.axis];
-            const std::size_t i =
-                record(s, c, now, mt.end, comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking));
+            const std::size_t i = record(s, c, now, mt.end, t);
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];
               w.issue = now, w.done = mt.end, w.record = i, w.fixed = true;
@@ -350,9 +366,8 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             }
           } else {
             // Inside the stage: after the axis's calls in flight, in order.
-            const bool offload = offload_axis(c.axis);
-            const double t = offload ? transfer_time(m, c.axis, double(c.bytes))
-                                     : comm_time(m, c.op, group(s, c.axis), double(c.bytes), c.nonblocking);
+            static const std::vector<int> none;  // offload's channels are the rank's own
+            const double t = call_time(c, offload_axis(c.axis) ? none : group(s, c.axis));
             Channel& ch = channel(s, c.axis);
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];

@@ -47,7 +47,7 @@ double comm_time(const Machine& m, const std::string& op, const std::vector<int>
                  bool nonblocking = false);
 
 struct StageTiming {
-  int rank = 0;            // the world rank simulated: the stage's first
+  int rank = 0;            // the world rank simulated: the stage's first unless SimOptions::ranks says
   double end = 0;          // when its step's last event finished (s from the step's start)
   double compute = 0;      // summed kernel time
   double comm_wait = 0;    // time blocked in communication: the exposed part
@@ -60,9 +60,16 @@ struct StepSimulation {
   std::vector<StageTiming> stages;  // by pipeline stage
 };
 
-// `traces[s]` is stage s's first rank's step. Throws a runtime error if the
-// programs cannot finish (a receive never sent: a broken trace).
+// What a replay may change: the rank each stage is simulated as, and axes
+// whose calls take no time (counterfactuals: where a bubble comes from).
+struct SimOptions {
+  std::vector<int> ranks;              // per stage, a world rank on it (empty: each stage's first)
+  std::vector<std::string> free_axes;  // their calls take no time; "*": every axis, offload's too
+};
+
+// `traces[s]` is stage s's simulated rank's step. Throws a runtime error if
+// the programs cannot finish (a receive never sent: a broken trace).
 StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof::Trace*>& traces, const Machine& m,
-                             core::Precision p);
+                             core::Precision p, const SimOptions& options = {});
 
 }  // namespace strata::sim

@@ -32,17 +32,25 @@ void set_throughput(Prediction& out, const plan::Plan& cfg, const sim::Machine& 
   out.hfu = t > 0 && out.peak_flops > 0 ? out.hardware_flops / t / out.peak_flops : 0;
 }
 
-Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
-  const mesh::Layout l = strategies::layout_of(cfg);
+Prediction predict(const plan::Plan& cfg, const sim::Machine& machine, const sim::SimOptions& options) {
   Prediction out;
   out.estimate = estimate(cfg, true);
+  resimulate(out, cfg, machine, options);
+  return out;
+}
+
+void resimulate(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine, const sim::SimOptions& options) {
+  const mesh::Layout l = strategies::layout_of(cfg);
   std::vector<const prof::Trace*> traces(std::size_t(l.size("pp")), nullptr);
   for (int s = 0; s < l.size("pp"); ++s) {
-    const int r = mesh::rank_at(l, {{"pp", s}});
+    const int r = options.ranks.empty() ? mesh::rank_at(l, {{"pp", s}}) : options.ranks[std::size_t(s)];
     for (const RankClass& k : out.estimate.classes)
       if (std::find(k.ranks.begin(), k.ranks.end(), r) != k.ranks.end()) traces[std::size_t(s)] = &k.trace;
+    STRATA_CHECK(traces[std::size_t(s)] != nullptr, "no rank class holds rank {}", r);
   }
-  out.step = sim::simulate_step(l, traces, machine, cfg.backend.precision);
+  out.step = sim::simulate_step(l, traces, machine, cfg.backend.precision, options);
+  out.timelines.clear();
+  out.bubbles.clear();
   const double t = out.step.step_time;
   set_throughput(out, cfg, machine, t);
   StepRecord& step = out.step_record;
@@ -63,7 +71,6 @@ Prediction predict(const plan::Plan& cfg, const sim::Machine& machine) {
     out.bubbles.push_back(
         measure_bubble(tl, {step}, int(s), stages, cfg.micro_batches(), chunks, *cfg.parallel.schedule));
   }
-  return out;
 }
 
 namespace {

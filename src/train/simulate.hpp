@@ -34,7 +34,12 @@ struct Prediction {
   std::vector<Bubble> bubbles;            // per pipeline stage, as measure_bubble finds a run's
 };
 
-Prediction predict(const plan::Plan& cfg, const sim::Machine& machine);
+Prediction predict(const plan::Plan& cfg, const sim::Machine& machine, const sim::SimOptions& options = {});
+// A prediction's step simulated again from its estimate (the traces are
+// kept), on another machine or under other options: every figure but the
+// estimate replaced.
+void resimulate(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine,
+                const sim::SimOptions& options = {});
 // A deck's throughput figures for a step of `step_time` seconds on `machine`
 // (predict's, and the planner's for a step it extends along a line).
 void set_throughput(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine, double step_time);
