@@ -73,6 +73,42 @@ void resimulate(Prediction& out, const plan::Plan& cfg, const sim::Machine& mach
   }
 }
 
+double pipeline_wait(const sim::StageTiming& stage, double step_time) {
+  double optimizer_begin = step_time, optimizer = 0;
+  for (const prof::Span& s : stage.spans)
+    if (s.phase == prof::Phase::optimizer)
+      optimizer_begin = std::min(optimizer_begin, s.start), optimizer += s.end - s.start;
+  double w = 0;
+  for (const comm::CommRecord& r : stage.comms)
+    if (r.start < optimizer_begin) w += r.wait;
+  return step_time > optimizer ? w / (step_time - optimizer) : 0.0;
+}
+
+std::vector<BubbleCauses> explain_bubbles(const plan::Plan& cfg, const sim::Machine& machine, const Prediction& pr) {
+  Prediction free = pr, pipeline = pr;
+  sim::SimOptions o;
+  o.free_axes = {"*"};
+  resimulate(free, cfg, machine, o);
+  // Every axis but the pipeline's free.
+  o.free_axes = {"host", "nvme"};
+  for (const std::string& a : strategies::layout_of(cfg).axis_names())
+    if (a != "pp") o.free_axes.push_back(a);
+  resimulate(pipeline, cfg, machine, o);
+  std::vector<BubbleCauses> out;
+  for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
+    BubbleCauses c;
+    c.bubble = pr.bubbles[s].idle_over_step;
+    c.theory = pr.bubbles[s].theory;
+    const double waited = pipeline_wait(free.step.stages[s], free.step.step_time);
+    c.stages_work = waited - c.theory;
+    c.outside = free.bubbles[s].idle_over_step - waited;
+    c.transfers = pipeline.bubbles[s].idle_over_step - free.bubbles[s].idle_over_step;
+    c.other_axes = c.bubble - pipeline.bubbles[s].idle_over_step;
+    out.push_back(c);
+  }
+  return out;
+}
+
 namespace {
 
 void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::Machine& machine, const Prediction& pr,
@@ -269,6 +305,20 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
                st.end, pr.bubbles[s].idle_over_step, core::format_bytes(double(peak)));
   }
   print_breakdown(pr, l);
+  if (pr.step.stages.size() > 1) {
+    fmt::print("bubble per stage beside the {} schedule's theory {} = {:.1f}% (p {}, m {}, v {}), and where the "
+               "difference comes from (replayed with communication free, then with only the pipeline's calls "
+               "priced):\n",
+               cfg.parallel.schedule->name, cfg.parallel.schedule->formula, 100 * pr.bubbles[0].theory,
+               pr.step.stages.size(), cfg.micro_batches(), cfg.parallel.virtual_stages);
+    const std::vector<BubbleCauses> why = explain_bubbles(cfg, machine, pr);
+    for (std::size_t s = 0; s < why.size(); ++s)
+      fmt::print("  stage {}: bubble {:5.1f}% = theory {:.1f}% {:+.1f}% the stages' work (waiting for a neighbour's "
+                 "compute) {:+.1f}% work outside the schedule's actions {:+.1f}% pipeline transfers {:+.1f}% other "
+                 "axes' calls\n",
+                 s, 100 * why[s].bubble, 100 * why[s].theory, 100 * why[s].stages_work, 100 * why[s].outside,
+                 100 * why[s].transfers, 100 * why[s].other_axes);
+  }
   for (const RankClass& k : pr.estimate.classes) {
     const double peak = double(k.memory[core::Pool::device].total_peak);
     if (machine.memory > 0 && peak > machine.memory)

@@ -44,6 +44,26 @@ void resimulate(Prediction& out, const plan::Plan& cfg, const sim::Machine& mach
 // (predict's, and the planner's for a step it extends along a line).
 void set_throughput(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine, double step_time);
 
+// The time a stage was blocked before its optimizer span (waiting for a
+// neighbour's activations or gradients, for the other stages at a call they
+// share, or in a transfer) over the pipeline's part of the step (all but
+// that span): the part of its bubble that is waiting rather than work
+// outside the schedule's actions.
+double pipeline_wait(const sim::StageTiming& stage, double step_time);
+
+// Where a stage's bubble comes from, as fractions of the pipeline's part of
+// the step, found by replaying the step with communication free, then with
+// only the pipeline's own calls priced: the schedule's theory (unit costs,
+// even stages), the stages' work (uneven stages and forward, backward and
+// weight-gradient costs not in the theory's ratio: waiting for a
+// neighbour's compute), work outside the schedule's actions (between them,
+// before the optimizer), the pipeline's transfers, and other axes' calls.
+// They add up to the bubble.
+struct BubbleCauses {
+  double bubble = 0, theory = 0, stages_work = 0, outside = 0, transfers = 0, other_axes = 0;
+};
+std::vector<BubbleCauses> explain_bubbles(const plan::Plan& cfg, const sim::Machine& machine, const Prediction& pr);
+
 // Prints the prediction and writes its report; returns the exit status.
 int simulate_deck(const deck::Deck& deck, const SimulateOptions& options);
 

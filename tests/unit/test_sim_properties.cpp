@@ -87,24 +87,9 @@ Drawn draw(std::mt19937& g) {
   }
 }
 
-// The schedule's part of a stage's bubble: the time it was blocked before
-// its optimizer span (waiting for a neighbour's activations or gradients,
-// or for the other stages at a call they share) over the pipeline's part of
-// the step. The rest of its idle time is work outside the schedule's
-// actions (a reduction's sums, the loss), which the theory leaves out.
-double waited(const sim::StageTiming& st, double step_time) {
-  double optimizer_begin = step_time, optimizer = 0;
-  for (const prof::Span& s : st.spans)
-    if (s.phase == prof::Phase::optimizer) optimizer_begin = std::min(optimizer_begin, s.start), optimizer += s.end - s.start;
-  double w = 0;
-  for (const comm::CommRecord& r : st.comms)
-    if (r.start < optimizer_begin) w += r.wait;
-  return w / (step_time - optimizer);
-}
-
 double max_waited(const train::Prediction& p) {
   double b = 0;
-  for (const auto& s : p.step.stages) b = std::max(b, waited(s, p.step.step_time));
+  for (const auto& s : p.step.stages) b = std::max(b, train::pipeline_wait(s, p.step.step_time));
   return b;
 }
 

@@ -441,3 +441,33 @@ TEST(Simulator, OffloadRunsOnTheHostAndItsLinks) {
   EXPECT_GT(host_kernels, 0);
   EXPECT_EQ(copies, 2);  // gradients (and fp32 parameters) to the host, parameters back
 }
+
+// simulate's attribution of each stage's bubble: its parts add up to it;
+// with links that take no time there is nothing to put on transfers or
+// other axes; and slower links put it there, not on the stages' work.
+TEST(Simulator, ABubblesCausesAddUpToIt) {
+  const plan::Plan cfg = tiny({"parallel.pp=2", "parallel.dp=2", "parallel.tp=2", "parallel.zero=1", "model.layers=4",
+                               "parallel.schedule=\"interleaved\"", "parallel.virtual_stages=2",
+                               "data.global_batch=16", "data.micro_batch=1"});
+  sim::Machine fast = unit_machine();
+  fast.node.latency = fast.cluster.latency = 0;
+  fast.node.bandwidth = fast.cluster.bandwidth = 1e30;
+  sim::Machine slow = unit_machine();
+  slow.node.bandwidth /= 1000, slow.cluster.bandwidth /= 1000;
+  const train::Prediction a = train::predict(cfg, fast);
+  train::Prediction b = a;
+  train::resimulate(b, cfg, slow);
+  const auto ca = train::explain_bubbles(cfg, fast, a), cb = train::explain_bubbles(cfg, slow, b);
+  ASSERT_EQ(ca.size(), 2u);
+  for (std::size_t s = 0; s < 2; ++s) {
+    for (const auto& c : {ca[s], cb[s]})
+      EXPECT_NEAR(c.theory + c.stages_work + c.outside + c.transfers + c.other_axes, c.bubble, 1e-12);
+    EXPECT_NEAR(ca[s].transfers, 0, 1e-12);
+    EXPECT_NEAR(ca[s].other_axes, 0, 1e-12);
+    EXPECT_DOUBLE_EQ(ca[s].theory, 1.0 / 17);  // (p-1)/(v m+p-1), m = 16 / dp 2 = 8
+    // The counterfactual with communication free is the same step whatever the links.
+    EXPECT_NEAR(cb[s].stages_work, ca[s].stages_work, 1e-12);
+    EXPECT_NEAR(cb[s].outside, ca[s].outside, 1e-12);
+  }
+  EXPECT_GT(cb[0].transfers + cb[0].other_axes + cb[1].transfers + cb[1].other_axes, 0.01);
+}
