@@ -161,7 +161,7 @@ Machine parse_machine(const std::string& path, const std::string& text) {
                     "matmul_efficiency", "matmul_half_dim", "vector_tflops", "memory_bandwidth_gbs",
                     "launch_latency_us", "host_link_gbs", "nvme_gbs"});
   r.only("host", {"vector_tflops", "memory_bandwidth_gbs"});
-  r.only("network", {"overlap", "node", "cluster", "fit"});
+  r.only("network", {"overlap", "compute_slowdown", "node", "cluster", "fit"});
   r.only("network.node", {"bandwidth_gbs", "latency_us"});
   r.only("network.cluster", {"bandwidth_gbs", "latency_us"});
   m.devices_per_node = r.count("devices_per_node", "devices in one node");
@@ -195,6 +195,11 @@ Machine parse_machine(const std::string& path, const std::string& text) {
   r.table("network");
   m.overlap = r.number("network.overlap", "share of a non-blocking transfer made while computing, 0 to 1");
   if (m.overlap > 1) r.fail(*root.at_path("network.overlap").node(), "network.overlap", "must be at most 1");
+  if (const toml::node* n = root.at_path("network.compute_slowdown").node(); n != nullptr) {
+    m.compute_slowdown = r.number("network.compute_slowdown", "a kernel's time beside communication over its time alone");
+    if (m.compute_slowdown < 1 || m.compute_slowdown > 10)
+      r.fail(*n, "network.compute_slowdown", "must be from 1 (no slowdown) to 10");
+  }
   r.table("network.node");
   m.node.bandwidth = r.number("network.node.bandwidth_gbs", "GB/s of bus bandwidth inside a node", true) * 1e9;
   m.node.latency = r.number("network.node.latency_us", "microseconds per ring step") * 1e-6;

@@ -63,6 +63,10 @@ struct Machine {
   // the rank computes: 1 where a device engine moves it (NCCL), less where
   // the host must drive it (MPI without a progress thread).
   double overlap = 1;
+  // How much slower a kernel runs while a call of its rank moves beside it
+  // (NCCL's kernels take SMs and memory bandwidth from it; MPI's copies,
+  // cores and memory bandwidth): its time then over its time alone, >= 1.
+  double compute_slowdown = 1;  // at the full rate; at overlap share s, 1 + (compute_slowdown - 1) s
   std::vector<CommFit> fits;
 
   double peak(core::Precision p) const {

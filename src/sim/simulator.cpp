@@ -167,6 +167,32 @@ struct Stage {
     for (auto& [axis, ch] : channels) progress(ch, t, ch.share);
     clock = t;
   }
+  // Until when a call of the rank moves beside its compute, if it computes
+  // from now on (nothing else is issued meanwhile): a network axis's queue
+  // draining at its share, or a send on its link. `clock` when none does.
+  double moving_until() {
+    double until = clock;
+    for (auto& [axis, ch] : channels) {
+      if (offload_axis(axis)) continue;  // copy engines and threads of their own
+      if (!ch.queue.empty() && ch.share > 0) {
+        double t = std::max(ch.last, clock);
+        for (int id : ch.queue) t = std::max(t, pending[id].issue) + pending[id].remaining / ch.share;
+        until = std::max(until, t);
+      } else if (ch.queue.empty()) {
+        until = std::max(until, ch.last);  // a link's sends: busy until its last leaves
+      }
+    }
+    return until;
+  }
+  // A kernel of `t` seconds alone, `slowdown` times slower while a call
+  // moves beside it.
+  void run_kernel(double t, double slowdown) {
+    const double busy = slowdown > 1 ? moving_until() - clock : 0;
+    const double d = busy <= 0 ? t : busy >= t * slowdown ? t * slowdown : busy + (t - busy / slowdown);
+    compute_until(clock + d);
+    out.compute += d;
+    out.slowed += d - t;
+  }
   // The rank is blocked until `t` (counted as exposed communication).
   void block_until(double t) {
     if (t <= clock) return;
@@ -302,9 +328,10 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
       for (; s.next < events.size(); ++s.next, moved = true) {
         const TraceEvent& e = events[s.next];
         if (e.kind == TraceEvent::Kind::kernel) {
-          const double t = kernel_time(m, e, precision);
-          s.compute_until(s.clock + t);
-          s.out.compute += t;
+          // Contention in proportion to the rate communication moves beside the
+          // kernel: compute_slowdown at the full rate, none where nothing moves.
+          const double slowdown = e.host ? 1.0 : 1 + (m.compute_slowdown - 1) * m.overlap;  // host: not the device
+          s.run_kernel(kernel_time(m, e, precision), slowdown);
         } else if (e.kind == TraceEvent::Kind::span_begin) {
           s.open.push_back({&e, s.clock});
         } else if (e.kind == TraceEvent::Kind::span_end) {

@@ -15,7 +15,9 @@
 //               where across nodes a group gets the NIC share of its
 //               members on each node;
 //   non-blocking calls progress in the background at the machine's overlap
-//               share, serially per axis; a wait takes what is left.
+//               share, serially per axis; a wait takes what is left; while
+//               any moves beside the rank's kernels (sends too), they run
+//               the machine's compute_slowdown times slower.
 // Ranks with identical work are simulated once: one rank per pipeline stage
 // (the stage's first), whose collectives inside the stage need no partner;
 // collectives spanning stages (pp, emb, world) meet when every stage has
@@ -49,7 +51,8 @@ double comm_time(const Machine& m, const std::string& op, const std::vector<int>
 struct StageTiming {
   int rank = 0;            // the world rank simulated: the stage's first unless SimOptions::ranks says
   double end = 0;          // when its step's last event finished (s from the step's start)
-  double compute = 0;      // summed kernel time
+  double compute = 0;      // summed kernel time, slowed where communication moved beside it
+  double slowed = 0;       // of which the slowdown (Machine::compute_slowdown)
   double comm_wait = 0;    // time blocked in communication: the exposed part
   std::vector<prof::Span> spans;        // step 0, times from the step's start
   std::vector<comm::CommRecord> comms;  // step 0, simulated times

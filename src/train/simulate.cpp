@@ -235,8 +235,10 @@ void print_breakdown(const Prediction& pr, const mesh::Layout& l) {
     std::vector<int> stage_ranks;
     for (int r = 0; r < l.world(); ++r)
       if (mesh::coord(l, r, "pp") == int(s)) stage_ranks.push_back(r);
-    fmt::print("  stage {} (ranks {}): compute ms {} | bubble {:.1f}% | exposed comm {:.2f} ms\n", s,
-               rank_ranges(stage_ranks), phases, 100 * pr.bubbles[s].idle_over_step, ms * st.comm_wait);
+    fmt::print("  stage {} (ranks {}): compute ms {}{} | bubble {:.1f}% | exposed comm {:.2f} ms\n", s,
+               rank_ranges(stage_ranks), phases,
+               st.slowed > 0 ? fmt::format(" (of which {:.2f} slowed by communication beside it)", ms * st.slowed) : "",
+               100 * pr.bubbles[s].idle_over_step, ms * st.comm_wait);
     // (axis, op) in order of first use.
     std::vector<std::pair<std::string, std::string>> order;
     // calls, transfer, exposed, span, waiting for the group (blocked beyond the transfer)

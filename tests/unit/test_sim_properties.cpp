@@ -7,7 +7,8 @@
 // one figure. What must hold:
 //   - with communication free, a pipeline's bubble is its schedule's theory
 //     but for its stages' uneven work, and more chunks never raise it;
-//   - overlapping the data-parallel reduction is never slower than not;
+//   - overlapping the data-parallel reduction is never slower than not,
+//     where kernels beside communication run at their own pace;
 //   - more bandwidth or less latency at either network level is never
 //     slower;
 //   - any rank of a stage's class, simulated for the stage, gives the same
@@ -113,9 +114,10 @@ mesh::Layout reordered(mesh::Layout l) {
 // micro-batches and chunks of its spans (communication free, so spans are
 // compute only). It differs from the formula where forward, backward and
 // weight-gradient work are not 1:2 (or 1:1:1 for the zero-bubble
-// schedules), as a layout's rarely are; what remains is the stages' uneven
-// work.
-double theory_at_costs(const plan::Plan& cfg, const train::Prediction& p) {
+// schedules), as a layout's rarely are; what remains is uneven work: each
+// model chunk's on each stage (a chunk's forward and backward per
+// micro-batch), 1 - least / most is `uneven`.
+double theory_at_costs(const plan::Plan& cfg, const train::Prediction& p, double* uneven) {
   std::map<prof::Phase, std::map<std::tuple<int, int, int>, double>> per_action;  // (stage, mb, chunk)
   for (std::size_t s = 0; s < p.step.stages.size(); ++s)
     for (const prof::Span& x : p.step.stages[s].spans)
@@ -131,6 +133,12 @@ double theory_at_costs(const plan::Plan& cfg, const train::Prediction& p) {
   c.backward = mean(prof::Phase::backward);
   c.backward_input = mean(prof::Phase::backward_input);
   c.backward_weight = mean(prof::Phase::backward_weight);
+  std::map<std::pair<int, int>, double> chunk;  // (stage, chunk): its work over the step
+  for (const auto& [phase, a] : per_action)
+    for (const auto& [k, t] : a) chunk[{std::get<0>(k), std::get<2>(k)}] += t;
+  double lo = 1e300, hi = 0;
+  for (const auto& [k, t] : chunk) lo = std::min(lo, t), hi = std::max(hi, t);
+  *uneven = hi > 0 ? 1 - lo / hi : 0;
   const strategies::pp::Shape shape{int(p.step.stages.size()), cfg.micro_batches(), cfg.parallel.virtual_stages};
   const sim::PipelineRun run = sim::simulate(strategies::pp::make_schedule(*cfg.parallel.schedule, shape), c);
   double b = 0;
@@ -138,7 +146,7 @@ double theory_at_costs(const plan::Plan& cfg, const train::Prediction& p) {
   return b;
 }
 
-constexpr int kLayouts = 400;
+constexpr int kLayouts = 500;
 
 }  // namespace
 
@@ -158,7 +166,11 @@ TEST(SimulatorProperties, HoldOnRandomLayouts) {
     const double slower = pick(g, std::vector<double>{1, 30, 1000});
     m.node.bandwidth /= slower, m.cluster.bandwidth /= slower;
     m.overlap = pick(g, std::vector<double>{1.0, 1.0, 0.5, 0.0});
-    SCOPED_TRACE(fmt::format("links {}x slower, overlap {}", slower, m.overlap));
+    // Kernels beside communication as the published GPU figure has them,
+    // and slower.
+    m.compute_slowdown = pick(g, std::vector<double>{1.0, 1.0, 1.19, 1.5});
+    SCOPED_TRACE(fmt::format("links {}x slower, overlap {}, compute slowdown {}", slower, m.overlap,
+                             m.compute_slowdown));
     const mesh::Layout l = strategies::layout_of(cfg);
     train::Prediction base = train::predict(cfg, m);
     const double t = base.step.step_time;
@@ -213,8 +225,12 @@ TEST(SimulatorProperties, HoldOnRandomLayouts) {
       EXPECT_DOUBLE_EQ(rs.step_time, first.step.step_time) << "dims reversed";
     }
 
-    // Overlapping the reduction never loses.
-    if (l.size("dp") > 1) {
+    // Overlapping the reduction never loses where kernels beside
+    // communication run at their own pace. Where they slow, it may: under a
+    // pipeline, each stage's last backward pass, slowed by its reductions,
+    // holds up the stage before it, where reductions after the backward
+    // pass run on every stage at once.
+    if (l.size("dp") > 1 && m.compute_slowdown == 1) {
       plan::Plan flip = cfg;
       flip.parallel.overlap_grad_reduce = !cfg.parallel.overlap_grad_reduce;
       const train::Prediction other = train::predict(flip, m);
@@ -232,11 +248,10 @@ TEST(SimulatorProperties, HoldOnRandomLayouts) {
       o.free_axes = {"*"};
       train::Prediction p = base;
       train::resimulate(p, cfg, m, o);
-      double lo = 1e300, hi = 0;
-      for (const auto& s : p.step.stages) lo = std::min(lo, s.compute), hi = std::max(hi, s.compute);
-      const double theory = theory_at_costs(cfg, p), uneven = 1 - lo / hi;
+      double uneven = 0;
+      const double theory = theory_at_costs(cfg, p, &uneven);
       EXPECT_NEAR(max_waited(p), theory, uneven + 0.02)
-          << "theory " << theory << " (formula " << p.bubbles[0].theory << "), stages' work " << lo << ".." << hi;
+          << "theory " << theory << " (formula " << p.bubbles[0].theory << "), chunks' work uneven by " << uneven;
       // 1F1B is the interleaved schedule's one chunk.
       const std::string name = cfg.parallel.schedule->name;
       const int v = cfg.parallel.virtual_stages;

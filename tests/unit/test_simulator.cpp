@@ -134,6 +134,15 @@ TEST(Machine, ReadsAFitsMeasuredTimesAndRefusesBadOnes) {
   EXPECT_NE(bad.find("network.fit[0].time_us must hold numbers in [0, 1e+09]"), std::string::npos) << bad;
 }
 
+TEST(Machine, ComputeSlowdownIsOneUnlessGivenAndNeverBelow) {
+  EXPECT_DOUBLE_EQ(unit_machine().compute_slowdown, 1.0);
+  const std::string with = replace(kMachine, "overlap = 1.0\n", "overlap = 1.0\ncompute_slowdown = 1.19\n");
+  EXPECT_DOUBLE_EQ(sim::parse_machine("m.toml", with).compute_slowdown, 1.19);
+  const std::string below = input_error_of(replace(with, "1.19", "0.9"));
+  EXPECT_NE(below.find("m.toml:"), std::string::npos) << below;
+  EXPECT_NE(below.find("network.compute_slowdown must be from 1"), std::string::npos) << below;
+}
+
 TEST(Machine, UnknownNameListsTheKnownOnes) {
   try {
     sim::load_machine("no-such-machine");
@@ -277,6 +286,48 @@ TEST(Simulator, NonBlockingCallsOverlapByTheMachinesShare) {
     EXPECT_DOUBLE_EQ(s.step_time, 3 + std::max(0.0, 2 - share * 3)) << share;
     EXPECT_DOUBLE_EQ(s.stages[0].comm_wait, std::max(0.0, 2 - share * 3)) << share;
   }
+}
+
+// Machine::compute_slowdown: kernels run slower while a call moves beside
+// them, in proportion to the rate it moves at, and at their own pace once it
+// is done.
+TEST(Simulator, KernelsSlowWhileACallMovesBesideThem) {
+  // One stage: a non-blocking all-reduce of 2 units, 3 kernels of 1 unit, its wait.
+  prof::Trace t;
+  t.comms.push_back({"all_reduce", "dp", 2, 0, 0, -1, 0, true});
+  prof::TraceEvent c;
+  c.kind = prof::TraceEvent::Kind::comm, c.comm = 0;
+  t.events.push_back(c);
+  prof::TraceEvent k;
+  k.kind = prof::TraceEvent::Kind::kernel, k.name = "unit";
+  for (int i = 0; i < 3; ++i) t.events.push_back(k);
+  prof::TraceEvent w;
+  w.kind = prof::TraceEvent::Kind::wait, w.comm = 0;
+  t.events.push_back(w);
+  sim::Machine m = unit_machine();
+  m.launch_latency = 1;
+  m.node.latency = 1, m.node.bandwidth = 1e30;  // 2 units
+  m.compute_slowdown = 1.5;
+  const mesh::Layout l = grid(1, 2);
+  // Share 1: moving for 2 units, in which 2 / 1.5 of the work is done.
+  m.overlap = 1;
+  auto s = sim::simulate_step(l, {&t}, m, core::Precision::fp32);
+  EXPECT_NEAR(s.step_time, 2 + (3 - 2 / 1.5), 1e-12);
+  EXPECT_NEAR(s.stages[0].slowed, s.step_time - 3, 1e-12);
+  EXPECT_NEAR(s.stages[0].comm_wait, 0, 1e-12);
+  // Share 0.5: moving at half the rate slows the kernels half as
+  // much (1.25): their 3 units take 3.75, by when 1.875 of its 2 units are
+  // done; the wait moves the rest at the full rate.
+  m.overlap = 0.5;
+  s = sim::simulate_step(l, {&t}, m, core::Precision::fp32);
+  EXPECT_NEAR(s.step_time, 3.75 + (2 - 0.5 * 3.75), 1e-12);
+  EXPECT_NEAR(s.stages[0].slowed, 0.75, 1e-12);
+  EXPECT_NEAR(s.stages[0].comm_wait, 2 - 0.5 * 3.75, 1e-12);
+  // Share 0: nothing moves beside the kernels, nothing slows them.
+  m.overlap = 0;
+  s = sim::simulate_step(l, {&t}, m, core::Precision::fp32);
+  EXPECT_NEAR(s.step_time, 3 + 2, 1e-12);
+  EXPECT_NEAR(s.stages[0].slowed, 0, 1e-12);
 }
 
 TEST(Simulator, CallsOnOneAxisRunOneAfterAnother) {
