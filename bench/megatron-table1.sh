@@ -2,7 +2,8 @@
 # The simulator against a published measurement: Megatron-LM's weak-scaling
 # table (Narayanan et al. 2021, Table 1: GPT models of 1.7 B to 1 T parameters
 # on up to 3072 A100-80GB GPUs of Selene), each row's deck under
-# inputs/megatron/ simulated on inputs/machines/a100-80gb.toml. Prints the
+# inputs/megatron/ simulated on inputs/machines/a100-80gb.toml, each with the
+# attention of the 2021 code (model.attention = "unfused"). Prints the
 # published and predicted TFLOP/s per GPU (hardware FLOPs, recomputation
 # counted, as the paper counts them) and the mean absolute error, and each
 # run's largest device peak (GiB) against the machine's memory. The table

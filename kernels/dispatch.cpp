@@ -396,6 +396,14 @@ double sum_squares(core::CPtr x, std::int64_t n) {
   STRATA_DISPATCH(sum_squares, x, n);
 }
 
+void causal_softmax_forward(core::Ptr p, std::int64_t count, int T) {
+  STRATA_DISPATCH(causal_softmax_forward, p, count, T);
+}
+
+void causal_softmax_backward(core::Ptr dp, core::CPtr p, std::int64_t count, int T) {
+  STRATA_DISPATCH(causal_softmax_backward, dp, p, count, T);
+}
+
 void attention_forward(core::Ptr out, core::Ptr state, core::CPtr qkv, int B, int T, int C, int NH, int NKV) {
   STRATA_DISPATCH(attention_forward, out, state, qkv, B, T, C, NH, NKV);
 }

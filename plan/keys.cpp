@@ -110,6 +110,7 @@ const std::vector<KeySpec>& global_keys() {
       key<&Plan::model, &ModelSection::heads>("model", "heads", "attention heads per block").at_least(1),
       key<&Plan::model, &ModelSection::vocab>("model", "vocab", "vocabulary size (>= 256 for text data: byte-level tokens)").at_least(2),
       key<&Plan::model, &ModelSection::seq_len>("model", "seq_len", "tokens per sequence").at_least(1),
+      key<&Plan::model, &ModelSection::attention>("model", "attention", "attention kernels: fused (FlashAttention-style, the scores kept on chip: the CUDA backend's), unfused (the scores materialised, masked and softmaxed in memory and the probabilities kept, as Megatron-LM before FlashAttention: the CPU's and Kokkos', and on cuda batched products around a causal softmax), auto (fused on cuda, else unfused)"),
       // [data]
       key<&Plan::data, &DataSection::source>("data", "source", "where tokens come from: random tokens, or the bytes of a text file"),
       key<&Plan::data, &DataSection::path>("data", "path", "text file for source = \"text\" (see docs/decks.md for how it is found)"),

@@ -40,6 +40,15 @@ namespace strata::plan {
 // outputs kept, the rest rebuilt from the block's input).
 enum class Recompute { none, selective, full, op };
 
+// model.attention: which attention kernels. fused keeps the T x T scores
+// on chip (FlashAttention: the CUDA backend's kernels; the state the rows'
+// log-sum-exp); unfused materialises them, masks and softmaxes them in
+// memory and keeps the probabilities (Megatron-LM before FlashAttention;
+// the CPU's and Kokkos' attention, and on the CUDA backend a composition of
+// batched products and the causal softmax); auto: fused on cuda, unfused
+// elsewhere.
+enum class Attention { auto_, fused, unfused };
+
 enum class DataSource { synthetic, text };
 enum class Offload { none, host, nvme };
 enum class LrSchedule { constant, cosine };
@@ -74,6 +83,7 @@ struct EnumChoice {
   static E at(std::size_t i) { return E(i); }
   static std::size_t index(E e) { return std::size_t(e); }
 };
+inline constexpr std::array<std::string_view, 3> kAttentions{"auto", "fused", "unfused"};
 inline constexpr std::array<std::string_view, 2> kDataSources{"synthetic", "text"};
 inline constexpr std::array<std::string_view, 3> kOffloads{"none", "host", "nvme"};
 inline constexpr std::array<std::string_view, 2> kLrSchedules{"constant", "cosine"};
@@ -84,6 +94,7 @@ inline constexpr std::array<std::string_view, 3> kGradSyncs{"auto", "step", "mic
 inline constexpr std::array<std::string_view, 4> kRecomputes{"none", "selective", "full", "op"};
 inline constexpr std::array<std::string_view, 3> kPrecisions{"fp32", "bf16", "fp16"};
 inline constexpr std::array<std::string_view, 3> kDevices{"cpu", "cuda", "kokkos"};  // a deck never names the meta device
+template <> struct Choice<Attention> : EnumChoice<Attention, kAttentions> {};
 template <> struct Choice<DataSource> : EnumChoice<DataSource, kDataSources> {};
 template <> struct Choice<Offload> : EnumChoice<Offload, kOffloads> {};
 template <> struct Choice<LrSchedule> : EnumChoice<LrSchedule, kLrSchedules> {};
@@ -150,6 +161,7 @@ struct ModelSection {
   int vocab = 256;
   int seq_len = 64;
   Recompute recompute = Recompute::none;  // activation recomputation
+  Attention attention = Attention::auto_;
   // Mixture of experts (moe_experts = 0: a dense model).
   int moe_experts = 0;
   int moe_every = 1;
@@ -240,6 +252,11 @@ struct Plan {
   OffloadSection offload;
   // Micro-batches per rank and step: global_batch / (dp x micro_batch).
   int micro_batches() const { return data.global_batch / (parallel.dp * data.micro_batch); }
+  // The fused attention kernels (model.attention, auto resolved by the device).
+  bool fused_attention() const {
+    return model.attention == Attention::fused ||
+           (model.attention == Attention::auto_ && backend.device == kernels::Device::cuda);
+  }
 };
 
 }  // namespace strata::plan

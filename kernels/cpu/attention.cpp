@@ -328,6 +328,49 @@ void attention_backward(Ptr dqkv, Ptr scratch, CPtr dout, CPtr qkv, CPtr /*out*/
                                              B, T, C, NH, NKV));
 }
 
+namespace {
+
+// Row by row in fp32: each 16-bit entry widened as it is read, rounded once
+// as it is written.
+template <typename E>
+void causal_softmax_forward_(E* p, std::int64_t count, int T) {
+  const std::int64_t rows = count * T;
+#pragma omp parallel for schedule(static) if (rows * T >= (1 << 16))
+  for (std::int64_t r = 0; r < rows; ++r) {
+    E* x = p + r * T;
+    const int t = int(r % T);
+    float* row = scratch_of<float>(std::size_t(T));
+    for (int j = 0; j <= t; ++j) row[j] = to_float(x[j]);
+    softmax_row(row, t, T);
+    for (int j = 0; j < T; ++j) x[j] = from_float<E>(row[j]);
+  }
+}
+
+template <typename E>
+void causal_softmax_backward_(E* dp, const E* p, std::int64_t count, int T) {
+  const std::int64_t rows = count * T;
+#pragma omp parallel for schedule(static) if (rows * T >= (1 << 16))
+  for (std::int64_t r = 0; r < rows; ++r) {
+    E* d = dp + r * T;
+    const E* x = p + r * T;
+    const int t = int(r % T);
+    float dot = 0.0f;
+    for (int j = 0; j <= t; ++j) dot += to_float(d[j]) * to_float(x[j]);
+    for (int j = 0; j <= t; ++j) d[j] = from_float<E>(to_float(x[j]) * (to_float(d[j]) - dot));
+    for (int j = t + 1; j < T; ++j) d[j] = from_float<E>(0.0f);
+  }
+}
+
+}  // namespace
+
+void causal_softmax_forward(Ptr p, std::int64_t count, int T) {
+  STRATA_BY_FORMAT(p, causal_softmax_forward_(p.as<E>(), count, T));
+}
+
+void causal_softmax_backward(Ptr dp, CPtr p, std::int64_t count, int T) {
+  STRATA_BY_FORMAT(dp, causal_softmax_backward_(dp.as<E>(), p.as<E>(), count, T));
+}
+
 void attention_block_forward(Ptr out, float* lse, CPtr q, CPtr kv, int B, int Tq, int Tk, int C, int NH, int NKV,
                              std::int64_t q_batch, std::int64_t kv_batch, int q0, int k0, bool accumulate) {
   STRATA_BY_FORMAT(out, block_forward_(out.as<E>(), lse, q.as<E>(), kv.as<E>(), B, Tq, Tk, C, NH, NKV, q_batch,

@@ -931,7 +931,76 @@ void backward_(E* dqkv, float* scratch, const E* dout, const E* qkv, const E* ou
   if constexpr (!kWide) copy_rows(dqkv, ld, dq, C, tokens, C, /*add=*/true);
 }
 
+// ---- the materialised scores' causal softmax (model.attention = "unfused") ----
+// One block of kThreads per row: a row's reduction over the block, in every
+// thread (fp32 partials through shared memory).
+template <bool kMax>
+__device__ float row_reduce(float v) {
+  __shared__ float part[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int o = 16; o > 0; o /= 2) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, w) : v + w;
+  }
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  v = part[0];
+  for (int w = 1; w < warps; ++w) v = kMax ? fmaxf(v, part[w]) : v + part[w];
+  __syncthreads();  // every thread has read the partials before a later call writes them
+  return v;
+}
+
+template <typename E>
+__global__ void causal_softmax_forward_kernel(E* p, int T) {
+  const std::int64_t r = blockIdx.x;
+  const int n = int(r % T) + 1;
+  E* row = p + r * T;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, to_float(row[j]));
+  m = row_reduce<true>(m);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) sum += expf(to_float(row[j]) - m);
+  const float inv = 1.0f / row_reduce<false>(sum);
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    row[j] = from_float<E>(j < n ? expf(to_float(row[j]) - m) * inv : 0.0f);
+}
+
+template <typename E>
+__global__ void causal_softmax_backward_kernel(E* dp, const E* p, int T) {
+  const std::int64_t r = blockIdx.x;
+  const int n = int(r % T) + 1;
+  E* d = dp + r * T;
+  const E* x = p + r * T;
+  float dot = 0.0f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) dot += to_float(d[j]) * to_float(x[j]);
+  dot = row_reduce<false>(dot);
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    d[j] = from_float<E>(j < n ? to_float(x[j]) * (to_float(d[j]) - dot) : 0.0f);
+}
+
+template <typename E>
+void causal_softmax_forward_(E* p, std::int64_t count, int T) {
+  if (count * T <= 0) return;
+  causal_softmax_forward_kernel<E><<<unsigned(count * T), kThreads>>>(p, T);
+  STRATA_CHECK_LAUNCH();
+}
+
+template <typename E>
+void causal_softmax_backward_(E* dp, const E* p, std::int64_t count, int T) {
+  if (count * T <= 0) return;
+  causal_softmax_backward_kernel<E><<<unsigned(count * T), kThreads>>>(dp, p, T);
+  STRATA_CHECK_LAUNCH();
+}
+
 }  // namespace
+
+void causal_softmax_forward(core::Ptr p, std::int64_t count, int T) {
+  STRATA_BY_FORMAT(p, causal_softmax_forward_(p.as<E>(), count, T));
+}
+
+void causal_softmax_backward(core::Ptr dp, core::CPtr p, std::int64_t count, int T) {
+  STRATA_BY_FORMAT(dp, causal_softmax_backward_(dp.as<E>(), p.as<E>(), count, T));
+}
 
 void attention_forward(core::Ptr out, core::Ptr state, core::CPtr qkv, int B, int T, int C, int NH, int NKV) {
   const int hs = head_size(B, C, NH, NKV, "attention_forward");

@@ -65,21 +65,12 @@ inline Team scratch_rows_policy(std::int64_t rows, int floats) {
   return rows_policy(rows).set_scratch_size(0, Kokkos::PerTeam(Scratch::shmem_size(floats)));
 }
 
+// Row t of each of `count` T x T matrices: the softmax of its first t + 1
+// scores, zeros after (a team per row).
 template <typename E>
-void attention_forward_(E* out, E* probs, const E* qkv, int B, int T, int C, int NH, int NKV) {
-  const QkvLayout L(C, NH, NKV);
-  const int hs = L.hs, ld = L.ld;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const std::int64_t TT = std::int64_t(T) * T;
-  for_each_head_block(B, NH, T, [&](int b, int h, int r0, int r1) {
-    const E* row0 = qkv + std::int64_t(b) * T * ld;
-    E* att = probs + (std::int64_t(b) * NH + h) * TT;
-    matmul(false, true, r1 - r0, r1, hs, scale, row0 + std::int64_t(r0) * ld + L.q(h), ld, row0 + L.k(h), ld,
-           0.0f, att + std::int64_t(r0) * T, T);
-  });
-  // Row t of each (b, h): the softmax of its first t + 1 scores, zeros after.
+void causal_softmax_forward_(E* probs, std::int64_t count, int T) {
   Kokkos::parallel_for(
-      "strata::attention_softmax", rows_policy(std::int64_t(B) * NH * T), KOKKOS_LAMBDA(const Member& m) {
+      "strata::causal_softmax_forward", rows_policy(count * T), KOKKOS_LAMBDA(const Member& m) {
         const std::int64_t r = m.league_rank();
         const int t = int(r % T), n = t + 1;
         E* row = probs + r * T;
@@ -100,6 +91,38 @@ void attention_forward_(E* out, E* probs, const E* qkv, int B, int T, int C, int
           row[j] = from_float<E>(j < n ? e * inv : 0.0f);
         });
       });
+}
+
+// dS = P (dP - sum_j dP_j P_j) in dP's place, zero above the diagonal.
+template <typename E>
+void causal_softmax_backward_(E* dprobs, const E* probs, std::int64_t count, int T) {
+  Kokkos::parallel_for(
+      "strata::causal_softmax_backward", rows_policy(count * T), KOKKOS_LAMBDA(const Member& m) {
+        const std::int64_t r = m.league_rank();
+        const int n = int(r % T) + 1;
+        const E* p = probs + r * T;
+        E* d = dprobs + r * T;
+        const float dot = team_sum<float>(m, n, [&](int j) { return to_float(d[j]) * to_float(p[j]); });
+        m.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, T), [&](int j) {
+          d[j] = from_float<E>(j < n ? to_float(p[j]) * (to_float(d[j]) - dot) : 0.0f);
+        });
+      });
+}
+
+template <typename E>
+void attention_forward_(E* out, E* probs, const E* qkv, int B, int T, int C, int NH, int NKV) {
+  const QkvLayout L(C, NH, NKV);
+  const int hs = L.hs, ld = L.ld;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const std::int64_t TT = std::int64_t(T) * T;
+  for_each_head_block(B, NH, T, [&](int b, int h, int r0, int r1) {
+    const E* row0 = qkv + std::int64_t(b) * T * ld;
+    E* att = probs + (std::int64_t(b) * NH + h) * TT;
+    matmul(false, true, r1 - r0, r1, hs, scale, row0 + std::int64_t(r0) * ld + L.q(h), ld, row0 + L.k(h), ld,
+           0.0f, att + std::int64_t(r0) * T, T);
+  });
+  causal_softmax_forward_(probs, std::int64_t(B) * NH, T);
   for_each_head_block(B, NH, T, [&](int b, int h, int r0, int r1) {
     const E* v = qkv + std::int64_t(b) * T * ld + L.v(h);
     const E* att = probs + (std::int64_t(b) * NH + h) * TT;
@@ -130,19 +153,7 @@ void attention_backward_(E* dqkv, E* dprobs, const E* dout, const E* qkv, const 
     matmul(true, false, r1, hs, r1 - r0, 1.0f, att + std::int64_t(r0) * T, T, dy + std::int64_t(r0) * C, C, 1.0f, dv,
            ld);
   });
-  // dS = P (dP - sum_j dP_j P_j), zero above the diagonal.
-  Kokkos::parallel_for(
-      "strata::attention_softmax_backward", rows_policy(std::int64_t(B) * NH * T), KOKKOS_LAMBDA(const Member& m) {
-        const std::int64_t r = m.league_rank();
-        const int n = int(r % T) + 1;
-        const E* p = probs + r * T;
-        E* d = dprobs + r * T;
-        const float dot = team_sum<float>(m, n, [&](int j) { return to_float(d[j]) * to_float(p[j]); });
-        m.team_barrier();
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(m, T), [&](int j) {
-          d[j] = from_float<E>(j < n ? to_float(p[j]) * (to_float(d[j]) - dot) : 0.0f);
-        });
-      });
+  causal_softmax_backward_(dprobs, probs, std::int64_t(B) * NH, T);  // dS, in place
   for_each_head_block(B, NH, T, [&](int b, int h, int r0, int r1) {
     const E* row0 = qkv + std::int64_t(b) * T * ld;
     E* drow0 = dqkv + std::int64_t(b) * T * ld;
@@ -302,6 +313,14 @@ void block_backward_(DQ* dq, DKV* dkv, const E* dout, const E* q, const E* kv, c
 }
 
 }  // namespace
+
+void causal_softmax_forward(core::Ptr p, std::int64_t count, int T) {
+  STRATA_BY_FORMAT(p, causal_softmax_forward_(p.as<E>(), count, T));
+}
+
+void causal_softmax_backward(core::Ptr dp, core::CPtr p, std::int64_t count, int T) {
+  STRATA_BY_FORMAT(dp, causal_softmax_backward_(dp.as<E>(), p.as<E>(), count, T));
+}
 
 void attention_forward(core::Ptr out, core::Ptr probs, core::CPtr qkv, int B, int T, int C, int NH, int NKV) {
   STRATA_BY_FORMAT(out, attention_forward_(out.as<E>(), probs.as<E>(), qkv.as<E>(), B, T, C, NH, NKV));

@@ -101,6 +101,17 @@ void attention_backward(Ptr dqkv, Ptr, CPtr, CPtr, CPtr, CPtr, int B, int T, int
         bytes_of(dqkv) * double(B) * T * (2 * W + 4.0 * C) + F * 2.0 * B * NH * T);
 }
 
+// The materialised scores: every row read and written whole (a masked
+// square, as Megatron-LM's softmax kernel reads and writes it).
+void causal_softmax_forward(Ptr p, i64 matrices, int T) {
+  const double square = double(matrices) * T * T;
+  count(__func__, 0, 2.5 * square, bytes_of(p) * 2 * square);
+}
+void causal_softmax_backward(Ptr dp, CPtr, i64 matrices, int T) {
+  const double square = double(matrices) * T * T;
+  count(__func__, 0, 2.0 * square, bytes_of(dp) * 3 * square);
+}
+
 // A ring block counts as the model counts attention: every (query, key)
 // pair of the causal square, twice the pairs it attends; so the blocks of a
 // ring add up to one rank's whole-sequence figure.

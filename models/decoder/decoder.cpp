@@ -11,6 +11,7 @@
 
 #include "kernels/foundation/error.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/unfused_attention.hpp"
 #include "models/init.hpp"
 #include "models/linear.hpp"
 
@@ -39,8 +40,10 @@ DecoderConfig decoder_config(const plan::Plan& p) {
   const plan::ModelSection& m = p.model;
   const MoeBlocks moe{m.moe_experts, m.moe_every, m.moe_top_k, m.moe_capacity_factor, m.moe_drop_tokens,
                       m.moe_renormalize, float(m.moe_aux_coef)};
-  return DecoderConfig{m.layers,  m.d_model,  m.heads,       m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
-                       p.backend.precision, p.backend.device == kernels::Device::cuda};
+  const bool cuda = p.backend.device == kernels::Device::cuda;
+  return DecoderConfig{m.layers, m.d_model,           m.heads,           m.ffn_mult,
+                       m.vocab,  m.seq_len,           moe,               m.recompute,
+                       p.backend.precision, p.fused_attention(), cuda && !p.fused_attention()};
 }
 
 ParamRegistry decoder_registry(const DecoderConfig& c, int tp_size, int tp_rank, Stage stage, int ep_size,
@@ -382,9 +385,14 @@ Decoder::Decoder(const DecoderConfig& config, int micro_batch, core::MemoryTrack
       reg_(decoder_registry(config, tp_->size(), tp_->rank(), stage_, ep_->size(), ep_->rank())),
       tracker_(&tracker), bufs_(tracker, scratch) {
   STRATA_CHECK(c_.d_model % c_.heads == 0, "d_model {} % heads {}", c_.d_model, c_.heads);
-  STRATA_CHECK(kernels::is_meta() || c_.fused_attention == (kernels::device() == kernels::Device::cuda),
-               "a model with {} attention on the {} backend", c_.fused_attention ? "fused" : "unfused",
+  // Fused attention runs on the CUDA backend only, whose own attention is
+  // fused: unfused there is the composition (which any backend can run).
+  const bool cuda = kernels::device() == kernels::Device::cuda;
+  STRATA_CHECK(kernels::is_meta() || (c_.fused_attention ? cuda : !cuda || c_.composed_attention),
+               "a model with {} attention on the {} backend",
+               c_.fused_attention ? "fused" : c_.composed_attention ? "composed unfused" : "unfused",
                kernels::device_name(kernels::device()));
+  STRATA_CHECK(!c_.composed_attention || seams.cp->size() == 1, "composed unfused attention under context parallelism");
   STRATA_CHECK(!split_ || c_.recompute == Recompute::none, "a split backward keeps activations recomputation shares");
   STRATA_CHECK(c_.heads % c_.kv() == 0, "heads {} over kv_heads {}", c_.heads, c_.kv());
   STRATA_CHECK(!c_.rope() || (c_.d_model / c_.heads) % 2 == 0, "rotary positions need an even head size, not {}",
@@ -668,8 +676,17 @@ void Decoder::rotate(core::Ptr qkv, bool backward, bool k_only) {
 
 core::CPtr Decoder::dres_all() { return tp_->gather(dres_, dres_full_, std::int64_t(B_) * T_, c_.d_model); }
 
+void Decoder::attend(const Acts& a, int C) {
+  const int NHt = c_.heads / tp_->size(), NKVt = c_.kv() / tp_->size();
+  if (c_.composed_attention)
+    kernels::unfused_attention_forward(a.atty, a.att, a.qkv, B_, T_, C, NHt, NKVt);
+  else  // over whole sequences: under context parallelism the ring brings the
+        // other ranks' keys and values (the backward scratch holds them)
+    cp_->attention_forward(a.atty, a.att, attn_scratch_, a.qkv, B_, T_, C, NHt, NKVt);
+}
+
 core::CPtr Decoder::attention_half(const Block& b, core::CPtr p, core::CPtr x, bool per_op) {
-  const int N = B_ * T_, NHt = c_.heads / tp_->size(), NKVt = c_.kv() / tp_->size();
+  const int N = B_ * T_;
   const Acts& a = b.a;
   const core::CPtr ln1 = norm_rows(a.ln1, a.ln1_mean, a.ln1_rstd, x, p + b.ln1_w, param(p, b.ln1_b));
   if (per_op) {
@@ -677,9 +694,7 @@ core::CPtr Decoder::attention_half(const Block& b, core::CPtr p, core::CPtr x, b
   } else {
     b.qkv.forward(a.qkv, ln1, p + b.qkv_w, param(p, b.qkv_b), N);  // column-parallel: this rank's heads
     if (c_.rope()) rotate(a.qkv, false);  // kept turned: selective recomputation reads them so
-    // Over whole sequences: under context parallelism the ring brings the
-    // other ranks' keys and values (the backward scratch holds them).
-    cp_->attention_forward(a.atty, a.att, attn_scratch_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
+    attend(a, b.proj.in);
   }
   // Row-parallel output projection: partial sums over this rank's heads,
   // summed over the ranks (g), then the bias and the residual, once.
@@ -811,9 +826,13 @@ void Decoder::block_backward(ParamState& st, Block& b, core::CPtr x, int next, f
     // The attention probabilities again from q and k (Korthikanti et al.);
     // atty gets the same values it holds.
     const prof::Recomputing again;
-    cp_->attention_forward(a.atty, a.att, attn_scratch_, a.qkv, B_, T_, b.proj.in, NHt, NKVt);
+    attend(a, b.proj.in);
   }
-  cp_->attention_backward(dqkv, attn_scratch_, dbuf_, a.qkv, a.atty, a.att, B_, T_, b.proj.in, NHt, NKVt);
+  if (c_.composed_attention)
+    kernels::unfused_attention_backward(dqkv, core::Ptr(attn_scratch_, a.att.precision()), dbuf_, a.qkv, a.att, B_,
+                                        T_, b.proj.in, NHt, NKVt);
+  else
+    cp_->attention_backward(dqkv, attn_scratch_, dbuf_, a.qkv, a.atty, a.att, B_, T_, b.proj.in, NHt, NKVt);
   if (c_.rope()) rotate(dqkv, true);  // the gradient of q and k before their turn
   b.qkv.backward(dbuf_, dqkv, all_rows(a.ln1), p + b.qkv_w, g + b.qkv_w, param(g, b.qkv_b), N, input_only);
   norm_back(x, p + b.ln1_w, a.ln1_mean, a.ln1_rstd, kLn1Weight);

@@ -67,6 +67,11 @@ struct DecoderConfig {
   // each row's log-sum-exp instead of the T x T probabilities. Must match the
   // device the kernels run on (checked when a model is built).
   bool fused_attention = false;
+  // Unfused attention composed of batched products and the causal softmax
+  // (kernels/unfused_attention.hpp): the CUDA backend's unfused form; the
+  // CPU's and Kokkos' own attention operation materialises the scores
+  // already. The state and scratch are the unfused ones either way.
+  bool composed_attention = false;
   // The block's form; the defaults are GPT-2's.
   int kv_heads = 0;    // key-value heads (grouped-query attention); 0: heads
   int ffn_dim = 0;     // hidden units of the MLP; 0: ffn_mult x d_model
@@ -236,6 +241,10 @@ class Decoder final : public Model {
   // kept q and v, attention's output kept). Returns all rows of the second
   // norm's output, for the feed-forward.
   core::CPtr attention_half(const Block& b, core::CPtr p, core::CPtr x, bool per_op = false);
+  // Attention of this rank's heads (C of its channels) from a.qkv into
+  // a.atty and its state a.att: the context seam's, or the composed
+  // unfused kernels.
+  void attend(const Acts& a, int C);
   // Per-op recomputation: q and v to or from their kept copy; q k v rebuilt.
   void keep_q_v(const Block& b, bool keep);
   void rebuild_qkv(const Block& b, core::CPtr p, core::CPtr ln1);

@@ -344,6 +344,10 @@ void Resolver::check_cross_keys() {
   if (c.backend.comm == CommChoice::nccl && c.backend.device != kernels::Device::cuda)
     error(fmt::format("{}: {} needs backend.device = \"cuda\" ({}): NCCL moves GPU memory",
                       primary({"backend.comm", "backend.device"}), show("backend.comm"), show("backend.device")));
+  if (c.model.attention == plan::Attention::fused && c.backend.device != kernels::Device::cuda)
+    error(fmt::format("{}: {} needs backend.device = \"cuda\" ({}): the CPU's and Kokkos' attention materialises "
+                      "the scores; use \"unfused\" or \"auto\"",
+                      primary({"model.attention", "backend.device"}), show("model.attention"), show("backend.device")));
   if (c.backend.device == kernels::Device::cuda && c.model.heads > 0 && c.model.d_model / c.model.heads > 256)
     error(fmt::format("{}: {} with a head size of {} (model.d_model / model.heads): the attention kernels of "
                       "the CUDA backend take head sizes up to 256",

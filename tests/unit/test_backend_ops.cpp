@@ -56,6 +56,7 @@
 
 #include "kernels/cpu/cpu_kernels.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/unfused_attention.hpp"
 
 // The device in test names and messages: "kokkos", not its bytes.
 namespace strata::kernels {
@@ -847,6 +848,104 @@ OP_CASE(attention_backward) {
     }
 }
 
+// The materialised scores' causal softmax, forward and backward: 3
+// matrices of T x T for T on and off the warp and team sizes, scores up to
+// +-8 (as scaled products reach); the CPU's fp32 result against a
+// double-precision reference (within 1e-6: probabilities up to 1, a few
+// ulps of the vectorised exponential and of the row's sum), then the
+// device's against the CPU's.
+double softmax_reference(const Vec& x, std::size_t at, int t, int j) {
+  double m = x[at];
+  for (int i = 1; i <= t; ++i) m = std::max(m, double(x[at + i]));
+  double sum = 0;
+  for (int i = 0; i <= t; ++i) sum += std::exp(double(x[at + i]) - m);
+  return j <= t ? std::exp(double(x[at + j]) - m) / sum : 0.0;
+}
+
+OP_CASE(causal_softmax_forward) {
+  for (const Precision p : kFormats)
+    for (const int T : {1, 7, 70}) {
+      const std::int64_t count = 3, n = count * T * T;
+      Host x(uniform(t.rng, std::size_t(n), -8, 8), p), x32(x.values(), Precision::fp32);
+      const Vec in = x.values();
+      Dev dx(x);
+      k::causal_softmax_forward(dx.ptr(), count, T);
+      cpu::causal_softmax_forward(x.ptr(), count, T);
+      cpu::causal_softmax_forward(x32.ptr(), count, T);
+      const std::string at = std::string(name(p)) + " T " + std::to_string(T);
+      if (p == Precision::fp32) {
+        const Vec got = x32.values();
+        for (std::int64_t r = 0; r < count * T; ++r)
+          for (int j = 0; j < T; ++j)
+            ASSERT_NEAR(got[std::size_t(r * T + j)], softmax_reference(in, std::size_t(r * T), int(r % T), j), 1e-6)
+                << at << " row " << r << " key " << j << ", cpu against double";
+      }
+      expect_close(to_max(), dx.values(), x.values(), x32.values(), p, 1e-6, at);
+    }
+}
+
+OP_CASE(causal_softmax_backward) {
+  for (const Precision p : kFormats)
+    for (const int T : {1, 7, 70}) {
+      const std::int64_t count = 3, n = count * T * T;
+      Host probs(uniform(t.rng, std::size_t(n), -8, 8), p);
+      cpu::causal_softmax_forward(probs.ptr(), count, T);  // real probabilities: rows summing to 1
+      const Host probs32(probs.values(), Precision::fp32);
+      Host d(uniform(t.rng, std::size_t(n)), p), d32(d.values(), Precision::fp32);
+      const Vec pv = probs.values(), dv = d.values();
+      Dev ddev(d), pdev(probs);
+      k::causal_softmax_backward(ddev.ptr(), pdev.ptr(), count, T);
+      cpu::causal_softmax_backward(d.ptr(), probs.ptr(), count, T);
+      cpu::causal_softmax_backward(d32.ptr(), probs32.ptr(), count, T);
+      const std::string at = std::string(name(p)) + " T " + std::to_string(T);
+      if (p == Precision::fp32) {
+        const Vec got = d32.values();
+        for (std::int64_t r = 0; r < count * T; ++r) {
+          const std::size_t a = std::size_t(r * T);
+          const int tt = int(r % T);
+          double dot = 0;
+          for (int j = 0; j <= tt; ++j) dot += double(dv[a + j]) * pv[a + j];
+          for (int j = 0; j < T; ++j) {
+            const double want = j <= tt ? double(pv[a + j]) * (dv[a + j] - dot) : 0.0;
+            ASSERT_NEAR(got[a + j], want, 1e-6) << at << " row " << r << " key " << j << ", cpu against double";
+          }
+        }
+      }
+      expect_close(to_max(), ddev.values(), d.values(), d32.values(), p, 1e-5, at);
+    }
+}
+
+// model.attention = "unfused" (kernels/unfused_attention.hpp), composed of
+// the backend's batched products and causal softmax: on every backend and
+// format, forward and backward, against the CPU backend's own attention
+// operation, which computes the same from the same state (the
+// probabilities). At 16 bits the two round different intermediates (the
+// composition rounds the scores before its softmax reads them, the CPU's
+// operation keeps them in fp32), so the bound is attention's own.
+void unfused_attention_case(Ctx& t) {
+  for (const Precision p : kFormats)
+    for (const AttentionShape& s : kAttentionShapes) {
+      const int C = s.C();
+      const std::size_t probs = std::size_t(k::attention_state_elements(false, s.B, s.NH, s.T));
+      const Host qkv(uniform(t.rng, std::size_t(s.B) * s.T * s.W(), -2, 2), p),
+          dy(uniform(t.rng, std::size_t(s.B) * s.T * C), p), g0(uniform(t.rng, qkv.size()), p);
+      Host out(Vec(dy.size()), p), state(Vec(probs), p), scratch(Vec(probs), p), g(g0.values(), p);
+      cpu::attention_forward(out.ptr(), state.ptr(), qkv.ptr(), s.B, s.T, C, s.NH, s.NKV);
+      cpu::attention_backward(g.ptr(), scratch.ptr(), dy.ptr(), qkv.ptr(), out.ptr(), state.ptr(), s.B, s.T, C, s.NH,
+                              s.NKV);
+      Dev d_qkv(qkv), d_out(Vec(out.size(), NAN), p), d_state(Vec(probs, NAN), p), d_scratch(Vec(probs, NAN), p),
+          d_dy(dy), d_g(g0);
+      k::unfused_attention_forward(d_out.ptr(), d_state.ptr(), d_qkv.ptr(), s.B, s.T, C, s.NH, s.NKV);
+      k::unfused_attention_backward(d_g.ptr(), d_scratch.ptr(), d_dy.ptr(), d_qkv.ptr(), d_state.ptr(), s.B, s.T, C,
+                                    s.NH, s.NKV);
+      const std::string at = std::string(name(p)) + " B " + std::to_string(s.B) + " T " + std::to_string(s.T) +
+                             " hs " + std::to_string(s.hs) + " NKV " + std::to_string(s.NKV);
+      EXPECT_LE(rel_to_max(d_out.values(), out.values()), bound(p, 1e-5, kAttentionUlps)) << at << " out";
+      EXPECT_LE(rel_to_max(d_state.values(), state.values()), bound(p, 1e-5, kAttentionUlps)) << at << " probs";
+      EXPECT_LE(rel_to_max(d_g.values(), g.values()), bound(p, 1e-5, kAttentionBackwardUlps)) << at << " dqkv";
+    }
+}
+
 // Ring attention's blocks: a query block (the middle one of three) against
 // each key block, the diagonal first (it overwrites) and the others merged
 // in; head sizes 16 to 96, and 160 and 256 (8 dimensions a lane on the CUDA
@@ -1349,16 +1448,18 @@ std::vector<k::Device> backends() {
   return out;
 }
 
-class BackendOps : public ::testing::TestWithParam<std::tuple<std::string, k::Device>> {
+// A case's run on backend d, the parameter P's: skipped without the device,
+// else the device selected and a fresh seed recorded.
+template <class P>
+class OnBackend : public ::testing::TestWithParam<P> {
  protected:
-  void SetUp() override {
-    const k::Device d = std::get<1>(GetParam());
+  void start(k::Device d) {
     if (k::device_count(d) == 0)
       GTEST_SKIP() << "needs a " << k::device_name(d) << " device (" << k::describe_devices(d)
                    << "); the backend is compiled and linked, and runs against the CPU backend where it has one";
     ctx_.device = d;
     seed_ = test_seed();
-    RecordProperty("seed", std::to_string(seed_));
+    this->RecordProperty("seed", std::to_string(seed_));
     ctx_.rng.seed(seed_);
     k::use_device(d);
   }
@@ -1366,6 +1467,25 @@ class BackendOps : public ::testing::TestWithParam<std::tuple<std::string, k::De
   Ctx ctx_;
   unsigned seed_ = 0;
 };
+
+class BackendOps : public OnBackend<std::tuple<std::string, k::Device>> {
+ protected:
+  void SetUp() override { start(std::get<1>(GetParam())); }
+};
+
+// What the models compose from the operations, on every backend.
+class Compositions : public OnBackend<k::Device> {
+ protected:
+  void SetUp() override { start(GetParam()); }
+};
+
+TEST_P(Compositions, UnfusedAttentionIsTheCpusAttention) {
+  SCOPED_TRACE("seed " + std::to_string(seed_) + " (rerun with STRATA_TEST_SEED)");
+  unfused_attention_case(ctx_);
+}
+
+INSTANTIATE_TEST_SUITE_P(Every, Compositions, ::testing::ValuesIn(backends()),
+                         [](const auto& info) { return std::string(k::device_name(info.param)); });
 
 TEST_P(BackendOps, MatchesTheReference) {
   const std::string& op = std::get<0>(GetParam());

@@ -66,7 +66,7 @@ Shape shape_of(const plan::Plan& p) {
   x.t = p.parallel.tp;
   x.sp = p.parallel.sequence_parallel && x.t > 1;
   x.e = int64_t(core::element_bytes(p.backend.precision));
-  x.fused = p.backend.device == kernels::Device::cuda;
+  x.fused = p.fused_attention();
   return x;
 }
 
@@ -74,7 +74,9 @@ Shape shape_of(const plan::Plan& p) {
 
 // A norm's statistics: fp32 rstd, and LayerNorm's mean, per row.
 int64_t stats(const Shape& x) { return (x.c.norm == models::Norm::layer ? 2 : 1) * x.Nl() * 4; }
-// Attention's state: the probabilities (b a/t s^2, unfused), or the rows'
+// Attention's state: the probabilities (b a/t s^2, unfused: 2as/h bytes per
+// s b h element at 16 bits, Korthikanti et al.'s 5as/h less attention
+// dropout's mask and output, which Strata does not apply), or the rows'
 // log-sum-exp in fp32 (fused, and context parallelism's ring).
 int64_t attention_state(const Shape& x) {
   const int64_t heads = x.c.heads / x.t;
@@ -170,11 +172,14 @@ TEST(ClosedForm, ActivationsPerBlockAreTheDocsToTheByte) {
       {},                                                      // GPT-2, fp32, unfused
       {"backend.precision=\"bf16\""},                          // 16-bit
       {"backend.precision=\"bf16\"", "backend.device=\"cuda\""},  // fused attention (the meta device counts it)
+      {"backend.precision=\"bf16\"", "backend.device=\"cuda\"", "model.attention=\"unfused\""},  // composed, on cuda
       {"model.kind=\"llama\"", "model.kv_heads=2", "model.ffn_dim=48", "backend.precision=\"bf16\""},
       {"model.kind=\"llama\"", "model.kv_heads=2", "model.ffn_dim=48", "backend.precision=\"bf16\"",
        "parallel.tp=2", "parallel.sequence_parallel=true"},
       {"parallel.tp=2"},
       {"parallel.tp=2", "parallel.sequence_parallel=true", "backend.precision=\"bf16\"", "backend.device=\"cuda\""},
+      {"parallel.tp=2", "parallel.sequence_parallel=true", "backend.precision=\"fp16\"", "backend.device=\"cuda\"",
+       "model.attention=\"unfused\""},
       {"parallel.cp=2", "backend.precision=\"bf16\""},
       {"model.kind=\"moe\"", "model.moe_experts=4", "model.moe_every=2", "backend.precision=\"bf16\""},
       {"model.kind=\"llama\"", "model.moe_experts=4", "model.moe_every=2", "model.kv_heads=2", "parallel.tp=2",

@@ -44,6 +44,8 @@ void expect_same_config(const Plan& a, const Plan& b) {
   EXPECT_EQ(a.model.ffn_mult, b.model.ffn_mult);
   EXPECT_EQ(a.model.vocab, b.model.vocab);
   EXPECT_EQ(a.model.seq_len, b.model.seq_len);
+  EXPECT_EQ(a.model.attention, b.model.attention);
+  EXPECT_EQ(a.model.recompute, b.model.recompute);
   EXPECT_EQ(a.data.source, b.data.source);
   EXPECT_EQ(a.data.path, b.data.path);
   EXPECT_EQ(a.data.global_batch, b.data.global_batch);
@@ -78,7 +80,7 @@ void expect_same_config(const Plan& a, const Plan& b) {
 // describe_keys() and docs/decks.md must list them all.
 const std::vector<std::string> kAllKeys = {
     "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every", "run.flush_every", "run.repeats", "run.on_divergence",
-    "model.kind", "model.layers", "model.d_model", "model.heads", "model.vocab", "model.seq_len", "model.ffn_mult",
+    "model.kind", "model.layers", "model.d_model", "model.heads", "model.vocab", "model.seq_len", "model.attention", "model.ffn_mult",
     "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
     "model.moe_renormalize", "model.moe_aux_coef", "model.kv_heads", "model.ffn_dim", "model.rope_theta",
     "model.tie_embeddings", "model.recompute",

@@ -262,8 +262,10 @@ TEST(Simulator, ReplaysEverySchedulesListAsTheUnitCostExecutorDoes) {
   }
 }
 
-TEST(Simulator, NonBlockingCallsOverlapByTheMachinesShare) {
-  // One stage: a non-blocking all-reduce of 2 units, then 3 units of kernels, then its wait.
+namespace {
+
+// One stage: a non-blocking all-reduce on dp, 3 kernels, then its wait.
+prof::Trace reduce_beside_three_kernels() {
   prof::Trace t;
   t.comms.push_back({"all_reduce", "dp", 2, 0, 0, -1, 0, true});
   prof::TraceEvent c;
@@ -275,9 +277,24 @@ TEST(Simulator, NonBlockingCallsOverlapByTheMachinesShare) {
   prof::TraceEvent w;
   w.kind = prof::TraceEvent::Kind::wait, w.comm = 0;
   t.events.push_back(w);
+  return t;
+}
+
+// The unit machine where a kernel of no work takes 1 and an all-reduce of
+// two ranks 2 (2(n - 1) ring steps of 1, bandwidth unbounded).
+sim::Machine unit_steps() {
   sim::Machine m = unit_machine();
   m.launch_latency = 1;
-  m.node.latency = 1, m.node.bandwidth = 1e30;  // 2(n-1) = 2 steps: 2 units
+  m.node.latency = 1, m.node.bandwidth = 1e30;
+  return m;
+}
+
+}  // namespace
+
+TEST(Simulator, NonBlockingCallsOverlapByTheMachinesShare) {
+  // An all-reduce of 2 units beside 3 units of kernels.
+  const prof::Trace t = reduce_beside_three_kernels();
+  sim::Machine m = unit_steps();
   const mesh::Layout l = grid(1, 2);
   for (double share : {1.0, 0.5, 0.0}) {
     m.overlap = share;
@@ -292,21 +309,9 @@ TEST(Simulator, NonBlockingCallsOverlapByTheMachinesShare) {
 // them, in proportion to the rate it moves at, and at their own pace once it
 // is done.
 TEST(Simulator, KernelsSlowWhileACallMovesBesideThem) {
-  // One stage: a non-blocking all-reduce of 2 units, 3 kernels of 1 unit, its wait.
-  prof::Trace t;
-  t.comms.push_back({"all_reduce", "dp", 2, 0, 0, -1, 0, true});
-  prof::TraceEvent c;
-  c.kind = prof::TraceEvent::Kind::comm, c.comm = 0;
-  t.events.push_back(c);
-  prof::TraceEvent k;
-  k.kind = prof::TraceEvent::Kind::kernel, k.name = "unit";
-  for (int i = 0; i < 3; ++i) t.events.push_back(k);
-  prof::TraceEvent w;
-  w.kind = prof::TraceEvent::Kind::wait, w.comm = 0;
-  t.events.push_back(w);
-  sim::Machine m = unit_machine();
-  m.launch_latency = 1;
-  m.node.latency = 1, m.node.bandwidth = 1e30;  // 2 units
+  // An all-reduce of 2 units beside 3 kernels of 1 unit.
+  const prof::Trace t = reduce_beside_three_kernels();
+  sim::Machine m = unit_steps();
   m.compute_slowdown = 1.5;
   const mesh::Layout l = grid(1, 2);
   // Share 1: moving for 2 units, in which 2 / 1.5 of the work is done.
