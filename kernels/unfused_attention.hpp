@@ -1,8 +1,8 @@
 // Causal self-attention as Megatron-LM ran it before FlashAttention
 // (model.attention = "unfused"), composed of kernels every backend has: per
 // sequence and query head, S = q k^T / sqrt(hs) by a batched product over
-// the whole T x T square (the products of the query heads that share a
-// key-value head batched over the key-value heads), then the causal softmax
+// the whole T x T square (a batch holds one query head per key-value head;
+// the query heads sharing one run one batch after another), then the causal softmax
 // in place (causal_softmax_forward), then out = P v by a second batched
 // product. The probabilities P [B, NH, T, T] stay, in the activations'
 // format, for the backward pass, which runs the products transposed around

@@ -59,8 +59,8 @@ const StateRow& data_parallel_row() {
        {key<&Plan::parallel, &ParallelSection::dp>("parallel", "dp", "data-parallel replicas").at_least(1),
         key<&Plan::parallel, &ParallelSection::bucket_mb>(
             "parallel", "bucket_mb",
-            "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO holds at most this much in "
-            "reduce-scatter buffers (one more while it waits)")
+            "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO reducing every micro-batch "
+            "holds at most this much in reduce-scatter buffers (one more while it waits)")
             .above(0),
         key<&Plan::parallel, &ParallelSection::overlap_grad_reduce>(
             "parallel", "overlap_grad_reduce",

@@ -92,7 +92,8 @@ const StateRow& zero_row() {
        "held per rank, N the ranks sharing the state (dp, or dp_shard), Psi_p = N x sum over units of "
        "ceil(unit / N): stage 1 8 Psi_p + 8 Psi_p / N, stage 2 4 Psi_p + 12 Psi_p / N, stage 3 16 Psi_p / N (mixed "
        "precision 4 + 12 / N, 2 + 14 / N, 16 / N; docs/costs.md), grad_sync step adding whole gradients (Psi_p) to "
-       "stages 2-3; while in use, gathered units (stage 3) and at most bucket_mb of reduce-scatter buffers; a "
+       "stages 2-3; while in use, gathered units (stage 3) and reduce-scatter buffers (reducing every micro-batch, at "
+       "most bucket_mb of them; whole gradients, their outputs, one shard in all, until the step's end); a "
        "reduce-scatter of the gradients per step (grad_sync step) or per micro-batch; hybrid sharding adds an "
        "all-reduce of each shard (Psi_p / N elements) over dp / dp_shard ranks a step",
        zero_parts,
@@ -384,8 +385,9 @@ void Zero::complete(Pending& p) {
   else
     grads_store().add(own_grads_index(p.unit), s.shard, p.output, 0);
   // The action that completes the unit's gradients launched this one: its
-  // shard is final on this group, and its replicas can start summing while
-  // the backward pass goes on.
+  // shard is final on this group, and its replicas can start summing (while
+  // the backward pass goes on, reducing every micro-batch; whole gradients
+  // complete at the step's end).
   if (replica_ != nullptr && p.last) launch_replica_all_reduce(p.unit);
 }
 

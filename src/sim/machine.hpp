@@ -64,9 +64,10 @@ struct Machine {
   // the host must drive it (MPI without a progress thread).
   double overlap = 1;
   // How much slower a kernel runs while a call of its rank moves beside it
-  // (NCCL's kernels take SMs and memory bandwidth from it; MPI's copies,
-  // cores and memory bandwidth): its time then over its time alone, >= 1.
-  double compute_slowdown = 1;  // at the full rate; at overlap share s, 1 + (compute_slowdown - 1) s
+  // at the full rate (NCCL's kernels take SMs and memory bandwidth from it;
+  // MPI's copies, cores and memory bandwidth): its time then over its time
+  // alone, >= 1. At the `overlap` share the contention is that share of it.
+  double compute_slowdown = 1;
   std::vector<CommFit> fits;
 
   double peak(core::Precision p) const {

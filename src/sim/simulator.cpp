@@ -151,7 +151,7 @@ struct Stage {
         ch.last = until;
         return;
       }
-      h.done = begin + h.remaining / rate;
+      h.done = begin + (h.remaining > 0 ? h.remaining / rate : 0.0);  // a free call at a share of 0 is done at once
       h.remaining = 0;
       ch.last = h.done;
       comm::CommRecord& r = out.comms[h.record];
@@ -169,9 +169,13 @@ struct Stage {
   }
   // Until when a call of the rank moves beside its compute, if it computes
   // from now on (nothing else is issued meanwhile): a network axis's queue
-  // draining at its share, or a send on its link. `clock` when none does.
+  // draining at its share, a send on its link, or a non-blocking call
+  // spanning stages (its end known when it was issued). `clock` when none
+  // does; a queue at a share of 0 does not move.
   double moving_until() {
     double until = clock;
+    for (const auto& [id, w] : pending)
+      if (w.fixed && w.done > clock && !offload_axis(out.comms[w.record].axis)) until = std::max(until, w.done);
     for (auto& [axis, ch] : channels) {
       if (offload_axis(axis)) continue;  // copy engines and threads of their own
       if (!ch.queue.empty() && ch.share > 0) {
@@ -329,7 +333,8 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
         const TraceEvent& e = events[s.next];
         if (e.kind == TraceEvent::Kind::kernel) {
           // Contention in proportion to the rate communication moves beside the
-          // kernel: compute_slowdown at the full rate, none where nothing moves.
+          // kernel (so to the bytes it moves meanwhile): compute_slowdown at
+          // the full rate, none where nothing moves.
           const double slowdown = e.host ? 1.0 : 1 + (m.compute_slowdown - 1) * m.overlap;  // host: not the device
           s.run_kernel(kernel_time(m, e, precision), slowdown);
         } else if (e.kind == TraceEvent::Kind::span_begin) {

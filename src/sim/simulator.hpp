@@ -17,7 +17,7 @@
 //   non-blocking calls progress in the background at the machine's overlap
 //               share, serially per axis; a wait takes what is left; while
 //               any moves beside the rank's kernels (sends too), they run
-//               the machine's compute_slowdown times slower.
+//               1 + (compute_slowdown - 1) x overlap times slower.
 // Ranks with identical work are simulated once: one rank per pipeline stage
 // (the stage's first), whose collectives inside the stage need no partner;
 // collectives spanning stages (pp, emb, world) meet when every stage has

@@ -849,7 +849,8 @@ OP_CASE(attention_backward) {
 }
 
 // The materialised scores' causal softmax, forward and backward: 3
-// matrices of T x T for T on and off the warp and team sizes, scores up to
+// matrices of T x T for T on and off the warp and team sizes and past the
+// CUDA backend's block of 256 threads a row, scores up to
 // +-8 (as scaled products reach); the CPU's fp32 result against a
 // double-precision reference (within 1e-6: probabilities up to 1, a few
 // ulps of the vectorised exponential and of the row's sum), then the
@@ -864,7 +865,7 @@ double softmax_reference(const Vec& x, std::size_t at, int t, int j) {
 
 OP_CASE(causal_softmax_forward) {
   for (const Precision p : kFormats)
-    for (const int T : {1, 7, 70}) {
+    for (const int T : {1, 7, 70, 300}) {
       const std::int64_t count = 3, n = count * T * T;
       Host x(uniform(t.rng, std::size_t(n), -8, 8), p), x32(x.values(), Precision::fp32);
       const Vec in = x.values();
@@ -886,7 +887,7 @@ OP_CASE(causal_softmax_forward) {
 
 OP_CASE(causal_softmax_backward) {
   for (const Precision p : kFormats)
-    for (const int T : {1, 7, 70}) {
+    for (const int T : {1, 7, 70, 300}) {
       const std::int64_t count = 3, n = count * T * T;
       Host probs(uniform(t.rng, std::size_t(n), -8, 8), p);
       cpu::causal_softmax_forward(probs.ptr(), count, T);  // real probabilities: rows summing to 1
