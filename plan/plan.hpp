@@ -257,6 +257,10 @@ struct Plan {
     return model.attention == Attention::fused ||
            (model.attention == Attention::auto_ && backend.device == kernels::Device::cuda);
   }
+  // Unfused attention on the CUDA backend: batched products around the
+  // causal softmax (kernels/unfused_attention.hpp); the CPU's and Kokkos'
+  // own attention materialises the scores already.
+  bool composed_attention() const { return backend.device == kernels::Device::cuda && !fused_attention(); }
 };
 
 }  // namespace strata::plan

@@ -25,7 +25,7 @@ const std::vector<Conflict>& conflicts() {
        "{0} with a Mixture-of-Experts model ({1}): a MoE layer routes, caps and balances the tokens of a "
        "micro-batch, which context parallelism would split; use cp = 1"},
       {"cp", "unfused attention", {"parallel.cp", "model.attention"},
-       [](const Plan& p) { return p.parallel.cp > 1 && !p.fused_attention() && p.backend.device == kernels::Device::cuda; },
+       [](const Plan& p) { return p.parallel.cp > 1 && p.composed_attention(); },
        "{0} with {1} on cuda: ring attention's blocks keep no scores; use model.attention = \"fused\" (or \"auto\")"},
       {"cp", "hybrid sharding", {"parallel.cp", "parallel.dp_shard"},
        [](const Plan& p) { return p.parallel.cp > 1 && hybrid(p); },

@@ -95,6 +95,19 @@ void softmax_row(float* row, int t, int T) {
   for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
 }
 
+// Its backward over row t (fp32, in place): dr, the probabilities'
+// gradient, becomes the scores', p (dr - sum_j dr_j p_j) on keys 0..t and 0
+// above the diagonal; p is the forward's row.
+template <typename E>
+void softmax_row_backward(float* dr, const E* p, int t, int T) {
+  float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+  for (int j = 0; j <= t; ++j) dot += dr[j] * to_float(p[j]);
+#pragma omp simd
+  for (int j = 0; j <= t; ++j) dr[j] = to_float(p[j]) * (dr[j] - dot);
+  for (int j = t + 1; j < T; ++j) dr[j] = 0.0f;
+}
+
 template <typename E>
 void attention_forward_(E* out, E* probs, const E* qkv, int B, int T, int C, int NH, int NKV) {
   constexpr bool kWide = std::is_same_v<E, float>;
@@ -155,16 +168,7 @@ void attention_backward_(E* dqkv, E* dprobs_scratch, const E* dout, const E* qkv
           E* ds = datt + std::int64_t(r0) * T;
           float* d = kWide ? reinterpret_cast<float*>(ds) : scratch_of<float>(std::size_t(kRowBlock) * T);
           matmul(false, true, r1 - r0, r1, hs, 1.0f, dy + std::int64_t(r0) * C, C, v, C3, 0.0f, d, T);
-          for (int t = r0; t < r1; ++t) {
-            const E* p = att + std::int64_t(t) * T;
-            float* dr = d + std::int64_t(t - r0) * T;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int j = 0; j <= t; ++j) dot += dr[j] * to_float(p[j]);
-#pragma omp simd
-            for (int j = 0; j <= t; ++j) dr[j] = to_float(p[j]) * (dr[j] - dot);
-            for (int j = t + 1; j < T; ++j) dr[j] = 0.0f;
-          }
+          for (int t = r0; t < r1; ++t) softmax_row_backward(d + std::int64_t(t - r0) * T, att + std::int64_t(t) * T, t, T);
           in_format(d, ds, std::int64_t(r1 - r0) * T);  // under fp32, d is ds
           // dv += P^T dout
           matmul(true, false, r1, hs, r1 - r0, 1.0f, att + std::int64_t(r0) * T, T, dy + std::int64_t(r0) * C, C, 1.0f,
@@ -352,12 +356,11 @@ void causal_softmax_backward_(E* dp, const E* p, std::int64_t count, int T) {
 #pragma omp parallel for schedule(static) if (rows * T >= (1 << 16))
   for (std::int64_t r = 0; r < rows; ++r) {
     E* d = dp + r * T;
-    const E* x = p + r * T;
     const int t = int(r % T);
-    float dot = 0.0f;
-    for (int j = 0; j <= t; ++j) dot += to_float(d[j]) * to_float(x[j]);
-    for (int j = 0; j <= t; ++j) d[j] = from_float<E>(to_float(x[j]) * (to_float(d[j]) - dot));
-    for (int j = t + 1; j < T; ++j) d[j] = from_float<E>(0.0f);
+    float* row = scratch_of<float>(std::size_t(T));
+    for (int j = 0; j <= t; ++j) row[j] = to_float(d[j]);
+    softmax_row_backward(row, p + r * T, t, T);
+    for (int j = 0; j < T; ++j) d[j] = from_float<E>(row[j]);
   }
 }
 

@@ -40,10 +40,8 @@ DecoderConfig decoder_config(const plan::Plan& p) {
   const plan::ModelSection& m = p.model;
   const MoeBlocks moe{m.moe_experts, m.moe_every, m.moe_top_k, m.moe_capacity_factor, m.moe_drop_tokens,
                       m.moe_renormalize, float(m.moe_aux_coef)};
-  const bool cuda = p.backend.device == kernels::Device::cuda;
-  return DecoderConfig{m.layers, m.d_model,           m.heads,           m.ffn_mult,
-                       m.vocab,  m.seq_len,           moe,               m.recompute,
-                       p.backend.precision, p.fused_attention(), cuda && !p.fused_attention()};
+  return DecoderConfig{m.layers,  m.d_model,  m.heads,       m.ffn_mult, m.vocab, m.seq_len, moe, m.recompute,
+                       p.backend.precision, p.fused_attention(), p.composed_attention()};
 }
 
 ParamRegistry decoder_registry(const DecoderConfig& c, int tp_size, int tp_rank, Stage stage, int ep_size,

@@ -33,24 +33,24 @@ void set_throughput(Prediction& out, const plan::Plan& cfg, const sim::Machine& 
 }
 
 Prediction predict(const plan::Plan& cfg, const sim::Machine& machine, const sim::SimOptions& options) {
-  Prediction out;
-  out.estimate = estimate(cfg, true);
-  resimulate(out, cfg, machine, options);
+  Estimate e = estimate(cfg, true);
+  Prediction out = replay(e, cfg, machine, options);
+  out.estimate = std::move(e);
   return out;
 }
 
-void resimulate(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine, const sim::SimOptions& options) {
+Prediction replay(const Estimate& e, const plan::Plan& cfg, const sim::Machine& machine,
+                  const sim::SimOptions& options) {
   const mesh::Layout l = strategies::layout_of(cfg);
   std::vector<const prof::Trace*> traces(std::size_t(l.size("pp")), nullptr);
   for (int s = 0; s < l.size("pp"); ++s) {
     const int r = options.ranks.empty() ? mesh::rank_at(l, {{"pp", s}}) : options.ranks[std::size_t(s)];
-    for (const RankClass& k : out.estimate.classes)
+    for (const RankClass& k : e.classes)
       if (std::find(k.ranks.begin(), k.ranks.end(), r) != k.ranks.end()) traces[std::size_t(s)] = &k.trace;
     STRATA_CHECK(traces[std::size_t(s)] != nullptr, "no rank class holds rank {}", r);
   }
+  Prediction out;
   out.step = sim::simulate_step(l, traces, machine, cfg.backend.precision, options);
-  out.timelines.clear();
-  out.bubbles.clear();
   const double t = out.step.step_time;
   set_throughput(out, cfg, machine, t);
   StepRecord& step = out.step_record;
@@ -71,6 +71,7 @@ void resimulate(Prediction& out, const plan::Plan& cfg, const sim::Machine& mach
     out.bubbles.push_back(
         measure_bubble(tl, {step}, int(s), stages, cfg.micro_batches(), chunks, *cfg.parallel.schedule));
   }
+  return out;
 }
 
 double pipeline_wait(const sim::StageTiming& stage, double step_time) {
@@ -85,15 +86,14 @@ double pipeline_wait(const sim::StageTiming& stage, double step_time) {
 }
 
 std::vector<BubbleCauses> explain_bubbles(const plan::Plan& cfg, const sim::Machine& machine, const Prediction& pr) {
-  Prediction free = pr, pipeline = pr;
   sim::SimOptions o;
   o.free_axes = {"*"};
-  resimulate(free, cfg, machine, o);
+  const Prediction free = replay(pr.estimate, cfg, machine, o);
   // Every axis but the pipeline's free.
   o.free_axes = {"host", "nvme"};
   for (const std::string& a : strategies::layout_of(cfg).axis_names())
     if (a != "pp") o.free_axes.push_back(a);
-  resimulate(pipeline, cfg, machine, o);
+  const Prediction pipeline = replay(pr.estimate, cfg, machine, o);
   std::vector<BubbleCauses> out;
   for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
     BubbleCauses c;

@@ -35,11 +35,12 @@ struct Prediction {
 };
 
 Prediction predict(const plan::Plan& cfg, const sim::Machine& machine, const sim::SimOptions& options = {});
-// A prediction's step simulated again from its estimate (the traces are
-// kept), on another machine or under other options: every figure but the
-// estimate replaced.
-void resimulate(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine,
-                const sim::SimOptions& options = {});
+// The step of an estimate made with traces (a prediction's), simulated on
+// `machine` under `options`: every figure of a Prediction, its estimate
+// left empty (the caller holds it). Another machine or counterfactual
+// without estimating, or copying the estimate, again.
+Prediction replay(const Estimate& e, const plan::Plan& cfg, const sim::Machine& machine,
+                  const sim::SimOptions& options = {});
 // A deck's throughput figures for a step of `step_time` seconds on `machine`
 // (predict's, and the planner's for a step it extends along a line).
 void set_throughput(Prediction& out, const plan::Plan& cfg, const sim::Machine& machine, double step_time);

@@ -176,7 +176,7 @@ TEST(SimulatorProperties, HoldOnRandomLayouts) {
     SCOPED_TRACE(fmt::format("links {}x slower, overlap {}, compute slowdown {}", slower, m.overlap,
                              m.compute_slowdown));
     const mesh::Layout l = strategies::layout_of(cfg);
-    train::Prediction base = train::predict(cfg, m);
+    const train::Prediction base = train::predict(cfg, m);
     const double t = base.step.step_time;
     ASSERT_GT(t, 0);
 
@@ -187,8 +187,7 @@ TEST(SimulatorProperties, HoldOnRandomLayouts) {
       if (knob == 1) f.cluster.bandwidth *= 2;
       if (knob == 2) f.node.latency /= 2;
       if (knob == 3) f.cluster.latency /= 2;
-      train::Prediction p = base;
-      train::resimulate(p, cfg, f);
+      const train::Prediction p = train::replay(base.estimate, cfg, f);
       EXPECT_LE(p.step.step_time, t * (1 + 1e-12)) << "knob " << knob;
     }
 
@@ -196,8 +195,7 @@ TEST(SimulatorProperties, HoldOnRandomLayouts) {
     // dims gives the same step where the levels are alike.
     {
       const sim::Machine f = flat(m);
-      train::Prediction first = base;
-      train::resimulate(first, cfg, f);
+      const train::Prediction first = train::replay(base.estimate, cfg, f);
       std::vector<int> last(std::size_t(l.size("pp")));
       for (int s = 0; s < l.size("pp"); ++s) {
         const int r = mesh::rank_at(l, {{"pp", s}});
@@ -208,8 +206,7 @@ TEST(SimulatorProperties, HoldOnRandomLayouts) {
       }
       sim::SimOptions o;
       o.ranks = last;
-      train::Prediction other = base;
-      train::resimulate(other, cfg, f, o);
+      const train::Prediction other = train::replay(base.estimate, cfg, f, o);
       EXPECT_DOUBLE_EQ(other.step.step_time, first.step.step_time) << fmt::format("ranks {}", fmt::join(last, ","));
       for (std::size_t s = 0; s < first.step.stages.size(); ++s)
         EXPECT_DOUBLE_EQ(other.step.stages[s].comm_wait, first.step.stages[s].comm_wait) << "stage " << s;
@@ -250,8 +247,7 @@ TEST(SimulatorProperties, HoldOnRandomLayouts) {
       ++pipelines;
       sim::SimOptions o;
       o.free_axes = {"*"};
-      train::Prediction p = base;
-      train::resimulate(p, cfg, m, o);
+      const train::Prediction p = train::replay(base.estimate, cfg, m, o);
       double uneven = 0;
       const double theory = theory_at_costs(cfg, p, &uneven);
       tight += uneven < 0.1;

@@ -513,9 +513,7 @@ TEST(Simulator, ABubblesCausesAddUpToIt) {
   fast.node.bandwidth = fast.cluster.bandwidth = 1e30;
   sim::Machine slow = unit_machine();
   slow.node.bandwidth /= 1000, slow.cluster.bandwidth /= 1000;
-  const train::Prediction a = train::predict(cfg, fast);
-  train::Prediction b = a;
-  train::resimulate(b, cfg, slow);
+  const train::Prediction a = train::predict(cfg, fast), b = train::predict(cfg, slow);
   const auto ca = train::explain_bubbles(cfg, fast, a), cb = train::explain_bubbles(cfg, slow, b);
   ASSERT_EQ(ca.size(), 2u);
   for (std::size_t s = 0; s < 2; ++s) {
