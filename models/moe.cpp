@@ -42,7 +42,9 @@ void from_host(core::Ptr y, const std::vector<float>& h, std::int64_t n) {
 
 int moe_capacity(const MoeConfig& c, int tokens) {
   if (!c.drop_tokens) return tokens;  // an expert appears at most once among a token's choices
-  return std::min(tokens, int(std::ceil(c.capacity_factor * double(tokens) * c.top_k / c.experts)));
+  // In double until clamped: a factor of 1e30 asks for more slots than an int
+  // holds, and an expert never takes more than every token once.
+  return int(std::min(double(tokens), std::ceil(c.capacity_factor * double(tokens) * c.top_k / c.experts)));
 }
 
 std::vector<BufferSpec> moe_buffers(const MoeConfig& c, int tokens) {

@@ -1,10 +1,12 @@
 #include "strategies/dp.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
 #include "kernels/kernels.hpp"
+#include "models/model.hpp"
 #include "models/state.hpp"
 #include "plan/plan.hpp"
 #include "strategies/registry.hpp"
@@ -15,7 +17,35 @@ namespace {
 
 // Each data-parallel rank takes global_batch / dp sequences of a step, in
 // whole micro-batches (every state strategy works over the dp group).
+constexpr std::int64_t kMaxBucketMib = std::int64_t(1) << 20;
+constexpr int kMaxBuckets = 1024;
+
 void check_dp(const plan::Plan& p, PlanChecks& checks) {
+  // The bucket sizes a buffer in bytes (64-bit: 2^20 MiB leaves room) and,
+  // under dp, the count of all-reduces in flight each step: one request each,
+  // which the MPI library polls in turn, so that thousands of tiny buckets
+  // cost time and memory without bound (and a bucket under one gradient
+  // would be one call per gradient).
+  const double bucket_mb = p.parallel.bucket_mb;
+  if (bucket_mb > double(kMaxBucketMib))
+    checks.error({"parallel.bucket_mb"}, fmt::format("{} is more than {} MiB (1 TiB): no device holds a bucket that "
+                                                     "large; a bucket past the gradients' size is one bucket",
+                                                     checks.show("parallel.bucket_mb"), kMaxBucketMib));
+  else if (p.parallel.zero == 0 && p.parallel.dp > 1) {
+    // Counted at 4 B a gradient (the most buckets any precision makes), over
+    // the parameters a rank of one tp and pp position holds on average.
+    // (In long double: the plan's size checks may have failed.)
+    const long double per_rank = models::family(p).parameters(p) / p.parallel.tp / p.parallel.pp;
+    const long double per_bucket = std::max(1.0L, std::floor((long double)bucket_mb * (1 << 20) / 4));
+    const long double buckets = std::ceil(per_rank / per_bucket);
+    if (buckets > kMaxBuckets)
+      checks.error({"parallel.bucket_mb", "parallel.dp"},
+                   fmt::format("{} cuts a rank's {:.0f} gradients into {:.3g} buckets, an all-reduce each per step "
+                               "under {}; at most {}: a bucket of at least {:.3g} MiB",
+                               checks.show("parallel.bucket_mb"), double(per_rank), double(buckets),
+                               checks.show("parallel.dp"), kMaxBuckets,
+                               double(per_rank * 4 / kMaxBuckets / (1 << 20))));
+  }
   const auto& d = p.data;
   if (d.global_batch % d.micro_batch == 0 && d.global_batch % (d.micro_batch * p.parallel.dp) != 0)
     checks.error({"data.global_batch", "data.micro_batch", "parallel.dp"},
@@ -60,7 +90,8 @@ const StateRow& data_parallel_row() {
         key<&Plan::parallel, &ParallelSection::bucket_mb>(
             "parallel", "bucket_mb",
             "gradient bucket, MiB: dp all-reduces each as soon as it is complete; ZeRO reducing every micro-batch "
-            "holds at most this much in reduce-scatter buffers (one more while it waits)")
+            "holds at most this much in reduce-scatter buffers (one more while it waits); at most 1048576 (1 TiB), "
+            "and under dp at most 1024 buckets a step")
             .above(0),
         key<&Plan::parallel, &ParallelSection::overlap_grad_reduce>(
             "parallel", "overlap_grad_reduce",

@@ -31,6 +31,13 @@ std::vector<plan::KeySpec> moe_block_keys() {
 }
 
 void check_moe_blocks(const Plan& c, PlanChecks& checks) {
+  // Blocks l with l % k == k - 1 are MoE blocks: with k past the layers
+  // there are none, and the "MoE" model is a dense one.
+  if (c.model.moe_experts > 0 && c.model.moe_every > c.model.layers)
+    checks.error({"model.moe_every", "model.layers"},
+                 fmt::format("{} leaves no Mixture-of-Experts block among {}: at most the layers (or "
+                             "model.moe_experts = 0 for a dense model)",
+                             checks.show("model.moe_every"), checks.show("model.layers")));
   if (c.model.moe_experts > 0 && c.model.moe_top_k > c.model.moe_experts)
     checks.error({"model.moe_top_k", "model.moe_experts"},
                  fmt::format("{} exceeds {}: a token is routed to top_k distinct experts", checks.show("model.moe_top_k"),

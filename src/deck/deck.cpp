@@ -17,6 +17,7 @@
 #include <toml++/toml.h>
 
 #include "kernels/foundation/error.hpp"
+#include "kernels/foundation/input_file.hpp"
 #include "kernels/foundation/memory.hpp"
 #include "models/model.hpp"
 #include "plan/keys.hpp"
@@ -355,9 +356,7 @@ void Resolver::check_cross_keys() {
                       c.model.d_model / c.model.heads));
   // run.name names the default outputs (results/<name>.h5, -sim.h5,
   // -plan.h5): one file name, not a path out of results/.
-  if (const std::string& n = c.run.name;
-      n.empty() || n == "." || n == ".." || n.find('/') != std::string::npos ||
-      std::any_of(n.begin(), n.end(), [](unsigned char ch) { return (ch < 32 && ch != '\t') || ch == 127; }))
+  if (!is_file_name(c.run.name))
     error(fmt::format("{}: {} must be a file name: not empty, not . or .., without '/', NUL or other control "
                       "characters but tab (it names the default report, results/<run.name>.h5)",
                       primary({"run.name"}), show("run.name")));
@@ -478,20 +477,12 @@ std::string resolved_toml(const Plan& c) {
 
 }  // namespace
 
-std::string read_deck_text(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) core::input_error("{}: cannot read deck: it is a directory", path);
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) core::input_error("{}: cannot read deck: {}", path, std::strerror(errno));
-  std::string text;
-  char buf[1 << 14];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  const bool failed = std::ferror(f);
-  std::fclose(f);
-  if (failed) core::input_error("{}: cannot read deck: read error", path);
-  return text;
+bool is_file_name(const std::string& n) {
+  return !n.empty() && n != "." && n != ".." && n.find('/') == std::string::npos &&
+         std::none_of(n.begin(), n.end(), [](unsigned char ch) { return (ch < 32 && ch != '\t') || ch == 127; });
 }
+
+std::string read_deck_text(const std::string& path) { return core::read_input_file(path, "deck", core::Pipes::read); }
 
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
   return parse_deck(path, read_deck_text(path), overrides);

@@ -24,9 +24,13 @@ struct Deck {
   std::string resolved_toml;            // every key with its final value, as TOML
 };
 
-// The bytes of a deck file; bad input (exit 2) if it is a directory or
-// cannot be read.
+// The bytes of a deck file or pipe (`<(...)`, /dev/stdin); bad input (exit
+// 2) if it is neither (a directory, a device) or cannot be read.
 std::string read_deck_text(const std::string& path);
+// Whether `name` can name one file of a directory (run.name, sweep.name name
+// results/<name>...): not empty, not "." or "..", no '/', NUL or other
+// control characters but tab.
+bool is_file_name(const std::string& name);
 // Reads the file (input error if it cannot be read) and resolves it.
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides);
 // Same, from text already in memory (what other ranks do after a broadcast).

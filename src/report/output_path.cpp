@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -22,8 +23,66 @@ std::string writable_place(const fs::path& dir) {
   return "";
 }
 
-std::string output_file_problem(const std::string& path, const std::string& what) {
+namespace {
+
+// The absolute path `path` names once every symbolic link along it is
+// followed, a dangling one too (fs::weakly_canonical stops at the first
+// component that does not exist, so a link to a file not yet written would
+// hide what it points at), then "." and ".." removed.
+fs::path resolved(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  for (int hop = 0; hop < 40; ++hop) {  // as the kernel's limit on links followed
+    fs::path built;
+    bool followed = false;
+    for (auto it = p.begin(); it != p.end() && !followed; ++it) {
+      built /= *it;
+      if (!fs::is_symlink(fs::symlink_status(built, ec))) continue;
+      const fs::path target = fs::read_symlink(built, ec);
+      if (ec) break;
+      fs::path rest;
+      for (auto j = std::next(it); j != p.end(); ++j) rest /= *j;
+      p = (target.is_absolute() ? target : built.parent_path() / target) / rest;
+      followed = true;
+    }
+    // ".." only once the links before it are followed: "link/.." is the
+    // link target's parent.
+    if (!followed) break;
+  }
+  return p.lexically_normal();
+}
+
+}  // namespace
+
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code ec;
+  if (fs::equivalent(a, b, ec)) return true;
+  return resolved(a) == resolved(b);
+}
+
+bool inside(const std::string& path, const std::string& dir) {
+  if (path.empty() || dir.empty()) return false;
+  const fs::path p = resolved(path), d = resolved(dir);
+  // Component by component: "ck2" is not inside "ck".
+  auto pi = p.begin();
+  for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
+    if (di->empty() && std::next(di) == d.end()) return pi != p.end();  // a trailing "/"
+    if (pi == p.end() || *pi != *di) return false;
+  }
+  return pi != p.end();
+}
+
+std::string output_file_problem(const std::string& path, const std::string& what, const std::vector<Input>& inputs) {
   if (path.empty()) return "an empty path";
+  for (const Input& in : inputs) {
+    if (same_file(path, in.path))
+      return fmt::format("is {} ({}): the {} would overwrite it", in.what, in.path, what);
+    std::error_code ec;
+    if ((in.directory || fs::is_directory(in.path, ec)) && inside(path, in.path))
+      return fmt::format("lies inside {} ({}): the {} would take the place of what is kept there", in.what, in.path,
+                         what);
+  }
   std::error_code ec;
   const fs::path p(path);
   const fs::file_status st = fs::status(p, ec);

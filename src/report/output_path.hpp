@@ -1,22 +1,43 @@
 // Whether a path may take a file this program writes (a report, a plan, a
 // machine description), checked before any work so that a bad path is an
-// input error (exit 2) and not a failure after minutes of it.
+// input error (exit 2) and not a failure after minutes of it, and so that no
+// command ever writes over what it reads.
 #pragma once
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace strata::report {
 
-// Why `path` cannot be an output file, or "" when it can: it is a directory;
-// it exists and is not a regular file (a device, a FIFO or a socket, which
-// the write would replace or block on); its name ends in ".lock" or
-// ".partial" (a run's claim on a path and a file being written: never
-// outputs, and writing one would take another run's place); or its
-// directory can neither be written nor made.
+// A file or directory a command reads (the deck, its data, a machine
+// description, the checkpoint it resumes) or a directory it owns (the
+// checkpoint directory it writes): an output may be neither it nor, for a
+// directory, anything inside it. `what` names it in the refusal ("the deck",
+// "data.path", "--resume").
+struct Input {
+  std::string path;
+  std::string what;
+  bool directory = false;  // a directory, whether or not it exists yet
+};
+
+// Whether `a` and `b` name one file: the same inode where both exist, else
+// the same normalised path (a link, "./" or "dir/../" does not hide it).
+bool same_file(const std::string& a, const std::string& b);
+// Whether `path` lies inside the directory `dir` (at any depth), once both
+// are normalised and their links resolved.
+bool inside(const std::string& path, const std::string& dir);
+
+// Why `path` cannot be an output file, or "" when it can: it is (or lies
+// inside) one of `inputs`; it is a directory; it exists and is not a regular
+// file (a device, a FIFO or a socket, which the write would replace or block
+// on); its name ends in ".lock" or ".partial" (a run's claim on a path and a
+// file being written: never outputs, and writing one would take another
+// run's place); or its directory can neither be written nor made.
 // `what` names the file in the directory case ("report": "give the
 // report's file name").
-std::string output_file_problem(const std::string& path, const std::string& what);
+std::string output_file_problem(const std::string& path, const std::string& what,
+                                const std::vector<Input>& inputs = {});
 
 // Why the missing directories of `dir` cannot be made, or "": the nearest
 // existing ancestor must be a writable directory.

@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include "kernels/foundation/error.hpp"
+#include "kernels/foundation/input_file.hpp"
 #include "src/deck/deck.hpp"
 
 namespace strata::sim {
@@ -137,16 +138,6 @@ std::vector<fs::path> search_dirs() {
   return dirs;
 }
 
-std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) core::input_error("{}: cannot read machine description: it is a directory", path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) core::input_error("{}: cannot read machine description", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 Machine parse_machine(const std::string& path, const std::string& text) {
@@ -260,14 +251,20 @@ std::vector<std::string> known_machines() {
   return names;
 }
 
-Machine load_machine(const std::string& name_or_path) {
+std::string machine_path(const std::string& name_or_path) {
   const bool is_path = name_or_path.find('/') != std::string::npos || fs::path(name_or_path).extension() == ".toml";
-  if (is_path) return parse_machine(name_or_path, read_file(name_or_path));
+  if (is_path) return name_or_path;
   for (const fs::path& d : search_dirs()) {
     const fs::path p = d / (name_or_path + ".toml");
     std::error_code ec;
-    if (fs::is_regular_file(p, ec)) return parse_machine(p.string(), read_file(p.string()));
+    if (fs::is_regular_file(p, ec)) return p.string();
   }
+  return "";
+}
+
+Machine load_machine(const std::string& name_or_path) {
+  if (const std::string path = machine_path(name_or_path); !path.empty())
+    return parse_machine(path, core::read_input_file(path, "machine description"));
   std::string list;
   for (const auto& n : known_machines()) list += (list.empty() ? "" : ", ") + n;
   core::input_error("--machine {}: no such machine; known: {} (or give a path to a machine description)",

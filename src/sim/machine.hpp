@@ -79,6 +79,9 @@ struct Machine {
 // directory, under $STRATA_MACHINES, or in the source tree) or by path.
 // Unknown names are bad input listing the known ones.
 Machine load_machine(const std::string& name_or_path);
+// The file a name or path stands for ("" for an unknown name): what a
+// command reads, so that no output of it is written there.
+std::string machine_path(const std::string& name_or_path);
 // Parses a description's text; `path` names it in errors.
 Machine parse_machine(const std::string& path, const std::string& text);
 // The names of the machines shipped with Strata and found on the search path.

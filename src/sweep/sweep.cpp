@@ -330,6 +330,10 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
       if (prefix.empty() && key == "name") {
         if (!node.is_string()) core::input_error("{}.name must be a string", where_of(node));
         s.name = node.as_string()->get();
+        if (!deck::is_file_name(s.name))
+          core::input_error("{}.name = \"{}\" must be a file name: not empty, not . or .., without '/', NUL or other "
+                            "control characters but tab (it names the sweep's directory, results/<sweep.name>/)",
+                            where_of(node), one_line(s.name));
       } else if (prefix.empty() && key == "where") {
         const toml::array* a = node.as_array();
         if (a == nullptr) core::input_error("{}.where must be a list of clauses such as \"parallel.dp * parallel.tp * parallel.pp == 8\"", where_of(node));
@@ -378,7 +382,17 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
   if (s.axes.empty()) core::input_error("{}: [sweep] has no axis: list values for deck keys, e.g. \"parallel.zero\" = [0, 1, 2, 3]", deck_path);
   s.dir = (fs::path(results_dir) / s.name).string();
 
-  // The cartesian product, the last axis fastest.
+  // The cartesian product, the last axis fastest; counted in long double
+  // first, so that no product of axes overflows or is expanded past the bound.
+  long double count = s.repeats;
+  for (const auto& a : s.axes) count *= (long double)a.second.size();
+  if (count > kMaxRuns) {
+    std::string sizes;
+    for (const auto& a : s.axes) sizes += fmt::format("{}{} ({})", sizes.empty() ? "" : " x ", a.second.size(), a.first);
+    core::input_error("{}: the sweep has {} x {} repeat(s) = {:.4g} runs; at most {} (split it into sweeps, or narrow "
+                      "the axes)",
+                      deck_path, sizes, s.repeats, double(count), kMaxRuns);
+  }
   std::size_t total = 1;
   for (const auto& a : s.axes) total *= a.second.size();
   for (std::size_t i = 0; i < total; ++i) {
@@ -416,7 +430,7 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
       p.reason = fmt::format("needs {} ranks, not in sweep.world", world);
     if (p.reason.empty()) {
       try {
-        const deck::Deck d = deck::load_deck(deck_path, all);
+        const deck::Deck d = deck::parse_deck(deck_path, base.text, all);
         p.world = strategies::layout_of(d.config).world();
         p.valid = true;
       } catch (const core::Error& e) {

@@ -13,6 +13,11 @@
 
 namespace strata::sweep {
 
+// The most runs (points x run.repeats) one sweep may ask for: each is a job
+// and a report, and every point is resolved before the first runs. Larger
+// products are refused before any is expanded.
+inline constexpr long kMaxRuns = 100000;
+
 struct Point {
   int index = 0;
   std::vector<std::string> overrides;  // the axes' "section.key=value", after the deck's --set

@@ -23,6 +23,7 @@
 #include "strategies/pp/schedule.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "kernels/foundation/error.hpp"
+#include "kernels/foundation/input_file.hpp"
 
 namespace strata::train {
 
@@ -85,6 +86,10 @@ std::string unseal_manifest(const std::string& text, std::string* body) {
 // A file of the checkpoint: its bytes but the last 8 hash to `want`, which
 // its last 8 bytes (the writer's trailer) also hold.
 std::string verify_file(const fs::path& path, const std::string& want) {
+  // A FIFO or device in a file's place would block or stream: not a file.
+  std::error_code ec0;
+  if (fs::exists(path, ec0) && !fs::is_regular_file(path, ec0))
+    return fmt::format("{}: not a regular file", path.filename().string());
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return fmt::format("{}: {}", path.filename().string(), std::strerror(errno));
   std::error_code ec;
@@ -513,12 +518,16 @@ int step_of_name(const std::string& name) {
 // schema and version, the step its directory's name says, and a checksum for
 // every file it lists. `files`: "name checksum" per line.
 std::string read_manifest(const fs::path& dir, toml::table* table, std::string* files) {
-  std::ifstream in(dir / kManifest, std::ios::binary);
-  if (!in) return fmt::format("no {} (not a complete checkpoint)", kManifest);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  std::error_code ec;
+  if (!fs::exists(dir / kManifest, ec)) return fmt::format("no {} (not a complete checkpoint)", kManifest);
+  std::string text;
+  try {
+    text = core::read_input_file((dir / kManifest).string(), "checkpoint manifest");
+  } catch (const core::Error& e) {
+    return e.what();
+  }
   std::string body;
-  if (std::string why = unseal_manifest(ss.str(), &body); !why.empty()) return why;
+  if (std::string why = unseal_manifest(text, &body); !why.empty()) return why;
   try {
     *table = toml::parse(body, (dir / kManifest).string());
   } catch (const std::exception& e) {

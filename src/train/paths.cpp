@@ -16,6 +16,7 @@
 #include "kernels/foundation/error.hpp"
 #include "src/comm/mpi_check.hpp"
 #include "src/report/output_path.hpp"
+#include "src/sim/machine.hpp"
 
 namespace fs = std::filesystem;
 
@@ -27,13 +28,6 @@ namespace {
 void agree_input(MPI_Comm comm, const std::string& problem_on_root) {
   const std::string p = comm::broadcast_string(problem_on_root, comm);
   if (!p.empty()) core::input_error("{}", p);
-}
-
-bool same_file(const std::string& a, const std::string& b) {
-  if (a.empty() || b.empty()) return false;
-  std::error_code ec;
-  if (fs::equivalent(a, b, ec)) return true;
-  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
 }
 
 // Why a directory a run writes into cannot be used or made, or "".
@@ -55,21 +49,38 @@ std::string host_name() {
 
 }  // namespace
 
+std::vector<report::Input> run_inputs(const deck::Deck& deck, const std::string& resume, const std::string& machine) {
+  const plan::Plan& cfg = deck.config;
+  std::vector<report::Input> in{{deck.path, "the deck"}};
+  if (cfg.data.source == plan::DataSource::text) in.push_back({cfg.data.path, "data.path, the text the run reads"});
+  if (!cfg.backend.machine.empty())
+    if (const std::string m = sim::machine_path(cfg.backend.machine); !m.empty())
+      in.push_back({m, "backend.machine's description"});
+  if (!resume.empty()) in.push_back({resume, "the checkpoint resumed (--resume)"});
+  if (!machine.empty()) in.push_back({machine, "the machine description (--machine)"});
+  return in;
+}
+
 void check_output_paths(MPI_Comm comm, const std::string& report, const std::string& checkpoint_dir,
-                        bool checkpoints, const std::string& deck_path, const std::string& data_path) {
+                        bool checkpoints, const std::vector<report::Input>& inputs) {
   int rank = 0;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   std::string problem;
   if (rank == 0) {
-    if (same_file(report, deck_path))
-      problem = fmt::format("report path {}: is the deck itself; the report would overwrite it", report);
-    else if (same_file(report, data_path))
-      problem = fmt::format("report path {}: is data.path, the text the run reads", report);
-    else if (const std::string why = report::output_file_problem(report, "report"); !why.empty())
+    std::vector<report::Input> taken = inputs;
+    if (checkpoints) taken.push_back({checkpoint_dir, "the checkpoint directory this run writes", true});
+    if (const std::string why = report::output_file_problem(report, "report", taken); !why.empty())
       problem = fmt::format("report path {}: {} (--output DIR/NAME.h5)", report, why);
-    if (problem.empty() && checkpoints)
+    if (problem.empty() && checkpoints) {
       if (const std::string why = directory_problem(checkpoint_dir); !why.empty())
         problem = fmt::format("checkpoint directory {}: {}", checkpoint_dir, why);
+      // (An input file in its place is "not a directory" above; the
+      // directory that holds the resumed checkpoints may be this one.)
+      for (const report::Input& in : inputs)
+        if (problem.empty() && report::inside(checkpoint_dir, in.path))
+          problem = fmt::format("checkpoint directory {}: lies inside {} ({}); give a directory of its own",
+                                checkpoint_dir, in.what, in.path);
+    }
   }
   agree_input(comm, problem);
 }

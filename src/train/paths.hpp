@@ -6,15 +6,27 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
+
+#include "src/deck/deck.hpp"
+#include "src/report/output_path.hpp"
 
 namespace strata::train {
 
+// What a command reads: the deck, data.path, backend.machine's description,
+// the checkpoint it resumes (--resume, may be "") and the machine
+// description of simulate and plan (--machine, may be "").
+std::vector<report::Input> run_inputs(const deck::Deck& deck, const std::string& resume,
+                                      const std::string& machine = "");
+
 // Rank 0 checks, every rank takes the verdict: the report path is not a
-// directory, not the deck or the data it reads, and its directory can be
-// written (or made); the checkpoint directory (when `checkpoints` is set) is
-// a directory or can be made. Input error naming the path and the problem.
+// directory, not one of `inputs` nor inside one, not inside the checkpoint
+// directory the run writes, and its directory can be written (or made); the
+// checkpoint directory (when `checkpoints` is set) is a directory or can be
+// made, and not inside a checkpoint the run resumes. Input error naming the
+// path and the problem.
 void check_output_paths(MPI_Comm comm, const std::string& report, const std::string& checkpoint_dir,
-                        bool checkpoints, const std::string& deck_path, const std::string& data_path);
+                        bool checkpoints, const std::vector<report::Input>& inputs);
 
 // The same for parallel.offload = "nvme": offload.path is a writable
 // directory or can be made (else the first step would fail with exit 1).

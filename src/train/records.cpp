@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/foundation/clock.hpp"
+#include "kernels/foundation/error.hpp"
 #include "kernels/kernels.hpp"
 #include "models/model.hpp"
 #include "src/train/memory_figures.hpp"
@@ -28,6 +29,17 @@ RecordWindow record_window(const plan::Plan& cfg, std::size_t units, int micro_b
   w.steps = std::min(w.steps, cfg.run.steps);
   w.bytes = double(w.steps) * w.bytes_per_step;
   return w;
+}
+
+void check_record_window(const plan::Plan& cfg) {
+  if (cfg.run.flush_every == 0) return;
+  const int micro_batches = std::max(1, cfg.data.global_batch / std::max(1, cfg.parallel.dp * cfg.data.micro_batch));
+  const RecordWindow w = record_window(cfg, std::size_t(cfg.model.layers) + 2, micro_batches);
+  if (w.bytes <= kMaxRecordWindowBytes) return;
+  core::input_error("run.flush_every = {}: a window of {} step(s) of records takes up to {} per rank on the host, more "
+                    "than the {} allowed; at most {} here (0: a window of {})",
+                    cfg.run.flush_every, w.steps, core::format_bytes(w.bytes), core::format_bytes(kMaxRecordWindowBytes),
+                    std::int64_t(kMaxRecordWindowBytes / w.bytes_per_step), core::format_bytes(kRecordWindowBytes));
 }
 
 RunRecords::RunRecords(const plan::Plan& cfg, const mesh::Mesh& mesh, prof::Timeline& timeline, comm::CommLog& log,

@@ -45,6 +45,15 @@ struct RecordWindow {
 // gathering) and that runs `micro_batches` micro-batches a step.
 RecordWindow record_window(const plan::Plan& cfg, std::size_t units, int micro_batches);
 
+// The most host memory a window that run.flush_every asks for may take per
+// rank: past it a long run would reserve its whole record at start-up.
+inline constexpr double kMaxRecordWindowBytes = double(1 << 30);
+// Input error when run.flush_every's window could exceed
+// kMaxRecordWindowBytes on a rank holding every layer (the most units a rank
+// has: the layers, the embedding and the head), naming the largest
+// flush_every that fits. Before any work: run and its dry run.
+void check_record_window(const plan::Plan& cfg);
+
 class RunRecords {
  public:
   // The records of this rank of a run of `cfg` on `mesh`, whose spans go to

@@ -77,6 +77,7 @@ std::string report_path(const deck::Deck& deck, const RunOptions& options) {
 }
 
 int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
+  check_record_window(deck.config);
   if (options.dry_run) return dry_run(deck, options, comm);
   const plan::Plan& cfg = deck.config;
   int rank = 0, world = 1;

@@ -26,6 +26,7 @@
 #include "strategies/registry.hpp"
 #include "src/sim/machine.hpp"
 #include "kernels/foundation/clock.hpp"
+#include "src/train/paths.hpp"
 #include "src/train/run.hpp"
 #include "src/train/bound.hpp"
 #include "src/train/run_control.hpp"
@@ -440,7 +441,8 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   sim::Machine machine = sim::load_machine(o.machine);
   const deck::Deck base = deck::parse_deck(deck_path, text, sets);
   const std::string path = !o.output.empty() ? o.output : "results/" + base.config.run.name + "-plan.h5";
-  if (const std::string why = report::output_file_problem(path, "plan report"); !why.empty())
+  if (const std::string why = report::output_file_problem(path, "plan report", run_inputs(base, "", machine.path));
+      !why.empty())
     core::input_error("plan report path {}: {} (--output DIR/NAME.h5)", path, why);
   const double limit = o.memory_limit > 0 ? double(o.memory_limit) : machine.memory;
   const strategies::Space space{o.world, machine.devices_per_node};

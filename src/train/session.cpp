@@ -27,8 +27,7 @@ Session::Session(const deck::Deck& deck, const RunOptions& options, CheckpointLa
       every_(options.checkpoint_every), layout_(std::move(layout)) {
   const plan::Plan& cfg = deck.config;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank_));
-  check_output_paths(comm, report_path_, checkpoint_dir_, checkpoints(), deck.path,
-                     cfg.data.source == plan::DataSource::text ? cfg.data.path : "");
+  check_output_paths(comm, report_path_, checkpoint_dir_, checkpoints(), run_inputs(deck, options.resume));
   if (cfg.parallel.offload == plan::Offload::nvme) check_offload_dir(comm, cfg.offload.path);
   if (!options.resume.empty()) {
     resume_ = find_checkpoint(comm, options.resume, layout_);

@@ -15,6 +15,7 @@
 #include "src/report/h5file.hpp"
 #include "kernels/foundation/error.hpp"
 #include "src/report/output_path.hpp"
+#include "src/train/paths.hpp"
 #include "src/train/run.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
@@ -281,7 +282,8 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   sim::Machine machine = sim::load_machine(o.machine);
   const mesh::Layout l = strategies::layout_of(cfg);
   const std::string path = !o.output.empty() ? o.output : "results/" + cfg.run.name + "-sim.h5";
-  if (const std::string why = report::output_file_problem(path, "report"); !why.empty())
+  if (const std::string why = report::output_file_problem(path, "report", run_inputs(deck, "", machine.path));
+      !why.empty())
     core::input_error("report path {}: {} (--output DIR/NAME.h5)", path, why);
   const Prediction pr = predict(cfg, machine);
   write_report(deck, o, machine, pr, path);

@@ -208,7 +208,7 @@ expect_refusal() {  # NAME WANT ARGS...: exit 2 within 20 s, WANT on stderr, no 
 expect_refusal "deck path is a directory" "is a directory" "$strata" run adir
 expect_refusal "data.path is a FIFO" "not a regular file" "$strata" run tiny.toml --set 'data.path="fifo"'
 expect_refusal "--output is a directory" "is a directory; give the report's file name" "$strata" run tiny.toml --output adir
-expect_refusal "--output is the deck" "is the deck itself" "$strata" run tiny.toml --output tiny.toml
+expect_refusal "--output is the deck" "is the deck (tiny.toml): the report would overwrite it" "$strata" run tiny.toml --output tiny.toml
 expect_refusal "checkpoint directory is a file" "exists and is not a directory" "$strata" run tiny.toml \
   --output out_bad/x.h5 --checkpoint-every 1 --checkpoint-dir afile
 expect_refusal "a billion layers, dry run" "must be in 1..4096" "$strata" run tiny.toml --set model.layers=1000000000 --dry-run

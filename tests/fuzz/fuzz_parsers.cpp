@@ -12,6 +12,18 @@
 // and the input is kept in <work>/finding-<parser>.txt to be added to the
 // regressions.
 //
+// Then two generators of the cases mutation seldom reaches. Numeric ranges:
+// every numeric key of the deck, on a tiny deck and its dp, pipeline and
+// MoE variants, at values drawn from the key's own range (its edges, just
+// past them) and from the extremes (0, -1, 1e-30, 1e30, 2^31 - 1, 2^53,
+// NaN): each must be refused as an input error, or accepted with the dry
+// run's sizing (the estimate of every rank's step and its record window)
+// finishing as bounded work, neither throwing nor taking 20 s. Path
+// collisions: an output path that names an input (the same path, "./" and
+// "d/../" spellings, a symbolic link, a hard link) or lies inside a
+// directory the command reads must be refused by report::output_file_problem,
+// the one check every command makes.
+//
 // Then the sweep driver's report reader (report::read_headline) on files of
 // random structure: the root attributes it reads and the /summary scalars as
 // strings, numbers, arrays of any length, groups or compounds, and one file
@@ -22,7 +34,9 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -35,6 +49,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <hdf5.h>
 
@@ -43,7 +58,11 @@
 #include "src/deck/deck.hpp"
 #include "src/sim/machine.hpp"
 #include "src/sweep/sweep.hpp"
+#include "plan/keys.hpp"
+#include "src/report/output_path.hpp"
 #include "src/train/checkpoint.hpp"
+#include "src/train/estimate.hpp"
+#include "src/train/records.hpp"
 
 namespace fs = std::filesystem;
 using namespace strata;
@@ -343,6 +362,128 @@ int fuzz_headline(const fs::path& work, double seconds, std::uint64_t seed) {
 
 }  // namespace
 
+// Values for a numeric key: its range's edges and just past them, and the
+// extremes every size must survive.
+std::vector<std::string> values_for(const plan::KeySpec& k) {
+  std::vector<double> v = {0, -1, 1, 2, 3, 1e-30, 1e-5, 0.5, 1e30, 2147483647.0, 9007199254740992.0};
+  for (double edge : {k.range.lo, k.range.hi})
+    if (std::isfinite(edge))
+      for (double d : {-1.0, 0.0, 1.0, -1e-9, 1e-9}) v.push_back(edge + d);
+  std::vector<std::string> out;
+  for (double x : v) {
+    if (k.type == plan::KeyType::floating) {
+      out.push_back(fmt::format("{:.17g}", x));
+    } else {
+      if (x != std::floor(x) || std::fabs(x) > 9.3e18) continue;
+      if (k.type != plan::KeyType::integer && x < 0) continue;
+      out.push_back(fmt::format("{:.0f}", x));
+    }
+  }
+  if (k.type == plan::KeyType::floating) out.insert(out.end(), {"nan", "inf", "-inf"});
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+int fuzz_ranges() {
+  const std::string tiny =
+      "[run]\nname = \"r\"\nsteps = 4\nwarmup_steps = 1\n[model]\nlayers = 2\nd_model = 16\nheads = 2\n"
+      "vocab = 64\nseq_len = 16\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[backend]\nthreads = 1\n";
+  const std::vector<std::vector<std::string>> bases = {
+      {}, {"parallel.dp=2"}, {"parallel.pp=2", "parallel.dp=2", "parallel.zero=1"},
+      {"model.kind=\"moe\"", "model.moe_experts=2", "parallel.dp=2"}};
+  int findings = 0;
+  std::size_t tried = 0, accepted = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (const plan::KeySpec& k : plan::key_table()) {
+    if (k.type == plan::KeyType::boolean || k.type == plan::KeyType::string) continue;
+    for (const std::string& value : values_for(k))
+      for (const auto& base : bases) {
+        std::vector<std::string> sets = base;
+        sets.push_back(k.full_name() + "=" + value);
+        std::string why;
+        write(g_current, tiny + "# --set " + fmt::format("{}", fmt::join(sets, " --set ")) + "\n");
+        alarm(20);
+        try {
+          const deck::Deck d = deck::parse_deck("ranges.toml", tiny, sets);
+          train::check_record_window(d.config);
+          const train::Estimate e = train::estimate(d.config);
+          for (const auto& c : e.classes)
+            if (!(c.record_window_bytes <= train::kMaxRecordWindowBytes || d.config.run.flush_every == 0))
+              why = fmt::format("a record window of {} accepted", c.record_window_bytes);
+          ++accepted;
+        } catch (const core::Error& e) {
+          if (e.kind() != core::ErrorKind::input) why = fmt::format("a runtime error, not an input error: {}", e.what());
+        } catch (const std::exception& e) {
+          why = fmt::format("an exception other than an input error: {}: {}", typeid(e).name(), e.what());
+        }
+        alarm(0);
+        ++tried;
+        if (!why.empty()) {
+          std::cerr << fmt::format("FINDING ranges: --set {}: {}\n", fmt::join(sets, " --set "), why.substr(0, 400));
+          ++findings;
+        }
+      }
+  }
+  const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << fmt::format("  ranges: {} key value(s) on {} deck(s) in {:.1f} s, {} accepted and sized\n", tried,
+                           bases.size(), spent, accepted);
+  return findings;
+}
+
+int fuzz_path_collisions(const fs::path& work) {
+  const fs::path dir = work / "collide";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "sub");
+  fs::create_directories(dir / "ck" / "step-000001");
+  write(dir / "deck.toml", "[run]\n");
+  write(dir / "ck" / "step-000001" / "manifest.toml", "x");
+  const std::vector<report::Input> inputs = {{(dir / "deck.toml").string(), "the deck"},
+                                             {(dir / "ck" / "step-000001").string(), "--resume"},
+                                             {(dir / "later").string(), "a directory made later", true}};
+  int findings = 0;
+  std::size_t tried = 0;
+  std::error_code ec;
+  for (const report::Input& in : inputs) {
+    const fs::path p(in.path);
+    std::vector<std::string> names = {in.path, (p.parent_path() / "." / p.filename()).string(),
+                                      (p.parent_path() / "sub" / ".." / p.filename()).string()};
+    const fs::path sym = dir / ("sym-" + p.filename().string());
+    fs::remove(sym, ec);
+    fs::create_symlink(p, sym, ec);
+    names.push_back(sym.string());
+    if (fs::is_regular_file(p)) {
+      const fs::path hard = dir / ("hard-" + p.filename().string());
+      fs::remove(hard, ec);
+      fs::create_hard_link(p, hard, ec);
+      names.push_back(hard.string());
+    }
+    if (in.directory || fs::is_directory(p)) {
+      names.push_back((p / "rank-00000.bin").string());
+      names.push_back((p / "manifest.toml").string());
+      names.push_back((sym / "deeper" / "x.h5").string());
+    }
+    for (const std::string& out : names) {
+      ++tried;
+      if (report::output_file_problem(out, "report", inputs).empty()) {
+        std::cerr << fmt::format("FINDING paths: output {} accepted though it is or lies inside {} ({})\n", out,
+                                 in.what, in.path);
+        ++findings;
+      }
+    }
+  }
+  // And the other way: paths beside the inputs are outputs like any other.
+  for (const std::string ok : {"deck.toml.h5", "ck2/x.h5", "ck/step-0000010.h5", "sub/deck.toml"}) {
+    ++tried;
+    if (const std::string why = report::output_file_problem((dir / ok).string(), "report", inputs); !why.empty()) {
+      std::cerr << fmt::format("FINDING paths: output {} refused: {}\n", (dir / ok).string(), why);
+      ++findings;
+    }
+  }
+  std::cout << fmt::format("   paths: {} output path(s) against {} input(s)\n", tried, inputs.size());
+  return findings;
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   if (argc < 4) {
@@ -438,6 +579,8 @@ int main(int argc, char** argv) {
                              "refused as input errors, {} accepted; its first seed {}\n",
                              p.name, replayed, runs, spent, runs / spent, refused, runs - refused, first);
   }
+  findings += fuzz_ranges();
+  findings += fuzz_path_collisions(work);
   findings += fuzz_headline(work, seconds, seed);
   fs::remove(g_current);
   std::cout << fmt::format("fuzz_parsers: seed {}, {} finding(s)\n", seed, findings);

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Hostile inputs: what a careful user tries to break (docs/failures.md).
+# No command writes over what it reads, no numeric key sizes more than it
+# should, no input file blocks, and every refusal is exit 2 with nothing
+# written and the inputs unchanged.
+#
+# usage: test_hostile.sh STRATA SOURCE_DIR WORK_DIR PYTHON
+set -uo pipefail
+strata=$1 src=$2 work=$3 py=$4
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+pass=0 fail=0
+ok() { echo "ok   $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL $1"; fail=$((fail + 1)); }
+
+cat > tiny.toml <<'DECK'
+[run]
+name = "tiny"
+steps = 4
+warmup_steps = 1
+seed = 3
+[model]
+layers = 2
+d_model = 16
+heads = 2
+vocab = 256
+seq_len = 16
+[data]
+source = "text"
+path = "text.txt"
+global_batch = 8
+micro_batch = 2
+[backend]
+threads = 1
+peak_tflops = 0.05
+DECK
+head -c 4096 /usr/share/common-licenses/GPL-3 > text.txt
+cp "$src/inputs/machines/a100-80gb.toml" m.toml
+
+# refused NAME WANT CMD...: exit 2 within 20 s, WANT in the message, every
+# input file byte-identical, no new file but the log, no claim left.
+refused() {
+  local name=$1 want=$2; shift 2
+  local before after
+  before=$(find . -type f ! -name '*.log' -exec md5sum {} + | sort)
+  timeout -k 5 20 "$@" > bad.log 2>&1
+  local rc=$?
+  after=$(find . -type f ! -name '*.log' -exec md5sum {} + | sort)
+  if [[ $rc -eq 2 ]] && grep -qF -- "$want" bad.log && [[ "$before" == "$after" ]]; then ok "refused: $name"
+  else bad "refused: $name (rc $rc, want '$want')"; cat bad.log; diff <(echo "$before") <(echo "$after"); fi
+}
+
+# --- outputs against inputs: every command, every input it reads ---
+ln -s tiny.toml link.toml
+ln tiny.toml hard.toml
+for out in tiny.toml ./tiny.toml link.toml hard.toml sub/../tiny.toml; do
+  mkdir -p sub
+  refused "simulate --output $out (the deck)" "is the deck" "$strata" simulate tiny.toml --machine m.toml --output "$out"
+  refused "plan --output $out (the deck)" "is the deck" "$strata" plan tiny.toml --machine m.toml --world 4 --output "$out"
+  refused "run --output $out (the deck)" "is the deck" "$strata" run tiny.toml --output "$out"
+  refused "run --dry-run --output $out (the deck)" "is the deck" "$strata" run tiny.toml --dry-run --output "$out"
+done
+refused "simulate --output the machine file" "is the machine description (--machine)" \
+  "$strata" simulate tiny.toml --machine m.toml --output m.toml
+refused "plan --output the machine file" "is the machine description (--machine)" \
+  "$strata" plan tiny.toml --machine m.toml --world 4 --output ./m.toml
+refused "simulate --output data.path" "is data.path" "$strata" simulate tiny.toml --machine m.toml --output text.txt
+refused "run --output backend.machine's file" "is backend.machine's description" \
+  "$strata" run tiny.toml --set 'backend.machine="m.toml"' --output m.toml
+
+# --- the checkpoint a run resumes and the one it writes ---
+"$strata" run tiny.toml --set run.steps=3 --checkpoint-every 3 --checkpoint-dir ck --output r.h5 > ck.log 2>&1 \
+  || { bad "checkpointed run"; cat ck.log; }
+for out in ck/step-000003/rank-00000.bin ck/step-000003/manifest.toml ck/step-000003/new.h5; do
+  refused "--output $out inside the checkpoint resumed" "lies inside the checkpoint resumed (--resume)" \
+    "$strata" run tiny.toml --resume ck/step-000003 --set run.steps=8 --output "$out"
+done
+refused "--output inside the checkpoint directory written" "lies inside the checkpoint directory this run writes" \
+  "$strata" run tiny.toml --checkpoint-every 2 --checkpoint-dir ck2 --output ck2/step-000002
+refused "--checkpoint-dir inside the checkpoint resumed" "lies inside the checkpoint resumed" \
+  "$strata" run tiny.toml --resume ck/step-000003 --set run.steps=8 --checkpoint-every 2 \
+  --checkpoint-dir ck/step-000003/more --output r2.h5
+# The directory that holds the resumed checkpoint may take the next ones.
+if "$strata" run tiny.toml --resume ck --set run.steps=5 --checkpoint-every 5 --checkpoint-dir ck --output r3.h5 \
+     > ck3.log 2>&1 && [[ -f ck/step-000005/manifest.toml ]]
+then ok "resume from a checkpoint directory and write the next checkpoints there"
+else bad "resume into the same checkpoint directory"; cat ck3.log; fi
+
+# --- numeric keys bounded by what they size ---
+for b in 1e30 2e6; do
+  refused "parallel.bucket_mb=$b" "is more than 1048576 MiB" \
+    "$strata" run tiny.toml --set parallel.dp=2 --set parallel.bucket_mb=$b --dry-run
+done
+for b in 1e-30 1e-5; do
+  refused "parallel.bucket_mb=$b under dp" "at most 1024" \
+    mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set parallel.bucket_mb=$b --output out/b.h5
+done
+refused "run.flush_every past 1 GiB of records" "at most" \
+  "$strata" run tiny.toml --set run.flush_every=2147483647 --set run.steps=2000000 --output out/f.h5
+refused "run.flush_every past 1 GiB (dry run)" "run.flush_every = 2147483647" \
+  "$strata" run tiny.toml --set run.flush_every=2147483647 --set run.steps=2000000 --dry-run
+moe=(--set 'model.kind="moe"' --set model.moe_experts=2)
+refused "moe_every beyond the layers" "leaves no Mixture-of-Experts block" \
+  "$strata" run tiny.toml "${moe[@]}" --set model.moe_every=3 --dry-run
+if "$strata" run tiny.toml "${moe[@]}" --set model.moe_capacity_factor=1e30 --set run.steps=2 --output out/cap.h5 \
+     > cap.log 2>&1 && "$strata" simulate tiny.toml --machine m.toml "${moe[@]}" --set model.moe_capacity_factor=1e30 \
+     --output out/capsim.h5 > capsim.log 2>&1
+then ok "moe_capacity_factor = 1e30: an expert takes every token at most (runs and simulates)"
+else bad "moe_capacity_factor = 1e30"; cat cap.log capsim.log; fi
+
+# --- sweeps: bounded before they are expanded, named as files ---
+vals() { "$py" -c "import sys; print('[' + ', '.join(str(1e-3 * (i + 1)) for i in range(int(sys.argv[1]))) + ']')" "$1"; }
+{ cat tiny.toml; echo "[sweep]"; for k in optim.lr optim.weight_decay optim.beta1 optim.grad_clip; do
+    echo "\"$k\" = $(vals 1000)"; done; } > huge.toml
+refused "a sweep of 1e12 points" "at most 100000" "$strata" sweep huge.toml --list
+for name in '../../esc' '' 'a/b' '..'; do
+  { cat tiny.toml; echo "[sweep]"; echo "name = \"$name\""; echo '"optim.lr" = [0.1]'; } > name.toml
+  refused "sweep.name = '$name'" "must be a file name" "$strata" sweep name.toml --list
+done
+
+# --- input files that are not files: refused, never waited on ---
+mkfifo fifo.toml
+refused "a FIFO as backend.machine" "not a regular file" \
+  "$strata" run tiny.toml --set backend.peak_tflops=0 --set 'backend.machine="fifo.toml"' --output out/x.h5
+refused "a FIFO as --machine" "not a regular file" "$strata" simulate tiny.toml --machine fifo.toml --output out/x.h5
+mkdir -p ckf && cp -r ck/step-000003 ckf/ && rm ckf/step-000003/manifest.toml && mkfifo ckf/step-000003/manifest.toml
+refused "a FIFO as a checkpoint's manifest" "not a regular file" \
+  "$strata" run tiny.toml --resume ckf/step-000003 --set run.steps=8 --output out/x.h5
+refused "a device as the deck" "not a regular file" "$strata" run /dev/zero --output out/x.h5
+# A deck may come through a pipe (process substitution), read to its end.
+if "$strata" run <(cat tiny.toml) --dry-run > pipe.log 2>&1; then ok "a deck through a pipe"
+else bad "a deck through a pipe"; cat pipe.log; fi
+[[ -z $(find . -name '*.lock') ]] && ok "no claim left behind" || { bad "claims left"; find . -name '*.lock'; }
+
+echo "$pass passed, $fail failed"
+[[ $fail -eq 0 ]]
