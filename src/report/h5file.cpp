@@ -528,6 +528,14 @@ void H5File::put_table(const Table& table, bool append) {
   });
 }
 
+void H5File::flush() {
+  together("flush", [&] {
+    require_open(file_, published_, final_path_);
+    require_room(0);
+    STRATA_CHECK_H5(H5Fflush(file_, H5F_SCOPE_GLOBAL));
+  });
+}
+
 void H5File::publish() {
   together("publish", [&] {
     require_open(file_, published_, final_path_);

@@ -65,6 +65,12 @@ class H5File {
   // writes its per-step tables this way, a window of steps at a time.
   void append_table(const Table& table);
 
+  // Writes HDF5's metadata and every buffered row to the temporary file, so
+  // that it is a readable HDF5 file as of this call (a reader in another
+  // process can open it until the next write changes it): a run calls it
+  // after each window of steps.
+  void flush();
+
   // Flushes, closes and renames the temporary file to the final path.
   void publish();
 

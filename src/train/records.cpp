@@ -103,6 +103,9 @@ void RunRecords::flush(report::H5File& to, bool all_completed) {
                    {{mesh_.rank(), &steps_, &experts_, cfg_.run.profile ? &timeline_ : nullptr, &log_, host_}},
                    memory_))
     to.append_table(t);
+  // The file readable as of this window: a reader can follow the run, and
+  // a rank failing alone later keeps every rank's rows up to here.
+  to.flush();
   flushed_to_ = &to;
   if (!steps_.empty()) next_step_ = steps_.back().step + 1;
   add_to_aggregates(comm_, log_, cfg_.run.warmup_steps);

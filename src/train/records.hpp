@@ -66,6 +66,9 @@ class RunRecords {
   // faults inside the measured calls).
   void prepare(const Trainer& trainer);
   const RecordWindow& window() const { return window_; }
+  // The steps before this one are in the run's report file, every rank's
+  // rows, as of its last flush (0: no window written yet).
+  int streamed_until() const { return flushed_to_ != nullptr ? next_step_ : 0; }
 
   // Keeps a step's record with its exposed communication per axis (the
   // log's records from `first_call` on), the routing the trainer recorded

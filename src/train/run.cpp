@@ -182,7 +182,7 @@ int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
     failure = e.what();
     if (failure.empty()) failure = "an error without a message";
   }
-  if (!failure.empty()) session.fail(failure, agreed, end.diverged_at, prov, write);
+  if (!failure.empty()) session.fail(failure, agreed, end.diverged_at, prov, write, records.streamed_until());
 
   using Outcome = LoopEnd::Outcome;
   const char* status = end.outcome == Outcome::diverged      ? "diverged"

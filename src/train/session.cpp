@@ -68,7 +68,7 @@ std::string Session::checkpoint(int step, strategies::StateStrategy& state, cons
 }
 
 void Session::fail(const std::string& failure, bool agreed, int diverged_at, const Provenance& prov,
-                   const WriteRecords& write) {
+                   const WriteRecords& write, int streamed_until) {
   report::H5File& file = *report_;
   // Every rank failed alike (a memory limit they all exceed, a checkpoint
   // they all refuse): they agree on the message and publish the report
@@ -76,17 +76,32 @@ void Session::fail(const std::string& failure, bool agreed, int diverged_at, con
   // it publishes a report of its own records and ends the job.
   if (!agreed && !every_rank_failed(failures_, kAgreeSeconds)) {
     try {
-      // The run's path gets this rank's records, marked as its alone; the
-      // shared temporary file goes (the job's end stops its writers).
+      // The run's path gets this rank's records, marked as its alone. The
+      // shared file holds every rank's rows of the windows written, whole as
+      // of its last flush (the others write it only together with this
+      // rank): kept under a name of its own; without a window, it goes.
       report::H5File alone(MPI_COMM_SELF, file.final_path(), fmt::format(".rank{}.partial", rank_));
       write_provenance(alone, prov);
       alone.set_attr("/", "error", fmt::format("rank {}: {}", rank_, failure));
       alone.set_attr("/", "failed_rank", std::int64_t(rank_));
       alone.set_attr("/", "rows_of_ranks", std::to_string(rank_));
+      const std::string& fin = file.final_path();
+      const std::string kept =
+          (fin.size() > 3 && fin.ends_with(".h5") ? fin.substr(0, fin.size() - 3) : fin) + ".streamed.h5";
+      std::error_code taken;
+      const bool keep = streamed_until > 0 && !std::filesystem::exists(kept, taken) &&
+                        std::rename(file.temp_path().c_str(), kept.c_str()) == 0;
+      if (keep) {
+        alone.set_attr("/", "streamed_report", kept);
+        alone.set_attr("/", "streamed_until_step", std::int64_t(streamed_until));
+      }
       write(alone, "failed", MPI_COMM_SELF);
       alone.publish();
-      std::filesystem::remove(file.temp_path());
+      if (!keep) std::filesystem::remove(file.temp_path());
       std::fprintf(stderr, "strata: rank %d wrote its own records to %s\n", rank_, alone.final_path().c_str());
+      if (keep)
+        std::fprintf(stderr, "strata: every rank's rows of steps 0-%d are kept in %s\n", streamed_until - 1,
+                     kept.c_str());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "strata: rank %d could not write its report: %s\n", rank_, e.what());
     }

@@ -56,9 +56,12 @@ class Session {
   // publish the run's report with status failed and the agreed message,
   // and this throws it, agreed. When some rank is still running (waiting in
   // a collective for this one), this rank writes its own records to a
-  // report of its own and ends the job with its message.
+  // report of its own and ends the job with its message; every rank's rows
+  // of the steps before `streamed_until`, already in the run's file, are
+  // kept there, the file renamed to <report>.streamed.h5 and named in the
+  // report.
   [[noreturn]] void fail(const std::string& failure, bool agreed, int diverged_at, const Provenance& prov,
-                         const WriteRecords& write);
+                         const WriteRecords& write, int streamed_until);
 
  private:
   MPI_Comm comm_;

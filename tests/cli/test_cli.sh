@@ -515,16 +515,21 @@ else bad "failing rank (rc $rc)"; cat inject.log; fi
 
 # After windows of rows went to the shared file, the failing rank's own
 # report holds its last window's rows and says from which step; its summary
-# covers every step it ran.
+# covers every step it ran; the shared file is kept with every rank's rows
+# of the windows before.
 STRATA_INJECT_FAILURE=1:5 timeout 120 mpiexec -n 2 "$strata" run tiny.toml --set parallel.dp=2 --set run.steps=8 \
   --set run.flush_every=2 --output out/inject2.h5 > inject2.log 2>&1
 rc=$?
 if [[ $rc -eq 1 && ! -e out/inject2.h5.partial ]] && "$py" -c "
 import h5py, sys
 f = h5py.File('out/inject2.h5')
+kept = h5py.File(f.attrs['streamed_report'])['steps'][:]
+rows = sorted((int(r['rank']), int(r['step'])) for r in kept)
 sys.exit(0 if f.attrs['failed_rank'] == 1 and f.attrs['rows_from_step'] == 4 and list(f['steps']['step']) == [4]
-         and f['summary/measured_steps'][()] == 4 else 1)"; then
-  ok "a failing rank's own report after windows were written: its last window, rows_from_step 4, a summary of all"
+         and f['summary/measured_steps'][()] == 4 and f.attrs['streamed_until_step'] == 4
+         and f.attrs['streamed_report'] == 'out/inject2.streamed.h5'
+         and rows == [(r, s) for r in (0, 1) for s in range(4)] else 1)"; then
+  ok "a failing rank's own report after windows were written: its last window, rows_from_step 4, a summary of all; every rank's rows 0-3 kept"
 else bad "failing rank after windows (rc $rc)"; cat inject2.log; fi
 
 # --- records a window at a time: the same rows, and memory flat in run.steps ---

@@ -131,5 +131,38 @@ if "$strata" run <(cat tiny.toml) --dry-run > pipe.log 2>&1; then ok "a deck thr
 else bad "a deck through a pipe"; cat pipe.log; fi
 [[ -z $(find . -name '*.lock') ]] && ok "no claim left behind" || { bad "claims left"; find . -name '*.lock'; }
 
+# --- a report read while it is written ---
+# A reader follows a two-rank run through its .partial file: it opens, reads
+# and closes it at each look (a look that meets a window being written may
+# fail, and is retried), and sees the steps grow before the run ends.
+if "$py" - "$strata" > follow.log 2>&1 <<'PY'
+import subprocess, sys, time, h5py
+strata = sys.argv[1]
+out = "out/follow.h5"
+job = subprocess.Popen(["mpiexec", "-n", "2", strata, "run", "tiny.toml", "--set", "parallel.dp=2",
+                        "--set", "run.steps=3000", "--set", "run.flush_every=100", "--output", out],
+                       stdout=subprocess.DEVNULL)
+seen, failed = [], 0
+while job.poll() is None:
+    try:
+        with h5py.File(out + ".partial", "r") as f:
+            if "steps" in f:
+                seen.append((len(f["steps"]), f.attrs["status"]))
+    except (OSError, KeyError):
+        failed += 1
+    time.sleep(0.02)
+rows = len(h5py.File(out, "r")["steps"])
+counts = [n for n, _ in seen]
+print(f"rc {job.returncode}; {len(set(counts))} distinct row counts seen while it ran ({counts[:3]} ... "
+      f"{counts[-3:]}), {failed} looks failed; {rows} rows at the end")
+assert job.returncode == 0 and rows == 6000
+assert 0 < min(counts) and len({n for n in counts if n < rows}) >= 2, "the steps were not seen to grow"
+# (The last window and the status "complete" are written before the rename.)
+status = {(s.decode() if isinstance(s, bytes) else s) for n, s in seen if n < rows}
+assert counts == sorted(counts) and status == {"running"}, status
+PY
+then ok "a reader follows a running two-rank job: $(head -1 follow.log)"
+else bad "following a running job"; cat follow.log; fi
+
 echo "$pass passed, $fail failed"
 [[ $fail -eq 0 ]]

@@ -38,6 +38,8 @@ NOT_MADE = {
     ("report", "/", "failed_rank"): "a rank failing alone",
     ("report", "/", "rows_of_ranks"): "a rank failing alone",
     ("report", "/", "rows_from_step"): "a rank failing alone after earlier windows",
+    ("report", "/", "streamed_report"): "a rank failing alone after earlier windows",
+    ("report", "/", "streamed_until_step"): "a rank failing alone after earlier windows",
     ("report", "/", "diverged_at_step"): "a diverged run",
     ("report", "/", "interrupted_by"): "an interrupted run",
     ("plan", "/", "interrupted_by"): "an interrupted plan",
