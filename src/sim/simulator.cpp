@@ -50,15 +50,29 @@ double ring_steps(const std::string& op, int n) {
 
 }  // namespace
 
-double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes,
-                 bool nonblocking) {
-  const int n = int(group.size());
-  if (n <= 1) return 0;
+GroupShape group_shape(const Machine& m, const std::vector<int>& group) {
+  GroupShape g;
+  g.n = int(group.size());
+  if (g.n == 0) return g;
   std::map<int, int> per_node;
   for (int r : group) ++per_node[r / m.devices_per_node];
-  const bool across = per_node.size() > 1;
-  int most = 0;
-  for (const auto& [node, k] : per_node) most = std::max(most, k);
+  g.across = per_node.size() > 1;
+  for (const auto& [node, k] : per_node) g.most = std::max(g.most, k);
+  g.first = *std::min_element(group.begin(), group.end());
+  g.last = *std::max_element(group.begin(), group.end());
+  return g;
+}
+
+double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes,
+                 bool nonblocking) {
+  return group.size() <= 1 ? 0.0 : comm_time(m, op, group_shape(m, group), bytes, nonblocking);
+}
+
+double comm_time(const Machine& m, const std::string& op, const GroupShape& g, double bytes, bool nonblocking) {
+  const int n = g.n;
+  if (n <= 1) return 0;
+  const bool across = g.across;
+  const int most = g.most;
   const std::string level = across ? "cluster" : "node";
   // Point-to-point and collectives share the nccl-tests convention: bytes
   // times the op's bus factor over the bus bandwidth.
@@ -82,7 +96,7 @@ double comm_time(const Machine& m, const std::string& op, const std::vector<int>
   if (across && m.cluster.bandwidth <= 0)
     core::input_error("machine {} ({}) describes one node of {} device(s) and no [network.cluster]: a group of ranks "
                       "{}..{} spans nodes",
-                      m.name, m.path, m.devices_per_node, group.front(), group.back());
+                      m.name, m.path, m.devices_per_node, g.first, g.last);
   // Across nodes each device owns an equal share of its node's NICs; a
   // group's ring through a node uses the shares of its members there.
   const double bw = across ? std::min(m.node.bandwidth, m.cluster.bandwidth * most / m.devices_per_node)
@@ -135,6 +149,7 @@ struct Stage {
   std::map<std::string, int> crossing_calls;               // per axis spanning stages: calls done
   std::map<int, Pending> pending;                          // non-blocking calls by trace index
   std::map<std::string, std::vector<int>> groups;          // per axis: world ranks
+  std::map<std::string, GroupShape> shapes;                // per axis: what a call's time needs of it
   std::map<std::string, std::vector<int>> stages;          // per axis: the stages its group spans
   StageTiming out;
 
@@ -252,7 +267,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
     return false;
   };
   // A call's time at the full rate: none on a free axis.
-  auto call_time = [&](const prof::TraceComm& c, const std::vector<int>& members) {
+  auto call_time = [&](const prof::TraceComm& c, const GroupShape& members) {
     if (free(c.axis)) return 0.0;
     if (offload_axis(c.axis)) return transfer_time(m, c.axis, double(c.bytes));
     return comm_time(m, c.op, members, double(c.bytes), c.nonblocking);
@@ -260,6 +275,13 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
   auto group = [&](Stage& s, const std::string& axis) -> const std::vector<int>& {
     auto it = s.groups.find(axis);
     if (it == s.groups.end()) it = s.groups.emplace(axis, mesh::group_ranks(l, axis, s.out.rank)).first;
+    return it->second;
+  };
+  // Once per stage and axis: a group of 10^5 ranks costs its map of nodes
+  // once, not at every call.
+  auto shape = [&](Stage& s, const std::string& axis) -> const GroupShape& {
+    auto it = s.shapes.find(axis);
+    if (it == s.shapes.end()) it = s.shapes.emplace(axis, group_shape(m, group(s, axis))).first;
     return it->second;
   };
   auto channel = [&](Stage& s, const std::string& axis) -> Channel& {
@@ -353,7 +375,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             const std::vector<int> pair = {s.out.rank, group(s, c.axis)[std::size_t(c.peer)]};
             Channel& link = channel(s, c.axis + ">" + std::to_string(c.peer));
             const double start = std::max(now, link.last);
-            const double t = call_time(c, pair);
+            const double t = call_time(c, group_shape(m, pair));
             link.last = start + t;
             mail[{ring ? -1 - si : si, ring ? si : to, c.tag}].push_back({start, start + t});
             const std::size_t i = record(s, c, now, start + t, t);
@@ -381,7 +403,7 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             if (mt.arrive.empty()) mt.arrive.assign(std::size_t(p), -1);
             if (mt.arrive[si] < 0) mt.arrive[si] = s.clock, ++mt.arrived;
             if (mt.arrived < int(who.size())) break;  // the others have not reached it
-            const double t = call_time(c, group(s, c.axis));
+            const double t = call_time(c, shape(s, c.axis));
             if (mt.end < 0) {
               double start = 0;
               for (int w : who) start = std::max(start, mt.arrive[w]);
@@ -398,8 +420,8 @@ StepSimulation simulate_step(const mesh::Layout& l, const std::vector<const prof
             }
           } else {
             // Inside the stage: after the axis's calls in flight, in order.
-            static const std::vector<int> none;  // offload's channels are the rank's own
-            const double t = call_time(c, offload_axis(c.axis) ? none : group(s, c.axis));
+            // (Offload's channels are the rank's own: no group.)
+            const double t = call_time(c, offload_axis(c.axis) ? GroupShape{} : shape(s, c.axis));
             Channel& ch = channel(s, c.axis);
             if (c.nonblocking) {
               Pending& w = s.pending[e.comm];

@@ -44,7 +44,19 @@ double kernel_time(const Machine& m, const prof::TraceEvent& kernel, core::Preci
 // the host link's bandwidth, or a memory copy where they share memory) or
 // "nvme" (the optimizer file).
 double transfer_time(const Machine& m, const std::string& axis, double bytes);
+// What a call's time depends on of its group: its size, whether it spans
+// nodes and the most members on one node (its share of that node's NICs).
+struct GroupShape {
+  GroupShape() = default;  // (not an aggregate: a braced list of ranks is a group, not a shape)
+  int n = 0;
+  bool across = false;
+  int most = 0;
+  int first = 0, last = 0;  // the lowest and highest member, for messages
+};
+GroupShape group_shape(const Machine& m, const std::vector<int>& group);
 // `nonblocking` picks a calibrated fit of the op's non-blocking form, where there is one.
+double comm_time(const Machine& m, const std::string& op, const GroupShape& group, double bytes,
+                 bool nonblocking = false);
 double comm_time(const Machine& m, const std::string& op, const std::vector<int>& group, double bytes,
                  bool nonblocking = false);
 

@@ -1,7 +1,11 @@
 #include "src/train/data.hpp"
 
-#include <fstream>
-#include <iterator>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,26 +35,47 @@ class SyntheticData final : public DataSource {
   int vocab_;
 };
 
-// Byte-level text: sample i is the window of T + 1 bytes at a keyed offset.
+// Byte-level text: sample i is the window of T + 1 bytes at a keyed offset,
+// read from the file when it is asked for. Nothing is loaded up front: a
+// text of gigabytes costs no memory and no start-up wait (a wait no stop
+// signal could end before step 1).
 class TextData final : public DataSource {
  public:
   TextData(std::uint64_t seed, const std::string& path) : seed_(seed), path_(path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) core::input_error("data.path: cannot read '{}'", path);
-    bytes_.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st{};
+    if (fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      if (fd_ >= 0) ::close(fd_);
+      core::input_error("data.path: cannot read '{}' as a file", path);
+    }
+    size_ = std::uint64_t(st.st_size);
   }
+  ~TextData() override { ::close(fd_); }
+  TextData(const TextData&) = delete;
+  TextData& operator=(const TextData&) = delete;
   void sample(std::int64_t index, int T, std::int32_t* out) const override {
-    const std::uint64_t windows = bytes_.size() - std::uint64_t(T);  // offsets 0 .. size - T - 1
-    STRATA_CHECK(bytes_.size() > std::size_t(T), "text shorter than a sequence");
+    STRATA_CHECK(size_ > std::uint64_t(T), "text shorter than a sequence");
+    const std::uint64_t windows = size_ - std::uint64_t(T);  // offsets 0 .. size - T - 1
     const std::uint64_t off = mix64(seed_ ^ mix64(std::uint64_t(index))) % windows;
-    for (int t = 0; t <= T; ++t) out[t] = std::int32_t(static_cast<unsigned char>(bytes_[off + t]));
+    std::vector<unsigned char> w(std::size_t(T) + 1);
+    std::size_t got = 0;
+    while (got < w.size()) {
+      const ssize_t n = ::pread(fd_, w.data() + got, w.size() - got, off_t(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        core::runtime_error("data.path '{}': cannot read {} bytes at offset {}: {}", path_, w.size(), off,
+                            n == 0 ? "the file is shorter than when the run began" : std::strerror(errno));
+      got += std::size_t(n);
+    }
+    for (int t = 0; t <= T; ++t) out[t] = std::int32_t(w[std::size_t(t)]);
   }
-  std::string describe() const override { return fmt::format("text '{}' ({} bytes)", path_, bytes_.size()); }
+  std::string describe() const override { return fmt::format("text '{}' ({} bytes)", path_, size_); }
 
  private:
   std::uint64_t seed_;
   std::string path_;
-  std::vector<char> bytes_;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
 };
 
 }  // namespace

@@ -351,13 +351,16 @@ class Progress {
   }
   bool due() const { return prof::now_seconds() - shown_ >= 5; }
   // `left`: layouts not yet judged whose bound is within the table's reach.
-  void show(bool last, std::size_t left) {
+  // `stopped`: the signal that stopped the plan (0: none), when the layouts
+  // not judged were not reached rather than pruned.
+  void show(bool last, std::size_t left, int stopped = 0) {
     const double now = prof::now_seconds();
     shown_ = now;
     const double spent = now - start_;
     const double eta = done_ > 0 ? spent / double(done_) * double(left) : 0;
-    fmt::print(stderr, "strata plan: {}/{} layouts judged, {} pruned, {} fit, best {}, {:.0f} s{}\n", done_, total_,
-               total_ - done_ - left, fit_,
+    fmt::print(stderr, "strata plan: {}/{} layouts judged, {} {}, {} fit, best {}, {:.0f} s{}\n", done_, total_,
+               total_ - done_ - left,
+               stopped ? fmt::format("not reached before {}", signal_name(stopped)) : std::string("pruned"), fit_,
                best_ > 0 ? fmt::format("{:.0f} tokens/s ({})", best_, best_label_) : std::string("none yet"), spent,
                last ? "" : fmt::format(", {} left, about {:.0f} s", left, eta));
     std::fflush(stderr);
@@ -598,7 +601,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     for (Worker& w : pool) w.receive(true, note);
   }
   const int stopped = stop_signal();
-  progress.show(true, 0);
+  progress.show(true, 0, stopped);
 
   // The table: every layout judged whose bound is within the final
   // threshold, and every one beyond it pruned, judged or not (so the table
@@ -704,7 +707,11 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
                100 * c.mfu, 1e3 * c.step_time, core::format_bytes(c.peak_bytes), c.bubble, c.exposed_comm,
                c.label);
   }
-  if (ranked.empty()) fmt::print("no layout fits: see {} for why each was refused\n", path);
+  if (ranked.empty() && stopped)
+    fmt::print("stopped by {} before any layout was predicted to fit ({} of {} judged)\n", signal_name(stopped),
+               layouts_done, layouts.size());
+  else if (ranked.empty())
+    fmt::print("no layout fits: see {} for why each was refused\n", path);
   fmt::print("report: {} (analysis/strata-report {} --plots DIR: throughput against memory)\n", path, path);
   if (stopped) return interrupted_exit_code(stopped);
   return ranked.empty() ? 3 : 0;

@@ -131,6 +131,39 @@ if "$strata" run <(cat tiny.toml) --dry-run > pipe.log 2>&1; then ok "a deck thr
 else bad "a deck through a pipe"; cat pipe.log; fi
 [[ -z $(find . -name '*.lock') ]] && ok "no claim left behind" || { bad "claims left"; find . -name '*.lock'; }
 
+# --- stop signals before step 1 ---
+# A text of 4 GiB (sparse: no disk) starts at once (samples are read when
+# asked for), so a SIGTERM 3 s in ends the run as interrupted, promptly.
+truncate -s 4G big.txt
+start=$(date +%s)
+"$strata" run tiny.toml --set 'data.path="big.txt"' --set run.steps=1000000 --set run.log_every=0 \
+  --output out/big.h5 > big.log 2>&1 &
+pid=$!
+sleep 3
+kill -TERM $pid
+wait $pid
+rc=$?
+took=$(( $(date +%s) - start ))
+if [[ $rc -eq 143 && $took -le 15 ]] && "$py" -c "
+import h5py, sys
+f = h5py.File('out/big.h5')
+sys.exit(0 if f.attrs['status'] == 'interrupted' and len(f['steps']) > 0 else 1)"
+then ok "SIGTERM 3 s into a run on a 4 GiB text: interrupted after ${took} s with its steps"
+else bad "SIGTERM on a 4 GiB text (rc $rc, ${took} s)"; cat big.log; fi
+rm -f big.txt
+# A plan stopped before it judged anything says so, and not "no layout fits".
+"$strata" plan "$src/inputs/gpt-175b-pipeline.toml" --machine m.toml --world 4096 --output out/plan.h5 \
+  > plan.log 2>&1 &
+pid=$!
+sleep 5
+kill -TERM $pid
+wait $pid
+rc=$?
+if [[ $rc -eq 143 ]] && grep -q "not reached before SIGTERM" plan.log && grep -q "^stopped by SIGTERM" plan.log \
+   && ! grep -q "no layout fits" plan.log
+then ok "a plan stopped by SIGTERM says what it had not reached"
+else bad "plan stopped (rc $rc)"; cat plan.log; fi
+
 # --- a report read while it is written ---
 # A reader follows a two-rank run through its .partial file: it opens, reads
 # and closes it at each look (a look that meets a window being written may
