@@ -26,6 +26,7 @@
 #include "src/comm/mpi_check.hpp"
 #include "kernels/foundation/error.hpp"
 #include "src/deck/deck.hpp"
+#include "src/report/claim.hpp"
 #include "src/report/h5file.hpp"
 #include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"
@@ -175,6 +176,18 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
     fmt::print("wrote {}/index.h5\n", s.dir);
     return 0;
   }
+  // One driver per sweep directory: a second one would take the first's
+  // running points for failed ones. (SLURM array tasks, --point, claim each
+  // point's report as any run does.)
+  std::string claim, said;
+  const std::string lock = s.dir + ".lock";
+  if (const std::string why = strata::report::take_claim(s.dir, lock, "sweep directory", &claim, &said); !why.empty())
+    strata::core::input_error("{}", why);
+  fmt::print("{}", said);
+  struct Release {
+    const std::string &lock, &claim;
+    ~Release() { strata::report::release_claim(lock, claim); }
+  } release{lock, claim};
   // A stop (SIGINT, SIGTERM, SIGUSR1) goes to the running point's job; the
   // sweep waits for its interrupted report, writes the index and exits as
   // an interrupted run does.

@@ -28,6 +28,7 @@
 #include "strategies/registry.hpp"
 #include "src/report/h5file.hpp"
 #include "src/report/h5read.hpp"
+#include "src/report/output_path.hpp"
 #include "src/report/points.hpp"
 
 namespace strata::sweep {
@@ -637,7 +638,10 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
         point_failed = true;
         continue;
       }
+      // Run again (--retry-failed): the failed report goes, so that the
+      // index tells of this run, not of the last.
       fs::remove(report + ".partial", ec);
+      fs::remove(report, ec);
       std::vector<std::string> argv;
       for (const auto& w : split_words(launcher)) {
         std::string a = w;
@@ -680,7 +684,10 @@ void write_index(const Sweep& s) {
   int initialised = 0;
   MPI_Initialized(&initialised);
   STRATA_CHECK(initialised, "write_index needs MPI initialised");
-  report::H5File f(MPI_COMM_SELF, (fs::path(s.dir) / "index.h5").string());
+  const std::string path = (fs::path(s.dir) / "index.h5").string();
+  if (const std::string why = report::output_file_problem(path, "sweep index"); !why.empty())
+    core::input_error("sweep index {}: {}", path, why);
+  report::H5File f(MPI_COMM_SELF, path);
   f.set_attr("/", "schema", std::string("strata-sweep"));
   f.set_attr("/", "schema_version", std::int64_t(1));
   f.set_attr("/", "sweep", s.name);

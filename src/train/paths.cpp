@@ -1,20 +1,16 @@
 #include "src/train/paths.hpp"
 
-#include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "kernels/foundation/error.hpp"
 #include "src/comm/mpi_check.hpp"
+#include "src/report/claim.hpp"
 #include "src/report/output_path.hpp"
 #include "src/sim/machine.hpp"
 
@@ -39,12 +35,6 @@ std::string directory_problem(const std::string& dir) {
     return fmt::format("not writable: {}", std::strerror(errno));
   if (!fs::exists(c, ec)) return report::writable_place(c.parent_path());
   return "";
-}
-
-std::string host_name() {
-  char h[256] = {};
-  ::gethostname(h, sizeof h - 1);
-  return h;
 }
 
 }  // namespace
@@ -97,55 +87,10 @@ void check_offload_dir(MPI_Comm comm, const std::string& dir) {
 
 PathClaim::PathClaim(MPI_Comm comm, const std::string& path, const char* what) : lock_(path + ".lock") {
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank_));
-  const int rank = rank_;
   std::string problem, said;
-  if (rank == 0) {
-    content_ = fmt::format("{} {}\n", host_name(), ::getpid());
-    std::error_code ec;
-    if (const fs::path parent = fs::path(lock_).parent_path(); !parent.empty()) fs::create_directories(parent, ec);
-    for (int attempt = 0; attempt < 2 && !held_ && problem.empty(); ++attempt) {
-      const int fd = ::open(lock_.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-      if (fd >= 0) {
-        const bool written = ::write(fd, content_.data(), content_.size()) == ssize_t(content_.size());
-        ::close(fd);
-        if (!written) {
-          ::unlink(lock_.c_str());
-          problem = fmt::format("{} {}: cannot write its claim {}", what, path, lock_);
-        }
-        held_ = written;
-        break;
-      }
-      if (errno != EEXIST) {
-        problem = fmt::format("{} {}: cannot create its claim {}: {}", what, path, lock_, std::strerror(errno));
-        break;
-      }
-      // Held: by a live process, or left by one that died (SIGKILL, a node lost).
-      std::ifstream in(lock_);
-      std::string host;
-      long pid = 0;
-      in >> host >> pid;
-      // A claim is "host pid" in printable characters; anything else was
-      // written by something other than a run.
-      const bool printable = std::all_of(host.begin(), host.end(), [](unsigned char c) { return c > 32 && c < 127; });
-      if (host.empty() || !printable || pid <= 0) {
-        problem = fmt::format("{} {}: its claim {} is not a run's claim (a run writes \"host pid\" there); if no run "
-                              "is writing {}, remove {}",
-                              what, path, lock_, path, lock_);
-        break;
-      }
-      const bool here = host == host_name();
-      if (here && pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH && attempt == 0) {
-        said = fmt::format("{} {}: removed a stale claim of process {} (no longer running)\n", what, path, pid);
-        ::unlink(lock_.c_str());
-        continue;
-      }
-      problem = fmt::format("{} {} is claimed by another run: process {} on {} ({}){}", what, path, pid,
-                            host.empty() ? "an unknown host" : host, lock_,
-                            here ? "" : "; if that run is over, remove the claim file");
-    }
-  }
+  if (rank_ == 0) problem = report::take_claim(path, lock_, what, &content_, &said);
   agree_input(comm, problem);
-  if (rank == 0 && !said.empty()) fmt::print("{}", said);
+  if (rank_ == 0 && !said.empty()) fmt::print("{}", said);
   content_ = comm::broadcast_string(content_, comm);
   held_ = true;
 }
@@ -153,12 +98,7 @@ PathClaim::PathClaim(MPI_Comm comm, const std::string& path, const char* what) :
 void PathClaim::release() {
   if (!held_) return;
   held_ = false;
-  // Only the claim this run wrote: after a stale takeover by another run,
-  // the file is theirs.
-  std::ifstream in(lock_);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in && ss.str() == content_) ::unlink(lock_.c_str());
+  report::release_claim(lock_, content_);
 }
 
 }  // namespace strata::train

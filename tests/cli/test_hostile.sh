@@ -117,6 +117,34 @@ for name in '../../esc' '' 'a/b' '..'; do
   refused "sweep.name = '$name'" "must be a file name" "$strata" sweep name.toml --list
 done
 
+# --- sweeps side by side, retried, indexed where nothing can be written ---
+{ cat tiny.toml; echo '[sweep]'; echo 'name = "two"'; echo '"optim.lr" = [0.1, 0.2]'; } > two.toml
+"$strata" sweep two.toml --results res > sweep1.log 2>&1 &
+pid=$!
+for _ in $(seq 100); do [[ -e res/two.lock ]] && break; sleep 0.05; done
+"$strata" sweep two.toml --results res > sweep2.log 2>&1
+rc2=$?
+wait $pid
+rc1=$?
+if [[ $rc1 -eq 0 && $rc2 -eq 2 ]] && grep -q "sweep directory res/two is claimed by another run" sweep2.log \
+   && [[ ! -e res/two.lock ]]
+then ok "a second driver of one sweep directory is refused while the first runs it; the first completes"
+else bad "two sweeps side by side (rc $rc1, $rc2)"; cat sweep1.log sweep2.log; fi
+# A point retried whose launcher then fails: the console and the index agree.
+"$py" -c "
+import h5py
+with h5py.File('res/two/point-000.h5', 'r+') as f: f.attrs['status'] = 'interrupted'"
+"$strata" sweep two.toml --results res --retry-failed --launcher "/nonexistent/launcher -n {n}" > retry.log 2>&1
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "; 1 point(s) failed" retry.log && "$py" -c "
+import h5py, sys
+p = h5py.File('res/two/index.h5')['points'][:]
+sys.exit(0 if [r['status'].decode() for r in p] == ['failed', 'complete'] else 1)"
+then ok "--retry-failed with a failing launcher: 1 failed on the console and in the index"
+else bad "retry with a failing launcher (rc $rc)"; cat retry.log; fi
+refused "sweep --index where no directory can be made" "sweep index tiny.toml/two/index.h5" \
+  "$strata" sweep two.toml --results tiny.toml --index
+
 # --- input files that are not files: refused, never waited on ---
 mkfifo fifo.toml
 refused "a FIFO as backend.machine" "not a regular file" \
