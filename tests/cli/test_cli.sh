@@ -4,34 +4,8 @@
 # input exits with status 2, names what is wrong, and writes nothing.
 #
 # usage: test_cli.sh STRATA SOURCE_DIR WORK_DIR PYTHON
-set -uo pipefail
-strata=$1 src=$2 work=$3 py=$4
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
-pass=0 fail=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
-
-cat > tiny.toml <<'DECK'
-[run]
-name = "tiny"
-steps = 4
-warmup_steps = 1
-seed = 3
-[model]
-layers = 2
-d_model = 16
-heads = 2
-vocab = 256
-seq_len = 16
-[data]
-source = "text"
-path = "/usr/share/common-licenses/GPL-3"
-global_batch = 4
-micro_batch = 2
-[backend]
-threads = 1
-peak_tflops = 0.05
-DECK
+source "$(dirname "$0")/harness.sh"
+tiny_deck tiny.toml
 
 # --- a good run ---
 if mpiexec -n 1 "$strata" run tiny.toml --output out/tiny.h5 > run.log 2>&1; then ok "run exits 0"; else bad "run exits 0"; cat run.log; fi
@@ -689,5 +663,4 @@ expect_input_error "sweep where with 100 000 nots" "nested more than 100 deep" "
 sed 's/^where = .*/where = ["1e999 > parallel.pp"]/' sweep.toml > sweepbig.toml
 expect_input_error "sweep where number past range" "past a number's range" "$strata" sweep sweepbig.toml --list
 
-echo "$pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+finish

@@ -4,13 +4,7 @@
 # complete. Each case names the failure it provokes.
 #
 # usage: test_faults.sh STRATA SOURCE_DIR WORK_DIR PYTHON
-set -uo pipefail
-strata=$1 src=$2 work=$3 py=$4
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
-pass=0 fail=0 skipped=0
-ok() { echo "ok   $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL $1"; fail=$((fail + 1)); }
-skip() { echo "skip $1"; skipped=$((skipped + 1)); }
+source "$(dirname "$0")/../cli/harness.sh"
 
 cat > tiny.toml <<'DECK'
 [run]
@@ -317,5 +311,4 @@ else
   umount full
 fi
 
-echo "$pass passed, $fail failed, $skipped skipped"
-[[ $fail -eq 0 ]]
+finish
