@@ -13,7 +13,8 @@ The stable API:
 
 Modules: read (Report), summary (the text tables), plots (timeline, memory,
 communication and expert-load pictures), trace (Chrome/Perfetto JSON),
-compare (runs side by side), sweep (a sweep's index).
+compare (runs side by side), sweep (a sweep's index), outputs (the check
+that no output is an input or another output).
 """
 from .read import Report, ReportError, text  # noqa: F401
 from .sweep import Index, open_file  # noqa: F401

@@ -3,41 +3,12 @@ import argparse
 import os
 import sys
 
-from . import compare, plots, summary, sweep, trace
+from . import compare, outputs, plots, summary, sweep, trace
 from .read import Report, ReportError
 
 USAGE = """strata-report RUN.h5 [--plots DIR] [--trace OUT.json] [--trace-per-rank DIR]
        strata-report SWEEP/index.h5 [--plots DIR]
        strata-report compare A.h5 B.h5 [C.h5 ...] [--format text|json|csv]"""
-
-
-def _writable_dir(path, what):
-    """Raises ReportError unless `path` is a writable directory or can be made."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise ReportError(f"{what} {path}: exists and is not a directory")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ReportError(f"{what} {path}: the directory is not writable")
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise ReportError(f"{what} {path}: cannot be made: {parent} is not a writable directory")
-
-
-def _writable_file(path, what):
-    """Raises ReportError unless `path` can take a file: not a directory or a
-    device/FIFO, in a directory that exists and is writable."""
-    if os.path.isdir(path):
-        raise ReportError(f"{what} {path}: is a directory; give a file's name")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise ReportError(f"{what} {path}: exists and is not a regular file (a device, FIFO or socket)")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ReportError(f"{what} {path}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ReportError(f"{what} {path}: the directory {parent} is not writable")
 
 
 def main(argv=None):
@@ -52,6 +23,7 @@ def main(argv=None):
             args = ap.parse_args(argv[1:])
             if len(args.reports) < 2:
                 ap.error("compare needs at least two reports")
+            # compare writes nothing but its table (standard output): no output to check.
             print(compare.render([Report(p) for p in args.reports], args.format))
             return 0
         ap = argparse.ArgumentParser(prog="strata-report", usage=USAGE,
@@ -62,22 +34,25 @@ def main(argv=None):
         ap.add_argument("--trace-per-rank", metavar="DIR",
                         help="write one trace per rank (rank-R.json, with distributedInfo) for Holistic Trace Analysis")
         args = ap.parse_args(argv)
-        # Outputs checked before any work: a bad path is an input error, not a traceback.
-        if args.plots:
-            _writable_dir(args.plots, "--plots")
-        if args.trace:
-            _writable_file(args.trace, "--trace")
-        if args.trace_per_rank:
-            _writable_dir(args.trace_per_rank, "--trace-per-rank")
+        # Outputs checked before any work: a bad path, or one that is the
+        # input or another output, is an input error with nothing written,
+        # not a traceback or an overwritten report. Whether the input is a
+        # report or an index is not known yet: --plots is checked for the
+        # pictures of either.
+        outputs.check([("the input", args.report)],
+                      files=[("--trace", args.trace)] if args.trace else [],
+                      dirs=([("--plots", args.plots, plots.FILES + (sweep.PLOT_FILE,))] if args.plots else [])
+                      + ([("--trace-per-rank", args.trace_per_rank, (trace.PER_RANK_FILE,))]
+                         if args.trace_per_rank else []))
         opened = sweep.open_file(args.report)
         if isinstance(opened, sweep.Index):
             ix = opened
+            if args.trace or args.trace_per_rank:
+                raise ReportError(f"{args.report}: a sweep index has no timeline; trace a point's report instead")
             print(sweep.render(ix))
             if args.plots:
                 for p in sweep.plot(ix, args.plots):
                     print(f"wrote {p}")
-            if args.trace or args.trace_per_rank:
-                raise ReportError(f"{args.report}: a sweep index has no timeline; trace a point's report instead")
             return 0
         rep = opened
         print(summary.render(rep))

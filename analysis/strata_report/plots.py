@@ -7,6 +7,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from . import outputs  # noqa: E402
 from .read import text  # noqa: E402
 from .trace import mesh_dims  # noqa: E402
 from .summary import CATEGORIES, alike, comm_per_axis_op, memory_per_rank  # noqa: E402
@@ -204,14 +205,19 @@ def expert_load(rep, path):
     plt.close(fig)
 
 
+# The pictures write_all may write (experts.png for a MoE model).
+FILES = ("timeline.png", "memory.png", "comm.png", "experts.png")
+
+
 def write_all(rep, directory):
+    pictures = [("timeline.png", timeline), ("memory.png", memory), ("comm.png", communication)]
+    if expert_load_of(rep):
+        pictures.append(("experts.png", expert_load))
+    outputs.check([("the report", rep.path)], dirs=[("plots directory", directory, [n for n, _ in pictures])])
     os.makedirs(directory, exist_ok=True)
     paths = []
-    pictures = [("timeline", timeline), ("memory", memory), ("comm", communication)]
-    if expert_load_of(rep):
-        pictures.append(("experts", expert_load))
     for name, fn in pictures:
-        p = os.path.join(directory, f"{name}.png")
+        p = os.path.join(directory, name)
         fn(rep, p)
         paths.append(p)
     return paths

@@ -314,6 +314,7 @@ class Report:
         self.path = str(path)
         self.attrs, self.tables, self.summary, self.units = (read if read is not None
                                                              else read_isolated(self.path, _read_report))
+        self._measured = None  # measured_steps(), once asked
         # {first rank: [(first, last)]} of /rank_classes; None in a run's report.
         self.classes = None
         if self.tables.get("rank_classes") is not None:
@@ -388,6 +389,10 @@ class Report:
         return texts(c) if c.dtype.kind == "S" else c
 
     def measured_steps(self):
-        """Rows of /steps outside the warm-up."""
-        s = self.array("steps")
-        return s[s["warmup"] == 0] if len(s) else s
+        """Rows of /steps outside the warm-up: selected once (the summary
+        asks several times, and a long run's /steps is large), so not to be
+        modified."""
+        if self._measured is None:
+            s = self.array("steps")
+            self._measured = s[s["warmup"] == 0] if len(s) else s
+        return self._measured

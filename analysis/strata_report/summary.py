@@ -4,6 +4,9 @@ import numpy as np
 from .read import merge_ranges, ranges_label, text, texts
 
 CATEGORIES = ["params", "grads", "optimizer", "activations", "workspace", "comm"]
+# The most terms span_compute and layer_times hold in one array (32 MiB of
+# floats): beyond it they work in blocks.
+BLOCK = 1 << 22
 
 
 def fmt_bytes(b):
@@ -23,12 +26,53 @@ def fmt_flops(x):
     return f"{x:.0f} FLOP/s"
 
 
+def runs(keys):
+    """(order, starts, counts): `order` sorts the rows by `keys` (a column,
+    or a list of columns, the first the major one), stably, so that a
+    group's rows keep their order; `starts` and `counts` locate each group
+    of equal keys in that order (cuts). Sorting once and cutting it into
+    runs is n log n in rows, where a mask per group is rows x groups."""
+    keys = [keys] if isinstance(keys, np.ndarray) else list(keys)
+    order = np.lexsort(keys[::-1]) if len(keys[0]) else np.zeros(0, dtype=np.int64)
+    return (order, *cuts([k[order] for k in keys]))
+
+
+def cuts(keys):
+    """(starts, counts) of the runs of equal rows of `keys` (a column, or a
+    list of columns), which are in order already."""
+    keys = [keys] if isinstance(keys, np.ndarray) else list(keys)
+    n = len(keys[0])
+    new = np.zeros(n, dtype=bool)
+    new[:1] = True
+    for k in keys:
+        new[1:] |= k[1:] != k[:-1]
+    starts = np.flatnonzero(new)
+    return starts, np.diff(np.append(starts, n))
+
+
+def sums(values, counts):
+    """The sums of consecutive runs of `values`, counts[i] of them in run i,
+    each bit for bit what values[run].sum() gives: numpy sums an array
+    pairwise, not one value after another as np.add.at, bincount and
+    reduceat do, so the runs of one length are summed as the rows of a
+    matrix (a row's sum along axis 1 is its sum alone)."""
+    values = np.asarray(values)
+    counts = np.asarray(counts, dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    out = np.zeros(len(counts), dtype=values[:0].sum().dtype)
+    for n in np.unique(counts[counts > 0]):
+        at = np.flatnonzero(counts == n)
+        out[at] = values[starts[at][:, None] + np.arange(n)].sum(axis=1)
+    return out
+
+
 def step_times(rep):
     """Per measured step, the slowest rank's time (the step ends for all then)."""
     s = rep.measured_steps()
     if len(s) == 0:
         return np.zeros(0)
-    return np.array([s["step_time"][s["step"] == k].max() for k in np.unique(s["step"])])
+    order, starts, _ = runs(s["step"])
+    return np.maximum.reduceat(s["step_time"][order], starts)
 
 
 def memory_per_rank(rep, pool="device"):
@@ -38,19 +82,26 @@ def memory_per_rank(rep, pool="device"):
     out = {}
     if len(m) == 0:
         return out
+    # Strings compared as the file's bytes: as decoding every row would, at
+    # a fraction of the cost on a long run's table.
     if "pool" in m.dtype.names:
-        m = m[texts(m["pool"]) == pool]
+        m = m[m["pool"] == pool.encode()]
     elif pool != "device":
         return out
     if len(m) == 0:
         return out
-    cats = texts(m["category"])
-    last = m["step"].max()
-    for r in np.unique(m["rank"]):
-        held = {c: int(m["current_bytes"][(m["rank"] == r) & (m["step"] == last) & (cats == c)].sum())
-                for c in CATEGORIES}
-        peak = {c: int(m["peak_bytes"][(m["rank"] == r) & (cats == c)].max(initial=0)) for c in CATEGORIES}
-        out[int(r)] = (held, peak)
+    cats = m["category"]
+    at_last = m["step"] == m["step"].max()
+    ranks, rank_of = np.unique(m["rank"], return_inverse=True)
+    held, peak = {}, {}
+    for c in CATEGORIES:
+        sel = cats == c.encode()
+        held[c] = np.zeros(len(ranks), dtype=m["current_bytes"][:0].sum().dtype)
+        np.add.at(held[c], rank_of[sel & at_last], m["current_bytes"][sel & at_last])
+        peak[c] = np.zeros(len(ranks), dtype=m["peak_bytes"].dtype)
+        np.maximum.at(peak[c], rank_of[sel], m["peak_bytes"][sel])
+    for i, r in enumerate(ranks):
+        out[int(r)] = ({c: int(held[c][i]) for c in CATEGORIES}, {c: int(peak[c][i]) for c in CATEGORIES})
     return out
 
 
@@ -93,10 +144,18 @@ def moe_per_step(rep):
     s = rep.measured_steps()
     if len(s) == 0 or "drop_rate" not in s.dtype.names or len(rep.array("experts")) == 0:
         return []
+    order, starts, counts = runs(s["step"])
+    s = s[order]
     w = rep.weights(s["rank"])
-    return [(int(k), mean(s["moe_aux_loss"][s["step"] == k], w[s["step"] == k]),
-             mean(s["load_imbalance"][s["step"] == k], w[s["step"] == k]),
-             mean(s["drop_rate"][s["step"] == k], w[s["step"] == k])) for k in np.unique(s["step"])]
+    den = sums(w, counts)
+
+    def per_step(col):
+        """mean(col's rows of a step, their weights), for every step at once."""
+        num = sums(np.asarray(s[col], dtype=float) * w, counts)
+        return [float(a / b) if b > 0 else 0.0 for a, b in zip(num, den)]
+
+    return list(zip((int(k) for k in s["step"][starts]), per_step("moe_aux_loss"), per_step("load_imbalance"),
+                    per_step("drop_rate")))
 
 
 def expert_load(rep):
@@ -134,37 +193,68 @@ def span_compute(rep):
     if len(tl) == 0 or len(cm) == 0:
         return out
     w0 = np.where(cm["nonblocking"] != 0, cm["end"] - cm["wait"], cm["start"])
-    w1 = cm["end"]
     key_c = cm["rank"].astype(np.int64) * (1 << 32) + cm["step"].astype(np.int64)
-    order = np.argsort(key_c, kind="stable")
-    key_c = key_c[order]
     key_t = tl["rank"].astype(np.int64) * (1 << 32) + tl["step"].astype(np.int64)
-    for k in np.unique(key_t):
-        rows = np.where(key_t == k)[0]
-        lo, hi = np.searchsorted(key_c, k, "left"), np.searchsorted(key_c, k, "right")
-        if lo == hi:
-            continue
-        # The waits' union: calls waited for together overlap, and a moment
-        # blocked counts once.
-        u0, u1 = union(w0[order[lo:hi]], w1[order[lo:hi]])
-        a, b = tl["start"][rows][:, None], tl["end"][rows][:, None]
-        out[rows] -= np.clip(np.minimum(b, u1[None, :]) - np.maximum(a, u0[None, :]), 0, None).sum(axis=1)
+    # The waits' union per (rank, step): calls waited for together overlap,
+    # and a moment blocked counts once.
+    u0, u1, ukey = unions(key_c, w0, cm["end"])
+    if len(ukey) == 0:
+        return np.maximum(out, 0.0)
+    ufirst, ucount = cuts(ukey)  # a run per (rank, step): its intervals
+    ukeys = ukey[ufirst]
+    order, first, count = runs(key_t)  # the spans of each (rank, step), in row order
+    tkeys = key_t[order][first]
+    at = np.minimum(np.searchsorted(ukeys, tkeys), len(ukeys) - 1)
+    waited = np.flatnonzero(ukeys[at] == tkeys)  # the (rank, step)s that waited at all
+    first, count, ufirst, ucount = first[waited], count[waited], ufirst[at[waited]], ucount[at[waited]]
+    # Each (rank, step)'s spans against its intervals, a matrix of their
+    # overlaps summed along each span's row, as a loop per (rank, step)
+    # would: the same terms in the same order, so the same sums. The
+    # (rank, step)s of one shape (spans x intervals: a run's steps mostly
+    # share a few) are stacked and done at once, at most BLOCK terms a time.
+    by_shape, shape_first, shape_count = runs([count, ucount])
+    for f, k in zip(shape_first, shape_count):
+        n_spans, n_intervals = count[by_shape[f]], ucount[by_shape[f]]
+        stack = max(1, BLOCK // (n_spans * n_intervals))
+        for lo in range(f, f + k, stack):
+            these = by_shape[lo:min(lo + stack, f + k)]
+            rows = order[first[these][:, None] + np.arange(n_spans)]
+            ivl = ufirst[these][:, None] + np.arange(n_intervals)
+            a, b = tl["start"][rows][:, :, None], tl["end"][rows][:, :, None]
+            a0, a1 = u0[ivl][:, None, :], u1[ivl][:, None, :]
+            out[rows] -= np.clip(np.minimum(b, a1) - np.maximum(a, a0), 0, None).sum(axis=2)
     return np.maximum(out, 0.0)
 
 
-def union(starts, ends):
-    """The intervals [starts, ends) merged where they overlap: (starts, ends)."""
-    order = np.argsort(starts, kind="stable")
-    u0, u1 = [], []
-    for a, b in zip(np.asarray(starts)[order], np.asarray(ends)[order]):
-        if b <= a:
-            continue
-        if u1 and a <= u1[-1]:
-            u1[-1] = max(u1[-1], b)
-        else:
-            u0.append(a)
-            u1.append(b)
-    return np.array(u0, dtype=float), np.array(u1, dtype=float)
+def unions(keys, starts, ends):
+    """Per key, the intervals [starts, ends) of its rows merged where they
+    overlap (empty ones dropped): (starts, ends, keys) of the merged
+    intervals, sorted by key and then start."""
+    order = np.lexsort((starts, keys))  # by key, then start; ties in row order
+    k, a, b = keys[order], np.asarray(starts, dtype=float)[order], np.asarray(ends, dtype=float)[order]
+    live = ~(b <= a)
+    k, a, b = k[live], a[live], b[live]
+    n = len(k)
+    if n == 0:
+        return a, b, k
+    # An interval starts a merged one unless it begins by the latest end of
+    # the ones before it of its key: that running maximum within each key is
+    # one np.maximum.accumulate over (key's index, rank of the end) as an
+    # integer, which orders as the pair does.
+    first = np.ones(n, dtype=bool)
+    first[1:] = k[1:] != k[:-1]
+    by_end = np.argsort(b, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_end] = np.arange(n)
+    group = np.cumsum(first) - 1
+    latest = b[by_end][np.maximum.accumulate(group * n + rank) - group * n]
+    new = first.copy()
+    new[1:] |= ~(a[1:] <= latest[:-1])
+    at = np.flatnonzero(new)
+    return a[at], np.maximum.reduceat(b, at), k[at]
+
+
+LAYER_PHASES = ("forward", "backward", "backward_input", "backward_weight", "waits")
 
 
 def layer_times(rep):
@@ -183,23 +273,42 @@ def layer_times(rep):
     compute = span_compute(rep)[keep]
     tl = tl[keep]
     waits = (tl["end"] - tl["start"]) - compute
-    phases = texts(tl["phase"])
-    out = []
-    for layer in np.unique(tl["layer"]):
-        row = {}
-        for ph in ("forward", "backward", "backward_input", "backward_weight", "waits"):
-            sel = (tl["layer"] == layer) & ((phases == ph) if ph != "waits" else (phases != "optimizer"))
-            if not sel.any():
-                continue
-            what = waits if ph == "waits" else compute
-            per_rank = []
-            ranks = np.unique(tl["rank"][sel])
-            for r in ranks:
-                per_step = [what[sel & (tl["rank"] == r) & (tl["step"] == k)].sum() for k in steps]
-                per_rank.append(float(np.median(per_step)))
-            row[ph] = mean(per_rank, rep.weights(ranks))
-        out.append((int(layer), row))
-    return out
+    # The phase's bytes, compared with the names' bytes: as decoding each
+    # row (texts) would, without the per-row cost.
+    phases = tl["phase"]
+    layers, ranks, steps_of = tl["layer"], tl["rank"], np.searchsorted(steps, tl["step"])
+    # One sort by (layer, rank, step) for every phase: a phase's rows taken
+    # in that order are in order too, each group's spans in row order, as a
+    # mask would take them.
+    order = np.lexsort((steps_of, ranks, layers))
+    rows = {int(layer): {} for layer in np.unique(layers)}
+    for ph in LAYER_PHASES:
+        sel = (phases != b"optimizer") if ph == "waits" else (phases == ph.encode())
+        if not sel.any():
+            continue
+        mine = order[sel[order]]
+        what = (waits if ph == "waits" else compute)[mine]
+        layer, rank, step = layers[mine], ranks[mine], steps_of[mine]
+        # Sum per (layer, rank, step); then per (layer, rank) the median over
+        # every measured step, 0 where it has no span.
+        starts, counts = cuts([layer, rank, step])
+        total = sums(what, counts)
+        layer, rank, step = layer[starts], rank[starts], step[starts]
+        first, per_series = cuts([layer, rank])
+        series = np.repeat(np.arange(len(first)), per_series)
+        medians = np.zeros(len(first))
+        block = max(1, BLOCK // len(steps))
+        for lo in range(0, len(first), block):
+            hi = min(lo + block, len(first))
+            here = slice(first[lo], first[hi] if hi < len(first) else len(series))
+            per_step = np.zeros((hi - lo, len(steps)))
+            per_step[series[here] - lo, step[here]] = total[here]
+            medians[lo:hi] = np.median(per_step, axis=1)
+        # The mean over each layer's ranks.
+        at, n = cuts(layer[first])
+        for a, k in zip(at, n):
+            rows[int(layer[first[a]])][ph] = mean(medians[a:a + k], rep.weights(rank[first[a:a + k]]))
+    return list(rows.items())
 
 
 def hidden(busy, waited):

@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 
+from . import outputs
 from .read import (Report, ReportError, checked_table, data_frame, read_attrs, read_file, read_isolated,
                    read_open_report, text, texts, units_of)
 from .summary import fmt_bytes
@@ -12,6 +13,8 @@ from .summary import fmt_bytes
 SCHEMAS = ("strata-sweep", "strata-plan")
 # The most points the bar chart of sweep.png draws.
 MAX_BARS = 30
+# The picture plot writes.
+PLOT_FILE = "sweep.png"
 
 
 # The columns of /points the tools read (kinds as read.COLUMNS).
@@ -153,6 +156,7 @@ def plot(ix, directory):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    outputs.check([("the index", ix.path)], dirs=[("plots directory", directory, [PLOT_FILE])])
     os.makedirs(directory, exist_ok=True)
     st = ix.col("status")
     done = np.where(st == "complete")[0]
@@ -179,7 +183,7 @@ def plot(ix, directory):
     a2.set_title("throughput per point (red: on the Pareto front)"
                  + (f": the fastest {bars} of {len(done)}" if bars < len(done) else ""), fontsize=10)
     fig.tight_layout()
-    path = os.path.join(directory, "sweep.png")
+    path = os.path.join(directory, PLOT_FILE)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return [path]

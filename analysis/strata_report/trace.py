@@ -11,10 +11,15 @@ as Holistic Trace Analysis reads a job's traces. A report of rank classes
 import json
 import math
 import os
+import re
 
 import numpy as np
 
+from . import outputs
 from .read import text, texts
+
+# The names write_per_rank gives its files.
+PER_RANK_FILE = re.compile(r"rank-\d+\.json")
 
 
 def lanes(events):
@@ -183,8 +188,10 @@ def build(rep, only_rank=None):
 
 
 def write(rep, path):
+    outputs.check([("the report", rep.path)], files=[("trace file", path)])
+    doc = build(rep)  # before the file is opened: a failure leaves no empty file behind
     with open(path, "w") as f:
-        json.dump(build(rep), f)
+        json.dump(doc, f)
 
 
 # The streams of a per-rank trace for Holistic Trace Analysis: the compute
@@ -267,6 +274,8 @@ def write_per_rank(rep, directory):
     reads (hta: ProfilerStep#N, streams, kernel and cpu_op events, and the
     distributedInfo record it groups a job's traces by); for a report of
     rank classes, one per class, named by its first rank, with its ranks."""
+    outputs.check([("the report", rep.path)],
+                  dirs=[("per-rank trace directory", directory, [f"rank-{r}.json" for r in rep.row_ranks])])
     os.makedirs(directory, exist_ok=True)
     paths = []
     names = rank_names(rep)

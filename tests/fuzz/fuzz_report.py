@@ -17,6 +17,14 @@ the original) exits 0 or 2, with its error on one line; never a traceback.
 A mutant that breaks it is kept in WORK_DIR/finding-N.h5 with the
 traceback, to be added to the regressions.
 
+Between mutants it draws output paths that collide with the input
+(collisions): for each writing option (--trace, --plots, --trace-per-rank)
+the input's own path, a hard link to it, a symbolic link to it or its path
+with ./ before it, given as the option's path or, for a directory option,
+placed as a file the option writes in its directory; and two options
+writing one file. Each must exit 2 with its one-line error, the input
+byte for byte as it was and nothing written.
+
 usage: fuzz_report.py STRATA SOURCE_DIR WORK_DIR SECONDS [SEED]
 """
 import contextlib
@@ -34,6 +42,10 @@ import h5py
 import numpy as np
 
 strata, src, work, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+# Paths given relative to where it was started (build/strata .) still name
+# the same files once it works in WORK_DIR; a bare command name stays one.
+strata = os.path.abspath(strata) if os.sep in strata else strata
+src = os.path.abspath(src)
 seed = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 sys.path.insert(0, os.path.join(src, "analysis"))
 from strata_report import cli, read  # noqa: E402
@@ -241,6 +253,125 @@ def check(path, original, plots):
             raise AssertionError(f"strata-report {' '.join(argv)} exited 2 without its one-line error: {err}")
 
 
+# ---- output paths that collide with an input ----
+
+WRITERS = [("--trace", False), ("--plots", True), ("--trace-per-rank", True)]
+FORMS = ["the same path", "a hard link", "a symbolic link", "./ before the path"]
+# The files --plots writes into its directory (docs/analysis.md): a report's
+# pictures, or an index's.
+PICTURES = ["timeline.png", "memory.png", "comm.png", "experts.png", "sweep.png"]
+
+
+def written_name(option):
+    """A file the directory option writes: a picture, or a rank's trace."""
+    return rng.choice(PICTURES) if option == "--plots" else f"rank-{rng.randrange(4)}.json"
+
+
+def collision(seed, option, form, inside):
+    """Sets up collide/ for one case: the input (a copy of `seed`) and the
+    output path of `option` naming it in `form`, as the option's own path
+    or (inside) as a file the directory option writes. Returns (argv, the
+    input)."""
+    shutil.rmtree("collide", ignore_errors=True)
+    os.makedirs("collide/out")
+    inp = "collide/in.h5"
+    if inside:
+        # The option names the directory; the input is, or is linked from, a
+        # file it would write there.
+        placed = os.path.join("collide/out", written_name(option))
+        if form in ("the same path", "./ before the path"):
+            inp = placed
+        shutil.copy(seed, inp)
+        if form == "a hard link":
+            os.link(inp, placed)
+        elif form == "a symbolic link":
+            os.symlink(os.path.abspath(inp), placed)
+        out = "./collide/out" if form == "./ before the path" else "collide/out"
+        return [inp, option, out], inp
+    shutil.copy(seed, inp)
+    if form == "a hard link":
+        out = "collide/hard.h5"
+        os.link(inp, out)
+    elif form == "a symbolic link":
+        out = "collide/sym.h5"
+        os.symlink("in.h5", out)
+    elif form == "./ before the path":
+        out = "./" + inp
+    else:
+        out = inp
+    return [inp, option, out], inp
+
+
+def two_outputs(seed):
+    """Sets up collide/ for two options that would write one file: --trace
+    at a file --plots or --trace-per-rank writes, or at the path --plots
+    takes as its directory. Returns (argv, the input)."""
+    shutil.rmtree("collide", ignore_errors=True)
+    os.makedirs("collide")
+    inp = "collide/in.h5"
+    shutil.copy(seed, inp)
+    option = rng.choice(["--plots", "--trace-per-rank"])
+    d = rng.choice(["collide/out", "./collide/out", "collide/../collide/out"])
+    if rng.random() < 0.3 and option == "--plots":
+        return [inp, "--trace", d, option, d], inp
+    return [inp, "--trace", os.path.join(d, written_name(option)), option, d], inp
+
+
+# The cases collisions() goes through before it draws: each option in each
+# form, as its path and (a directory option) inside its directory, and two
+# outputs on one path.
+EVERY_CASE = sum(2 if is_dir else 1 for _, is_dir in WRITERS) * len(FORMS) + 1
+
+
+def collisions(seeds):
+    """Collision cases, each (argv, the input, its seed) with its files
+    made: the EVERY_CASE ones, then drawn at random, two outputs on one path
+    among them."""
+    def case(make, *args):
+        seed = rng.choice(seeds)
+        return (*make(seed, *args), seed)
+
+    for option, is_dir in WRITERS:
+        for form in FORMS:
+            for inside in ([False, True] if is_dir else [False]):
+                yield case(collision, option, form, inside)
+    yield case(two_outputs)
+    while True:
+        if rng.random() < 0.2:
+            yield case(two_outputs)
+            continue
+        option, is_dir = rng.choice(WRITERS)
+        yield case(collision, option, rng.choice(FORMS), is_dir and rng.random() < 0.5)
+
+
+def snapshot(top):
+    """{path: (kind, bytes)} of everything under top: what a refusal must leave."""
+    out = {}
+    for d, dirs, files in os.walk(top):
+        for name in dirs + files:
+            p = os.path.join(d, name)
+            if os.path.islink(p):
+                out[p] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[p] = ("dir", None)
+            else:
+                with open(p, "rb") as f:
+                    out[p] = ("file", f.read())
+    return out
+
+
+def check_collision(argv, inp, seed_bytes):
+    before = snapshot("collide")
+    rc, err = run_tool(argv)
+    where = f"strata-report {' '.join(argv)}"
+    if rc != 2:
+        raise AssertionError(f"{where} exited {rc}, not 2, on an output that collides with an input: {err}")
+    if not err.startswith("strata-report: error: ") or err.count("\n") != 1:
+        raise AssertionError(f"{where} exited 2 without its one-line error: {err}")
+    if snapshot("collide") != before or open(inp, "rb").read() != seed_bytes:
+        raise AssertionError(f"{where} refused, but changed its input or wrote a file")
+
+
 def check_in_child(path, original):
     """For a file with damaged bytes: the tool in a child process, so that a
     failure inside HDF5 is seen as what it is."""
@@ -282,7 +413,20 @@ def main():
 
     start = time.monotonic()
     execs = 0
+    cases = collisions(seeds)
+    collided = 0
+    seed_bytes = {s: open(s, "rb").read() for s in seeds}
     while time.monotonic() - start < seconds and findings < 5:
+        if collided < EVERY_CASE or rng.random() < 0.2:
+            argv, inp, seed = next(cases)
+            try:
+                check_collision(argv, inp, seed_bytes[seed])
+            except AssertionError as e:
+                found(inp, str(e))
+            except Exception:  # the tool raised: a traceback
+                found(inp, traceback.format_exc())
+            collided += 1
+            continue
         original = rng.choice(seeds)
         path = "mutant.h5"
         shutil.copy(original, path)
@@ -307,8 +451,8 @@ def main():
             found(path, traceback.format_exc())
         execs += 1
     elapsed = time.monotonic() - start
-    print(f"fuzz_report: {replayed} regression(s) replayed, {execs} mutant(s) in {elapsed:.1f} s "
-          f"({execs / max(elapsed, 1e-9):.1f}/s), {findings} finding(s)")
+    print(f"fuzz_report: {replayed} regression(s) replayed, {execs} mutant(s) and {collided} colliding output "
+          f"path(s) in {elapsed:.1f} s ({execs / max(elapsed, 1e-9):.1f} mutants/s), {findings} finding(s)")
     return 1 if findings else 0
 
 

@@ -1,17 +1,22 @@
 """strata-report on reports this test writes with the real binary: a 2-rank
 zero-bubble pipeline, a single-rank run and a run that failed; its summary,
-plots, trace and comparison, and its refusal of files that are not reports.
+plots, trace and comparison, its refusal of files that are not reports and
+of outputs that would overwrite its input or one another, and the summary
+of 100 000 steps (a short run's, repeated) in seconds.
 
 Run by CTest (python.strata_report) as
   /usr/bin/python3 -m pytest tests/python/test_strata_report.py
-with STRATA_BIN naming the strata binary.
+with STRATA_BIN naming the strata binary (by default build/strata).
 """
 import csv
 import io
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -19,17 +24,21 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "analysis", "strata-report")
+STRATA = os.environ.get("STRATA_BIN") or os.path.join(ROOT, "build", "strata")
 sys.path.insert(0, os.path.join(ROOT, "analysis"))
 
+from strata_report import plots as plots_mod  # noqa: E402
+from strata_report import read as read_mod  # noqa: E402
+from strata_report import summary as summary_mod  # noqa: E402
 from strata_report import sweep as sweep_mod  # noqa: E402
 from tiny_deck import DECK  # noqa: E402
 from strata_report import trace as trace_mod  # noqa: E402
-from strata_report.read import Report  # noqa: E402
+from strata_report.read import Report, ReportError  # noqa: E402
 
 
 
 def strata(tmp, *args, ranks=1, expect=0):
-    cmd = (["mpiexec", "-n", str(ranks)] if ranks > 1 else []) + [os.environ["STRATA_BIN"], "run", "deck.toml", *args]
+    cmd = (["mpiexec", "-n", str(ranks)] if ranks > 1 else []) + [STRATA, "run", "deck.toml", *args]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
     assert r.returncode == expect, r.stdout + r.stderr
@@ -60,11 +69,11 @@ def reports(tmp_path_factory):
     (tmp / "sweep.toml").write_text(DECK + '[sweep]\nname = "t"\n"parallel.pp" = [1, 2]\n'
                                     '"backend.memory_limit" = ["0", "64KiB"]\n'
                                     'where = ["parallel.pp == 1 or backend.memory_limit == 0"]\n')
-    r = subprocess.run([os.environ["STRATA_BIN"], "sweep", "sweep.toml", "--results", "sweeps"], cwd=tmp,
+    r = subprocess.run([STRATA, "sweep", "sweep.toml", "--results", "sweeps"], cwd=tmp,
                        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
     assert r.returncode == 1, r.stdout + r.stderr  # one point failed
     # The 2-rank pipeline above, predicted.
-    r = subprocess.run([os.environ["STRATA_BIN"], "simulate", "deck.toml", "--machine", "a100-80gb", "--set",
+    r = subprocess.run([STRATA, "simulate", "deck.toml", "--machine", "a100-80gb", "--set",
                         "parallel.pp=2", "--set", 'parallel.schedule="zb-h1"', "--output", "simpp.h5"], cwd=tmp,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -72,7 +81,7 @@ def reports(tmp_path_factory):
     # 8 ranks, and the README's 4096.
     for deck, name in (("deck.toml", "sim8.h5"), (os.path.join(ROOT, "inputs", "gpt-7b-4096.toml"), "sim4096.h5")):
         more = ["--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set", "parallel.tp=2"] if name == "sim8.h5" else []
-        r = subprocess.run([os.environ["STRATA_BIN"], "simulate", deck, "--machine", "h100-80gb", *more, "--output",
+        r = subprocess.run([STRATA, "simulate", deck, "--machine", "h100-80gb", *more, "--output",
                             name], cwd=tmp, capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
     with h5py.File(tmp / "other.h5", "w") as f:
@@ -550,6 +559,177 @@ def test_unusable_output_paths_are_refused_before_any_work(reports, tmp_path):
         assert why in r.stderr and "strata-report: error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert r.stdout == "", "nothing is printed or written before the check"
     assert fifo.is_fifo()
+
+
+def snapshot(top):
+    """{path: (kind, contents)} of everything under top: what a refused
+    command must leave as it was, the input's bytes among it."""
+    out = {}
+    for d, dirs, files in os.walk(top):
+        for name in dirs + files:
+            p = os.path.join(d, name)
+            if os.path.islink(p):
+                out[p] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[p] = ("dir", None)
+            else:
+                out[p] = ("file", open(p, "rb").read())
+    return out
+
+
+# Outputs that would overwrite the input (a report, in.h5, or a sweep's
+# index, index.h5) or another output: (the arguments, run in a directory
+# that collision_tree set up, and what the one line must say besides the
+# option and its path).
+COLLISIONS = {
+    "trace is the input": (["in.h5", "--trace", "in.h5"], "is the input in.h5"),
+    "trace is ./ the input": (["in.h5", "--trace", "./in.h5"], "is the input in.h5"),
+    "trace is the input through ..": (["in.h5", "--trace", "sub/../in.h5"], "is the input in.h5"),
+    "trace is a hard link to the input": (["in.h5", "--trace", "hard.h5"], "is the input in.h5"),
+    "trace is a symbolic link to the input": (["in.h5", "--trace", "sym.h5"], "is the input in.h5"),
+    "plots is the input": (["in.h5", "--plots", "in.h5"], "is the input in.h5"),
+    "plots would write a hard link to the input": (["in.h5", "--plots", "plots-hard"],
+                                                   "would write plots-hard/timeline.png, which is the input in.h5"),
+    "plots would write a symbolic link to the input": (["in.h5", "--plots", "./plots-sym"],
+                                                       "which is the input in.h5"),
+    "plots would write the input itself": (["plots-self/comm.png", "--plots", "plots-self"],
+                                           "which is the input plots-self/comm.png"),
+    "trace-per-rank is the input": (["in.h5", "--trace-per-rank", "./in.h5"], "is the input in.h5"),
+    "trace-per-rank would write a hard link to the input": (["in.h5", "--trace-per-rank", "ranks-hard"],
+                                                            "ranks-hard/rank-0.json, which is the input in.h5"),
+    "trace-per-rank would write a symbolic link to the input": (["in.h5", "--trace-per-rank", "ranks-sym"],
+                                                                "ranks-sym/rank-1.json, which is the input in.h5"),
+    "index plots would write a symbolic link to the index": (["index.h5", "--plots", "index-plots"],
+                                                             "index-plots/sweep.png, which is the input index.h5"),
+    "index trace is the index": (["index.h5", "--trace", "index.h5"], "is the input index.h5"),
+    "trace and plots write one picture": (["in.h5", "--trace", "out/timeline.png", "--plots", "out"],
+                                          "also written by --trace out/timeline.png"),
+    "trace and plots write one picture, spelt apart": (["in.h5", "--trace", "out/./comm.png", "--plots", "./out"],
+                                                       "also written by --trace out/./comm.png"),
+    "trace and trace-per-rank write one rank's file": (["in.h5", "--trace", "out/rank-1.json", "--trace-per-rank",
+                                                        "out"], "also written by --trace-per-rank out"),
+    "trace is the plots directory": (["in.h5", "--trace", "out", "--plots", "out"], "also written by --trace out"),
+    "trace is a report being written": (["in.h5", "--trace", "in.h5.partial"], ".lock or .partial"),
+    "plots is a claim": (["in.h5", "--plots", "plots.lock"], ".lock or .partial"),
+}
+
+
+def collision_tree(reports, top):
+    """A report (in.h5) and an index (index.h5) in `top`, and links to
+    them: hard.h5, sym.h5, plots-hard/timeline.png, plots-sym/memory.png,
+    ranks-hard/rank-0.json, ranks-sym/rank-1.json, index-plots/sweep.png;
+    plots-self/comm.png, a report of its own."""
+    shutil.copy(reports / "pp.h5", top / "in.h5")
+    shutil.copy(reports / "sweeps" / "t" / "index.h5", top / "index.h5")
+    for d in ("sub", "plots-hard", "plots-sym", "plots-self", "ranks-hard", "ranks-sym", "index-plots"):
+        (top / d).mkdir()
+    shutil.copy(reports / "pp.h5", top / "plots-self" / "comm.png")
+    os.link(top / "in.h5", top / "hard.h5")
+    os.symlink("in.h5", top / "sym.h5")
+    os.link(top / "in.h5", top / "plots-hard" / "timeline.png")
+    os.symlink("../in.h5", top / "plots-sym" / "memory.png")
+    os.link(top / "in.h5", top / "ranks-hard" / "rank-0.json")
+    os.symlink(top / "in.h5", top / "ranks-sym" / "rank-1.json")
+    os.symlink("../index.h5", top / "index-plots" / "sweep.png")
+
+
+@pytest.mark.parametrize("case", list(COLLISIONS))
+def test_an_output_on_an_input_or_another_output_is_refused_and_nothing_written(reports, tmp_path, case):
+    args, says = COLLISIONS[case]
+    collision_tree(reports, tmp_path)
+    before = snapshot(tmp_path)
+    r = subprocess.run([TOOL, *args], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2, r.stdout + r.stderr
+    # One line, naming an option and its path, and what it collides with.
+    named = [f"strata-report: error: {a} {b}: " for a, b in zip(args, args[1:]) if a.startswith("--")]
+    assert any(r.stderr.startswith(n) for n in named) and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert r.stdout == "", "nothing is printed before the check"
+    assert snapshot(tmp_path) == before, "the input is as it was, and nothing was written"
+
+
+def test_the_writers_refuse_to_write_over_their_report(reports, tmp_path):
+    # The API as the command: trace.write(rep, rep.path) is refused.
+    shutil.copy(reports / "pp.h5", tmp_path / "in.h5")
+    (tmp_path / "ranks").mkdir()
+    os.link(tmp_path / "in.h5", tmp_path / "ranks" / "rank-1.json")
+    before = snapshot(tmp_path)
+    rep = Report(str(tmp_path / "in.h5"))
+    for write, path in ((trace_mod.write, rep.path), (trace_mod.write_per_rank, str(tmp_path / "ranks")),
+                        (plots_mod.write_all, rep.path)):
+        with pytest.raises(ReportError, match="the report .*in.h5 \\(the same file\\)"):
+            write(rep, path)
+    assert snapshot(tmp_path) == before
+
+
+def tile_report(src, dst, steps):
+    """A report at dst that is src with its measured steps repeated to
+    `steps` of them: every table with a step column (/steps, /timeline,
+    /comm, /memory, /experts) keeps its warm-up rows and then holds copy c
+    of measured step i as step first + c x (measured steps) + i, its rows in
+    their order; the times are left as they are, so that each copy's
+    figures are the source's to the bit. Everything else is copied."""
+    with h5py.File(src, "r") as f, h5py.File(dst, "w") as g:
+        for k, v in f.attrs.items():
+            g.attrs[k] = v
+        s = f["steps"][...]
+        measured = np.unique(s["step"][s["warmup"] == 0])
+        assert steps % len(measured) == 0 and np.array_equal(measured, np.arange(measured[0], measured[-1] + 1))
+        copies = steps // len(measured)
+        for name, obj in f.items():
+            if not (isinstance(obj, h5py.Dataset) and obj.dtype.names and "step" in obj.dtype.names):
+                f.copy(obj, g, name)
+                continue
+            t = obj[...]
+            warm, t = t[~np.isin(t["step"], measured)], t[np.isin(t["step"], measured)]
+            tiled = np.tile(t, copies)
+            tiled["step"] = (measured[0] + len(measured) * np.arange(copies)[:, None]
+                             + (t["step"] - measured[0])[None, :]).ravel()
+            d = g.create_dataset(name, data=np.concatenate([warm, tiled]))
+            for k, v in obj.attrs.items():
+                d.attrs[k] = v
+        g["summary/measured_steps"][()] = float(steps)
+
+
+def test_the_summary_of_100000_steps_takes_seconds_and_says_what_each_step_did(tmp_path, monkeypatch):
+    # A 2-rank data-parallel run of 4 measured steps (waits inside its spans,
+    # two ranks to average), its steps copied to 100 000: each layer's
+    # medians, the step times and the memory are the source's.
+    (tmp_path / "deck.toml").write_text(DECK)
+    strata(tmp_path, "--set", "parallel.dp=2", "--set", "model.layers=1", "--set", "data.global_batch=2", "--set",
+           "run.steps=5", "--output", "src.h5", ranks=2)
+    big = tmp_path / "big.h5"
+    t0 = time.monotonic()
+    tile_report(tmp_path / "src.h5", big, 100_000)
+    made = time.monotonic() - t0
+    try:
+        # A file this test wrote whole: read here, not in a child process.
+        monkeypatch.setattr(read_mod, "ISOLATE", False)
+        src, rep = Report(str(tmp_path / "src.h5")), Report(str(big))
+
+        # Past two minutes (the summary was once quadratic in steps: hours
+        # here), give up rather than hang.
+        def too_long(*_):
+            raise TimeoutError("the summary of 100 000 steps ran past 120 s")
+
+        old = signal.signal(signal.SIGALRM, too_long)
+        signal.alarm(120)
+        try:
+            t0 = time.monotonic()
+            out = summary_mod.render(rep)  # what strata-report FILE prints
+            took = time.monotonic() - t0
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+        assert took < 5.0, f"the summary of 100 000 steps took {took:.1f} s (the report was made in {made:.1f} s)"
+        assert len(np.unique(rep.measured_steps()["step"])) == 100_000
+        layers = summary_mod.layer_times(rep)
+        assert layers == summary_mod.layer_times(src) and len(layers) == 3 and len(src.array("comm")) > 0
+        # The same summary but for the path and the number of steps.
+        want = summary_mod.render(src)
+        assert "over 4 measured steps" in want
+        assert out == want.replace(src.path, rep.path, 1).replace("over 4 measured steps", "over 100000 measured steps")
+    finally:
+        big.unlink()
 
 
 def test_sweep_index_ranks_points_and_draws_the_front(reports, tmp_path):
