@@ -60,6 +60,12 @@ class Index:
         self.name = text(attrs.get("sweep", ""))
         self.axes = text(attrs.get("axes", ""))
         self.where = text(attrs.get("where", ""))
+        # A plan stopped by a signal says so (status, interrupted_by) and how
+        # far it got; a sweep's index has no status.
+        self.status = text(attrs.get("status", ""))
+        self.interrupted_by = text(attrs.get("interrupted_by", ""))
+        self.layouts = attrs.get("layouts")
+        self.layouts_judged = attrs.get("layouts_judged")
         self.path = path
 
     def col(self, c):
@@ -125,6 +131,10 @@ def render(ix):
     out = [f"{kind} '{ix.name}' ({ix.path}): {len(st)} point(s): " +
            ", ".join(f"{(st == s).sum()} {s}" for s in ("complete", "failed", "not_run", "skipped") if (st == s).any()),
            f"axes: {ix.axes}" + (f" | where: {ix.where}" if ix.where else "")]
+    if ix.status == "interrupted":
+        reached = (f": {ix.layouts_judged} of {ix.layouts} layouts judged, the rest not reached"
+                   if ix.layouts is not None and ix.layouts_judged is not None else "")
+        out.insert(1, f"INTERRUPTED by {ix.interrupted_by or 'a signal'}{reached}")
     if len(done):
         tp, mem = ix.col("tokens_per_s"), ix.col("peak_bytes")
         front = set(pareto(tp[done], mem[done]))

@@ -165,8 +165,9 @@ kill -TERM $pid
 wait $pid
 rc=$?
 if [[ $rc -eq 143 ]] && grep -q "not reached before SIGTERM" plan.log && grep -q "^stopped by SIGTERM" plan.log \
-   && ! grep -q "no layout fits" plan.log
-then ok "a plan stopped by SIGTERM says what it had not reached"
+   && ! grep -q "no layout fits" plan.log \
+   && "$py" "$src/analysis/strata-report" out/plan.h5 | grep -q "^INTERRUPTED by SIGTERM: 0 of [0-9]* layouts judged"
+then ok "a plan stopped by SIGTERM says what it had not reached, and so does strata-report on its report"
 else bad "plan stopped (rc $rc)"; cat plan.log; fi
 
 # --- a report read while it is written ---
