@@ -24,6 +24,11 @@ class ContextSeam {
   // This rank holds T / size() tokens of each sequence of T: its token t
   // (0 <= t < T / size()) is at position position(t, T) of the sequence.
   virtual int position(int t, int T) const { return t; }
+  // How many of this rank's tokens from t on (t < T / size()) sit at
+  // consecutive positions: the rows a position-wise kernel (RoPE, learned
+  // positions) takes in one call. Walking token by token would cost the
+  // meta device's estimate a virtual call per token, layer and pass.
+  virtual int run_from(int t, int T) const { return T / size() - t; }
   // Attention's `state` (kept from the forward to the backward pass) for B
   // sequences of this rank's Tl tokens, NH query heads of C channels in all
   // and NKV key-value heads: its elements, and its format for activations of

@@ -88,6 +88,12 @@ int RingAttention::position(int t, int T) const {
   return t < Tc ? rank() * Tc + t : chunk_of(1, rank(), size()) * Tc + (t - Tc);
 }
 
+int RingAttention::run_from(int t, int T) const {
+  // Two chunks of Tc tokens each, each at consecutive positions.
+  const int Tc = T / (2 * size());
+  return t < Tc ? Tc - t : 2 * Tc - t;
+}
+
 std::int64_t RingAttention::state_elements(bool, int B, int NH, int, int Tl, int) const {
   return std::int64_t(B) * NH * Tl;
 }

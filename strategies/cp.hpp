@@ -32,6 +32,7 @@ class RingAttention final : public models::ContextSeam {
   int size() const override { return cp_.size(); }
   int rank() const override { return cp_.rank(); }
   int position(int t, int T) const override;
+  int run_from(int t, int T) const override;
   // The rows' log-sum-exp [B, NH, Tl], fp32; scratch, key-value blocks
   // [B, Tl, 2 KVC]: two in the activations' format forward; backward also
   // this rank's gradient of a block, two in fp32 (one leaving while the

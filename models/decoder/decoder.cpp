@@ -587,14 +587,14 @@ void Decoder::finish_replicated(float* const* grads, int n) {
 namespace {
 
 // Runs of rows whose positions are consecutive: rows [first, first + n) of
-// the [B, T] local tokens (row = b T + t) at positions pos, pos + 1, ...
+// the [B, T] local tokens (row = b T + t) at positions pos, pos + 1, ...,
+// as the seam's run_from says (one run never crosses a sequence's end).
 template <typename F>
 void position_runs(const ContextSeam& cp, std::int64_t first, std::int64_t n, int T, int seq_len, F f) {
   std::int64_t row = first;
   while (row < first + n) {
     const int t = int(row % T), pos = cp.position(t, seq_len);
-    std::int64_t len = 1;
-    while (row + len < first + n && (row + len) % T != 0 && cp.position(t + int(len), seq_len) == pos + len) ++len;
+    const std::int64_t len = std::min<std::int64_t>({cp.run_from(t, seq_len), T - t, first + n - row});
     f(row - first, pos, len);
     row += len;
   }
