@@ -20,6 +20,10 @@ class PlanChecks {
   // A violated constraint between `keys`; the message is placed at the first
   // of them the deck sets (else at the deck).
   virtual void error(const std::vector<std::string_view>& keys, std::string message) = 0;
+  // Whether the model's own checks and its size checks passed, so that its
+  // dimensions can be multiplied (the parameter count computed) without
+  // overflowing: a check that needs the model's sizes runs only then.
+  virtual bool sized() const = 0;
 };
 
 using PlanCheck = void (*)(const plan::Plan&, PlanChecks&);

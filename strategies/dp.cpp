@@ -31,10 +31,9 @@ void check_dp(const plan::Plan& p, PlanChecks& checks) {
     checks.error({"parallel.bucket_mb"}, fmt::format("{} is more than {} MiB (1 TiB): no device holds a bucket that "
                                                      "large; a bucket past the gradients' size is one bucket",
                                                      checks.show("parallel.bucket_mb"), kMaxBucketMib));
-  else if (p.parallel.zero == 0 && p.parallel.dp > 1) {
+  else if (p.parallel.zero == 0 && p.parallel.dp > 1 && checks.sized()) {
     // Counted at 4 B a gradient (the most buckets any precision makes), over
     // the parameters a rank of one tp and pp position holds on average.
-    // (In long double: the plan's size checks may have failed.)
     const long double per_rank = models::family(p).parameters(p) / p.parallel.tp / p.parallel.pp;
     const long double per_bucket = std::max(1.0L, std::floor((long double)bucket_mb * (1 << 20) / 4));
     const long double buckets = std::ceil(per_rank / per_bucket);

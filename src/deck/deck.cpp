@@ -169,6 +169,7 @@ class Resolver : public plan::PlanChecks {
   void error(const std::vector<std::string_view>& keys, std::string message) override {
     error(primary(keys) + ": " + message);
   }
+  bool sized() const override { return sized_; }
 
  private:
   static constexpr int kFilePhase = 0, kOverridePhase = 1, kCrossPhase = 2;
@@ -190,6 +191,7 @@ class Resolver : public plan::PlanChecks {
   };
   std::map<std::string, Origin> origin_;
   std::vector<std::pair<std::tuple<int, long, long>, std::string>> errors_;
+  bool sized_ = false;  // the model's checks and size checks passed (sized())
   long cross_count_ = 0;
 };
 
@@ -386,6 +388,7 @@ void Resolver::check_cross_keys() {
   const std::size_t before = errors_.size();
   if (family.check != nullptr) family.check(c, *this);
   if (errors_.size() == before) check_sizes();
+  sized_ = errors_.size() == before;
   strategies::check_plan(c, *this);
 }
 

@@ -8,9 +8,9 @@
 //
 // The property: a parser either accepts its input or throws an input error
 // (core::Error of kind input, exit 2). Any other exception, a crash, a hang
-// (SIGALRM after 20 s on one input) or a sanitizer report fails the run,
-// and the input is kept in <work>/finding-<parser>.txt to be added to the
-// regressions.
+// (SIGALRM after 20 s on one input, 120 s on a numeric-range case) or a
+// sanitizer report fails the run, and the input is kept in
+// <work>/finding-<parser>.txt to be added to the regressions.
 //
 // Then two generators of the cases mutation seldom reaches. Numeric ranges:
 // every numeric key of the deck, on a tiny deck and its dp, pipeline and
@@ -18,7 +18,8 @@
 // past them) and from the extremes (0, -1, 1e-30, 1e30, 2^31 - 1, 2^53,
 // NaN): each must be refused as an input error, or accepted with the dry
 // run's sizing (the estimate of every rank's step and its record window)
-// finishing as bounded work, neither throwing nor taking 20 s. Path
+// finishing as bounded work, neither throwing nor hanging; all of them on
+// the tiny deck first, then the variants, for 8 x SECONDS_PER_PARSER. Path
 // collisions: an output path that names an input (the same path, "./" and
 // "d/../" spellings, a symbolic link, a hard link) or lies inside a
 // directory the command reads must be refused by report::output_file_problem,
@@ -380,12 +381,18 @@ std::vector<std::string> values_for(const plan::KeySpec& k) {
     }
   }
   if (k.type == plan::KeyType::floating) out.insert(out.end(), {"nan", "inf", "-inf"});
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
+  std::vector<std::string> once;  // in the order above, each once
+  for (const std::string& s : out)
+    if (std::find(once.begin(), once.end(), s) == once.end()) once.push_back(s);
+  return once;
 }
 
-int fuzz_ranges() {
+// `budget` seconds at most (checked between cases), in the order: the tiny
+// deck before its variants, and on each every key at its first value, then
+// every key at its second, ..., so that a slow build (the sanitized one, some
+// 70 times slower to size a deck) tries every key early. A case may take up
+// to 120 s (a model of 4096 layers is legitimately slow to size at -O0).
+int fuzz_ranges(double budget) {
   const std::string tiny =
       "[run]\nname = \"r\"\nsteps = 4\nwarmup_steps = 1\n[model]\nlayers = 2\nd_model = 16\nheads = 2\n"
       "vocab = 64\nseq_len = 16\n[data]\nglobal_batch = 8\nmicro_batch = 2\n[backend]\nthreads = 1\n";
@@ -393,17 +400,29 @@ int fuzz_ranges() {
       {}, {"parallel.dp=2"}, {"parallel.pp=2", "parallel.dp=2", "parallel.zero=1"},
       {"model.kind=\"moe\"", "model.moe_experts=2", "parallel.dp=2"}};
   int findings = 0;
-  std::size_t tried = 0, accepted = 0;
+  std::size_t tried = 0, accepted = 0, cases = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (const plan::KeySpec& k : plan::key_table()) {
-    if (k.type == plan::KeyType::boolean || k.type == plan::KeyType::string) continue;
-    for (const std::string& value : values_for(k))
-      for (const auto& base : bases) {
+  const auto spent = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::vector<std::pair<const plan::KeySpec*, std::vector<std::string>>> keys;
+  std::size_t most = 0;
+  for (const plan::KeySpec& k : plan::key_table())
+    if (k.type != plan::KeyType::boolean && k.type != plan::KeyType::string) {
+      keys.emplace_back(&k, values_for(k));
+      most = std::max(most, keys.back().second.size());
+    }
+  for (const auto& base : bases)
+    for (std::size_t j = 0; j < most; ++j)
+      for (const auto& [kp, values] : keys) {
+        if (j >= values.size()) continue;
+        const plan::KeySpec& k = *kp;
+        const std::string& value = values[j];
+        ++cases;
+        if (spent() > budget) continue;
         std::vector<std::string> sets = base;
         sets.push_back(k.full_name() + "=" + value);
         std::string why;
         write(g_current, tiny + "# --set " + fmt::format("{}", fmt::join(sets, " --set ")) + "\n");
-        alarm(20);
+        alarm(120);
         try {
           const deck::Deck d = deck::parse_deck("ranges.toml", tiny, sets);
           train::check_record_window(d.config);
@@ -424,10 +443,8 @@ int fuzz_ranges() {
           ++findings;
         }
       }
-  }
-  const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << fmt::format("  ranges: {} key value(s) on {} deck(s) in {:.1f} s, {} accepted and sized\n", tried,
-                           bases.size(), spent, accepted);
+  std::cout << fmt::format("  ranges: {} of {} key value(s) on {} deck(s) in {:.1f} s, {} accepted and sized\n",
+                           tried, cases, bases.size(), spent(), accepted);
   return findings;
 }
 
@@ -496,7 +513,7 @@ int main(int argc, char** argv) {
   fs::create_directories(work);
   g_current = work / "current-input.txt";
   std::signal(SIGALRM, [](int) {
-    static const char msg[] = "fuzz_parsers: one input took more than 20 s (a hang): see current-input.txt\n";
+    static const char msg[] = "fuzz_parsers: one input took too long (a hang): see current-input.txt\n";
     (void)!::write(2, msg, sizeof msg - 1);
     _exit(3);
   });
@@ -579,7 +596,7 @@ int main(int argc, char** argv) {
                              "refused as input errors, {} accepted; its first seed {}\n",
                              p.name, replayed, runs, spent, runs / spent, refused, runs - refused, first);
   }
-  findings += fuzz_ranges();
+  findings += fuzz_ranges(8 * seconds);
   findings += fuzz_path_collisions(work);
   findings += fuzz_headline(work, seconds, seed);
   fs::remove(g_current);
