@@ -116,10 +116,19 @@ void causal_softmax_backward(Ptr dp, CPtr, i64 matrices, int T) {
 // pair of the causal square, twice the pairs it attends; so the blocks of a
 // ring add up to one rank's whole-sequence figure.
 namespace {
+// The (query, key) pairs a causal block attends: query q0 + i sees keys
+// k0 .. q0 + i of the block's Tk, so row i counts clamp(d + i, 0, Tk) with
+// d = q0 - k0 + 1. In closed form (the estimate calls this per block, layer
+// and micro-batch): rows before -d see none, then one more key a row up to
+// Tk - d, then all Tk. Exact in double (fewer than 2^53 pairs).
 double attended_pairs(int Tq, int Tk, int q0, int k0) {
-  double pairs = 0;
-  for (int i = 0; i < Tq; ++i) pairs += std::clamp(q0 + i - k0 + 1, 0, Tk);
-  return pairs;
+  const std::int64_t d = std::int64_t(q0) - k0 + 1;
+  const std::int64_t first = std::max<std::int64_t>(0, -d);                 // the first row that sees a key...
+  const std::int64_t full = std::min<std::int64_t>(std::max<std::int64_t>(Tk - d, first), Tq);  // ...all Tk
+  const std::int64_t growing = std::max<std::int64_t>(0, full - first);
+  // Rows first .. full - 1 see d + first, d + first + 1, ... keys.
+  const double ramp = double(growing) * double(d + first) + double(growing) * double(growing - 1) / 2;
+  return ramp + double(std::max<std::int64_t>(0, Tq - std::max(full, first))) * Tk;
 }
 }  // namespace
 
