@@ -166,9 +166,10 @@ wait $pid
 rc=$?
 if [[ $rc -eq 143 ]] && grep -q "not reached before SIGTERM" plan.log && grep -q "^stopped by SIGTERM" plan.log \
    && ! grep -q "no layout fits" plan.log \
-   && "$py" "$src/analysis/strata-report" out/plan.h5 | grep -q "^INTERRUPTED by SIGTERM: 0 of [0-9]* layouts judged"
+   && "$py" "$src/analysis/strata-report" out/plan.h5 > plansum.log 2>&1 \
+   && grep -q "^INTERRUPTED by SIGTERM: 0 of [0-9]* layouts judged" plansum.log
 then ok "a plan stopped by SIGTERM says what it had not reached, and so does strata-report on its report"
-else bad "plan stopped (rc $rc)"; cat plan.log; fi
+else bad "plan stopped (rc $rc)"; cat plan.log plansum.log; fi
 
 # --- a report read while it is written ---
 # A reader follows a two-rank run through its .partial file: it opens, reads
