@@ -6,28 +6,9 @@
 # usage: test_faults.sh STRATA SOURCE_DIR WORK_DIR PYTHON
 source "$(dirname "$0")/../cli/harness.sh"
 
-cat > tiny.toml <<'DECK'
-[run]
-name = "tiny"
-steps = 6
-warmup_steps = 1
-seed = 3
-log_every = 0
-[model]
-layers = 2
-d_model = 16
-heads = 2
-vocab = 256
-seq_len = 16
-[data]
-source = "text"
-path = "/usr/share/common-licenses/GPL-3"
-global_batch = 4
-micro_batch = 2
-[backend]
-threads = 1
-peak_tflops = 0.05
-DECK
+# The shared tiny deck, six quiet steps.
+tiny_deck tiny.toml
+sed -i 's|^steps = .*|steps = 6\nlog_every = 0|' tiny.toml
 
 # attr FILE NAME: a root attribute of a report, as text ("" when absent).
 attr() {

@@ -46,6 +46,8 @@ strata, src, work, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.ar
 # the same files once it works in WORK_DIR; a bare command name stays one.
 strata = os.path.abspath(strata) if os.sep in strata else strata
 src = os.path.abspath(src)
+sys.path.insert(0, os.path.join(src, "tests", "python"))
+from snapshot import snapshot  # noqa: E402  (what a refusal must leave)
 seed = int(sys.argv[5]) if len(sys.argv) > 5 else 1
 sys.path.insert(0, os.path.join(src, "analysis"))
 from strata_report import cli, read  # noqa: E402
@@ -342,22 +344,6 @@ def collisions(seeds):
             continue
         option, is_dir = rng.choice(WRITERS)
         yield case(collision, option, rng.choice(FORMS), is_dir and rng.random() < 0.5)
-
-
-def snapshot(top):
-    """{path: (kind, bytes)} of everything under top: what a refusal must leave."""
-    out = {}
-    for d, dirs, files in os.walk(top):
-        for name in dirs + files:
-            p = os.path.join(d, name)
-            if os.path.islink(p):
-                out[p] = ("link", os.readlink(p))
-            elif os.path.isdir(p):
-                out[p] = ("dir", None)
-            else:
-                with open(p, "rb") as f:
-                    out[p] = ("file", f.read())
-    return out
 
 
 def check_collision(argv, inp, seed_bytes):

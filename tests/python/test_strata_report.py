@@ -31,6 +31,7 @@ from strata_report import plots as plots_mod  # noqa: E402
 from strata_report import read as read_mod  # noqa: E402
 from strata_report import summary as summary_mod  # noqa: E402
 from strata_report import sweep as sweep_mod  # noqa: E402
+from snapshot import snapshot  # noqa: E402
 from tiny_deck import DECK  # noqa: E402
 from strata_report import trace as trace_mod  # noqa: E402
 from strata_report.read import Report, ReportError  # noqa: E402
@@ -559,22 +560,6 @@ def test_unusable_output_paths_are_refused_before_any_work(reports, tmp_path):
         assert why in r.stderr and "strata-report: error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert r.stdout == "", "nothing is printed or written before the check"
     assert fifo.is_fifo()
-
-
-def snapshot(top):
-    """{path: (kind, contents)} of everything under top: what a refused
-    command must leave as it was, the input's bytes among it."""
-    out = {}
-    for d, dirs, files in os.walk(top):
-        for name in dirs + files:
-            p = os.path.join(d, name)
-            if os.path.islink(p):
-                out[p] = ("link", os.readlink(p))
-            elif os.path.isdir(p):
-                out[p] = ("dir", None)
-            else:
-                out[p] = ("file", open(p, "rb").read())
-    return out
 
 
 # Outputs that would overwrite the input (a report, in.h5, or a sweep's
