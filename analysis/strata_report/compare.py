@@ -55,7 +55,7 @@ FIELDS = [
     ("step_time_s", "median step ms (slowest rank)", "s", _ms),
     ("final_loss", "final loss", "nats/token", "{:.4f}".format),
     ("peak_memory_bytes", "largest rank peak (sum of category peaks)", "B", fmt_bytes),
-    ("exposed_comm_s", "exposed comm per rank ms", "s", _ms),
+    ("exposed_comm_s", "exposed comm per rank and step ms", "s", _ms),
 ]
 UNITS = {k: u for k, _, u, _ in FIELDS if u is not None}
 
@@ -80,7 +80,9 @@ def figures(rep):
         "step_time_s": s.get("step_time", 0.0),
         "final_loss": s.get("final_loss", float("nan")),
         "peak_memory_bytes": s.get("peak_bytes_total", 0.0),
-        "exposed_comm_s": sum(r[7] for r in comm_per_axis_op(rep)),
+        # /summary/comm sums the measured steps (a simulation's one): per
+        # step, so that a run and its prediction compare.
+        "exposed_comm_s": sum(r[7] for r in comm_per_axis_op(rep)) / max(1.0, float(s.get("measured_steps", 1.0))),
     }
 
 

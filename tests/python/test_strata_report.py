@@ -403,6 +403,24 @@ def test_compare_takes_any_number_of_runs_as_json_and_csv(reports):
     assert "needs at least two" in tool("compare", paths[0], expect=2).stderr
 
 
+def test_compare_gives_exposed_communication_per_step(reports):
+    # A run's /summary/comm sums its measured steps; its simulation's holds
+    # one step. compare's figure is per rank and step for both: the mean over
+    # measured steps and ranks of /steps' exposed communication per axis.
+    paths = [str(reports / "pp.h5"), str(reports / "simpp.h5")]
+    j = json.loads(tool("compare", *paths, "--format", "json").stdout)
+    run = Report(paths[0])
+    s = run.measured_steps()
+    exposed = sum(s[c] for c in s.dtype.names if c.startswith("exposed_comm_"))
+    assert run.summary["measured_steps"] == 3 and len(np.unique(s["step"])) == 3
+    want = exposed.sum() / len(s)
+    assert abs(j["reports"][0]["exposed_comm_s"] - want) <= 1e-9 * want, (j["reports"][0]["exposed_comm_s"], want)
+    sim = Report(paths[1])
+    assert j["reports"][1]["exposed_comm_s"] == pytest.approx(
+        sum(r[7] for r in summary_mod.comm_per_axis_op(sim)), rel=1e-12)
+    assert "exposed comm per rank and step ms" in tool("compare", *paths).stdout
+
+
 def test_compare_says_when_mfu_divides_by_different_peaks(reports):
     out = tool("compare", str(reports / "one.h5"), str(reports / "sim8.h5")).stdout
     note = next(l for l in out.splitlines() if l.startswith("note: MFU divides by a different peak"))
