@@ -345,8 +345,16 @@ def render(rep):
           f"{a.get('kernel_libraries', '?')} | CPU {a.get('cpu_model', '?')}")
     if a.get("warnings"):
         p(f"warning {a['warnings']}")
+    said = {
+        "failed": "(a failed run: its tables hold what it wrote before failing)",
+        "diverged": "(stopped early: its tables hold the steps it ran)",
+        "interrupted": "(stopped early: its tables hold the steps it ran)",
+        "running": "(still being written: the rows of the windows written so far; the summary comes at the end)",
+        "estimate": "(a dry run's estimate: memory and compute per class of ranks, counted on the meta device; "
+                    "nothing ran)",
+    }
     if rep.status != "complete":
-        p("(a failed run: its tables hold what it wrote before failing)")
+        p(said.get(rep.status, f"(status {rep.status}: not a complete run)"))
     times = step_times(rep)
     if len(times):
         med = float(np.median(times))

@@ -91,7 +91,15 @@ void print_estimate(const deck::Deck& deck, const Estimate& e, std::int64_t para
 // phase.
 void write_estimate_report(const deck::Deck& deck, const RunOptions& options, const Estimate& e) {
   report::H5File file(MPI_COMM_SELF, options.output);
-  write_provenance(file, provenance(deck, options.command_line, "meta"));
+  const Provenance prov = provenance(deck, options.command_line, "meta");
+  write_provenance(file, prov);
+  // What the deck resolves to, under the names a run's summary gives them,
+  // so that a reader names an estimate as it names a run; no figure of a
+  // step (nothing ran).
+  file.write_scalar("summary", "precision", prov.precision, "fp32, or the 16-bit format of mixed precision (bf16, fp16)");
+  file.write_scalar("summary", "parameters", double(prov.parameters), "1", "number of model parameters");
+  file.write_scalar("summary", "layout", prov.layout, "process mesh: pp x dp x tp");
+  file.write_scalar("summary", "strategy", prov.strategy, "state strategy: dp, zero1, zero2 or zero3");
   file.set_attr("/", "device", std::string(plan::name_of(deck.config.backend.device)));
   std::vector<std::vector<int>> classes;
   std::vector<MemoryRecord> rows;

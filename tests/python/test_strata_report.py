@@ -362,6 +362,19 @@ def test_lanes_keep_overlapping_calls_apart():
     assert lane["a"] == 0 and lane["b"] == 1 and lane["c"] == 1 and lane["d"] == 0
 
 
+def test_a_dry_runs_estimate_reads_as_one(tmp_path):
+    # Not "a failed run" with layout "?": an estimate names its layout,
+    # strategy, precision and parameters as a run does, and says what it is.
+    (tmp_path / "deck.toml").write_text(DECK)
+    strata(tmp_path, "--set", "parallel.dp=2", "--set", "parallel.zero=1", "--dry-run", "--output", "e.h5")
+    out = tool(str(tmp_path / "e.h5")).stdout
+    assert "status  estimate" in out and "(a dry run's estimate:" in out and "failed" not in out, out
+    run_line = next(l for l in out.splitlines() if l.startswith("run "))
+    assert "2 rank(s): pp 1 x dp 2 x tp 1" in run_line and "strategy zero1" in run_line, run_line
+    assert f"{Report(str(tmp_path / 'e.h5')).summary['parameters'] / 1e6:.3f} M parameters" in run_line
+    assert "0.000 M parameters" not in run_line
+
+
 def test_failed_run_is_read(reports, tmp_path):
     out = tool(str(reports / "failed.h5"), "--plots", str(tmp_path), "--trace", str(tmp_path / "t.json")).stdout
     assert "status  failed" in out and "memory_limit" in out
