@@ -141,13 +141,14 @@ double StepBound::axes(const plan::Plan& l) {
         continue;
       }
       if (group.size() < 2) continue;
+      const sim::GroupShape shape = sim::group_shape(machine_, group);  // once for every op of the axis
       double t = 0;
       for (const auto& [op, bytes] : ops) {
         // Point-to-point calls (context parallelism's ring) go between two
         // ranks, once a micro-batch: the compute bound holds them.
         if (op == "send" || op == "recv" || op == "isend" || op == "irecv") continue;
         const double share = bytes / p.pp;
-        t += std::min(sim::comm_time(machine_, op, group, share), sim::comm_time(machine_, op, group, share, true));
+        t += std::min(sim::comm_time(machine_, op, shape, share), sim::comm_time(machine_, op, shape, share, true));
       }
       most = std::max(most, t);
     }

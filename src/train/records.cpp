@@ -33,8 +33,7 @@ RecordWindow record_window(const plan::Plan& cfg, std::size_t units, int micro_b
 
 void check_record_window(const plan::Plan& cfg) {
   if (cfg.run.flush_every == 0) return;
-  const int micro_batches = std::max(1, cfg.data.global_batch / std::max(1, cfg.parallel.dp * cfg.data.micro_batch));
-  const RecordWindow w = record_window(cfg, std::size_t(cfg.model.layers) + 2, micro_batches);
+  const RecordWindow w = record_window(cfg, std::size_t(cfg.model.layers) + 2, std::max(1, cfg.micro_batches()));
   if (w.bytes <= kMaxRecordWindowBytes) return;
   core::input_error("run.flush_every = {}: a window of {} step(s) of records takes up to {} per rank on the host, more "
                     "than the {} allowed; at most {} here (0: a window of {})",
