@@ -123,6 +123,12 @@ void write_estimate_report(const deck::Deck& deck, const RunOptions& options, co
       compute.add_row({std::int64_t(k.ranks.front()), rank_ranges(k.ranks).substr(0, 63), std::int64_t(w.layer),
                        w.phase, w.matmul_flops, w.other_flops, w.bytes, std::int64_t(w.kernels)});
   file.write_table(compute);
+  // Whether it fits, where the deck names a device's capacity
+  // (backend.memory_limit), as a simulation's report says it.
+  const std::uint64_t capacity = deck.config.backend.memory_limit;
+  file.set_attr("/", "memory_capacity", std::int64_t(capacity));
+  if (capacity != 0 || deck.config.backend.host_memory_limit != 0)
+    file.set_attr("/", "fits", std::int64_t(e.does_not_fit.empty()));
   file.set_attr("/", "status", "estimate");
   file.publish();
 }

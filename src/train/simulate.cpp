@@ -112,8 +112,32 @@ std::vector<BubbleCauses> explain_bubbles(const plan::Plan& cfg, const sim::Mach
 
 namespace {
 
+// Whether every rank's predicted device peak fits a device: the machine's
+// memory, or backend.memory_limit where the deck sets a smaller one. One
+// line per class of ranks that does not; capacity 0 when neither is known.
+struct Fit {
+  std::uint64_t capacity = 0;
+  std::vector<std::string> does_not_fit;
+};
+
+Fit fit_of(const plan::Plan& cfg, const sim::Machine& machine, const Prediction& pr) {
+  Fit f;
+  const auto memory = std::uint64_t(std::max(0.0, machine.memory));
+  const std::uint64_t limit = cfg.backend.memory_limit;
+  f.capacity = limit != 0 && (memory == 0 || limit < memory) ? limit : memory;
+  const std::string whose = f.capacity == memory ? fmt::format("the machine's {} per device", core::format_bytes(double(memory)))
+                                                 : fmt::format("backend.memory_limit = {}", core::format_bytes(double(limit)));
+  for (const RankClass& k : pr.estimate.classes) {
+    const std::uint64_t peak = k.memory[core::Pool::device].total_peak;
+    if (f.capacity != 0 && peak > f.capacity)
+      f.does_not_fit.push_back(fmt::format("ranks {}: device peak {} exceeds {}", rank_ranges(k.ranks),
+                                           core::format_bytes(double(peak)), whose));
+  }
+  return f;
+}
+
 void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::Machine& machine, const Prediction& pr,
-                  const std::string& path) {
+                  const Fit& fit, const std::string& path) {
   const plan::Plan& cfg = deck.config;
   const mesh::Layout l = strategies::layout_of(cfg);
   report::H5File file(MPI_COMM_SELF, path);
@@ -181,6 +205,8 @@ void write_report(const deck::Deck& deck, const SimulateOptions& o, const sim::M
     first = last;
   }
   write_summary(file, summary, prov);
+  file.set_attr("/", "memory_capacity", std::int64_t(fit.capacity));
+  if (fit.capacity != 0) file.set_attr("/", "fits", std::int64_t(fit.does_not_fit.empty()));
   file.set_attr("/", "status", "complete");
   file.publish();
 }
@@ -286,8 +312,10 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
       !why.empty())
     core::input_error("report path {}: {} (--output DIR/NAME.h5)", path, why);
   const Prediction pr = predict(cfg, machine);
-  write_report(deck, o, machine, pr, path);
-  if (o.quiet) return 0;
+  const Fit fit = fit_of(cfg, machine, pr);
+  write_report(deck, o, machine, pr, fit, path);
+  const int status = fit.does_not_fit.empty() ? 0 : 3;
+  if (o.quiet) return status;
 
   fmt::print("strata simulate | {} | machine {} ({} device(s) per node) | {} rank(s): {} | {}\n", deck.path,
              machine.name, machine.devices_per_node, l.world(), mesh::describe(l),
@@ -323,14 +351,13 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
                  s, 100 * why[s].bubble, 100 * why[s].theory, 100 * why[s].stages_work, 100 * why[s].outside,
                  100 * why[s].transfers, 100 * why[s].other_axes);
   }
-  for (const RankClass& k : pr.estimate.classes) {
-    const double peak = double(k.memory[core::Pool::device].total_peak);
-    if (machine.memory > 0 && peak > machine.memory)
-      fmt::print("DOES NOT FIT: ranks {}: device peak {} exceeds the machine's {} per device\n", rank_ranges(k.ranks),
-                 core::format_bytes(peak), core::format_bytes(machine.memory));
-  }
   fmt::print("report: {}\n", path);
-  return 0;
+  // Last, where it cannot be missed, and as the dry run says it: exit
+  // status 3 when a rank's peak exceeds a device.
+  for (const std::string& line : fit.does_not_fit) fmt::print("DOES NOT FIT: {}\n", line);
+  if (fit.capacity != 0 && fit.does_not_fit.empty())
+    fmt::print("fits: every rank's device peak is within {} per device\n", core::format_bytes(double(fit.capacity)));
+  return status;
 }
 
 }  // namespace strata::train

@@ -235,6 +235,16 @@ if "$strata" simulate tiny.toml --machine h100-80gb --set 'backend.device="cuda"
   ok "simulate: a CUDA deck on a CPU-only machine"; else bad "simulate a CUDA deck"; cat simcuda.log; fi
 if "$strata" simulate "$src/inputs/gpt-7b-4096.toml" --machine h200 --output out/sim4096.h5 > sim4096.log 2>&1 \
    && grep -q "4096 rank(s)" sim4096.log; then ok "simulate: 4096 ranks in one process"; else bad "simulate 4096"; cat sim4096.log; fi
+# A layout that does not fit says so last, exits 3 as the dry run does, and
+# its report carries the capacity and the verdict; one that fits says so too.
+"$strata" simulate tiny.toml --machine a100-80gb --set backend.memory_limit=64KiB --output out/simbig.h5 > simbig.log 2>&1
+rc=$?
+if [[ $rc == 3 ]] && tail -n 1 simbig.log | grep -q "^DOES NOT FIT: ranks 0: device peak .* exceeds backend.memory_limit = 64.00 KiB$" \
+   && "$py" -c "import h5py,sys; f=h5py.File('out/simbig.h5'); sys.exit(0 if f.attrs['fits']==0 and f.attrs['memory_capacity']==65536 else 1)" \
+   && tail -n 1 sim4096.log | grep -qE "^fits: every rank's device peak is within [0-9.]+ GiB per device$" \
+   && "$py" -c "import h5py,sys; f=h5py.File('out/sim4096.h5'); sys.exit(0 if f.attrs['fits']==1 else 1)"; then
+  ok "simulate: a layout that does not fit says so last, exits 3, and its report says so"
+else bad "simulate: does not fit (rc $rc)"; tail -n 3 simbig.log sim4096.log; fi
 # It says how far its repeats spread, and each doubt in the file too.
 if mpiexec -n 2 "$strata" calibrate --quick --output out/here.toml > calib.log 2>&1 \
    && grep -qE "^  repeats: [0-9]+ measurement\(s\), the widest spread [0-9]+%" calib.log \
