@@ -103,6 +103,7 @@ const std::vector<KeySpec>& global_keys() {
       key<&Plan::run, &RunSection::log_every>("run", "log_every", "print a table row every N steps; 0: never").at_least(0),
       key<&Plan::run, &RunSection::flush_every>("run", "flush_every", "write the per-step records (steps, memory, timeline, communication) to the report every N steps and drop them, so that a rank's memory does not grow with run.steps; 0: as many steps as fit in 64 MiB of records per rank").at_least(0),
       key<&Plan::run, &RunSection::repeats>("run", "repeats", "strata sweep: runs of each point, whose median and spread the sweep's index shows; strata run: ignored").at_least(1),
+      key<&Plan::run, &RunSection::keep_checkpoints>("run", "keep_checkpoints", "with --checkpoint-every: the latest checkpoints kept in the checkpoint directory, earlier ones removed once a newer one is complete; 0: keep every one").at_least(0),
       key<&Plan::run, &RunSection::on_divergence>("run", "on_divergence", "a non-finite loss or gradient norm (not an fp16 overflow the loss scale skips): stop the run there with status diverged and exit 3, or continue"),
       // [model]
       key<&Plan::model, &ModelSection::layers>("model", "layers", "transformer blocks (at most 4096: the deepest published models have under 200, and a dry run describes every block of a stage)").between(1, 4096),

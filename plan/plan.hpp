@@ -150,6 +150,7 @@ struct RunSection {
   int flush_every = 0;          // steps of records kept before they go to the report (0: a 64 MiB window)
   OnDivergence on_divergence = OnDivergence::stop;
   int repeats = 1;              // strata sweep: runs of each point (the index shows median and spread)
+  int keep_checkpoints = 3;     // the latest checkpoints kept in the directory (0: every one)
 };
 
 struct ModelSection {

@@ -28,6 +28,7 @@
 #include "src/deck/deck.hpp"
 #include "src/report/claim.hpp"
 #include "src/report/h5file.hpp"
+#include "src/report/h5read.hpp"
 #include "src/sweep/sweep.hpp"
 #include "src/train/run.hpp"
 #include "src/train/run_control.hpp"
@@ -152,9 +153,24 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
     const strata::deck::Deck deck = strata::deck::parse_deck(deck_path, text, all);
     strata::train::RunOptions ro;
     ro.command_line = command_line;
-    // run.repeats: the point's runs one after the other in this job.
+    // run.repeats: the point's runs one after the other in this job. As the
+    // driver does, a complete report stands and one that failed is run
+    // again (a requeued array task), saying so.
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     for (const std::string& report : p.reports) {
+      std::string status;  // rank 0's reading, every rank's verdict
+      if (rank == 0)
+        if (const auto h = strata::report::read_headline(report)) status = h->status;
+      status = strata::comm::broadcast_string(status, MPI_COMM_WORLD);
+      if (status == "complete") {
+        if (rank == 0) fmt::print("point {} [{}]: {} is complete already, skipped\n", p.index, p.label, report);
+        continue;
+      }
+      if (!status.empty() && rank == 0)
+        fmt::print("point {} [{}]: {} (status {}) is run again\n", p.index, p.label, report, status);
       ro.output = report;
+      ro.force = true;
       if (const int rc = strata::train::run_deck(deck, ro, MPI_COMM_WORLD); rc != 0) return rc;
     }
     return 0;
@@ -237,7 +253,9 @@ int main(int argc, char** argv) {
   CLI::App* run = app.add_subcommand("run", "run the training job a deck describes and write its HDF5 report");
   run->add_option("deck", deck_path, "TOML deck (see docs/decks.md)")->required();
   run->add_option("--set", sets, "override a deck key: --set section.key=value (repeatable)");
-  run->add_option("--output,-o", ro.output, "report path (default: run.output, else results/<run.name>.h5)");
+  run->add_option("--output,-o", ro.output,
+                  "report path (default: run.output, else results/<run.name>.h5, or <run.name>-2.h5, ... when taken)");
+  run->add_flag("--force", ro.force, "replace a file at the report path named (never replaced otherwise)");
   run->add_flag("--dry-run", ro.dry_run, "validate the deck, print the resolved configuration and memory estimate");
   run->add_option("--checkpoint-every", ro.checkpoint_every, "write a sharded checkpoint after every N steps")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()));
@@ -253,7 +271,9 @@ int main(int argc, char** argv) {
   simulate->add_option("--machine,-m", so.machine, "a machine under inputs/machines/ by name, or a path (docs/machines.md)")
       ->required();
   simulate->add_option("--set", sets, "override a deck key: --set section.key=value (repeatable)");
-  simulate->add_option("--output,-o", so.output, "report path (default: results/<run.name>-sim.h5)");
+  simulate->add_option("--output,-o", so.output,
+                       "report path (default: results/<run.name>-sim.h5, or -sim-2.h5, ... when taken)");
+  simulate->add_flag("--force", so.force, "replace a file at --output (never replaced otherwise)");
   strata::train::SearchOptions po;
   po.command_line = command_line;
   std::string memory_limit;
@@ -267,7 +287,9 @@ int main(int argc, char** argv) {
   plan->add_option("--top", po.top, "rows to print (default 10)");
   plan->add_option("--jobs,-j", po.jobs, "processes judging layouts at once (default: one per core)");
   plan->add_option("--set", sets, "override a deck key for every candidate (repeatable)");
-  plan->add_option("--output,-o", po.output, "report path (default: results/<run.name>-plan.h5)");
+  plan->add_option("--output,-o", po.output,
+                   "report path (default: results/<run.name>-plan.h5, or -plan-2.h5, ... when taken)");
+  plan->add_flag("--force", po.force, "replace a file at --output (never replaced otherwise)");
   plan->add_flag("--exhaustive", po.exhaustive,
                  "judge every layout (the whole throughput-memory front), none pruned by its lower bound");
   strata::sim::CalibrateOptions co;

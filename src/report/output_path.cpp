@@ -98,4 +98,39 @@ std::string output_file_problem(const std::string& path, const std::string& what
   return writable_place(p.parent_path());
 }
 
+namespace {
+
+bool taken(const std::string& path) {
+  std::error_code ec;
+  for (const char* suffix : {"", ".lock", ".partial"})
+    if (fs::exists(fs::symlink_status(path + suffix, ec))) return true;
+  return false;
+}
+
+}  // namespace
+
+ReportPath choose_report_path(const std::string& named, const std::string& fallback, bool replace,
+                              const std::string& what, const std::vector<Input>& inputs) {
+  ReportPath out{named.empty() ? fallback : named, "", ""};
+  if (named.empty() && taken(fallback)) {
+    const fs::path p(fallback);
+    const std::string stem = (p.parent_path() / p.stem()).string(), ext = p.extension().string();
+    // Past ten thousand earlier reports of one name, a name is asked for.
+    for (int n = 2; n <= 10000 && out.path == fallback; ++n)
+      if (const std::string next = fmt::format("{}-{}{}", stem, n, ext); !taken(next)) out.path = next;
+    if (out.path == fallback) {
+      out.problem = fmt::format("it and {}-2{} to {}-10000{} are taken; --output names another", stem, ext, stem, ext);
+      return out;
+    }
+    out.note = fmt::format("{} exists: this {} goes to {} (--output names the path; --force with it replaces a file)",
+                           fallback, what, out.path);
+  }
+  out.problem = output_file_problem(out.path, what, inputs);
+  std::error_code ec;
+  if (out.problem.empty() && !named.empty() && !replace && fs::exists(fs::symlink_status(named, ec)))
+    out.problem = "a file is there, and an earlier report is never replaced silently: --force replaces it, or --output "
+                  "names another path";
+  return out;
+}
+
 }  // namespace strata::report

@@ -39,6 +39,19 @@ bool inside(const std::string& path, const std::string& dir);
 std::string output_file_problem(const std::string& path, const std::string& what,
                                 const std::vector<Input>& inputs = {});
 
+// Where a command's report goes, by one rule for run, simulate and plan,
+// so that no earlier report is ever replaced silently: a path the user
+// named (`named`: --output or run.output) as it is, refused while a file is
+// there unless `replace` (--force); otherwise `fallback`, or, when it is
+// taken (a file, a claim or a file being written is there), the first free
+// of <stem>-2<ext>, <stem>-3<ext>, ..., which `note` then says. `problem` is
+// output_file_problem's, or the refusal; "" when the path can be written.
+struct ReportPath {
+  std::string path, problem, note;
+};
+ReportPath choose_report_path(const std::string& named, const std::string& fallback, bool replace,
+                              const std::string& what, const std::vector<Input>& inputs = {});
+
 // Why the missing directories of `dir` cannot be made, or "": the nearest
 // existing ancestor must be a writable directory.
 std::string writable_place(const std::filesystem::path& dir);

@@ -149,7 +149,7 @@ int dry_run(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   if (rank == 0) {
     try {
       if (!options.output.empty())
-        check_output_paths(MPI_COMM_SELF, options.output, "", false, run_inputs(deck, options.resume));
+        check_output_paths(MPI_COMM_SELF, options.output, "", options.force, "", false, run_inputs(deck, options.resume));
       if (cfg.backend.threads > 0) kernels::set_num_threads(cfg.backend.threads);
       const std::int64_t params = models::parameter_count(cfg);
       const Estimate e = estimate(cfg);

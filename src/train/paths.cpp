@@ -51,16 +51,18 @@ std::vector<report::Input> run_inputs(const deck::Deck& deck, const std::string&
   return in;
 }
 
-void check_output_paths(MPI_Comm comm, const std::string& report, const std::string& checkpoint_dir,
-                        bool checkpoints, const std::vector<report::Input>& inputs) {
+std::string check_output_paths(MPI_Comm comm, const std::string& named, const std::string& fallback, bool replace,
+                               const std::string& checkpoint_dir, bool checkpoints,
+                               const std::vector<report::Input>& inputs) {
   int rank = 0;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   std::string problem;
+  report::ReportPath report;
   if (rank == 0) {
     std::vector<report::Input> taken = inputs;
     if (checkpoints) taken.push_back({checkpoint_dir, "the checkpoint directory this run writes", true});
-    if (const std::string why = report::output_file_problem(report, "report", taken); !why.empty())
-      problem = fmt::format("report path {}: {} (--output DIR/NAME.h5)", report, why);
+    report = report::choose_report_path(named, fallback, replace, "report", taken);
+    if (!report.problem.empty()) problem = fmt::format("report path {}: {}", report.path, report.problem);
     if (problem.empty() && checkpoints) {
       if (const std::string why = directory_problem(checkpoint_dir); !why.empty())
         problem = fmt::format("checkpoint directory {}: {}", checkpoint_dir, why);
@@ -73,6 +75,8 @@ void check_output_paths(MPI_Comm comm, const std::string& report, const std::str
     }
   }
   agree_input(comm, problem);
+  if (rank == 0 && !report.note.empty()) fmt::print("{}\n", report.note);
+  return comm::broadcast_string(report.path, comm);
 }
 
 void check_offload_dir(MPI_Comm comm, const std::string& dir) {

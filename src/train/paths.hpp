@@ -19,14 +19,18 @@ namespace strata::train {
 std::vector<report::Input> run_inputs(const deck::Deck& deck, const std::string& resume,
                                       const std::string& machine = "");
 
-// Rank 0 checks, every rank takes the verdict: the report path is not a
-// directory, not one of `inputs` nor inside one, not inside the checkpoint
-// directory the run writes, and its directory can be written (or made); the
-// checkpoint directory (when `checkpoints` is set) is a directory or can be
-// made, and not inside a checkpoint the run resumes. Input error naming the
-// path and the problem.
-void check_output_paths(MPI_Comm comm, const std::string& report, const std::string& checkpoint_dir,
-                        bool checkpoints, const std::vector<report::Input>& inputs);
+// Rank 0 checks, every rank takes the verdict, and the report path it
+// returns: the one named (--output or run.output), which must not hold a
+// file unless `replace` (--force), else `fallback` or the first free name
+// beside it (report::choose_report_path; said on stdout). The report path
+// is not a directory, not one of `inputs` nor inside one, not inside the
+// checkpoint directory the run writes, and its directory can be written (or
+// made); the checkpoint directory (when `checkpoints` is set) is a directory
+// or can be made, and not inside a checkpoint the run resumes. Input error
+// naming the path and the problem.
+std::string check_output_paths(MPI_Comm comm, const std::string& named, const std::string& fallback, bool replace,
+                               const std::string& checkpoint_dir, bool checkpoints,
+                               const std::vector<report::Input>& inputs);
 
 // The same for parallel.offload = "nvme": offload.path is a writable
 // directory or can be made (else the first step would fail with exit 1).

@@ -70,12 +70,6 @@ double common_origin(MPI_Comm comm, int world) {
 
 }  // namespace
 
-std::string report_path(const deck::Deck& deck, const RunOptions& options) {
-  if (!options.output.empty()) return options.output;
-  if (!deck.config.run.output.empty()) return deck.config.run.output;
-  return "results/" + deck.config.run.name + ".h5";
-}
-
 int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm) {
   check_record_window(deck.config);
   if (options.dry_run) return dry_run(deck, options, comm);

@@ -19,13 +19,10 @@ struct RunOptions {
   int checkpoint_every = 0;  // write a checkpoint after every N steps (0: never)
   std::string checkpoint_dir;  // default: checkpoints/<run.name>
   std::string resume;        // a checkpoint (or a directory of them) to continue from
+  bool force = false;        // replace a file at the report path named
 };
 
 // Returns the process exit status (0). Throws core::Error on failure.
 int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm);
-
-// The report path a deck resolves to: --output, else run.output, else
-// results/<run.name>.h5.
-std::string report_path(const deck::Deck& deck, const RunOptions& options);
 
 }  // namespace strata::train

@@ -443,10 +443,12 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
   if (o.jobs < 0) core::input_error("--jobs {}: at least 1 process (0 or absent: one per core)", o.jobs);
   sim::Machine machine = sim::load_machine(o.machine);
   const deck::Deck base = deck::parse_deck(deck_path, text, sets);
-  const std::string path = !o.output.empty() ? o.output : "results/" + base.config.run.name + "-plan.h5";
-  if (const std::string why = report::output_file_problem(path, "plan report", run_inputs(base, "", machine.path));
-      !why.empty())
-    core::input_error("plan report path {}: {} (--output DIR/NAME.h5)", path, why);
+  const report::ReportPath report =
+      report::choose_report_path(o.output, "results/" + base.config.run.name + "-plan.h5", o.force, "plan report",
+                                 run_inputs(base, "", machine.path));
+  if (!report.problem.empty()) core::input_error("plan report path {}: {}", report.path, report.problem);
+  if (!report.note.empty()) fmt::print("{}\n", report.note);
+  const std::string& path = report.path;
   const double limit = o.memory_limit > 0 ? double(o.memory_limit) : machine.memory;
   const strategies::Space space{o.world, machine.devices_per_node};
 

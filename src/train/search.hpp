@@ -32,6 +32,7 @@ struct SearchOptions {
   std::string output;             // default: results/<run.name>-plan.h5
   std::string command_line;
   bool exhaustive = false;        // judge every layout, none pruned by its bound
+  bool force = false;             // replace a file at --output
 };
 
 // A candidate's predicted figures. A step of m micro-batches per rank costs

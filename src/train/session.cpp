@@ -22,12 +22,14 @@ constexpr double kAgreeSeconds = 5.0;
 }  // namespace
 
 Session::Session(const deck::Deck& deck, const RunOptions& options, CheckpointLayout layout, MPI_Comm comm)
-    : comm_(comm), report_path_(report_path(deck, options)),
+    : comm_(comm),
       checkpoint_dir_(options.checkpoint_dir.empty() ? "checkpoints/" + deck.config.run.name : options.checkpoint_dir),
-      every_(options.checkpoint_every), layout_(std::move(layout)) {
+      every_(options.checkpoint_every), keep_(deck.config.run.keep_checkpoints), layout_(std::move(layout)) {
   const plan::Plan& cfg = deck.config;
   STRATA_CHECK_MPI(MPI_Comm_rank(comm, &rank_));
-  check_output_paths(comm, report_path_, checkpoint_dir_, checkpoints(), run_inputs(deck, options.resume));
+  report_path_ = check_output_paths(comm, !options.output.empty() ? options.output : cfg.run.output,
+                                    "results/" + cfg.run.name + ".h5", options.force, checkpoint_dir_, checkpoints(),
+                                    run_inputs(deck, options.resume));
   if (cfg.parallel.offload == plan::Offload::nvme) check_offload_dir(comm, cfg.offload.path);
   if (!options.resume.empty()) {
     resume_ = find_checkpoint(comm, options.resume, layout_);
@@ -64,7 +66,9 @@ bool Session::checkpoint_due(int step, bool stopping) const {
 
 std::string Session::checkpoint(int step, strategies::StateStrategy& state, const models::ParamRegistry& reg,
                                 bool global_writer, const ScalerState& scaler) {
-  return write_checkpoint(comm_, checkpoint_dir_, step, layout_, state, reg, global_writer, scaler);
+  const std::string written = write_checkpoint(comm_, checkpoint_dir_, step, layout_, state, reg, global_writer, scaler);
+  if (rank_ == 0) prune_checkpoints(checkpoint_dir_, step, keep_);
+  return written;
 }
 
 void Session::fail(const std::string& failure, bool agreed, int diverged_at, const Provenance& prov,

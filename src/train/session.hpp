@@ -68,6 +68,7 @@ class Session {
   int rank_ = 0;
   std::string report_path_, checkpoint_dir_;
   int every_ = 0;
+  int keep_ = 0;  // run.keep_checkpoints
   CheckpointLayout layout_;
   CheckpointRef resume_;
   std::optional<PathClaim> report_claim_, checkpoint_claim_;

@@ -307,10 +307,11 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   const plan::Plan& cfg = deck.config;
   sim::Machine machine = sim::load_machine(o.machine);
   const mesh::Layout l = strategies::layout_of(cfg);
-  const std::string path = !o.output.empty() ? o.output : "results/" + cfg.run.name + "-sim.h5";
-  if (const std::string why = report::output_file_problem(path, "report", run_inputs(deck, "", machine.path));
-      !why.empty())
-    core::input_error("report path {}: {} (--output DIR/NAME.h5)", path, why);
+  const report::ReportPath report = report::choose_report_path(o.output, "results/" + cfg.run.name + "-sim.h5", o.force,
+                                                               "report", run_inputs(deck, "", machine.path));
+  if (!report.problem.empty()) core::input_error("report path {}: {}", report.path, report.problem);
+  if (!report.note.empty()) fmt::print("{}\n", report.note);
+  const std::string& path = report.path;
   const Prediction pr = predict(cfg, machine);
   const Fit fit = fit_of(cfg, machine, pr);
   write_report(deck, o, machine, pr, fit, path);

@@ -21,6 +21,7 @@ struct SimulateOptions {
   std::string output;   // the report; empty: results/<run.name>-sim.h5
   std::string command_line;
   bool quiet = false;   // no table on stdout (plan)
+  bool force = false;   // replace a file at --output
 };
 
 // A deck's predicted step: the estimate behind it and the figures.

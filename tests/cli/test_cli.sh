@@ -152,6 +152,39 @@ if [[ $rc -ne 0 && -f ck4/step-000002/manifest.toml && ! -e ck4/step-000004 && -
    && ck --resume ck4 --output out/ck-after-kill.h5 > ck5.log 2>&1 && grep -q "ck4/step-000002" ck5.log \
    && same_losses out/ck-whole.h5 out/ck-after-kill.h5 >> ck5.log 2>&1
 then ok "a run killed mid-checkpoint resumes from the previous one"; else bad "kill mid-checkpoint (rc $rc)"; ls -a ck4; cat ck4.log ck5.log; fi
+# run.keep_checkpoints: the latest N stay; a later step (another run's) is left.
+mkdir -p ck9/step-000099
+if ck --set run.steps=10 --set run.keep_checkpoints=2 --checkpoint-every 2 --checkpoint-dir ck9 --output out/ck-keep.h5 \
+     > ck9.log 2>&1 && [[ "$(LC_ALL=C ls ck9 | tr '\n' ' ')" == "step-000008 step-000010 step-000099 " ]]; then
+  ok "run.keep_checkpoints = 2 keeps the latest two, and leaves a later step"
+else bad "keep_checkpoints"; ls -a ck9; cat ck9.log; fi
+
+# --- no report is replaced silently ---
+# Without --output, a taken name gives the next free one, and says so (a
+# resumed run's report too: the first run's steps stay where they were);
+# --output naming a file is refused (exit 2, the file untouched) unless
+# --force; plan and simulate follow the same rule.
+rm -rf keep && mkdir keep && (
+  cd keep && ln -s ../tiny.toml tiny.toml && ln -s "$src/inputs" inputs
+  "$strata" run tiny.toml --checkpoint-every 2 > k1.log 2>&1 \
+    && "$strata" run tiny.toml --set run.steps=6 --resume checkpoints/tiny > k2.log 2>&1 \
+    && grep -q "^results/tiny.h5 exists: this report goes to results/tiny-2.h5" k2.log \
+    && "$strata" run tiny.toml > k3.log 2>&1 && grep -q "^report: results/tiny-3.h5" k3.log \
+    && "$py" -c "import h5py,sys; a=h5py.File('results/tiny.h5'); b=h5py.File('results/tiny-2.h5'); sys.exit(0 if len(set(a['steps']['step'])) == 4 and b.attrs['resumed_at_step'] == 4 and set(b['steps']['step']) == {4, 5} else 1)" \
+    || exit 1
+  sum=$(md5sum results/tiny.h5)
+  "$strata" run tiny.toml --output results/tiny.h5 > k4.log 2>&1
+  [[ $? == 2 ]] && grep -q "report path results/tiny.h5: a file is there, and an earlier report is never replaced silently: --force replaces it" k4.log \
+    && [[ "$(md5sum results/tiny.h5)" == "$sum" ]] || exit 1
+  "$strata" run tiny.toml --output results/tiny.h5 --force > k5.log 2>&1 && [[ "$(md5sum results/tiny.h5)" != "$sum" ]] || exit 1
+  "$strata" plan tiny.toml --machine a100-80gb --world 2 > k6.log 2>&1 && "$strata" plan tiny.toml --machine a100-80gb --world 4 > k7.log 2>&1 \
+    && grep -q "^report: results/tiny-plan-2.h5\|results/tiny-plan-2.h5" k7.log && [[ -f results/tiny-plan.h5 ]] || exit 1
+  "$strata" simulate tiny.toml --machine a100-80gb --output results/tiny-plan.h5 > k8.log 2>&1
+  [[ $? == 2 ]] && grep -q "a file is there" k8.log || exit 1
+  LC_ALL=C ls results | tr '\n' ' ' > ../keep.ls
+) > keep.log 2>&1 && [[ "$(cat keep.ls)" == "tiny-2.h5 tiny-3.h5 tiny-plan-2.h5 tiny-plan.h5 tiny.h5 " ]]
+if [[ $? == 0 ]]; then ok "no run, resume, plan or simulate replaces a report silently (a new name, or --force)"
+else bad "reports replaced"; cat keep.log keep.ls keep/k*.log; fi
 # --- dry run, help, version ---
 if "$strata" run tiny.toml --dry-run > dry.log 2>&1 && grep -q "parameters:" dry.log \
    && grep -q "optimizer" dry.log && [[ ! -e results/tiny.h5 ]]; then ok "dry run prints the estimate, writes nothing"; else bad "dry run"; cat dry.log; fi

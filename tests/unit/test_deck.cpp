@@ -79,7 +79,7 @@ void expect_same_config(const Plan& a, const Plan& b) {
 // keys, the model families' and each registry row's, grouped by section);
 // describe_keys() and docs/decks.md must list them all.
 const std::vector<std::string> kAllKeys = {
-    "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every", "run.flush_every", "run.repeats", "run.on_divergence",
+    "run.name", "run.steps", "run.warmup_steps", "run.seed", "run.output", "run.profile", "run.log_every", "run.flush_every", "run.repeats", "run.keep_checkpoints", "run.on_divergence",
     "model.kind", "model.layers", "model.d_model", "model.heads", "model.vocab", "model.seq_len", "model.attention", "model.ffn_mult",
     "model.moe_experts", "model.moe_every", "model.moe_top_k", "model.moe_capacity_factor", "model.moe_drop_tokens",
     "model.moe_renormalize", "model.moe_aux_coef", "model.kv_heads", "model.ffn_dim", "model.rope_theta",
