@@ -4,13 +4,15 @@ import os
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
+import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from . import outputs  # noqa: E402
 from .read import text  # noqa: E402
 from .trace import mesh_dims  # noqa: E402
-from .summary import CATEGORIES, alike, comm_per_axis_op, memory_per_rank  # noqa: E402
+from .summary import (CATEGORIES, alike, byte_unit, comm_per_axis_op, human_bytes, memory_capacity,  # noqa: E402
+                      memory_per_rank, pool_peaks)
 from .summary import expert_load as expert_load_of  # noqa: E402
 
 PHASE_COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "backward_input": "#dd8452",
@@ -120,30 +122,64 @@ def timeline(rep, path, step=None):
     plt.close(fig)
 
 
+# Past this ratio of the highest to the lowest of the capacity and the
+# tallest bar, the memory picture's axis is logarithmic: on a linear one the
+# smaller would be a sliver at the bottom.
+LOG_RATIO = 20
+
+
 def memory(rep, path):
     """Held bytes per rank at the end of the last step, stacked by category,
     with each rank's sum of per-category peaks marked (the categories peak at
-    different moments, so this bounds the true peak from above). Ranks of
+    different moments, so this bounds the true peak from above), its device
+    peak (the most held at once, what must fit) where the report has it, and
+    the device capacity (root attribute memory_capacity) as a line. Ranks of
     equal figures share a bar; at most MAX_BARS bars."""
-    groups = alike(rep, memory_per_rank(rep))
+    device = pool_peaks(rep) if "pool_peak_bytes" in (rep.array("memory").dtype.names or ()) else {}
+    per_rank = {r: (held, peak, device.get(r)) for r, (held, peak) in memory_per_rank(rep).items()}
+    groups = alike(rep, per_rank)
     shown = groups[:MAX_BARS]
+    capacity = memory_capacity(rep)
+    held = np.array([[h[c] for c in CATEGORIES] for _, (h, _, _) in shown], dtype=float).reshape(len(shown),
+                                                                                                 len(CATEGORIES))
+    peaks = np.array([sum(peak.values()) for _, (_, peak, _) in shown], dtype=float)
+    at_once = np.array([np.nan if d is None else d for _, (_, _, d) in shown], dtype=float)
+    top = max(peaks.max(initial=0), held.sum(axis=1).max(initial=0), np.nanmax(at_once, initial=0))
+    div, unit = byte_unit(max(top, capacity))
     x = np.arange(len(shown))
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(shown) + 4), 4.5))
     bottom = np.zeros(len(shown))
     colours = plt.get_cmap("tab10")
     for i, c in enumerate(CATEGORIES):
-        v = np.array([held[c] for _, (held, _) in shown], dtype=float) / 2**20
+        v = held[:, i] / div
         ax.bar(x, v, bottom=bottom, color=colours(i), label=c)
         bottom += v
-    peaks = np.array([sum(peak.values()) for _, (_, peak) in shown], dtype=float) / 2**20
-    ax.scatter(x, peaks, marker="_", s=600, color="black", label="sum of category peaks", zorder=3)
+    ax.scatter(x, peaks / div, marker="_", s=600, color="black", label="sum of category peaks", zorder=3)
+    if np.isfinite(at_once).any():
+        ax.scatter(x, at_once / div, marker="v", s=40, color="#c44e52", label="device peak (held at once)", zorder=4)
+    lo, hi = (min(top, capacity), max(top, capacity)) if capacity else (top, top)
+    log = capacity > 0 and lo > 0 and hi / lo > LOG_RATIO
+    if capacity:
+        ax.axhline(capacity / div, color="#c44e52", ls="--", lw=1.2, label=f"device capacity ({human_bytes(capacity)})",
+                   zorder=5)
     ax.set_xticks(x)
     ax.set_xticklabels([label for label, _ in shown], rotation=30 if len(shown) > 4 else 0, ha="right"
                        if len(shown) > 4 else "center", fontsize=8)
-    ax.set_ylabel("MiB")
-    ax.set_ylim(0, 1.1 * max(peaks.max(initial=0), bottom.max(initial=0), 1e-9))
+    ax.set_ylabel(unit + (" (log scale)" if log else ""))
+    if log:
+        # Both the capacity and the tallest bar in view, a decade below the
+        # lower of them for the bars' smaller categories.
+        ax.set_yscale("log")
+        first = held.cumsum(axis=1)
+        first = first[first > 0]
+        ax.set_ylim(min(lo / 10, first.min(initial=lo) / 2) / div, 2 * hi / div)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    else:
+        ax.set_ylim(0, 1.1 * max(hi / div, 1e-9))
+    fits = rep.attrs.get("fits")  # a whole number where present (read.WHOLE_ATTRS)
+    verdict = "" if fits is None else ": fits" if int(fits) == 1 else ": DOES NOT FIT"
     ax.set_title("memory per rank: held at the end of the last step"
-                 + (f" ({len(shown)} of {len(groups)} groups of ranks)" if len(groups) > len(shown) else ""),
+                 + (f" ({len(shown)} of {len(groups)} groups of ranks)" if len(groups) > len(shown) else "") + verdict,
                  fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
@@ -154,7 +190,7 @@ def memory(rep, path):
 def communication(rep, path):
     """Time per rank (mean over the ranks that issue it) for each axis and op,
     with the exposed part (wait) darker, and bytes written on each bar."""
-    rows = comm_per_axis_op(rep)
+    rows = comm_per_axis_op(rep, size=human_bytes)
     fig, ax = plt.subplots(figsize=(8, 0.5 * max(len(rows), 1) + 1.5))
     labels = [f"{a} {o} (n={g})" for a, o, g, *_ in rows]
     y = np.arange(len(rows))
@@ -163,7 +199,7 @@ def communication(rep, path):
     ax.barh(y, times, color=[AXIS_COLOURS.get(r[0], "grey") for r in rows], alpha=0.5, label="time")
     ax.barh(y, waits, color=[AXIS_COLOURS.get(r[0], "grey") for r in rows], label="exposed (wait)")
     for i, r in enumerate(rows):
-        ax.text(times[i], i, f" {r[5] / 2**20:.2f} MiB, {r[4]:.0f} calls", va="center", fontsize=8)
+        ax.text(times[i], i, f" {human_bytes(r[5])}, {r[4]:.0f} calls", va="center", fontsize=8)
     ax.set_yticks(y)
     ax.set_yticklabels(labels)
     ax.invert_yaxis()

@@ -52,7 +52,7 @@ COLUMNS = {
 SUMMARY_TEXT = ("layout", "peak_source", "precision", "strategy")
 # Root attributes the tools read as whole numbers, and as (finite) numbers.
 WHOLE_ATTRS = ("world_size", "schema_version", "simulated", "git_dirty", "threads", "diverged_at_step",
-               "failed_rank", "resumed_at_step", "rows_from_step")
+               "failed_rank", "resumed_at_step", "rows_from_step", "memory_capacity", "fits")
 NUMBER_ATTRS = ("peak_flops", "duration")
 # The most ranks a layout may have (strategies::kMaxWorld).
 MAX_WORLD = 1 << 20

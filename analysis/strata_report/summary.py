@@ -17,6 +17,33 @@ def fmt_bytes(b):
         b /= 1024
 
 
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def byte_unit(b):
+    """(divisor, unit) that writes `b` bytes as a number under 1000 in the
+    largest unit it needs (B below 1000 B; TiB past that)."""
+    b = abs(float(b))
+    for k, unit in enumerate(BYTE_UNITS):
+        # Rounded to 3 significant figures, as human_bytes writes it.
+        if float(f"{b / 1024 ** k:.3g}") < 1000 or unit == BYTE_UNITS[-1]:
+            return 1024 ** k, unit
+    return 1024 ** (len(BYTE_UNITS) - 1), BYTE_UNITS[-1]
+
+
+def human_bytes(b):
+    """Bytes to 3 significant figures in their unit: 16 B, 1.50 KiB,
+    126 GiB, 0.977 MiB (not 1000 KiB). For pictures, whose labels must be
+    short and never read "0.00 MiB"."""
+    div, unit = byte_unit(b)
+    v = float(b) / div
+    if unit == "B":
+        return f"{v:.0f} B"
+    r = abs(float(f"{v:.3g}"))
+    digits = 0 if r >= 100 or r == 0 else 1 if r >= 10 else 2 if r >= 1 else 3
+    return f"{v:.{digits}f} {unit}"
+
+
 def fmt_flops(x):
     """FLOP/s in engineering units: 285.49 PFLOP/s, 7.78 GFLOP/s."""
     x = float(x)
@@ -105,16 +132,88 @@ def memory_per_rank(rep, pool="device"):
     return out
 
 
+def pool_peaks(rep, pool="device"):
+    """{rank: bytes}: the most bytes of the pool each rank (or class) held
+    at once over the run (/memory's pool_peak_bytes), what a device's
+    capacity is compared with; in a report without that column, the sum of
+    its categories' peaks, which bounds it from above."""
+    m = rep.array("memory")
+    if len(m) and "pool" in m.dtype.names:
+        m = m[m["pool"] == pool.encode()]
+    elif pool != "device":
+        return {}
+    if len(m) == 0:
+        return {}
+    if "pool_peak_bytes" not in m.dtype.names:
+        return {r: sum(peak.values()) for r, (_, peak) in memory_per_rank(rep, pool).items()}
+    ranks, rank_of = np.unique(m["rank"], return_inverse=True)
+    top = np.zeros(len(ranks), dtype=m["pool_peak_bytes"].dtype)
+    np.maximum.at(top, rank_of.reshape(-1), m["pool_peak_bytes"])
+    return {int(r): int(v) for r, v in zip(ranks, top)}
+
+
+def memory_capacity(rep):
+    """Bytes of device memory per device the report was judged against
+    (root attribute memory_capacity: the machine's, or the deck's
+    backend.memory_limit where lower), 0 where unknown."""
+    try:
+        return max(0, int(rep.attrs.get("memory_capacity", 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
+def fit_line(rep):
+    """Whether a prediction fits, as one line, or None where the report does
+    not say (a measured run, or a report from before root attribute fits):
+    the largest device peak against the capacity per device, the ranks
+    over it, and by how much; or the host arena against
+    backend.host_memory_limit, which an estimate also judges."""
+    if "fits" not in rep.attrs:
+        return None
+    try:
+        fits = int(rep.attrs["fits"]) == 1
+    except (TypeError, ValueError):
+        return None
+    capacity = memory_capacity(rep)
+    peaks = pool_peaks(rep)
+    backend = rep.config.get("backend", {}) if isinstance(rep.config.get("backend"), dict) else {}
+    whose = ("backend.memory_limit" if capacity and backend.get("memory_limit") == capacity
+             else f"machine {rep.attrs['machine']}" if capacity and rep.attrs.get("machine") else "")
+    per_device = f"the {human_bytes(capacity)} per device" + (f" of {whose}" if whose else "")
+    if peaks:
+        top = max(peaks, key=lambda r: (peaks[r], -r))
+        peak, where = peaks[top], rep.rank_label(top, 30)
+    if not fits:
+        if peaks and capacity and peak > capacity:
+            over = sum(rep.members(r) for r, v in peaks.items() if v > capacity)
+            return (f"DOES NOT FIT: device peak {human_bytes(peak)} on {where} exceeds {per_device} by "
+                    f"{human_bytes(peak - capacity)}"
+                    + (f"; {over} of {rep.world} ranks are over it" if over > 1 else ""))
+        host, host_limit = pool_peaks(rep, "host"), backend.get("host_memory_limit", 0)
+        if host and isinstance(host_limit, int) and 0 < host_limit < max(host.values()):
+            r = max(host, key=lambda k: (host[k], -k))
+            return (f"DOES NOT FIT: host arena peak {human_bytes(host[r])} on {rep.rank_label(r, 30)} exceeds "
+                    f"backend.host_memory_limit = {human_bytes(host_limit)} by {human_bytes(host[r] - host_limit)}")
+        return "DOES NOT FIT (as the report says)" + (
+            f": device peak {human_bytes(peak)} on {where}" + (f", {per_device}" if capacity else "") if peaks else "")
+    if not peaks:
+        return "fits" + (f" {per_device}" if capacity else "")
+    if not capacity:
+        return f"fits: device peak {human_bytes(peak)} on {where} (no device capacity given)"
+    return (f"fits: device peak {human_bytes(peak)} on {where}, within {per_device}, "
+            f"{human_bytes(capacity - peak)} spare")
+
+
 def mean(x, w):
     """The mean of x weighted by w (each row's ranks)."""
     return float((np.asarray(x, dtype=float) * w).sum() / w.sum()) if w.sum() > 0 else 0.0
 
 
-def comm_per_axis_op(rep):
+def comm_per_axis_op(rep, size=fmt_bytes):
     """[(axis, op, group, ranks, mean calls, mean bytes, mean time, mean wait, mean peer wait, mean busbw,
     mean hidden, mean group wait)] over the ranks that issued the op (from /summary/comm; a class's row counts
     for each of its ranks). Where the report has message-size classes, each is its own row and its op reads
-    "all_reduce <=4.00 MiB"."""
+    "all_reduce <=4.00 MiB" (`size` writes the bytes)."""
     c = rep.array("summary/comm")
     rows = []
     if len(c) == 0:
@@ -131,7 +230,7 @@ def comm_per_axis_op(rep):
         t = c[sel]
         w = rep.weights(t["rank"])
         peer = mean(t["peer_wait"], w) if "peer_wait" in t.dtype.names else 0.0
-        label = o if k < 0 else f"{o} <={fmt_bytes(float(k))}"
+        label = o if k < 0 else f"{o} <={size(float(k))}"
         late = mean(t["group_wait"], w) if "group_wait" in t.dtype.names else 0.0
         rows.append((a, label, int(g), int(w.sum()), mean(t["count"], w), mean(t["bytes"], w), mean(t["time"], w),
                      mean(t["wait"], w), peer, mean(t["busbw"], w), mean(t["hidden_fraction"], w), late))
@@ -355,6 +454,11 @@ def render(rep):
     }
     if rep.status != "complete":
         p(said.get(rep.status, f"(status {rep.status}: not a complete run)"))
+    # Whether the prediction fits a device: said at the top and again as
+    # the last line, where a long summary leaves the eye.
+    fit = fit_line(rep)
+    if fit:
+        p(fit)
     times = step_times(rep)
     if len(times):
         med = float(np.median(times))
@@ -475,4 +579,7 @@ def render(rep):
             xfer = t if rep.simulated else t - late
             p(f"  {ax:<5} {op:<28} {g:>3} {nr:>5} {calls:>7.0f} {fmt_bytes(b):>12} {1e3 * xfer:>9.2f} "
               f"{1e3 * late:>9.2f} {1e3 * w:>9.2f} {1e3 * pw:>8.2f} {bw / 1e9:>10.3f} {100 * h:>6.0f}%")
+    if fit:
+        p("")
+        p(fit)
     return "\n".join(out)

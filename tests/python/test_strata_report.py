@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -326,16 +327,18 @@ def test_simulation_rows_stand_for_classes_of_ranks(reports):
     out = tool(str(reports / "sim8.h5")).stdout
     mem = out[out.index("memory per rank"):].splitlines()
     assert mem[2].startswith("  ranks 0-3 ") and mem[3].startswith("  ranks 4-7 "), mem[:4]
+    # The communication table: its rows, up to the blank line before
+    # whether the prediction fits.
+    table = out[out.index("communication per axis"):].split("\n\n")[0].splitlines()[2:]
     # A simulated call's time is its transfer alone; waiting for the group
     # is apart, and neither is negative.
-    for line in out[out.index("communication per axis"):].splitlines()[2:]:
-        if line.strip():
-            xfer, late = (float(x) for x in line.split()[-6:-4])
-            assert xfer >= 0 and late >= 0, line
+    for line in table:
+        xfer, late = (float(x) for x in line.split()[-6:-4])
+        assert xfer >= 0 and late >= 0, line
     # The communication table counts a class's row for each of its ranks:
     # every rank issues the tensor-parallel all-reduce of the activations, a
     # stage's 4 ranks the ops of that stage alone.
-    comm = [l.split() for l in out[out.index("communication per axis"):].splitlines()[2:] if l.strip()]
+    comm = [l.split() for l in table]
     tp = [c for c in comm if c[0] == "tp" and c[1] == "all_reduce"]  # op, size class (2 words), n, ranks
     assert tp and tp[0][4:6] == ["2", "8"] and all(c[5] in ("4", "8") for c in tp), tp
 
@@ -765,3 +768,260 @@ def test_pareto_front():
     mem = np.array([4.0, 6.0, 3.0, 7.0, 3.0])
     # (3, 8) beats (3, 5); (4, 10); (6, 12) beats (7, 12).
     assert sweep_mod.pareto(tp, mem) == [2, 0, 1]
+
+
+# A plan's /points (docs/report-schema.md, strata-plan v1): the columns
+# `strata plan` writes, with their units.
+PLAN_COLUMNS = [("point", "<i8", "1"), ("overrides", "S1024", ""), ("world", "<i8", "1"), ("status", "S16", ""),
+                ("reason", "S512", ""), ("report", "S256", ""), ("tokens_per_s", "<f8", "tokens/s"),
+                ("mfu", "<f8", "1"), ("step_time", "<f8", "s"), ("peak_bytes", "<f8", "B"),
+                ("final_loss", "<f8", "nats/token"), ("bubble", "<f8", "1"), ("exposed_comm", "<f8", "s"),
+                ("bound", "<f8", "s")]
+
+
+def write_points(path, rows, attrs):
+    """An index or plan at `path`: root attributes `attrs` and /points from
+    `rows`, [(status, reason)], the complete ones with figures that differ."""
+    n = len(rows)
+    t = np.zeros(n, dtype=[(c, k) for c, k, _ in PLAN_COLUMNS])
+    t["point"] = np.arange(n)
+    t["world"] = 64
+    t["status"] = [s.encode() for s, _ in rows]
+    t["reason"] = [r.encode() for _, r in rows]
+    tp = np.arange(n) % 997 + 1.0
+    done = t["status"] == b"complete"
+    t["tokens_per_s"] = np.where(done, 1000.0 * tp, 0.0)
+    t["mfu"] = np.where(done, tp / 2000.0, 0.0)
+    t["step_time"] = np.where(done, 1.0 / tp, 0.0)
+    t["peak_bytes"] = np.where(done, (np.arange(n) % 89 + 1) * 2.0**30, 0.0)
+    t["final_loss"] = np.nan
+    t["overrides"] = [f"parallel.tp={1 << (i % 4)} parallel.pp={1 << (i % 5)} parallel.dp={i % 7 + 1} "
+                      f'parallel.schedule="1f1b" model.recompute="none"'.encode() for i in range(n)]
+    with h5py.File(path, "w") as f:
+        for k, v in attrs.items():
+            f.attrs[k] = v
+        d = f.create_dataset("points", data=t)
+        for c, _, unit in PLAN_COLUMNS:
+            d.attrs[f"unit:{c}"] = unit
+
+
+def plan_rows(rng):
+    """30 000 rows of a plan and {kind of reason: rows}: 300 complete, the
+    rest skipped for a handful of reasons whose numbers (and where the value
+    came from) vary from row to row, as `strata plan` gives them, and 15
+    rare reasons besides."""
+    rows, want = [("complete", "")] * 300, {}
+
+    def add(kind, reasons):
+        want[kind] = want.get(kind, 0) + len(reasons)
+        rows.extend(("skipped", r) for r in reasons)
+
+    add("cannot win", [f"cannot win: a step takes at least {rng.uniform(2, 90):.3f} s (the layout's lower bound), "
+                       f"the 10th best predicted takes 1.872 s" for _ in range(18_000)])
+    add("does not fit", [f"does not fit: device peak {rng.uniform(75, 900):.2f} GiB > 74.50 GiB" for _ in range(4_000)])
+    add("tp does not divide heads",
+        [f"--set parallel.tp={t}: parallel.tp = {t} (--set parallel.tp={t}) does not divide model.heads = 64"
+         for t in rng.choice([3, 5, 6, 7], 3_000)])
+    # Two problems at once: the first is the one counted.
+    add("layers", [f"inputs/deck.toml:16: model.layers = 80 (line 16) is not a multiple of parallel.pp = {p} "
+                   f"(--set parallel.pp={p}): every pipeline stage takes the same number of layers"
+                   + ("\n--set parallel.schedule=\"zb-h1\": too few micro-batches" if i % 2 else "")
+                   for i, p in enumerate(rng.choice([3, 6, 7, 9, 12, 32], 2_500))])
+    add("schedule", [f'--set parallel.schedule="zb-v": parallel.schedule = "zb-v" (--set parallel.schedule="zb-v") '
+                     f"needs parallel.virtual_stages = 2, not {v}" for v in rng.choice([1, 3], 1_945)])
+    for k in range(15):
+        add(f"rare {k}", [f"rare problem number-{k} of its own kind"] * (10 + k))
+    assert len(rows) == 30_000, len(rows)
+    return rows, want
+
+
+PLAN_ATTRS = {"schema": "strata-plan", "schema_version": 1, "sweep": "synthetic plan", "deck_path": "deck.toml",
+              "command_line": "strata plan deck.toml", "start_time": "2026-01-01T00:00:00Z", "machine": "h100-80gb",
+              "machine_path": "inputs/machines/h100-80gb.toml", "world_size": 64, "memory_limit": 79993765888,
+              "axes": "the rows' searches", "where": "", "status": "complete", "layouts": 30_000,
+              "layouts_judged": 12_000, "layouts_pruned": 18_000, "exhaustive": "false"}
+
+
+def reason_lines(out, status):
+    """{label: rows} of a status's section of the index summary, and the
+    total its heading gives."""
+    lines = out.splitlines()
+    at = next(i for i, l in enumerate(lines) if re.match(rf"^[\d ]+ {status}, by reason", l))
+    total = int(re.match(rf"^([\d ]+) {status},", lines[at]).group(1).replace(" ", ""))
+    got = {}
+    for line in lines[at + 1:]:
+        m = re.match(r"^  +(\d{1,3}(?: \d{3})*)  (.*)$", line)
+        if not m:
+            break
+        got[m.group(2)] = int(m.group(1).replace(" ", ""))
+    return got, total
+
+
+def test_a_plan_of_30000_rows_summarises_in_few_lines_by_reason(tmp_path, monkeypatch):
+    rows, want = plan_rows(np.random.default_rng(7))
+    path = tmp_path / "plan.h5"
+    write_points(path, rows, PLAN_ATTRS)
+    # The work, counted: each string column decoded once (not once per row
+    # listed, which made a plan's summary take hours), and each distinct
+    # reason looked at once, not each row.
+    decoded, kinds = [], []
+    real_texts, real_kind = sweep_mod.texts, sweep_mod.reason_kind
+    monkeypatch.setattr(sweep_mod, "texts", lambda c: decoded.append(len(c)) or real_texts(c))
+    monkeypatch.setattr(sweep_mod, "reason_kind", lambda r: kinds.append(r) or real_kind(r))
+    monkeypatch.setattr(read_mod, "ISOLATE", False)
+    out = sweep_mod.render(sweep_mod.Index(str(path)))
+    distinct = len({r for _, r in rows})
+    assert sum(decoded) <= 30_000 and len(kinds) <= distinct, (decoded, len(kinds), distinct)
+    lines = out.splitlines()
+    assert len(lines) <= sweep_mod.MAX_LINES, out
+    assert lines[0].endswith("30 000 point(s): 300 complete, 29 700 skipped"), lines[0]
+    assert "layouts: 30 000 enumerated, 12 000 judged, 18 000 pruned (one row each)" in out
+    # The fastest 20, then the rest counted.
+    assert "the fastest 20 of 300" in out and re.search(r"^  and \d+ more complete point", out, re.M), out
+    got, total = reason_lines(out, "skipped")
+    assert total == 29_700 and sum(got.values()) == total, got
+    # Each kind on one line, its numbers' spread in place of the numbers and
+    # without where they came from; the rare ones together on the last.
+    assert len(got) <= sweep_mod.MAX_REASONS, got
+
+    def rows_of(pattern):
+        found = [n for label, n in got.items() if re.fullmatch(pattern, label)]
+        assert len(found) == 1, (pattern, got)
+        return found[0]
+
+    assert rows_of(r"cannot win: a step takes at least 2\.\d+\.\.(89|90)\.\d+ s \(the layout's lower bound\), "
+                   r"the 10th best predicted takes 1\.872 s") == 18_000
+    assert rows_of(r"does not fit: device peak 75\.\d+\.\.(899|900)\.\d+ GiB > 74\.50 GiB") == 4_000
+    assert rows_of(r"parallel\.tp = 3\.\.7 does not divide model\.heads = 64") == 3_000
+    assert rows_of(r"model\.layers = 80 is not a multiple of parallel\.pp = 3\.\.32: every pipeline stage takes "
+                   r"the same number of layers") == want["layers"]
+    assert rows_of(r'parallel\.schedule = "zb-v" needs parallel\.virtual_stages = 2, not 1/3') == want["schedule"]
+    rest = rows_of(r"and \d+ more reason\(s\)")
+    shown_rare = sum(n for label, n in got.items() if label.startswith("rare problem"))
+    assert rest + shown_rare == sum(want[f"rare {k}"] for k in range(15)), got
+    assert "(the first problem each gives; 1 250 give more than one)" in out
+    assert "--set" not in out[out.index("skipped, by reason"):] and "(line 16)" not in out
+
+
+def test_an_index_of_every_status_stays_short_and_counts_every_row(tmp_path):
+    # Many distinct reasons in every status: each status's reasons are cut
+    # to what the lines left allow, the rest counted on one line.
+    rows = [("complete", "")] * 60
+    for s, n in (("failed", 30), ("diverged", 25), ("interrupted", 25), ("skipped", 40)):
+        rows += [(s, f"{s} problem-{k} of its own") for k in range(n) for _ in range(k % 3 + 1)]
+    rows += [("not_run", "")] * 70  # valid, not run yet: the table gives no reason
+    path = tmp_path / "index.h5"
+    write_points(path, rows, {"schema": "strata-sweep", "schema_version": 1, "sweep": "every", "deck_path": "d.toml",
+                              "axes": "parallel.tp = [1, 2]", "where": ""})
+    out = tool(str(path)).stdout
+    assert len(out.splitlines()) <= sweep_mod.MAX_LINES, out
+    for s in ("failed", "diverged", "interrupted", "not_run", "skipped"):
+        got, total = reason_lines(out, s)
+        assert total == sum(1 for r in rows if r[0] == s) and sum(got.values()) == total, (s, got)
+    got, _ = reason_lines(out, "not_run")
+    label = next(iter(got))
+    assert len(got) == 1 and label.startswith("not run yet") and label.endswith("(points 297, 298, 299, 300, ...)"), got
+    # A failed point is named, to find its log.
+    got, _ = reason_lines(out, "failed")
+    assert any(re.search(r"\(points? \d+", l) for l in got), got
+
+
+def test_a_sweeps_skipped_points_are_counted_by_where_clause(tmp_path):
+    # The index `strata sweep --index` writes for a deck of 768 points, 708
+    # of them rejected by its where clauses and 60 not run: a line per
+    # clause, not per point.
+    deck = os.path.join(ROOT, "inputs", "sweep-strategies.toml")
+    r = subprocess.run([STRATA, "sweep", deck, "--index", "--results", "sw"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tool(str(tmp_path / "sw" / "sweep-strategies" / "index.h5")).stdout
+    assert len(out.splitlines()) < 20, out
+    got, total = reason_lines(out, "skipped")
+    assert total == 708 and sum(got.values()) == 708 and all(l.startswith("filtered out by where") for l in got), got
+    got, total = reason_lines(out, "not_run")
+    assert total == 60 and list(got.values()) == [60] and next(iter(got)).startswith("not run yet"), got
+
+
+def simulated_copy(reports, tmp_path, name, **attrs):
+    """A copy of the 4096-rank simulation with root attributes set, or
+    removed where None: memory_capacity and fits, which binaries before them
+    do not write, are set here whatever the binary wrote."""
+    dst = tmp_path / name
+    shutil.copy(reports / "sim4096.h5", dst)
+    with h5py.File(dst, "a") as f:
+        for k, v in attrs.items():
+            if v is None:
+                f.attrs.pop(k, None)
+            else:
+                f.attrs[k] = v
+    return dst
+
+
+def device_peak(path):
+    """The largest device peak over ranks (the most held at once), and its ranks."""
+    rep = Report(str(path))
+    m = rep.array("memory")
+    m = m[m["pool"] == b"device"]
+    top = int(m["pool_peak_bytes"].max())
+    return top, rep.rank_label(int(m["rank"][np.argmax(m["pool_peak_bytes"])]), 30)
+
+
+def test_a_prediction_says_whether_it_fits_at_the_top_and_at_the_end(reports, tmp_path):
+    peak, ranks = device_peak(reports / "sim4096.h5")
+    # A quarter of the peak: it does not fit.
+    small = simulated_copy(reports, tmp_path, "small.h5", memory_capacity=np.int64(peak // 4), fits=np.int64(0))
+    lines = tool(str(small)).stdout.splitlines()
+    want = (f"DOES NOT FIT: device peak {summary_mod.human_bytes(peak)} on {ranks} exceeds the "
+            f"{summary_mod.human_bytes(peak // 4)} per device")
+    assert lines[-1].startswith(want), lines[-1]
+    assert any(l.startswith(want) for l in lines[:8]), lines[:8]
+    assert f"by {summary_mod.human_bytes(peak - peak // 4)}" in lines[-1]
+    # An H100's memory: it fits.
+    big = simulated_copy(reports, tmp_path, "big.h5", memory_capacity=np.int64(79993765888), fits=np.int64(1))
+    lines = tool(str(big)).stdout.splitlines()
+    want = f"fits: device peak {summary_mod.human_bytes(peak)} on {ranks}, within the 74.5 GiB per device"
+    assert lines[-1].startswith(want) and any(l.startswith(want) for l in lines[:8]), (lines[:8], lines[-1])
+    # A report without the attributes (a measured run, an older simulation) says neither.
+    old = simulated_copy(reports, tmp_path, "old.h5", memory_capacity=None, fits=None)
+    out = tool(str(old)).stdout
+    assert "FIT" not in out and "fits:" not in out
+
+
+def drawn(monkeypatch, draw, rep, path):
+    """The figure `draw` makes, kept open to look at."""
+    figs = []
+    monkeypatch.setattr(plots_mod.plt, "close", lambda fig=None: figs.append(fig))
+    draw(rep, str(path))
+    return next(f for f in figs if hasattr(f, "axes"))
+
+
+@pytest.mark.parametrize("times", [0.25, 0.01, 40.0])
+def test_the_memory_picture_draws_the_device_capacity_with_the_peak_in_view(reports, tmp_path, monkeypatch, times):
+    peak, _ = device_peak(reports / "sim4096.h5")
+    capacity = int(peak * times)
+    path = simulated_copy(reports, tmp_path, "c.h5", memory_capacity=np.int64(capacity),
+                          fits=np.int64(int(capacity >= peak)))
+    fig = drawn(monkeypatch, plots_mod.memory, Report(str(path)), tmp_path / "memory.png")
+    ax = fig.axes[0]
+    div, unit = summary_mod.byte_unit(max(peak, capacity))
+    line = next(l for l in ax.get_lines() if l.get_label().startswith("device capacity"))
+    assert np.allclose(line.get_ydata(), capacity / div) and ax.get_ylabel().startswith(unit)
+    lo, hi = ax.get_ylim()
+    assert lo <= capacity / div <= hi and lo <= peak / div <= hi, (lo, hi, capacity / div, peak / div)
+    # Far apart, the axis is logarithmic, so that the lower is no sliver.
+    assert (ax.get_yscale() == "log") == (max(times, 1 / times) > plots_mod.LOG_RATIO)
+    assert ("DOES NOT FIT" in ax.get_title()) == (capacity < peak)
+    assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pictures_write_bytes_in_their_unit_to_three_figures(reports, tmp_path, monkeypatch):
+    h = summary_mod.human_bytes
+    assert [h(0), h(16), h(999), h(1000), h(1536), h(10 * 2**20), h(129536 * 2**20), h(80e9), h(3 * 2**40)] == \
+        ["0 B", "16 B", "999 B", "0.977 KiB", "1.50 KiB", "10.0 MiB", "126 GiB", "74.5 GiB", "3.00 TiB"]
+    fig = drawn(monkeypatch, plots_mod.communication, Report(str(reports / "sim4096.h5")), tmp_path / "comm.png")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.texts] + [t.get_text() for t in ax.get_yticklabels()]
+    sizes = [m.group(1) for t in labels for m in re.finditer(r"([\d.]+ (?:B|KiB|MiB|GiB|TiB))\b", t)]
+    assert sizes and not any(s.startswith("0.00 ") for s in sizes), labels
+    # Three significant figures: no value of four digits or more before its unit.
+    assert all(len(s.split()[0].replace(".", "").lstrip("0")) <= 3 for s in sizes), sizes
