@@ -43,6 +43,21 @@
 
 namespace strata::train {
 
+// A step of many micro-batches along a line: a pipeline's steady state adds
+// one period per micro-batch (per group of pp where a schedule runs them in
+// such groups, several chunks per rank), from m1, twice its depth, past its
+// warm-up. A layout with at most m2 = m1 + period micro-batches per rank is
+// simulated whole (`whole`); one with more at m1 and m2, its figures
+// extended along the line to its own count, `t` periods past m1. The
+// planner's predictions and their bound take the same line.
+struct MicroBatchLine {
+  int m1 = 0, m2 = 0;
+  bool whole = true;
+  double t = 0;
+  double operator()(double at_m1, double at_m2) const { return at_m1 + t * (at_m2 - at_m1); }
+};
+MicroBatchLine micro_batch_line(const plan::Plan& layout);
+
 class StepBound {
  public:
   explicit StepBound(const sim::Machine& machine) : machine_(machine) {}

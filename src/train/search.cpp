@@ -351,26 +351,41 @@ class Progress {
   }
   bool due() const { return prof::now_seconds() - shown_ >= 5; }
   // `left`: layouts not yet judged whose bound is within the table's reach.
-  // `stopped`: the signal that stopped the plan (0: none), when the layouts
-  // not judged were not reached rather than pruned.
-  void show(bool last, std::size_t left, int stopped = 0) {
+  // The time left is at the rate of the last half minute: the layouts come
+  // best bound first, the quick refusals early and the costly pipelines
+  // later, so the rate since the start promises too much.
+  void show(std::size_t left) {
     const double now = prof::now_seconds();
     shown_ = now;
-    const double spent = now - start_;
-    const double eta = done_ > 0 ? spent / double(done_) * double(left) : 0;
-    fmt::print(stderr, "strata plan: {}/{} layouts judged, {} {}, {} fit, best {}, {:.0f} s{}\n", done_, total_,
-               total_ - done_ - left,
-               stopped ? fmt::format("not reached before {}", signal_name(stopped)) : std::string("pruned"), fit_,
-               best_ > 0 ? fmt::format("{:.0f} tokens/s ({})", best_, best_label_) : std::string("none yet"), spent,
-               last ? "" : fmt::format(", {} left, about {:.0f} s", left, eta));
+    rates_.push_back({now, done_});
+    while (rates_.size() > 2 && now - rates_[1].first >= kWindow) rates_.erase(rates_.begin());
+    const double span = now - rates_.front().first;
+    const double rate = span > 0 ? double(done_ - rates_.front().second) / span : 0;
+    fmt::print(stderr, "strata plan: {}/{} layouts judged, {} pruned, {} fit, best {}, {:.0f} s, {} left, {}\n", done_,
+               total_, total_ - done_ - left, fit_, best(), now - start_, left,
+               rate > 0 ? fmt::format("about {:.0f} s at {:.1f} a second", double(left) / rate, rate)
+                        : std::string("time left not known yet"));
     std::fflush(stderr);
+  }
+  // The last line, with the table's counts: a layout judged whose bound is
+  // beyond the final reach is counted pruned, as the table has it; a
+  // stopped plan's layouts not judged were not reached.
+  void finish(std::size_t judged, std::size_t pruned, int stopped) const {
+    fmt::print(stderr, "strata plan: {}/{} layouts judged, {} pruned{}, best {}, {:.0f} s\n", judged, total_, pruned,
+               stopped ? fmt::format(", {} not reached before {}", total_ - judged - pruned, signal_name(stopped)) : "",
+               best(), prof::now_seconds() - start_);
   }
 
  private:
+  static constexpr double kWindow = 30;
+  std::string best() const {
+    return best_ > 0 ? fmt::format("{:.0f} tokens/s ({})", best_, best_label_) : std::string("none yet");
+  }
   std::size_t total_, done_ = 0, fit_ = 0;
   double best_ = 0;
   std::string best_label_;
   double start_, shown_;
+  std::vector<std::pair<double, std::size_t>> rates_{{start_, 0}};  // (time, judged) over the last window
 };
 
 // The step time a layout must beat to enter a table of `top` rows: the
@@ -399,28 +414,21 @@ Figures plan_figures(const plan::Plan& cfg, const sim::Machine& machine) {
   Figures f;
   const int per_rank = cfg.micro_batches();
   f.micro_batches = per_rank;
-  // The line's period: one micro-batch, or a group of pp where a schedule
-  // runs them in such groups (several chunks per rank); it starts past the
-  // pipeline's warm-up, at twice its depth.
-  const int period = cfg.parallel.virtual_stages > 1 ? cfg.parallel.pp : 1;
-  const int m1 = (std::max(2, 2 * cfg.parallel.pp) + period - 1) / period * period, m2 = m1 + period;
   auto at = [&](int m) {
     plan::Plan c = cfg;
     c.data.global_batch = m * cfg.parallel.dp * cfg.data.micro_batch;
     return c;
   };
   Raw a, b;
-  double t = 0;  // how many periods past m1 the deck's step is
-  if (per_rank <= m2) {
+  const MicroBatchLine line = micro_batch_line(cfg);
+  if (line.whole) {
     a = b = raw_figures(cfg, machine);
     f.simulated = per_rank;
   } else {
-    a = raw_figures(at(m1), machine);
-    b = raw_figures(at(m2), machine);
-    t = double(per_rank - m1) / period;
-    f.simulated = m2;
+    a = raw_figures(at(line.m1), machine);
+    b = raw_figures(at(line.m2), machine);
+    f.simulated = line.m2;
   }
-  auto line = [t](double x, double y) { return x + t * (y - x); };
   f.step_time = line(a.step, b.step);
   f.peak_bytes = line(a.peak, b.peak);
   Prediction rates;
@@ -594,7 +602,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
       if (busy.empty()) break;
       ::poll(busy.data(), busy.size(), 1000);
       for (Worker& w : pool) w.receive(false, note);
-      if (progress.due()) progress.show(false, left());
+      if (progress.due()) progress.show(left());
     }
     for (Worker& w : pool) {
       if (stop_signal() != 0) w.stop(stop_signal());
@@ -603,7 +611,6 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     for (Worker& w : pool) w.receive(true, note);
   }
   const int stopped = stop_signal();
-  progress.show(true, 0, stopped);
 
   // The table: every layout judged whose bound is within the final
   // threshold, and every one beyond it pruned, judged or not (so the table
@@ -636,6 +643,7 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
       all.push_back(std::move(c));
     }
   }
+  progress.finish(layouts_done, pruned, stopped);
   std::vector<std::size_t> ranked;
   for (std::size_t i = 0; i < all.size(); ++i)
     if (all[i].status == "complete") ranked.push_back(i);
@@ -696,11 +704,11 @@ int search_layouts(const std::string& deck_path, const std::string& text, const 
     f.publish();
   }
 
-  fmt::print("strata plan | {} | machine {} | {} device(s), at most {} each | {} layout(s){}, {} pruned by their "
-             "bound, {} candidate(s) predicted or refused, {} fit\n",
-             deck_path, machine.name, o.world, core::format_bytes(limit), layouts.size(),
-             stopped ? fmt::format(" ({} judged before {})", layouts_done, signal_name(stopped)) : "", pruned,
-             all.size() - pruned, ranked.size());
+  fmt::print("strata plan | {} | machine {} | {} device(s), at most {} each | {} layout(s): {} judged{} ({} "
+             "candidate(s): each recomputation and offload tried until one fits), {} pruned by their bound | {} fit\n",
+             deck_path, machine.name, o.world, core::format_bytes(limit), layouts.size(), layouts_done,
+             stopped ? fmt::format(" before {}", signal_name(stopped)) : "", all.size() - pruned, pruned,
+             ranked.size());
   fmt::print("  {:>4} {:>12} {:>6} {:>9} {:>11} {:>7} {:>10}  {}\n", "rank", "tokens/s", "MFU%", "step_ms",
              "peak mem", "bubble", "exposed_s", "layout");
   for (std::size_t r = 0; r < ranked.size() && int(r) < o.top; ++r) {

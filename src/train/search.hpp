@@ -41,8 +41,9 @@ struct SearchOptions {
 // the interleaved schedules; in-flight activations are constant or grow by
 // the same bytes each), so a layout with many micro-batches is simulated at
 // two small counts, m1 and m1 + k, and its step time, peak memory, idle and
-// exposed communication extended along that line to m. A layout with few
-// micro-batches is simulated whole (simulated == micro_batches).
+// exposed communication extended along that line to m (micro_batch_line,
+// src/train/bound.hpp). A layout with few micro-batches is simulated whole
+// (simulated == micro_batches).
 struct Figures {
   double step_time = 0, tokens_per_s = 0, mfu = 0, peak_bytes = 0, bubble = 0, exposed_comm = 0;
   int micro_batches = 0;  // per rank and step, as the deck has them

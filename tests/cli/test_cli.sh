@@ -349,6 +349,25 @@ assert np.all(b["bound"][pruned] > np.sort(steps)[2]), "pruned only beyond the t
 print("bound/prediction", over.min(), over.mean(), over.max(), "pruned", pruned.sum(), "of", fb.attrs["layouts"])
 PY
 then ok "plan: the bound never exceeds a prediction; pruning keeps the best"; else bad "plan bound"; cat planall.log planbest.log planbound.log; fi
+# One count of layouts: the header, the last progress line and the report
+# agree on those judged and pruned, and the candidates are the rows judged.
+if "$strata" plan "$src/inputs/gpt-7b-4096.toml" --machine h100-80gb --world 32 --output out/plancount.h5 \
+     > plancount.log 2> plancount.err \
+   && "$py" - <<'PY' > plancountcheck.log 2>&1
+import re, h5py
+head = re.search(r"(\d+) layout\(s\): (\d+) judged \((\d+) candidate\(s\).*\), (\d+) pruned by their bound",
+                 open("plancount.log").read())
+layouts, judged, candidates, pruned = map(int, head.groups())
+last = open("plancount.err").read().strip().splitlines()[-1]
+m = re.match(r"strata plan: (\d+)/(\d+) layouts judged, (\d+) pruned, ", last)
+assert m and tuple(map(int, m.groups())) == (judged, layouts, pruned), (last, head.groups())
+f = h5py.File("out/plancount.h5")
+assert (f.attrs["layouts"], f.attrs["layouts_judged"], f.attrs["layouts_pruned"]) == (layouts, judged, pruned)
+assert judged + pruned == layouts and pruned > judged > 0, (judged, pruned, layouts)
+assert len(f["points"]) == candidates + pruned, (len(f["points"]), candidates, pruned)
+PY
+then ok "plan: header, progress and report count the same layouts judged and pruned"
+else bad "plan counts"; cat plancount.log plancount.err plancountcheck.log; fi
 # Stopped by SIGTERM: what was judged is written, the report says it was
 # interrupted, the exit status is 143 and no worker is left running. (8
 # devices: the bounds take a second here and a minute in the sanitized
