@@ -34,18 +34,29 @@ std::string host_name() {
   return buf;
 }
 
-// What multiplies a run's matrices on this device at the run's precision.
-std::string gemm_name(const plan::Plan& cfg) {
+// The precision whose GEMM rate is the device's peak for a run: its own,
+// but on a CPU without a 16-bit GEMM (no oneDNN path for it) fp32's, since
+// its 16-bit products are widened to sgemm there. One figure per machine and
+// precision the hardware has: widening is the kernel's cost, not a slower
+// peak, and a peak measured through it would raise MFU by the conversion.
+core::Precision peak_precision(const plan::Plan& cfg) {
   const core::Precision p = cfg.backend.precision;
+  if (p != core::Precision::fp32 && kernels::device() == kernels::Device::cpu &&
+      std::string(kernels::cpu_gemm_path(p)) != "onednn")
+    return core::Precision::fp32;
+  return p;
+}
+
+// What multiplies a run's matrices on this device at the precision of its
+// peak.
+std::string gemm_name(const plan::Plan& cfg) {
+  const core::Precision p = peak_precision(cfg);
   const bool half = p != core::Precision::fp32;
   switch (kernels::device()) {
     case kernels::Device::kokkos: return half ? fmt::format("Kokkos {} GEMM", core::precision_name(p)) : "KokkosBlas sgemm";
     case kernels::Device::cuda: return half ? fmt::format("cuBLAS {} GEMM", core::precision_name(p)) : "cuBLAS sgemm";
     default:
-      if (!half) return "sgemm";
-      return std::string(kernels::cpu_gemm_path(p)) == "onednn"
-                 ? fmt::format("oneDNN {} matmul", core::precision_name(p))
-                 : fmt::format("{} widened to sgemm", core::precision_name(p));
+      return half ? fmt::format("oneDNN {} matmul", core::precision_name(p)) : "sgemm";
   }
 }
 
@@ -56,7 +67,7 @@ std::string cache_file(const plan::Plan& cfg) {
     for (char& c : *s)
       if (c == '/' || c == ' ') c = '_';
   return fmt::format("{}/{}.{}.{}.{}.t{}", peak_cache_dir(), host_name(), backend,
-                     core::precision_name(cfg.backend.precision), gemm, kernels::num_threads());
+                     core::precision_name(peak_precision(cfg)), gemm, kernels::num_threads());
 }
 
 // The cached figure, or 0 when there is none (or it does not read back).
@@ -90,20 +101,27 @@ std::string write_cache(const std::string& path, double flops, const std::string
 
 Peak measure_or_read(const plan::Plan& cfg) {
   const std::string dir = peak_cache_dir(), path = dir.empty() ? "" : cache_file(cfg);
+  const core::Precision at = peak_precision(cfg);
+  const std::string widened =
+      at != cfg.backend.precision
+          ? fmt::format("; {} products are widened to sgemm on this CPU: its peak is fp32's",
+                        core::precision_name(cfg.backend.precision))
+          : "";
   std::string how;
   if (const double f = path.empty() ? 0 : read_cache(path, &how); f > 0)
-    return {f, fmt::format("cached: {} ({})", path, how)};
+    return {f, fmt::format("cached: {} ({}){}", path, how, widened)};
   const bool gpu = !kernels::host_memory();
   // A GPU needs large products to reach its rate; the CPU's is reached at 1024.
   const int n = gpu ? 8192 : 1024, reps = 5;
-  const double f = kernels::measure_gemm_flops(n, reps, cfg.backend.precision);
+  const double f = kernels::measure_gemm_flops(n, reps, at);
   how = fmt::format("{} {}^3, best of {}, {} thread(s), measured {}", gemm_name(cfg), n, reps, kernels::num_threads(),
                     iso_time_utc());
   if (path.empty())
-    return {f, fmt::format("measured: {} (not cached: neither STRATA_PEAK_CACHE, XDG_CACHE_HOME nor HOME is set)", how)};
+    return {f, fmt::format("measured: {} (not cached: neither STRATA_PEAK_CACHE, XDG_CACHE_HOME nor HOME is set){}",
+                           how, widened)};
   const std::string why = write_cache(path, f, how);
-  return {f, why.empty() ? fmt::format("measured: {} (cached to {})", how, path)
-                         : fmt::format("measured: {} (not cached: {}: {})", how, path, why)};
+  return {f, why.empty() ? fmt::format("measured: {} (cached to {}){}", how, path, widened)
+                         : fmt::format("measured: {} (not cached: {}: {}){}", how, path, why, widened)};
 }
 
 }  // namespace

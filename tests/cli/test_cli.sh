@@ -49,13 +49,15 @@ if STRATA_PEAK_CACHE=$work/peaks mpiexec -n 2 "$strata" run tiny.toml --set para
    && [[ $(peak_of out/peak1.h5 | cut -d' ' -f1) == $(peak_of out/peak2.h5 | cut -d' ' -f1) ]]
 then ok "peak measured once per host, cached, the same figure on the next run"
 else bad "peak cache"; cat peak1.log peak2.log; ls -l peaks; peak_of out/peak1.h5; peak_of out/peak2.h5; fi
-# A 16-bit run on the CPU multiplies 16-bit matrices (oneDNN's bf16 matmul,
-# or widened into sgemm where the processor has no bf16 instructions): its
-# peak is that GEMM's, cached apart from fp32's, and labelled as such.
+# A 16-bit run on the CPU with oneDNN's bf16 matmul (AVX512-BF16) has that
+# GEMM's peak, cached apart from fp32's; where its products are widened to
+# sgemm, the peak is fp32's, the same figure, and says why (one figure per
+# precision the hardware has: MFU does not move with the conversion).
 if STRATA_PEAK_CACHE=$work/peaks "$strata" run tiny.toml "${nopeak[@]}" --set 'backend.precision="bf16"' --output out/peakbf16.h5 > peakbf16.log 2>&1 \
-   && [[ $(ls peaks | wc -l) == 2 ]] \
-   && peak_of out/peakbf16.h5 | grep -qE "measured: (oneDNN bf16 matmul|bf16 widened to sgemm) 1024\^3, best of 5"
-then ok "a bf16 peak on the CPU names its GEMM"; else bad "bf16 peak label"; cat peakbf16.log; peak_of out/peakbf16.h5; fi
+   && { { [[ $(ls peaks | wc -l) == 2 ]] && peak_of out/peakbf16.h5 | grep -qE "measured: oneDNN bf16 matmul 1024\^3, best of 5"; } \
+        || { [[ $(ls peaks | wc -l) == 1 ]] && peak_of out/peakbf16.h5 | grep -q "cached: .*: its peak is fp32's$" \
+             && [[ $(peak_of out/peakbf16.h5 | cut -d' ' -f1) == $(peak_of out/peak1.h5 | cut -d' ' -f1) ]]; }; }
+then ok "a bf16 peak on the CPU is its GEMM's, or fp32's where widened"; else bad "bf16 peak"; cat peakbf16.log; peak_of out/peakbf16.h5; fi
 if "$strata" run tiny.toml "${nopeak[@]}" --set backend.machine=\"a100-80gb\" --output out/peak3.h5 > peak3.log 2>&1 \
    && peak_of out/peak3.h5 | grep -q "^19500000000000.0 machine a100-80gb (.*a100-80gb.toml): device.peak_tflops_fp32$"
 then ok "backend.machine gives MFU's peak"; else bad "backend.machine peak"; cat peak3.log; peak_of out/peak3.h5; fi
