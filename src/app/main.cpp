@@ -133,14 +133,20 @@ int finish(int code) {
 struct SweepArgs {
   bool list = false, all = false, index = false, retry_failed = false, valid_points = false;
   int point = -1, world = 0;
+  strata::sweep::Selection selection;
   std::string launcher, results = "results";
 };
 
 int sweep_command(const std::string& deck_path, const std::vector<std::string>& sets, const SweepArgs& a,
                   const std::string& command_line) {
-  const strata::sweep::Sweep s = strata::sweep::load_sweep(deck_path, sets, a.results);
+  if (a.point >= 0 && a.selection.any())
+    strata::core::input_error("--point {} runs one point; --where, --points and --limit choose among several", a.point);
+  const strata::sweep::Sweep s = strata::sweep::load_sweep(deck_path, sets, a.results, a.selection);
   int valid = 0;
-  for (const auto& p : s.points) valid += p.valid;
+  int chosen = 0;
+  for (const auto& p : s.points) valid += p.valid, chosen += p.selected;
+  if (valid > 0 && chosen == 0)
+    strata::core::input_error("{}: --where, --points and --limit choose none of the {} valid point(s)", deck_path, valid);
   if (a.point >= 0) {
     // One point, in this MPI job (a SLURM array task): `strata run` with the point's overrides.
     if (a.point >= int(s.points.size()))
@@ -178,7 +184,7 @@ int sweep_command(const std::string& deck_path, const std::vector<std::string>& 
   if (a.valid_points) {
     // Machine-readable, for slurm/submit-sweep: "<point> <ranks>" per valid point.
     for (const auto& p : s.points)
-      if (p.valid) fmt::print("{} {}\n", p.index, p.world);
+      if (p.selected) fmt::print("{} {}\n", p.index, p.world);
     return valid > 0 ? 0 : 2;
   }
   if (a.list) fmt::print("{}", strata::sweep::describe(s, a.all));
@@ -312,6 +318,10 @@ int main(int argc, char** argv) {
   sweep->add_option("--launcher", sw.launcher,
                     "command that starts a point on {n} ranks (default: srun --mpi=pmi2 -n {n} under SLURM, else mpiexec -n {n})");
   sweep->add_flag("--retry-failed", sw.retry_failed, "run points that failed before again");
+  sweep->add_option("--where", sw.selection.where,
+                    "run (or list) only the points meeting this clause, as in [sweep] where (repeatable)");
+  sweep->add_option("--points", sw.selection.points, "run (or list) only these points: indices and ranges, 0-5,9");
+  sweep->add_option("--limit", sw.selection.limit, "run (or list) only the first N of the points chosen");
   sweep->add_option("--point", sw.point, "run only this point, in this MPI job (what a SLURM array task does)")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   sweep->add_flag("--index", sw.index, "only rewrite results/<sweep>/index.h5 from the reports on disk");

@@ -300,7 +300,15 @@ std::string one_line(const std::string& s) {
 }  // namespace
 
 Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& overrides,
-                 const std::string& results_dir) {
+                 const std::string& results_dir, const Selection& selection) {
+  for (const std::string& clause : selection.where) {
+    try {
+      Where(clause, nullptr).check();
+    } catch (const std::invalid_argument& e) {
+      core::input_error("--where \"{}\": {}", clause.size() <= 120 ? clause : clause.substr(0, 100) + "...", e.what());
+    }
+  }
+  if (selection.limit < 0) core::input_error("--limit {}: the number of points to run, at least 1", selection.limit);
   // The base deck must resolve on its own (its errors are the user's first).
   const deck::Deck base = deck::load_deck(deck_path, overrides);
   toml::table root;
@@ -429,6 +437,9 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
     const int world = point_world(base.config, s.axes, axis_values);
     if (p.reason.empty() && !s.worlds.empty() && std::find(s.worlds.begin(), s.worlds.end(), world) == s.worlds.end())
       p.reason = fmt::format("needs {} ranks, not in sweep.world", world);
+    p.filtered = !p.reason.empty();
+    for (const auto& clause : selection.where)
+      if (p.selected && Where(clause, &lookup).eval().num == 0) p.selected = false;
     if (p.reason.empty()) {
       try {
         const deck::Deck d = deck::parse_deck(deck_path, base.text, all);
@@ -440,23 +451,57 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
     }
     s.points.push_back(std::move(p));
   }
+  // --points, then --limit over what is left, in index order.
+  if (!selection.points.empty()) {
+    std::vector<bool> named(s.points.size(), false);
+    const std::string bad = fmt::format("--points \"{}\": give indices and ranges of the sweep's points 0..{}, "
+                                        "such as 0-5,9",
+                                        selection.points, s.points.size() - 1);
+    std::size_t at = 0;
+    const std::string& text = selection.points;
+    while (at <= text.size()) {
+      const std::size_t comma = std::min(text.find(',', at), text.size());
+      const std::string item = text.substr(at, comma - at);
+      const std::size_t dash = item.find('-');
+      long first = -1, last = -1;
+      char* end = nullptr;
+      const std::string a = item.substr(0, dash), b = dash == std::string::npos ? a : item.substr(dash + 1);
+      if (a.empty() || b.empty() || a.find_first_not_of("0123456789") != std::string::npos ||
+          b.find_first_not_of("0123456789") != std::string::npos || a.size() > 9 || b.size() > 9)
+        core::input_error("{}", bad);
+      first = std::strtol(a.c_str(), &end, 10);
+      last = std::strtol(b.c_str(), &end, 10);
+      if (first > last || last >= long(s.points.size())) core::input_error("{}", bad);
+      for (long i = first; i <= last; ++i) named[std::size_t(i)] = true;
+      at = comma + 1;
+    }
+    for (Point& p : s.points) p.selected = p.selected && named[std::size_t(p.index)];
+  }
+  int taken = 0;
+  for (Point& p : s.points) {
+    p.selected = p.selected && p.valid;
+    if (p.selected && selection.limit > 0 && taken++ >= selection.limit) p.selected = false;
+  }
   return s;
 }
 
 std::string describe(const Sweep& s, bool all) {
-  int valid = 0;
+  int valid = 0, selected = 0;
   std::string out;
   for (const auto& p : s.points) {
     valid += p.valid;
-    if (!p.valid && !all) continue;
-    out += fmt::format("{:>4}  {:>5}  {:<7}  {}{}\n", p.index, p.world > 0 ? std::to_string(p.world) : "-",
-                       p.valid ? "valid" : "skipped", p.label, p.valid ? "" : "\n              " + p.reason);
+    selected += p.selected;
+    if (!p.selected && !all) continue;
+    const char* status = p.selected ? "valid" : p.valid ? "unchosen" : "skipped";
+    out += fmt::format("{:>4}  {:>5}  {:<8}  {}{}\n", p.index, p.world > 0 ? std::to_string(p.world) : "-", status,
+                       p.label, p.valid ? "" : "\n               " + p.reason);
   }
-  const int skipped = int(s.points.size()) - valid;
-  return fmt::format("sweep '{}' from {}: {} point(s), {} valid{}; reports in {}/\n point  ranks  status   overrides\n{}",
+  const int left = int(s.points.size()) - selected;
+  return fmt::format("sweep '{}' from {}: {} point(s), {} valid{}{}; reports in {}/\n point  ranks  status    overrides\n{}",
                      s.name, s.deck_path, s.points.size(), valid,
-                     skipped == 0 || all ? "" : fmt::format(" (--all adds the {} skipped and why)", skipped), s.dir,
-                     out);
+                     selected < valid ? fmt::format(", {} chosen by --where, --points or --limit", selected) : "",
+                     left == 0 || all ? "" : fmt::format(" (--all adds the {} {} and why)", left, selected < valid ? "others" : "skipped"),
+                     s.dir, out);
 }
 
 namespace {
@@ -595,15 +640,19 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
   auto stop = [&] { return opts.stopped ? opts.stopped() : 0; };
   // One line per run, counted k/N with the time so far and the time left
   // at this pace; the invalid points in one line (--list --all says why).
-  int invalid = 0, runs = 0, done = 0;
+  int invalid = 0, filtered = 0, unchosen = 0, runs = 0, done = 0;
   for (const auto& p : s.points) {
-    invalid += !p.valid;
-    if (p.valid && (limit == 0 || p.world <= limit)) runs += int(p.reports.size());
+    invalid += !p.valid && !p.filtered;
+    filtered += p.filtered;
+    unchosen += p.valid && !p.selected;
+    if (p.selected && (limit == 0 || p.world <= limit)) runs += int(p.reports.size());
   }
-  fmt::print("sweep '{}': {} run(s) of {} point(s){}\n", s.name, runs, s.points.size(),
-             invalid > 0 ? fmt::format("; {} point(s) skipped as invalid (strata sweep {} --list --all says why)",
-                                       invalid, s.deck_path)
-                         : "");
+  std::string others;
+  if (filtered > 0) others += fmt::format("; {} left out by the deck's where or world", filtered);
+  if (invalid > 0) others += fmt::format("; {} skipped as invalid", invalid);
+  if (unchosen > 0) others += fmt::format("; {} valid not chosen (--where, --points, --limit)", unchosen);
+  fmt::print("sweep '{}': {} run(s) of {} point(s){}{}\n", s.name, runs, s.points.size(), others,
+             invalid + filtered > 0 ? fmt::format(" (strata sweep {} --list --all says why)", s.deck_path) : "");
   const auto started = std::chrono::steady_clock::now();
   std::map<std::string, report::Headline> complete;  // report -> its headline
   const auto pace = [&] {
@@ -614,7 +663,7 @@ int run_sweep(const Sweep& s, const RunOptions& opts) {
   for (const auto& p : s.points) {
     if (stop() != 0) break;  // the points not reached stay not_run
     const std::string point_head = fmt::format("point {:>3} [{}]", p.index, p.label);
-    if (!p.valid) continue;
+    if (!p.selected) continue;
     if (limit > 0 && p.world > limit) {
       fmt::print("{}: not run: needs {} ranks, the allocation has {}\n", point_head, p.world, limit);
       continue;

@@ -24,6 +24,8 @@ struct Point {
   std::string label;                   // the overrides, space-separated
   int world = 0;                       // the ranks of the resolved point's mesh (0 if it does not resolve)
   bool valid = false;
+  bool filtered = false;               // not valid because the deck's where or world leaves it out
+  bool selected = true;                // valid and chosen by --where, --points and --limit (all, without them)
   std::string reason;                  // why it is skipped, when not valid
   std::string report;                  // where its (first) report goes
   std::vector<std::string> reports;    // one per repeat: report, then point-NNN.r1.h5, ...
@@ -41,12 +43,24 @@ struct Sweep {
   std::vector<Point> points;
 };
 
+// The valid points one command runs or lists: those meeting every `where`
+// clause (the [sweep] table's grammar, over the point's resolved keys), of
+// `points` ("0-5,9": indices and ranges; empty: all) and, of those, the
+// first `limit` (0: no limit). The others stay valid and are not run: the
+// index has them as not_run.
+struct Selection {
+  std::vector<std::string> where;
+  std::string points;
+  int limit = 0;
+  bool any() const { return !where.empty() || !points.empty() || limit > 0; }
+};
+
 // Reads the deck's [sweep] table and resolves every point. Input errors
 // (exit 2): no [sweep] table, an unknown axis key (with a suggestion), an
 // axis that is not a non-empty list, a malformed `where` clause or `world`
-// list, no valid point at all.
+// list, no valid point at all; a malformed selection.
 Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& overrides,
-                 const std::string& results_dir = "results");
+                 const std::string& results_dir = "results", const Selection& selection = {});
 
 // One line per point: index, world, status, overrides (and why a point is skipped).
 // The valid points, one line each; `all`: the skipped ones too, with why.

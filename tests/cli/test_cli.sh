@@ -652,6 +652,27 @@ if "$strata" sweep sweep.toml --results out/sweeps > sweepagain.log 2>&1; [[ $? 
    && grep -q "complete already" sweepagain.log && grep -q "failed before, skipped" sweepagain.log \
    && ! grep -q "running on" sweepagain.log; then ok "sweep resumes: complete and failed points are not run again"
 else bad "sweep resume"; cat sweepagain.log; fi
+# A subset: --where, --points and --limit choose among the valid points
+# (0, 1 and 4 here); the others stay valid, not run (not_run in the index);
+# points the deck's where leaves out are counted apart from invalid ones.
+if "$strata" sweep sweep.toml --list --where "parallel.pp == 2" > subw.log 2>&1 \
+   && [[ $(grep -c " valid  " subw.log) == 1 ]] && grep -q "^   4 .* valid " subw.log \
+   && grep -q "3 valid, 1 chosen by --where, --points or --limit" subw.log \
+   && "$strata" sweep sweep.toml --list --points 0-3 --limit 1 > subl.log 2>&1 && [[ $(grep -c " valid  " subl.log) == 1 ]] \
+   && grep -q "^   0 " subl.log \
+   && "$strata" sweep sweep.toml --results out/subset --points 4,5 > subrun.log 2>&1 \
+   && grep -q "sweep 'clisweep': 1 run(s) of 8 point(s); 2 left out by the deck's where or world; 3 skipped as invalid; 2 valid not chosen" subrun.log \
+   && grep -q "point   4 .*: complete" subrun.log && ! grep -q "point   0 " subrun.log \
+   && "$py" - out/subset/clisweep/index.h5 > subidx.log 2>&1 <<'PY'
+import sys, h5py
+st = {int(r["point"]): r["status"].decode() for r in h5py.File(sys.argv[1])["points"][...]}
+assert st[4] == "complete" and st[0] == "not_run" and st[1] == "not_run", st
+PY
+then ok "sweep --where, --points, --limit: a subset runs, the rest stays not_run"
+else bad "sweep subsets"; cat subw.log subl.log subrun.log subidx.log; fi
+expect_input_error "sweep --points out of range" '--points "9": give indices and ranges of the sweep' "$strata" sweep sweep.toml --list --points 9
+expect_input_error "sweep --where choosing none" "choose none of the 3 valid point(s)" "$strata" sweep sweep.toml --list --where "parallel.pp == 7"
+expect_input_error "sweep --where malformed" '--where "parallel.pp ==":' "$strata" sweep sweep.toml --list --where "parallel.pp =="
 # run.repeats: each point run three times; the index has the medians and the spread.
 cat > sweeprep.toml <<'DECK'
 [run]
