@@ -321,11 +321,14 @@ int simulate_deck(const deck::Deck& deck, const SimulateOptions& o) {
   fmt::print("strata simulate | {} | machine {} ({} device(s) per node) | {} rank(s): {} | {}\n", deck.path,
              machine.name, machine.devices_per_node, l.world(), mesh::describe(l),
              core::precision_name(cfg.backend.precision));
-  fmt::print("predicted step {:.4f} s | {:.0f} tokens/s | MFU {:.1f}% | HFU {:.1f}% | {:.1f} TFLOP/s per device "
+  // A CPU's figures are GFLOP/s: in TFLOP/s they would print as 0.0.
+  const double model_rate = pr.step.step_time > 0 ? pr.model_flops / pr.step.step_time / l.world() : 0;
+  const double hardware_rate = pr.step.step_time > 0 ? pr.hardware_flops / pr.step.step_time / l.world() : 0;
+  const bool tera = std::max(model_rate, hardware_rate) >= 1e12;
+  fmt::print("predicted step {:.4f} s | {:.0f} tokens/s | MFU {:.1f}% | HFU {:.1f}% | {:.1f} {}FLOP/s per device "
              "(model), {:.1f} (hardware)\n",
-             pr.step.step_time, pr.tokens_per_s, 100 * pr.mfu, 100 * pr.hfu,
-             pr.step.step_time > 0 ? pr.model_flops / pr.step.step_time / l.world() / 1e12 : 0,
-             pr.step.step_time > 0 ? pr.hardware_flops / pr.step.step_time / l.world() / 1e12 : 0);
+             pr.step.step_time, pr.tokens_per_s, 100 * pr.mfu, 100 * pr.hfu, model_rate / (tera ? 1e12 : 1e9),
+             tera ? "T" : "G", hardware_rate / (tera ? 1e12 : 1e9));
   fmt::print("  {:>5} {:>6} {:>12} {:>12} {:>12} {:>8} {:>12}\n", "stage", "rank", "compute_s", "exposed_comm_s",
              "end_s", "bubble", "device_peak");
   for (std::size_t s = 0; s < pr.step.stages.size(); ++s) {
