@@ -130,7 +130,13 @@ float MoeLayer::forward(core::Ptr y, core::CPtr x, const MoeParams& p) {
   to_host(hprobs_, probs_, std::int64_t(N) * E);
   hprobs_.resize(std::size_t(N) * E);  // zeros on the meta device
   float* probs = hprobs_.data();
-  for (int t = 0; t < N; ++t) {
+  // The meta device routes as a balanced router does (below): the softmax
+  // and the top-k of its zeros are skipped, which the planner's thousands
+  // of estimates of long sequences would otherwise spend most time in.
+  const bool meta = kernels::is_meta();
+  mass_.assign(std::size_t(E), 0.0);
+  first_share_.assign(std::size_t(E), 0.0);
+  for (int t = 0; !meta && t < N; ++t) {
     float* r = probs + std::int64_t(t) * E;
     const float m = *std::max_element(r, r + E);
     double s = 0;
@@ -138,9 +144,7 @@ float MoeLayer::forward(core::Ptr y, core::CPtr x, const MoeParams& p) {
     for (int e = 0; e < E; ++e) r[e] = float(r[e] / s);
   }
   // Top-k per token (ties to the lower index) and the gates.
-  mass_.assign(std::size_t(E), 0.0);
-  first_share_.assign(std::size_t(E), 0.0);
-  for (int t = 0; t < N; ++t) {
+  for (int t = 0; !meta && t < N; ++t) {
     const float* r = probs + std::int64_t(t) * E;
     int* top = topk_.data() + std::int64_t(t) * K;
     for (int j = 0; j < K; ++j) {
@@ -157,7 +161,7 @@ float MoeLayer::forward(core::Ptr y, core::CPtr x, const MoeParams& p) {
     for (int e = 0; e < E; ++e) mass_[std::size_t(e)] += r[e];
     first_share_[std::size_t(top[0])] += 1.0 / N;
   }
-  if (kernels::is_meta()) {
+  if (meta) {
     // The meta device computes no logits (every token would tie, and go to
     // the first experts): a dry run routes as a balanced router does, token
     // t's j-th choice expert (t K + j) mod E, so the experts' work and the
@@ -314,10 +318,11 @@ void MoeLayer::backward(core::Ptr dx, core::CPtr dy, core::CPtr x, const MoePara
   // Router: d(probs) from the gates (renormalised: g_j = p_j / S over the
   // top-k) and from the auxiliary loss (dL/dp[t, e] = coef E f_e / N, f
   // being counts), then the softmax backward and the router linear.
-  std::vector<float> dlogits(std::size_t(N) * E);  // on the host, then to dlogits_
+  // (On the meta device only the copy is counted, as above.)
+  std::vector<float> dlogits(host ? std::size_t(N) * E : 0);  // on the host, then to dlogits_
   const double aux_grad = double(aux_scale) * c_.aux_coef * E / N;
   std::vector<double> dp(static_cast<std::size_t>(E));  // one token's d(probs)
-  for (int t = 0; t < N; ++t) {
+  for (int t = 0; host && t < N; ++t) {
     const float* r = probs + std::int64_t(t) * E;
     const int* top = topk_.data() + std::int64_t(t) * K;
     const float* dg = dgate.data() + std::int64_t(t) * K;
