@@ -8,7 +8,7 @@
 #include <mpi.h>
 
 #include "src/deck/deck.hpp"
-#include "src/train/run.hpp"
+#include "src/train/run_options.hpp"
 
 namespace strata::train {
 

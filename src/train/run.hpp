@@ -6,21 +6,10 @@
 
 #include <mpi.h>
 
-#include <string>
-
 #include "src/deck/deck.hpp"
+#include "src/train/run_options.hpp"
 
 namespace strata::train {
-
-struct RunOptions {
-  std::string output;        // overrides run.output when not empty
-  bool dry_run = false;      // validate and print the plan; write nothing
-  std::string command_line;
-  int checkpoint_every = 0;  // write a checkpoint after every N steps (0: never)
-  std::string checkpoint_dir;  // default: checkpoints/<run.name>
-  std::string resume;        // a checkpoint (or a directory of them) to continue from
-  bool force = false;        // replace a file at the report path named
-};
 
 // Returns the process exit status (0). Throws core::Error on failure.
 int run_deck(const deck::Deck& deck, const RunOptions& options, MPI_Comm comm);

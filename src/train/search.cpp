@@ -27,7 +27,6 @@
 #include "src/sim/machine.hpp"
 #include "kernels/foundation/clock.hpp"
 #include "src/train/paths.hpp"
-#include "src/train/run.hpp"
 #include "src/train/bound.hpp"
 #include "src/train/run_control.hpp"
 #include "src/train/simulate.hpp"

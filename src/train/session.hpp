@@ -16,7 +16,7 @@
 #include "src/report/h5file.hpp"
 #include "src/train/checkpoint.hpp"
 #include "src/train/paths.hpp"
-#include "src/train/run.hpp"
+#include "src/train/run_options.hpp"
 #include "src/train/run_report.hpp"
 
 namespace strata::train {

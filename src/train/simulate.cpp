@@ -16,7 +16,6 @@
 #include "kernels/foundation/error.hpp"
 #include "src/report/output_path.hpp"
 #include "src/train/paths.hpp"
-#include "src/train/run.hpp"
 #include "src/train/run_report.hpp"
 #include "src/train/trainer.hpp"
 #include "strategies/registry.hpp"
