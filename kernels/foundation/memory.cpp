@@ -52,7 +52,8 @@ std::string MemoryTracker::breakdown() const {
   return s;
 }
 
-MemoryTracker::MemoryTracker(std::size_t limit_bytes) : limit_(limit_bytes) {}
+MemoryTracker::MemoryTracker(std::size_t limit_bytes, std::string_view limit_name)
+    : limit_(limit_bytes), limit_name_(limit_name) {}
 MemoryTracker::~MemoryTracker() = default;
 
 void MemoryTracker::use_arena(void* base, std::size_t capacity, void (*zero)(void*, std::size_t)) {
@@ -73,10 +74,9 @@ std::size_t MemoryTracker::arena_capacity() const { return arena_ ? arena_->capa
 void* MemoryTracker::allocate(MemCategory c, std::size_t bytes, std::string_view what) {
   if (limit_ != 0 && total_current_ + bytes > limit_) {
     throw Error(ErrorKind::runtime,
-                fmt::format("out of memory: {} ({}) needs {} but {} of the {} limit (backend.memory_limit) "
-                            "is in use [{}]",
-                            what, category_name(c), format_bytes(double(bytes)), format_bytes(double(total_current_)),
-                            format_bytes(double(limit_)), breakdown()));
+                fmt::format("out of memory: {} ({}) needs {} but {} of the {} limit ({}) is in use [{}]", what,
+                            category_name(c), format_bytes(double(bytes)), format_bytes(double(total_current_)),
+                            format_bytes(double(limit_)), limit_name_, breakdown()));
   }
   void* p = nullptr;
   if (fake_next_ != 0 && bytes > 0) {

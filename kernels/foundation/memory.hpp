@@ -33,7 +33,9 @@ class MemoryTracker {
   // limit_bytes == 0 means no limit. A request that would take the tracked
   // total over the limit fails with the per-category breakdown, as a device
   // of that size would.
-  explicit MemoryTracker(std::size_t limit_bytes = 0);
+  // `limit_name`: the deck key the limit comes from, named when a request
+  // exceeds it.
+  explicit MemoryTracker(std::size_t limit_bytes = 0, std::string_view limit_name = "backend.memory_limit");
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
@@ -72,6 +74,7 @@ class MemoryTracker {
  private:
   static int idx(MemCategory c) { return static_cast<int>(c); }
   std::size_t limit_;
+  std::string limit_name_;
   std::array<std::size_t, kNumMemCategories> current_{};
   std::array<std::size_t, kNumMemCategories> peak_{};
   std::size_t total_current_ = 0;

@@ -18,9 +18,15 @@ namespace strata::train {
 Trainer::Trainer(const plan::Plan& config, core::MemoryTracker& tracker, prof::Timeline* timeline,
                  double peak_flops, strategies::Parallel parts)
     : cfg_(config), timeline_(timeline), peak_flops_(peak_flops), parts_(std::move(parts)),
-      host_tracker_(config.backend.host_memory_limit), precision_(config.backend.precision) {
+      host_tracker_(config.backend.host_memory_limit, "backend.host_memory_limit"), precision_(config.backend.precision) {
   if (precision_ == core::Precision::fp16) scaler_.scale = config.backend.loss_scale;
-  if (kernels::is_meta()) host_tracker_.count_only();  // a dry run: the host arena is counted, not taken
+  // A dry run: the host arena is counted, not taken, and its peak compared
+  // with the limit afterwards (the estimate's verdict, exit 3), as the
+  // device's is, rather than failing at the first request past it.
+  if (kernels::is_meta()) {
+    host_tracker_.count_only();
+    host_tracker_.set_limit(0);
+  }
   if (parts_.data != nullptr) {
     dp_size_ = parts_.data->size();
     dp_rank_ = parts_.data->rank();

@@ -219,6 +219,17 @@ then ok "dry run --output: an estimate report equal to the run's /memory"; else 
 rc=$?
 [[ $rc -eq 3 ]] && grep -q "DOES NOT FIT" dry3.log && ok "dry run of a layout that does not fit exits 3" \
   || { bad "dry run that does not fit (rc $rc)"; cat dry3.log; }
+# The host arena's limit too: the dry run says it does not fit (it failed
+# at the first request past it, naming the device's limit), and a run that
+# exceeds it names backend.host_memory_limit.
+hostlimit=(--set 'parallel.offload="host"' --set parallel.dp=2 --set parallel.zero=1 --set backend.host_memory_limit=16KiB)
+"$strata" run tiny.toml --dry-run "${hostlimit[@]}" > dry4.log 2>&1
+rc=$?
+mpiexec -n 2 "$strata" run tiny.toml "${hostlimit[@]}" --output out_host/x.h5 > host4.log 2>&1
+if [[ $rc -eq 3 ]] && grep -q "^DOES NOT FIT: ranks 0-1: host peak .* exceeds backend.host_memory_limit = 16.00 KiB" dry4.log \
+   && grep -q "limit (backend.host_memory_limit) is in use" host4.log; then
+  ok "a host arena that does not fit: the dry run exits 3, the run names backend.host_memory_limit"
+else bad "host limit (rc $rc)"; cat dry4.log host4.log; fi
 "$strata" --help > help.log 2>&1 && grep -q "run" help.log && ok "--help" || bad "--help"
 "$strata" --version > version.log 2>&1 && grep -q "strata" version.log && ok "--version" || bad "--version"
 
