@@ -9,14 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STRATA=${STRATA:-build/strata}
-OUT=${OUT:-results/llama-vs-gpt}
+OUT=${OUT:-results/llama-vs-gpt}  # a rerun replaces the reports it wrote there (--force)
 mkdir -p "$OUT"
 common=(--set run.steps=60 --set run.warmup_steps=10 --set backend.threads=1)
 gpt=(inputs/quickstart.toml --set parallel.dp=1 --set parallel.zero=0 --set model.ffn_mult=5)
 llama=(inputs/llama/tiny.toml)
 for i in 1 2 3; do
-  "$STRATA" run "${llama[@]}" "${common[@]}" -o "$OUT/llama-$i.h5" > "$OUT/llama-$i.log"
-  "$STRATA" run "${gpt[@]}" "${common[@]}" -o "$OUT/gpt-$i.h5" > "$OUT/gpt-$i.log"
+  "$STRATA" run "${llama[@]}" "${common[@]}" -o "$OUT/llama-$i.h5" --force > "$OUT/llama-$i.log"
+  "$STRATA" run "${gpt[@]}" "${common[@]}" -o "$OUT/gpt-$i.h5" --force > "$OUT/gpt-$i.log"
 done
 /usr/bin/python3 - "$OUT" <<'PY'
 import sys, statistics, h5py
