@@ -128,12 +128,12 @@ float MoeLayer::forward(core::Ptr y, core::CPtr x, const MoeParams& p) {
   // place), the top-k, the slots and the rows to send.
   linear_forward(probs_, x, p.router, nullptr, N, C, E);
   to_host(hprobs_, probs_, std::int64_t(N) * E);
-  hprobs_.resize(std::size_t(N) * E);  // zeros on the meta device
-  float* probs = hprobs_.data();
-  // The meta device routes as a balanced router does (below): the softmax
-  // and the top-k of its zeros are skipped, which the planner's thousands
-  // of estimates of long sequences would otherwise spend most time in.
+  // The meta device routes as a balanced router does (below): it sizes no
+  // probabilities and skips the softmax and the top-k, which the planner's
+  // thousands of estimates of long sequences would otherwise spend most
+  // time in.
   const bool meta = kernels::is_meta();
+  float* probs = hprobs_.data();
   mass_.assign(std::size_t(E), 0.0);
   first_share_.assign(std::size_t(E), 0.0);
   for (int t = 0; !meta && t < N; ++t) {

@@ -297,17 +297,22 @@ std::string one_line(const std::string& s) {
   return out;
 }
 
+// A `where` clause checked before any point is resolved: an input error
+// naming where it came from (the deck's [sweep] table or --where).
+void check_clause(const std::string& clause, const std::string& from) {
+  try {
+    Where(clause, nullptr).check();
+  } catch (const std::invalid_argument& e) {
+    const std::string shown = clause.size() <= 120 ? clause : clause.substr(0, 100) + "...";
+    core::input_error("{}: \"{}\": {}", from, shown, e.what());
+  }
+}
+
 }  // namespace
 
 Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& overrides,
                  const std::string& results_dir, const Selection& selection) {
-  for (const std::string& clause : selection.where) {
-    try {
-      Where(clause, nullptr).check();
-    } catch (const std::invalid_argument& e) {
-      core::input_error("--where \"{}\": {}", clause.size() <= 120 ? clause : clause.substr(0, 100) + "...", e.what());
-    }
-  }
+  for (const std::string& clause : selection.where) check_clause(clause, "--where");
   if (selection.limit < 0) core::input_error("--limit {}: the number of points to run, at least 1", selection.limit);
   // The base deck must resolve on its own (its errors are the user's first).
   const deck::Deck base = deck::load_deck(deck_path, overrides);
@@ -349,12 +354,7 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
         for (auto&& c : *a) {
           if (!c.is_string()) core::input_error("{}.where: every clause must be a string", where_of(node));
           const std::string clause = c.as_string()->get();
-          try {
-            Where(clause, nullptr).check();
-          } catch (const std::invalid_argument& e) {
-            const std::string shown = clause.size() <= 120 ? clause : clause.substr(0, 100) + "...";
-            core::input_error("{}.where: \"{}\": {}", where_of(node), shown, e.what());
-          }
+          check_clause(clause, fmt::format("{}.where", where_of(node)));
           s.where.push_back(clause);
         }
       } else if (prefix.empty() && key == "world") {
@@ -463,14 +463,12 @@ Sweep load_sweep(const std::string& deck_path, const std::vector<std::string>& o
       const std::size_t comma = std::min(text.find(',', at), text.size());
       const std::string item = text.substr(at, comma - at);
       const std::size_t dash = item.find('-');
-      long first = -1, last = -1;
-      char* end = nullptr;
       const std::string a = item.substr(0, dash), b = dash == std::string::npos ? a : item.substr(dash + 1);
-      if (a.empty() || b.empty() || a.find_first_not_of("0123456789") != std::string::npos ||
-          b.find_first_not_of("0123456789") != std::string::npos || a.size() > 9 || b.size() > 9)
-        core::input_error("{}", bad);
-      first = std::strtol(a.c_str(), &end, 10);
-      last = std::strtol(b.c_str(), &end, 10);
+      // Digits only, at most nine: std::stol cannot overflow or take a sign.
+      for (const std::string* n : {&a, &b})
+        if (n->empty() || n->size() > 9 || n->find_first_not_of("0123456789") != std::string::npos)
+          core::input_error("{}", bad);
+      const long first = std::stol(a), last = std::stol(b);
       if (first > last || last >= long(s.points.size())) core::input_error("{}", bad);
       for (long i = first; i <= last; ++i) named[std::size_t(i)] = true;
       at = comma + 1;

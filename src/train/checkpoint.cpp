@@ -555,9 +555,8 @@ std::string read_manifest(const fs::path& dir, toml::table* table, std::string* 
 
 }  // namespace
 
-std::vector<std::string> prune_checkpoints(const std::string& dir, int step, int keep) {
-  std::vector<std::string> removed;
-  if (keep <= 0) return removed;
+void prune_checkpoints(const std::string& dir, int step, int keep) {
+  if (keep <= 0) return;
   std::vector<std::pair<int, fs::path>> earlier;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -566,11 +565,7 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int step, int
   }
   std::sort(earlier.begin(), earlier.end());
   const std::size_t stays = std::size_t(keep - 1);
-  for (std::size_t i = 0; i + stays < earlier.size(); ++i) {
-    fs::remove_all(earlier[i].second, ec);
-    if (!ec) removed.push_back(earlier[i].second.string());
-  }
-  return removed;
+  for (std::size_t i = 0; i + stays < earlier.size(); ++i) fs::remove_all(earlier[i].second, ec);
 }
 
 CheckpointRef find_checkpoint(MPI_Comm comm, const std::string& path, const CheckpointLayout& layout) {

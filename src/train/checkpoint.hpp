@@ -85,8 +85,8 @@ struct CheckpointRef {
 // Rank 0, after write_checkpoint of `step`: removes the complete checkpoints
 // of earlier steps in `dir` but the `keep` - 1 latest (run.keep_checkpoints;
 // 0 keeps every one). Later steps (another run's) and anything that is not
-// a step-NNNNNN directory are left. Returns the directories removed.
-std::vector<std::string> prune_checkpoints(const std::string& dir, int step, int keep);
+// a step-NNNNNN directory are left.
+void prune_checkpoints(const std::string& dir, int step, int keep);
 
 // `path`: a checkpoint directory, or a directory of them (the highest step
 // is taken; partial ones are ignored). Checks that it is complete and that

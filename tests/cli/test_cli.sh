@@ -683,7 +683,7 @@ then ok "sweep --where, --points, --limit: a subset runs, the rest stays not_run
 else bad "sweep subsets"; cat subw.log subl.log subrun.log subidx.log; fi
 expect_input_error "sweep --points out of range" '--points "9": give indices and ranges of the sweep' "$strata" sweep sweep.toml --list --points 9
 expect_input_error "sweep --where choosing none" "choose none of the 3 valid point(s)" "$strata" sweep sweep.toml --list --where "parallel.pp == 7"
-expect_input_error "sweep --where malformed" '--where "parallel.pp ==":' "$strata" sweep sweep.toml --list --where "parallel.pp =="
+expect_input_error "sweep --where malformed" '--where: "parallel.pp ==":' "$strata" sweep sweep.toml --list --where "parallel.pp =="
 # run.repeats: each point run three times; the index has the medians and the spread.
 cat > sweeprep.toml <<'DECK'
 [run]
